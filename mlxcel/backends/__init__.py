@@ -1,0 +1,1 @@
+"""Backends: load weights, allocate per-sequence KV, run a forward over a step's rows."""

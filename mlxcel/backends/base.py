@@ -1,0 +1,50 @@
+"""The backend interface the engine drives.
+
+The engine never touches tensors: it hands a backend rows of (new tokens, sequence cache)
+and receives fp32 logits as a numpy array, one row per input row, for the last position
+of each. Sampling, stopping and detokenizing stay backend-agnostic. The MLX backend
+implements this now; the torch backend implements the same protocol.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    path: Path
+    model_type: str
+    num_layers: int
+    vocab_size: int
+    context_length: int
+    dtype: str  # the compute dtype actually in use, e.g. "float32"
+    checkpoint_dtype: str  # what the weights are stored as
+    quantization: str | None  # e.g. "4bit-g64", None for unquantized
+    backend: str
+    device: str
+    config: dict = field(default_factory=dict, repr=False, compare=False)
+
+
+@dataclass
+class ForwardRow:
+    tokens: list[int]  # tokens to append to this row's sequence
+    cache: Any  # the backend's per-sequence cache (SequenceCache on MLX)
+
+
+class Backend(Protocol):
+    info: ModelInfo
+
+    def new_sequence(self) -> Any:
+        """A fresh, empty per-sequence KV cache."""
+
+    def forward(self, rows: list[ForwardRow]) -> np.ndarray:
+        """Append each row's tokens to its cache; return [len(rows), vocab] fp32 logits of
+        each row's last position."""
+
+    def forward_all(self, tokens: list[int], cache: Any) -> np.ndarray:
+        """Like forward for one row, but return logits for every position: [n, vocab]."""

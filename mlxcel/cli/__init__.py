@@ -1,0 +1,1 @@
+"""Command lines: `mlxcel-server` (llama-server compatible) and `mlxcel` (subcommands)."""

@@ -1,0 +1,49 @@
+"""The family registry: `model_type` -> the module that implements its forward pass.
+
+An explicit table, not an import-by-name fallback: a checkpoint whose `model_type` is not
+listed here is refused with a message naming the supported types. mlx-lm's per-family
+modules are the maintained reference implementations; a family file of our own goes here
+only when a family needs one.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from types import ModuleType
+
+
+@dataclass(frozen=True)
+class Family:
+    model_type: str
+    mlx_module: str  # module exposing `Model` and `ModelArgs`
+    hf_architecture: str  # transformers class used as the numerical reference
+
+
+FAMILIES: dict[str, Family] = {
+    f.model_type: f
+    for f in (
+        Family("llama", "mlx_lm.models.llama", "LlamaForCausalLM"),
+        Family("qwen2", "mlx_lm.models.qwen2", "Qwen2ForCausalLM"),
+        Family("qwen3", "mlx_lm.models.qwen3", "Qwen3ForCausalLM"),
+        Family("gemma3_text", "mlx_lm.models.gemma3_text", "Gemma3ForCausalLM"),
+    )
+}
+
+
+class UnsupportedModelType(ValueError):
+    pass
+
+
+def family_for(config: dict) -> Family:
+    model_type = config.get("model_type")
+    fam = FAMILIES.get(model_type)
+    if fam is None:
+        raise UnsupportedModelType(
+            f"model_type {model_type!r} is not supported; supported: {', '.join(sorted(FAMILIES))}"
+        )
+    return fam
+
+
+def mlx_module(config: dict) -> ModuleType:
+    return importlib.import_module(family_for(config).mlx_module)

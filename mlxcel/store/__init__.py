@@ -1,0 +1,1 @@
+"""The model store: where checkpoints live, how `-m` references resolve, conversion."""
