@@ -62,7 +62,7 @@ def render_prompt(model: ServedModel, messages: list[dict[str, Any]]) -> list[in
     return tok.encode(text + prefill, add_special_tokens=False)
 
 
-@post("/v1/chat/completions")
+@post("/v1/chat/completions", status_code=200)
 async def chat_completions(request: Request, app_state: AppState) -> Any:
     body = await read_json_object(request)
     req = convert(body, ChatCompletionRequest)

@@ -21,8 +21,13 @@ def tokenize_prompts(model: ServedModel, prompt: Any) -> list[list[int]]:
         prompts = [tok.encode(prompt)]
     elif prompt and all(isinstance(p, int) for p in prompt):
         prompts = [list(prompt)]
+    elif all(isinstance(p, str) for p in prompt):
+        prompts = [tok.encode(p) for p in prompt]
+    elif all(isinstance(p, list) and all(isinstance(t, int) for t in p) for p in prompt):
+        prompts = [list(p) for p in prompt]
     else:
-        prompts = [tok.encode(p) if isinstance(p, str) else list(p) for p in prompt]
+        raise ApiError(400, "prompt must be a string, a list of strings, a list of token ids, "
+                       "or a list of token-id lists", code="invalid_parameter", param="prompt")
     if not prompts:
         raise ApiError(400, "prompt must not be empty", code="invalid_parameter", param="prompt")
     vocab = model.info.vocab_size
@@ -34,7 +39,7 @@ def tokenize_prompts(model: ServedModel, prompt: Any) -> list[list[int]]:
     return prompts
 
 
-@post("/v1/completions")
+@post("/v1/completions", status_code=200)
 async def completions(request: Request, app_state: AppState) -> Any:
     body = await read_json_object(request)
     req = convert(body, CompletionRequest)

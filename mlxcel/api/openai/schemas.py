@@ -31,4 +31,5 @@ class ChatCompletionRequest(_Sampling, kw_only=True):
 
 
 class CompletionRequest(_Sampling, kw_only=True):
-    prompt: str | list[str] | list[int] | list[list[int]]
+    # a string, a list of strings, a token list, or a list of token lists (checked by the route)
+    prompt: str | list[Any]
