@@ -1,0 +1,116 @@
+"""`mlxcel generate` and `mlxcel chat`: the engine from a terminal.
+
+Both load the model exactly as the server does (mlxcel.runtime) and stream the engine's
+token events to stdout, so what a user sees here is what a client of the server gets.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from mlxcel.cli.settings import ServerSettings
+from mlxcel.engine.chat_template import render_chat, render_plain
+from mlxcel.engine.types import GenerationRequest
+from mlxcel.store.paths import store_root
+from mlxcel.store.resolve import ModelNotAvailable, ModelSourceRefused, resolve_model
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-m", "--model", required=True, help="checkpoint directory, owner/name, or bare name")
+    p.add_argument("--models-dir", "--model-store-root", dest="store", type=Path, help="model store root")
+    p.add_argument("--offline", action="store_true", help="never download")
+    p.add_argument("-n", "--max-tokens", type=int, default=256)
+    p.add_argument("--temp", type=float, default=None, help="temperature (0 = greedy)")
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--min-p", type=float, default=None)
+    p.add_argument("--seed", type=int, default=-1)
+    p.add_argument("--dtype", default="auto")
+
+
+def add_parser(sub) -> None:
+    g = sub.add_parser("generate", help="generate a completion for a prompt")
+    _common(g)
+    g.add_argument("-p", "--prompt", required=True)
+    g.add_argument("--chat", action="store_true", help="wrap the prompt as one user turn of the chat template")
+    g.set_defaults(func=run_generate)
+    c = sub.add_parser("chat", help="an interactive chat in the terminal")
+    _common(c)
+    c.add_argument("--system", default=None, help="a system message")
+    c.set_defaults(func=run_chat)
+
+
+def _load(args):
+    from mlxcel.runtime import load_served_model
+
+    try:
+        path = resolve_model(args.model, root=store_root(args.store, os.environ),
+                             default_org=os.environ.get("MLXCEL_DEFAULT_ORG", "mlx-community"),
+                             offline=args.offline)
+    except (ModelSourceRefused, ModelNotAvailable) as e:
+        raise SystemExit(f"error: {e}") from None
+    settings = ServerSettings(model=args.model, dtype=args.dtype, temperature=args.temp, top_k=args.top_k,
+                              top_p=args.top_p, min_p=args.min_p, seed=args.seed, parallel=1, warmup=False)
+    return load_served_model(settings, path)
+
+
+async def _stream(model, prompt: list[int], max_tokens: int, out=sys.stdout) -> str:
+    handle = model.engine.submit(GenerationRequest(prompt=prompt, params=model.defaults, max_tokens=max_tokens))
+    parts = []
+    async for ev in handle:
+        if ev.error:
+            raise SystemExit(f"error: {ev.error}")
+        out.write(ev.text)
+        out.flush()
+        parts.append(ev.text)
+    return "".join(parts)
+
+
+def _chat_prompt(model, messages) -> list[int]:
+    tok = model.tokenizer
+    text = (render_chat(tok.chat_template, messages, bos_token=tok.bos_token, eos_token=tok.eos_token)
+            if tok.chat_template else render_plain(messages))
+    return tok.encode(text, add_special_tokens=False)
+
+
+def run_generate(args) -> int:
+    model = _load(args)
+    if args.chat:
+        prompt = _chat_prompt(model, [{"role": "user", "content": args.prompt}])
+    else:
+        prompt = model.tokenizer.encode(args.prompt)
+    try:
+        asyncio.run(_stream(model, prompt, args.max_tokens))
+    finally:
+        model.engine.shutdown()
+    print()
+    return 0
+
+
+def run_chat(args) -> int:
+    model = _load(args)
+    messages = [{"role": "system", "content": args.system}] if args.system else []
+
+    async def loop() -> None:
+        while True:
+            try:
+                line = await asyncio.to_thread(input, ">>> ")
+            except EOFError:
+                return
+            if line.strip() in ("/exit", "/quit"):
+                return
+            messages.append({"role": "user", "content": line})
+            reply = await _stream(model, _chat_prompt(model, messages), args.max_tokens)
+            print()
+            messages.append({"role": "assistant", "content": reply})
+
+    try:
+        asyncio.run(loop())
+    finally:
+        model.engine.shutdown()
+    return 0

@@ -1,0 +1,64 @@
+"""The composition root: settings + checkpoint path -> backend, tokenizer, engine.
+
+Shared by the server and the `mlxcel generate` / `mlxcel chat` commands, so every entry
+point serves a model the same way.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mlxcel.api.state import ServedModel
+from mlxcel.cli.settings import ServerSettings
+from mlxcel.engine.sampling_params import SamplingParams
+
+# b10621's sampling defaults, used when neither a flag nor generation_config.json says.
+B10621_SAMPLING = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05)
+
+
+def resolve_sampling_defaults(settings: ServerSettings, gen_defaults) -> SamplingParams:
+    """Flag > checkpoint generation_config.json > b10621 default."""
+    def pick(flag, ckpt, default):
+        return flag if flag is not None else (ckpt if ckpt is not None else default)
+
+    b = B10621_SAMPLING
+    return SamplingParams(
+        temperature=pick(settings.temperature, gen_defaults.temperature, b.temperature),
+        top_k=pick(settings.top_k, gen_defaults.top_k, b.top_k),
+        top_p=pick(settings.top_p, gen_defaults.top_p, b.top_p),
+        min_p=pick(settings.min_p, gen_defaults.min_p, b.min_p),
+        seed=settings.seed if settings.seed >= 0 else None,
+    )
+
+
+def load_served_model(settings: ServerSettings, path: Path) -> ServedModel:
+    from mlxcel.backends.mlx.backend import MLXBackend
+    from mlxcel.engine.engine import Engine
+    from mlxcel.engine.tokenizer import Tokenizer
+
+    backend = MLXBackend(path, dtype=settings.dtype)
+    tokenizer = Tokenizer(path)
+    n_ctx = settings.ctx_size if settings.ctx_size > 0 else backend.info.context_length
+    engine = Engine(backend, tokenizer, n_ctx=n_ctx, parallel=settings.parallel, batch_size=settings.batch_size)
+    if settings.warmup:
+        from mlxcel.backends.base import ForwardRow
+
+        backend.forward([ForwardRow([0], backend.new_sequence())])  # first-call costs off the request path
+    engine.start()
+    aliases = list(settings.alias)
+    return ServedModel(
+        id=model_id(settings),
+        aliases=aliases,
+        info=backend.info,
+        tokenizer=tokenizer,
+        engine=engine,
+        defaults=resolve_sampling_defaults(settings, tokenizer.generation_defaults),
+        n_ctx=n_ctx,
+        n_predict=settings.n_predict,
+    )
+
+
+
+
+def model_id(settings: ServerSettings) -> str:
+    return settings.alias[0] if settings.alias else str(settings.model)
