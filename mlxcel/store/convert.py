@@ -1,0 +1,170 @@
+"""Converting a GGUF file or a HuggingFace checkpoint into an MLX checkpoint in the store.
+
+The output is what an mlx-community snapshot looks like: config.json (with the top-level
+rope keys mlx-lm reads), model.safetensors in the requested dtype, optionally affine-quantized
+with a `"quantization": {"group_size", "bits"}` block, and the source's tokenizer files. It is
+built in a staging directory under the store root and renamed into `<root>/<owner>/<name>` in
+one step, so a half-written conversion never shows up as a model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from mlxcel.store.repo_id import parse_repo_id
+
+DTYPES = ("bfloat16", "float16", "float32")
+Q_BITS = (4, 8)
+Q_GROUP_SIZES = (32, 64, 128)
+
+# Files that describe weights or the architecture; everything else in a checkpoint directory
+# (tokenizer, chat template, generation config, license) is copied verbatim.
+_NOT_COPIED_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".h5", ".msgpack")
+_NOT_COPIED_NAMES = {"config.json", "model.safetensors.index.json", "pytorch_model.bin.index.json"}
+
+
+class ConversionError(ValueError):
+    """The source or the options cannot produce a checkpoint; the message says why."""
+
+
+def normalize_config(config: dict) -> dict:
+    """Top-level rope keys for mlx-lm, which otherwise falls back silently to its defaults.
+
+    transformers 5 writes rope settings only under `rope_parameters` (per layer type for
+    Gemma 3); mlx-lm's llama reads `rope_theta` and would use 10000 without complaint.
+    """
+    config = dict(config)
+    rp = config.get("rope_parameters")
+    if isinstance(rp, dict):
+        if config.get("model_type") == "gemma3_text" and "full_attention" in rp:
+            full, local = rp.get("full_attention") or {}, rp.get("sliding_attention") or {}
+            if "rope_theta" in full:
+                config.setdefault("rope_theta", full["rope_theta"])
+            if "rope_theta" in local:
+                config.setdefault("rope_local_base_freq", local["rope_theta"])
+            if full.get("rope_type", "default") != "default":
+                config.setdefault("rope_scaling", full)
+        elif "rope_theta" in rp:
+            config.setdefault("rope_theta", rp["rope_theta"])
+            if rp.get("rope_type", "default") != "default":
+                config.setdefault("rope_scaling", rp)
+    if config.get("model_type") == "gemma3_text" and "layer_types" in config:
+        # mlx-lm's gemma3_text reads a period; derive it from the explicit per-layer list.
+        types = config["layer_types"]
+        if "full_attention" in types:
+            config.setdefault("sliding_window_pattern", types.index("full_attention") + 1)
+    if "rope_theta" not in config and config.get("model_type") in ("llama", "qwen2", "qwen3"):
+        raise ConversionError("config.json has no rope_theta (top-level or in rope_parameters)")
+    return config
+
+
+def _check_options(dtype: str, quantize: bool, q_bits: int, q_group_size: int) -> None:
+    if dtype not in DTYPES:
+        raise ConversionError(f"--dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+    if quantize and q_bits not in Q_BITS:
+        raise ConversionError(f"--q-bits {q_bits} is not supported; use 4 or 8")
+    if quantize and q_group_size not in Q_GROUP_SIZES:
+        raise ConversionError(f"--q-group-size {q_group_size} is not one of 32, 64, 128")
+
+
+def _copy_side_files(src: Path, dst: Path) -> None:
+    for f in sorted(src.iterdir()):
+        if f.is_file() and f.name not in _NOT_COPIED_NAMES and not f.name.endswith(_NOT_COPIED_SUFFIXES):
+            shutil.copy2(f, dst / f.name)
+
+
+def hf_to_mlx(
+    src: Path,
+    out: Path,
+    *,
+    dtype: str = "bfloat16",
+    quantize: bool = False,
+    q_bits: int = 4,
+    q_group_size: int = 64,
+) -> dict:
+    """Write an MLX checkpoint for the HF checkpoint directory `src` into `out`; return its config."""
+    import mlx.core as mx
+    from mlx.utils import tree_map
+    from mlx_lm.utils import load_model, quantize_model, save_config, save_model
+
+    from mlxcel.models.registry import family_for, mlx_module
+
+    _check_options(dtype, quantize, q_bits, q_group_size)
+    if not (src / "config.json").is_file():
+        raise ConversionError(f"{src} is not a checkpoint directory: it has no config.json")
+    raw = json.loads((src / "config.json").read_text())
+    if raw.get("quantization") or raw.get("quantization_config"):
+        raise ConversionError(f"{src} is already quantized; convert from an unquantized checkpoint")
+    family_for(raw)  # refuses an unsupported model_type with the supported list
+    config = normalize_config(raw)
+
+    def classes(config: dict):
+        module = mlx_module(config)
+        return module.Model, module.ModelArgs
+
+    model, config = load_model(src, lazy=True, model_config=config, get_model_classes=classes)
+    target = getattr(mx, dtype)
+    model.update(
+        tree_map(lambda v: v.astype(target) if mx.issubdtype(v.dtype, mx.floating) else v, model.parameters())
+    )
+    config["torch_dtype"] = dtype
+    config.pop("dtype", None)
+    if quantize:
+        model, config = quantize_model(model, config, q_group_size, q_bits)
+    out.mkdir(parents=True, exist_ok=True)
+    save_model(out, model, donate_model=True)
+    _copy_side_files(src, out)
+    save_config(config, out / "config.json")
+    return config
+
+
+def convert(
+    src: Path,
+    root: Path,
+    repo_id: str,
+    *,
+    dtype: str = "bfloat16",
+    quantize: bool = False,
+    q_bits: int = 4,
+    q_group_size: int = 64,
+    force: bool = False,
+) -> Path:
+    """Convert `src` (a .gguf file or an HF checkpoint dir) into `<root>/<repo_id>`; return that path."""
+    from mlxcel.store.gguf_source import gguf_to_hf
+
+    owner, name = parse_repo_id(repo_id)
+    src = Path(src).expanduser()
+    if not src.exists():
+        raise ConversionError(f"{src} does not exist")
+    is_gguf = src.is_file() and src.suffix.lower() == ".gguf"
+    if not is_gguf and not src.is_dir():
+        raise ConversionError(f"{src} is neither a .gguf file nor a checkpoint directory")
+    _check_options(dtype, quantize, q_bits, q_group_size)
+    target = root / owner / name
+    if target.exists() and not force:
+        raise ConversionError(f"{target} already exists; remove it first (mlxcel rm {owner}/{name}) or pass --force")
+    staging_root = root / ".staging"
+    staging_root.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f"{name}.", dir=staging_root))
+    try:
+        hf_dir = src
+        if is_gguf:
+            hf_dir = staging / "hf"
+            gguf_to_hf(src, hf_dir)
+        built = staging / "mlx"
+        hf_to_mlx(hf_dir, built, dtype=dtype, quantize=quantize, q_bits=q_bits, q_group_size=q_group_size)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(built, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+        try:
+            staging_root.rmdir()  # only when no other conversion is using it
+        except OSError:
+            pass
+    return target

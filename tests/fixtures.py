@@ -1,0 +1,38 @@
+"""Names and locations of the checkpoints the fixture builders put in the model store.
+
+Plain constants and stdlib only, so the builders (scripts/fixtures) and the tests share one
+list without importing mlxcel. The store root is MLXCEL_MODELS_DIR, else <repo>/models.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"  # llama, real weights, chat template
+GEMMA3 = "google/gemma-3-270m"  # gemma3_text, real weights, base model (no chat template)
+QWEN2_TINY = "mlxcel-fixtures/qwen2-tiny"  # random weights, real Qwen vocabulary
+QWEN3_TINY = "mlxcel-fixtures/qwen3-tiny"
+SMOLLM2_4BIT = "mlxcel-fixtures/SmolLM2-135M-Instruct-4bit"  # MLX affine, group 64
+SMOLLM2_8BIT = "mlxcel-fixtures/SmolLM2-135M-Instruct-8bit"
+
+ALL = (DEFAULT_MODEL, GEMMA3, QWEN2_TINY, QWEN3_TINY, SMOLLM2_4BIT, SMOLLM2_8BIT)
+
+# Written last by a builder; its presence (with the builder's recipe) means "complete".
+MARKER = ".mlxcel-fixture.json"
+
+
+def models_dir(environ=None) -> Path:
+    environ = os.environ if environ is None else environ
+    return Path(environ.get("MLXCEL_MODELS_DIR") or REPO_ROOT / "models").expanduser()
+
+
+def fixture_path(repo_id: str, environ=None) -> Path:
+    return models_dir(environ) / repo_id
+
+
+def available(repo_id: str, environ=None) -> bool:
+    path = fixture_path(repo_id, environ)
+    return (path / "config.json").is_file() and any(path.glob("*.safetensors"))
