@@ -13,19 +13,17 @@ from pathlib import Path
 import httpx
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+from tests import fixtures
+from tests.fixtures import DEFAULT_MODEL, models_dir
 
-
-def models_dir() -> Path:
-    return Path(os.environ.get("MLXCEL_MODELS_DIR") or REPO / "models")
+REPO = fixtures.REPO_ROOT
 
 
 def fixture_path(ref: str) -> Path:
-    path = models_dir() / ref
-    if not (path / "config.json").is_file():
+    """The fixture's checkpoint directory; a missing fixture fails loudly (never skips)."""
+    if not fixtures.available(ref):
         pytest.fail(f"fixture model {ref} is missing from {models_dir()}: run `make fixtures`")
-    return path
+    return fixtures.fixture_path(ref)
 
 
 def free_port() -> int:
