@@ -14,7 +14,6 @@ proper prefix of a breaker is a head whose tail is the tokenization of the rest.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -157,7 +156,9 @@ def dry(c: Candidates, history: Sequence[int], *, multiplier: float, base: float
     lengths = {t: n for t, n in lengths.items() if () not in breakers.get(t, ())}
     if not lengths:
         return c
-    max_exponent = int(_FLOAT_MAX_LOG / math.log(base)) if base > 1.000001 else 0
+    # computed in single precision as upstream does (base 2 gives 128, not 127)
+    max_exponent = int(np.float32(_FLOAT_MAX_LOG) / np.log(np.float32(base))) \
+        if base > 1.000001 else 0
     toks = np.fromiter(lengths.keys(), dtype=np.int64, count=len(lengths))
     penalty = np.empty(len(lengths), dtype=np.float64)
     for j, length in enumerate(lengths.values()):

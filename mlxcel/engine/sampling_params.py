@@ -218,6 +218,12 @@ class SamplingParams:
         for name in ("repeat_last_n", "dry_penalty_last_n"):
             if getattr(self, name) < -1:
                 raise ValueError(f"{name} must be >= -1")
+        for name, value in vars(self).items():
+            if isinstance(value, float) and math.isnan(value):
+                raise ValueError(f"{name} is NaN")
+        if self.repeat_penalty <= 0.0:
+            # dividing a logit by 0 (or flipping its sign) is no penalty upstream can mean
+            raise ValueError("repeat_penalty must be > 0")
         bias = {}
         for tok, value in dict(self.logit_bias).items():
             if isinstance(tok, bool) or not isinstance(tok, int) or tok < 0:

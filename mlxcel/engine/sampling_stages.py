@@ -11,7 +11,7 @@ the per-row state, live in `sampling.py`; DRY lives in `sampling_dry.py`.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -112,7 +112,7 @@ def draw_index(probs: np.ndarray, rng: np.random.Generator) -> int:
     return min(int(np.searchsorted(cum, target, side="left")), probs.shape[0] - 1)
 
 
-def apply_logit_bias(c: Candidates, bias: dict[int, float] | None) -> Candidates:
+def apply_logit_bias(c: Candidates, bias: Mapping[int, float] | None) -> Candidates:
     if not bias:
         return c
     toks = np.fromiter(bias.keys(), dtype=np.int64, count=len(bias))

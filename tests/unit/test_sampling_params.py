@@ -48,6 +48,7 @@ def test_params_fold_their_seed_and_keep_b10621_defaults():
     {"samplers": ("top_k", "bogus")}, {"samplers": ("infill",)}, {"mirostat": 3},
     {"n_probs": -1}, {"min_keep": -1}, {"repeat_last_n": -2}, {"dry_penalty_last_n": -2},
     {"logit_bias": {-1: 1.0}}, {"logit_bias": {1: float("nan")}}, {"seed": 2**32},
+    {"repeat_penalty": 0.0}, {"top_p": float("nan")},
 ])
 def test_params_refuse_what_the_chain_cannot_run(kwargs):
     with pytest.raises(ValueError):
