@@ -102,7 +102,11 @@ def test_smollm2_matches_transformers():
 
 
 def test_smollm2_answers_and_keeps_chat_template():
+    from mlxcel.store.resolve import resolve_model
+
     path = need(DEFAULT_MODEL)
+    # `-m HuggingFaceTB/SmolLM2-135M-Instruct` resolves offline, exactly as after a download.
+    assert resolve_model(DEFAULT_MODEL, root=path.parent.parent, offline=True) == path
     tok = transformers.AutoTokenizer.from_pretrained(str(path))
     assert "<|im_start|>" in json.loads((path / "tokenizer_config.json").read_text())["chat_template"]
     backend = MLXBackend(path, "float32")
