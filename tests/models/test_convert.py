@@ -29,6 +29,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from mlxcel.backends.mlx.backend import MLXBackend  # noqa: E402
+from tests.models.reference import load_reference  # noqa: E402
 
 # Max abs logit difference allowed between MLX (CPU, fp32) and torch (CPU, fp32).
 TOLERANCE = 1e-3
@@ -51,12 +52,7 @@ def prompt_ids(path: Path, text: str) -> list[int]:
 
 
 def torch_logits(path: Path, ids: list[int]) -> np.ndarray:
-    model = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
-    embed = model.get_input_embeddings()
-    if model.config.model_type == "gemma3_text":
-        # mlx-lm rounds Gemma's sqrt(hidden) embedding scale to bf16 (the training dtype);
-        # transformers keeps it in the compute dtype. Use the same constant on both sides.
-        embed.embed_scale.fill_(float(torch.tensor(model.config.hidden_size**0.5, dtype=torch.bfloat16)))
+    model = load_reference(path)
     with torch.no_grad():
         return model(torch.tensor([ids])).logits[0].numpy()
 

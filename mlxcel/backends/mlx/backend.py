@@ -92,11 +92,12 @@ class MLXBackend:
 
     @property
     def kv_bytes_per_token(self) -> int:
-        """Bytes one token's keys and values take across all layers (once storage exists)."""
-        arrays = self.storage.arrays()
-        if not arrays:
-            return 0
-        return sum(a.nbytes // a.shape[0] for a in arrays)
+        """Bytes one token's keys and values take across all layers."""
+        c = self.info.config
+        heads = c.get("num_attention_heads") or 1
+        kv_heads = c.get("num_key_value_heads") or heads
+        head_dim = c.get("head_dim") or (c.get("hidden_size", 0) // heads)
+        return 2 * self.info.num_layers * kv_heads * head_dim * _DTYPES[self.info.dtype].size
 
     def new_sequence(self) -> SequenceKV:
         return SequenceKV(self.allocator)
