@@ -1,0 +1,1 @@
+"""The HTTP surface: Litestar routes that parse requests into engine types and back."""

@@ -1,0 +1,65 @@
+"""Errors in each route family's own format.
+
+`/v1/*` answers OpenAI's `{"error": {message, type, param, code}}` so SDK exception
+classes map; native llama-server routes answer b10621's `{"error": {code, message, type}}`.
+Which one is decided by the request path, so a handler raises one `ApiError` and the
+exception handler renders it for its caller.
+"""
+
+from __future__ import annotations
+
+import logging
+from http import HTTPStatus
+from typing import Any
+
+from litestar import Request, Response
+from litestar.exceptions import HTTPException
+
+log = logging.getLogger("mlxcel.api")
+
+# b10621's error types by status, used for the native envelope.
+_NATIVE_TYPES = {
+    400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+    404: "not_found_error", 501: "not_supported_error", 503: "unavailable_error",
+}
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, *, code: str | None = None,
+                 type: str | None = None, param: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.code, self.param = status, message, code, param
+        self.type = type or ("invalid_request_error" if status < 500 else "server_error")
+        self.headers = headers or {}
+
+
+def is_openai_path(path: str) -> bool:
+    return path.startswith("/v1/") or path in ("/chat/completions",)
+
+
+def error_body(path: str, err: ApiError) -> dict[str, Any]:
+    if is_openai_path(path):
+        return {"error": {"message": err.message, "type": err.type, "param": err.param, "code": err.code}}
+    return {"error": {"code": err.status, "message": err.message,
+                      "type": err.type if err.type != "invalid_request_error" or err.status == 400
+                      else _NATIVE_TYPES.get(err.status, "server_error")}}
+
+
+def api_error_handler(request: Request, exc: ApiError) -> Response:
+    return Response(error_body(request.url.path, exc), status_code=exc.status, headers=exc.headers)
+
+
+def http_exception_handler(request: Request, exc: HTTPException) -> Response:
+    status = exc.status_code
+    phrase = HTTPStatus(status).phrase if status in HTTPStatus._value2member_map_ else "error"
+    code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(status)
+    err = ApiError(status, exc.detail or phrase, code=code,
+                   type="invalid_request_error" if status < 500 else "server_error")
+    return Response(error_body(request.url.path, err), status_code=status, headers=exc.headers or None)
+
+
+def internal_error_handler(request: Request, exc: Exception) -> Response:
+    log.exception("unhandled error on %s", request.url.path)
+    err = ApiError(500, "internal server error", code="internal_error", type="server_error")
+    return Response(error_body(request.url.path, err), status_code=500)

@@ -1,0 +1,186 @@
+"""What the chat and text completion routes share: request -> engine -> OpenAI shapes.
+
+A route turns its body into prompts (token lists) plus one `GenerationRequest` template,
+then `respond` runs them on the engine and renders either one JSON body or an SSE stream.
+Several prompts (a list on /v1/completions) become several choices, run concurrently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
+from typing import Any
+
+import msgspec
+from litestar import Request, Response
+from litestar.response import Stream
+
+from mlxcel.api.errors import ApiError
+from mlxcel.api.openai.fields import ignored_fields_header
+from mlxcel.api.openai.schemas import _Sampling
+from mlxcel.api.state import AppState, ServedModel
+from mlxcel.engine.engine import RequestHandle
+from mlxcel.engine.sampling_params import fold_seed
+from mlxcel.engine.types import EngineError, GenerationRequest, TokenEvent
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def served_model(state: AppState, name: str | None) -> ServedModel:
+    model = state.model
+    if model is None:
+        raise ApiError(503, "the model is still loading", code="model_not_loaded", type="server_error")
+    if not model.answers_to(name):
+        raise ApiError(404, f"The model '{name}' does not exist", code="model_not_found", param="model")
+    return model
+
+
+def build_request(req: _Sampling, model: ServedModel, prompt: list[int]) -> GenerationRequest:
+    if req.n is not None and req.n != 1:
+        raise ApiError(400, "'n' other than 1 is not honoured yet", code="field_not_honoured", param="n")
+    if (req.max_tokens is not None and req.max_completion_tokens is not None
+            and req.max_tokens != req.max_completion_tokens):
+        raise ApiError(400, "max_tokens and max_completion_tokens differ; send one of them",
+                       code="invalid_parameter", param="max_completion_tokens")
+    max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    if max_tokens is None:
+        max_tokens = model.n_predict
+    elif max_tokens < 0:
+        raise ApiError(400, "max_tokens must be at least 0", code="invalid_parameter", param="max_tokens")
+    if req.temperature is not None and not 0 <= req.temperature <= 2:
+        raise ApiError(400, "temperature must be between 0 and 2", code="invalid_parameter", param="temperature")
+    if req.top_p is not None and not 0 <= req.top_p <= 1:
+        raise ApiError(400, "top_p must be between 0 and 1", code="invalid_parameter", param="top_p")
+    if req.seed is not None and (isinstance(req.seed, bool) or not 0 <= req.seed <= 0xFFFFFFFF):
+        raise ApiError(400, "seed must be an integer from 0 to 4294967295", code="invalid_parameter", param="seed")
+    overrides: dict[str, Any] = {}
+    for field in ("temperature", "top_p", "top_k", "min_p", "seed"):
+        value = getattr(req, field)
+        if value is not None:
+            overrides[field] = value
+    params = replace(model.defaults, **overrides)
+    if "seed" in overrides:
+        params = replace(params, seed=fold_seed(req.seed))
+    stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+    if len(prompt) + (max_tokens if max_tokens > 0 else 0) > model.n_ctx:
+        raise ApiError(
+            400,
+            f"This model's maximum context length is {model.n_ctx} tokens. However, you requested "
+            f"{len(prompt) + max(max_tokens, 0)} tokens ({len(prompt)} in the prompt, "
+            f"{max(max_tokens, 0)} for the completion). Please reduce the prompt or max_tokens.",
+            code="context_length_exceeded", param="messages",
+        )
+    return GenerationRequest(prompt=prompt, params=params, max_tokens=max_tokens, stop=stop)
+
+
+def fingerprint(model: ServedModel) -> str:
+    info = model.info
+    return f"millm:{model.id}@unrecorded:{info.dtype}/{info.quantization or 'none'}:mlxcel-{info.backend}"
+
+
+def submit(model: ServedModel, greq: GenerationRequest) -> RequestHandle:
+    try:
+        return model.engine.submit(greq)
+    except EngineError as e:
+        raise ApiError(e.status, e.message, code=e.code) from None
+
+
+async def _watch_disconnect(request: Request, handles: list[RequestHandle]) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            for h in handles:
+                h.cancel()
+            return
+
+
+async def collect(request: Request, handles: list[RequestHandle]) -> list[tuple[str, TokenEvent]]:
+    """Run every handle to completion; cancel them all if the client goes away."""
+    watcher = asyncio.create_task(_watch_disconnect(request, handles))
+
+    async def one(h: RequestHandle) -> tuple[str, TokenEvent]:
+        parts: list[str] = []
+        async for ev in h:
+            parts.append(ev.text)
+            if ev.done:
+                return "".join(parts), ev
+        raise ApiError(499, "request cancelled")
+
+    try:
+        return await asyncio.gather(*(one(h) for h in handles))
+    finally:
+        watcher.cancel()
+        for h in handles:
+            h.cancel()
+
+
+def usage(results: list[tuple[str, TokenEvent]]) -> dict[str, int]:
+    prompt = sum(ev.prompt_tokens for _, ev in results)
+    completion = sum(ev.completion_tokens for _, ev in results)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def raise_for_error(ev: TokenEvent) -> None:
+    if ev.error is not None:
+        raise ApiError(500, ev.error, code=ev.error_code or "server_error", type="server_error")
+
+
+async def merged(handles: list[RequestHandle]) -> AsyncIterator[tuple[int, TokenEvent]]:
+    """Events of several handles as they come, tagged with the handle's index."""
+    if len(handles) == 1:
+        async for ev in handles[0]:
+            yield 0, ev
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(i: int, h: RequestHandle) -> None:
+        async for ev in h:
+            await queue.put((i, ev))
+
+    tasks = [asyncio.create_task(pump(i, h)) for i, h in enumerate(handles)]
+    try:
+        remaining = len(handles)
+        while remaining:
+            i, ev = await queue.get()
+            remaining -= ev.done
+            yield i, ev
+    finally:
+        for t in tasks:
+            t.cancel()
+
+
+def sse(obj: Any) -> bytes:
+    return b"data: " + msgspec.json.encode(obj) + b"\n\n"
+
+
+def stream_response(handles: list[RequestHandle], frames: Callable[[AsyncIterator[tuple[int, TokenEvent]]], AsyncIterator[bytes]],
+                    headers: dict[str, str]) -> Stream:
+    async def body() -> AsyncIterator[bytes]:
+        try:
+            async for chunk in frames(merged(handles)):
+                yield chunk
+            yield b"data: [DONE]\n\n"
+        finally:
+            for h in handles:
+                h.cancel()
+
+    return Stream(body(), media_type="text/event-stream", headers={**SSE_HEADERS, **headers})
+
+
+def json_response(body: dict[str, Any], ignored: list[str]) -> Response:
+    return Response(body, headers=ignored_fields_header(ignored))
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def now() -> int:
+    return int(time.time())
+
+
+def error_frame(ev: TokenEvent) -> bytes:
+    return sse({"error": {"message": ev.error, "type": "server_error", "param": None, "code": ev.error_code}})

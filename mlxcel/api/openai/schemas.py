@@ -1,0 +1,35 @@
+"""Request structs of the OpenAI-compatible routes (the fields each one honours)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+
+class StreamOptions(msgspec.Struct):
+    include_usage: bool = False
+
+
+class _Sampling(msgspec.Struct, kw_only=True):
+    model: str | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    n: int | None = None
+
+
+class ChatCompletionRequest(_Sampling, kw_only=True):
+    messages: list[dict[str, Any]]
+
+
+class CompletionRequest(_Sampling, kw_only=True):
+    # a string, a list of strings, a token list, or a list of token lists (checked by the route)
+    prompt: str | list[Any]

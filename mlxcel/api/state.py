@@ -1,0 +1,35 @@
+"""What the routes share: the settings and the served model (absent while it loads)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from mlxcel.backends.base import ModelInfo
+from mlxcel.cli.settings import ServerSettings
+from mlxcel.engine.engine import Engine
+from mlxcel.engine.sampling_params import SamplingParams
+from mlxcel.engine.tokenizer import Tokenizer
+
+
+@dataclass
+class ServedModel:
+    id: str  # the name clients send and /v1/models lists
+    aliases: list[str]
+    info: ModelInfo
+    tokenizer: Tokenizer
+    engine: Engine
+    defaults: SamplingParams  # server-wide sampling defaults, already resolved
+    n_ctx: int
+    n_predict: int
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def answers_to(self, name: str | None) -> bool:
+        return name is None or name == "" or name == self.id or name in self.aliases or name == str(self.info.path)
+
+
+@dataclass
+class AppState:
+    settings: ServerSettings
+    model: ServedModel | None = None
+    load_error: str | None = None

@@ -1,0 +1,1 @@
+"""The engine: backend-agnostic scheduling, sampling, stopping and detokenizing."""

@@ -1,0 +1,73 @@
+"""The checkpoint's tokenizer, its special tokens and its chat template.
+
+Wraps the `tokenizers`-backed transformers tokenizer loaded from the checkpoint directory
+(never from a hub). The end-of-generation set is the union of the tokenizer's EOS and the
+ids `generation_config.json` lists, because chat checkpoints often end turns with a token
+the tokenizer does not call EOS.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from transformers import AutoTokenizer
+
+
+@dataclass
+class GenerationDefaults:
+    """Sampling defaults a checkpoint declares in generation_config.json."""
+
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+    eos_token_ids: list[int] = field(default_factory=list)
+
+
+def _read_generation_config(path: Path) -> GenerationDefaults:
+    f = path / "generation_config.json"
+    if not f.is_file():
+        return GenerationDefaults()
+    cfg = json.loads(f.read_text())
+    eos = cfg.get("eos_token_id")
+    eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
+    do_sample = cfg.get("do_sample", True)
+    return GenerationDefaults(
+        temperature=cfg.get("temperature") if do_sample else 0.0,
+        top_k=cfg.get("top_k"),
+        top_p=cfg.get("top_p"),
+        min_p=cfg.get("min_p"),
+        eos_token_ids=eos_ids,
+    )
+
+
+class Tokenizer:
+    def __init__(self, path: str | Path) -> None:
+        path = Path(path)
+        self.hf = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        self.generation_defaults = _read_generation_config(path)
+        eos = set(self.generation_defaults.eos_token_ids)
+        if self.hf.eos_token_id is not None:
+            eos.add(self.hf.eos_token_id)
+        self.eos_token_ids: frozenset[int] = frozenset(eos)
+        self.bos_token: str | None = self.hf.bos_token
+        self.eos_token: str | None = self.hf.eos_token
+        self.chat_template: str | None = getattr(self.hf, "chat_template", None) or None
+        self.vocab_size = len(self.hf)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self.hf.encode(text, add_special_tokens=add_special_tokens)
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self.hf.decode(
+            ids, skip_special_tokens=skip_special_tokens, clean_up_tokenization_spaces=False
+        )
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The raw bytes one token stands for (for byte-level reports)."""
+        return self.decode_bytes([token_id])
+
+    def decode_bytes(self, ids: list[int]) -> bytes:
+        return self.decode(ids, skip_special_tokens=False).encode("utf-8", "surrogatepass")

@@ -1,0 +1,92 @@
+"""Shared test plumbing: where fixtures live, and a real server on a loopback port."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+def models_dir() -> Path:
+    return Path(os.environ.get("MLXCEL_MODELS_DIR") or REPO / "models")
+
+
+def fixture_path(ref: str) -> Path:
+    path = models_dir() / ref
+    if not (path / "config.json").is_file():
+        pytest.fail(f"fixture model {ref} is missing from {models_dir()}: run `make fixtures`")
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    """`mlxcel-server` in a subprocess, as a user would start it."""
+
+    def __init__(self, args: list[str], env: dict[str, str] | None = None, ready_timeout: float = 180) -> None:
+        self.port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        full_env = {**os.environ, "MLXCEL_MODELS_DIR": str(models_dir()), **(env or {})}
+        self.log_path = Path(os.environ.get("PYTEST_TMP", "/tmp")) / f"mlxcel-server-{self.port}.log"
+        self._log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "mlxcel.cli.server", *args, "--host", "127.0.0.1", "--port", str(self.port)],
+            cwd=REPO, env=full_env, stdout=self._log, stderr=subprocess.STDOUT,
+        )
+        self._wait_ready(ready_timeout)
+
+    def _wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                if httpx.get(self.base_url + "/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.25)
+        self.stop()
+        raise RuntimeError(f"server not ready after {timeout}s:\n{self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-4000:]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+
+@pytest.fixture(scope="session")
+def default_server():
+    fixture_path(DEFAULT_MODEL)
+    server = ServerProcess(["-m", DEFAULT_MODEL, "--offline"])
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def openai_client(default_server):
+    from openai import OpenAI
+
+    return OpenAI(base_url=default_server.base_url + "/v1", api_key="not-needed", max_retries=0, timeout=120)
