@@ -71,7 +71,7 @@ def normalize_path(path: str) -> str:
 
 
 def mounted_routes() -> set[tuple[str, str]] | None:
-    """(METHOD, path) pairs of the app from `mlxcel.api.app.build_app()`; None if absent."""
+    """(METHOD, path) pairs mounted by `mlxcel.api.app.build_app`; None while it is absent."""
     try:
         app_module = importlib.import_module("mlxcel.api.app")
     except ModuleNotFoundError as e:
@@ -81,13 +81,20 @@ def mounted_routes() -> set[tuple[str, str]] | None:
     build_app = getattr(app_module, "build_app", None)
     if build_app is None:
         return None
-    required = [p for p in inspect.signature(build_app).parameters.values()
+    required = [p.name for p in inspect.signature(build_app).parameters.values()
                 if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-    if required:
+    if required == ["state"]:
+        # Routing needs no model: an AppState whose model is still absent mounts every route.
+        from mlxcel.api.state import AppState
+        from mlxcel.cli.settings import ServerSettings
+
+        app = build_app(AppState(settings=ServerSettings()))
+    elif not required:
+        app = build_app()
+    else:
         raise AssertionError(
-            "mlxcel.api.app.build_app needs arguments " + ", ".join(p.name for p in required)
+            "mlxcel.api.app.build_app needs arguments " + ", ".join(required)
             + "; the route claims need an app that can be built without a model")
-    app = build_app()
     pairs = set()
     for route in app.routes:
         for method in getattr(route, "methods", ()):
