@@ -56,7 +56,7 @@ def parse_help(text: str) -> list[dict]:
         if len(envs) > 1:
             raise ValueError(f"entry {current['long'] or current['short']} names two env vars")
         current["env"] = envs[0] if envs else None
-        current["help_default"] = _help_default(joined)
+        current["help_default"] = _help_default(_ENV.sub("", joined))
         entries.append(current)
 
     for line in text.splitlines():
