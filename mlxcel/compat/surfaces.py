@@ -71,14 +71,14 @@ def normalize_path(path: str) -> str:
 
 
 def mounted_routes() -> set[tuple[str, str]] | None:
-    """(METHOD, path) pairs mounted by `mlxcel.api.app.build_app`; None while it is absent."""
+    """(METHOD, path) pairs mounted by `mlxcel.api.app.build_litestar`; None while it is absent."""
     try:
         app_module = importlib.import_module("mlxcel.api.app")
     except ModuleNotFoundError as e:
         if _missing(e, "mlxcel.api.app"):
             return None
         raise
-    build_app = getattr(app_module, "build_app", None)
+    build_app = getattr(app_module, "build_litestar", None)
     if build_app is None:
         return None
     required = [p.name for p in inspect.signature(build_app).parameters.values()
@@ -93,7 +93,7 @@ def mounted_routes() -> set[tuple[str, str]] | None:
         app = build_app()
     else:
         raise AssertionError(
-            "mlxcel.api.app.build_app needs arguments " + ", ".join(required)
+            "mlxcel.api.app.build_litestar needs arguments " + ", ".join(required)
             + "; the route claims need an app that can be built without a model")
     pairs = set()
     for route in app.routes:
