@@ -273,6 +273,7 @@ class Engine:
         if row.request.cache_prompt:
             self.prefix_cache.insert(row.cache.tokens, row.cache.blocks)
         row.cache.release()
+        self.prefix_cache.trim()
 
     def _plan(self) -> list[list[tuple[_Row, list[int]]]]:
         """This step's forwards: all decoding rows together, then prefill chunks (each its

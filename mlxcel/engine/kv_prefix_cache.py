@@ -72,6 +72,9 @@ class PrefixCache:
                 self.cached_blocks += 1
             child.last_used = now
             node = child
+
+    def trim(self) -> None:
+        """Evict down to the budget (call once the donor has dropped its own references)."""
         if self.budget_blocks is not None and self.cached_blocks > self.budget_blocks:
             self.evict(self.cached_blocks - self.budget_blocks)
 

@@ -1,0 +1,126 @@
+"""The engine on a real checkpoint: batch invariance, the prefix cache, cancellation.
+
+Greedy outputs are compared token for token. The MLX CPU backend computes each row of a
+batched matmul the same way whatever the batch holds, so no tolerance is needed here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from mlxcel.cli.settings import ServerSettings
+from mlxcel.engine.engine import BLOCK_SIZE
+from mlxcel.engine.sampling_params import SamplingParams
+from mlxcel.engine.types import GenerationRequest
+from tests.conftest import DEFAULT_MODEL, fixture_path
+
+GREEDY = SamplingParams(temperature=0.0)
+LONG_TEXT = " ".join(f"Item {i}: the {['red', 'green', 'blue', 'amber'][i % 4]} box holds {i * 7 % 13} stones." for i in range(40))
+
+
+def make_model(**overrides):
+    from mlxcel.runtime import load_served_model
+
+    settings = ServerSettings(model=DEFAULT_MODEL, ctx_size=8192, parallel=4, warmup=False, **overrides)
+    return load_served_model(settings, fixture_path(DEFAULT_MODEL))
+
+
+@pytest.fixture(scope="module")
+def model():
+    m = make_model()
+    yield m
+    m.engine.shutdown()
+
+
+async def run(model, prompt, max_tokens=16, **kw):
+    handle = model.engine.submit(GenerationRequest(prompt=prompt, params=GREEDY, max_tokens=max_tokens, **kw))
+    tokens, last = [], None
+    async for ev in handle:
+        if ev.token is not None:
+            tokens.append(ev.token)
+        last = ev
+    assert last.error is None, last.error
+    return tokens, last
+
+
+def encode(model, text):
+    return model.tokenizer.encode(text)
+
+
+def test_batch_invariance(model):
+    target = encode(model, "Once upon a time in a quiet village,")
+    others = [encode(model, t) for t in ("Hi", "List the planets of the solar system in order from the sun:",
+                                         LONG_TEXT[:300])]
+
+    async def alone():
+        return (await run(model, target, 24))[0]
+
+    async def together():
+        results = await asyncio.gather(run(model, target, 24), *(run(model, o, 10 + 5 * i) for i, o in enumerate(others)))
+        return results[0][0]
+
+    solo = asyncio.run(alone())
+    batched = asyncio.run(together())
+    assert batched == solo
+
+
+def test_prefix_cache_hit_is_identical_and_opt_out_prefills_cold(model):
+    prompt = encode(model, LONG_TEXT)
+    assert len(prompt) > 400
+
+    async def scenario():
+        cold = await run(model, prompt, 12)
+        warm = await run(model, prompt, 12)
+        opt_out = await run(model, prompt, 12, cache_prompt=False)
+        again = await run(model, prompt, 12)
+        return cold, warm, opt_out, again
+
+    (t0, e0), (t1, e1), (t2, e2), (t3, e3) = asyncio.run(scenario())
+    assert t0 == t1 == t2 == t3
+    assert e1.timings.cache_n >= len(prompt) - BLOCK_SIZE
+    assert e1.timings.prompt_n == len(prompt) - e1.timings.cache_n
+    assert e2.timings.cache_n == 0 and e2.timings.prompt_n == len(prompt)
+    assert e3.timings.cache_n == e1.timings.cache_n  # the opt-out left the store intact
+
+
+def test_cancel_returns_slot_and_blocks(model):
+    engine = model.engine
+    prompt = encode(model, "Write a very long essay about the sea.")
+
+    async def scenario():
+        handle = engine.submit(GenerationRequest(prompt=prompt, params=GREEDY, max_tokens=400))
+        async for ev in handle:
+            if ev.token is not None:
+                break
+        handle.cancel()
+        for _ in range(200):
+            if not any(s.is_processing for s in engine.slots()):
+                break
+            await asyncio.sleep(0.05)
+
+    asyncio.run(scenario())
+    assert not any(s.is_processing for s in engine.slots())
+    usage = engine.kv_usage()
+    assert usage["used_blocks"] == usage["cached_blocks"]
+
+
+def test_eviction_under_a_tiny_budget_stays_correct():
+    m = make_model(cache_ram_mib=1)  # about one block's worth per 16 tokens at fp32
+    try:
+        prompts = [encode(m, f"Question {i}: " + LONG_TEXT[: 200 + 40 * i]) for i in range(3)]
+
+        async def scenario():
+            first = [await run(m, p, 8) for p in prompts]
+            second = [await run(m, p, 8) for p in prompts]
+            return first, second
+
+        first, second = asyncio.run(scenario())
+        assert [t for t, _ in first] == [t for t, _ in second]
+        usage = m.engine.kv_usage()
+        budget = m.engine.prefix_cache.budget_blocks
+        assert usage["cached_blocks"] <= budget
+        assert usage["used_blocks"] == usage["cached_blocks"]
+    finally:
+        m.engine.shutdown()
