@@ -8,12 +8,13 @@ from litestar.exceptions import HTTPException
 
 from mlxcel.api.errors import ApiError, api_error_handler, http_exception_handler, internal_error_handler
 from mlxcel.api.llamacpp.health import health
+from mlxcel.api.llamacpp.routes import NATIVE_ROUTES
 from mlxcel.api.openai.chat import chat_completions
 from mlxcel.api.openai.completions import completions
 from mlxcel.api.openai.models import get_model, list_models
 from mlxcel.api.state import AppState
 
-ROUTES = [health, list_models, get_model, chat_completions, completions]
+ROUTES = [health, list_models, get_model, chat_completions, completions, *NATIVE_ROUTES]
 
 
 def build_app(state: AppState) -> Litestar:

@@ -39,3 +39,10 @@ class ServerSettings:
     api_keys: list[str] = field(default_factory=list)
     timeout: int = 3600
     verbose: bool = False
+    # native llama-server endpoints (b10621: --metrics, --slots/--no-slots, --props, --spm-infill,
+    # --slot-save-path)
+    metrics: bool = False
+    slots: bool = True
+    props: bool = False
+    spm_infill: bool = False
+    slot_save_path: Path | None = None
