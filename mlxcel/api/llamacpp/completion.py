@@ -186,7 +186,9 @@ async def respond(request: Request, model: ServedModel, nreq: NativeRequest,
                 for h in handles:
                     h.cancel()
 
-        return Stream(body(), media_type="text/event-stream", headers={**SSE_HEADERS, **headers})
+        # the handler is declared JSON (for the non-streaming answer): name the stream type explicitly
+        return Stream(body(), media_type="text/event-stream",
+                      headers={**SSE_HEADERS, **headers, "Content-Type": "text/event-stream"})
 
     watcher = asyncio.create_task(_watch_disconnect(request, handles))
 
