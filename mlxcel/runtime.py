@@ -12,6 +12,8 @@ from mlxcel.api.state import ServedModel
 from mlxcel.cli.settings import ServerSettings
 from mlxcel.engine.sampling_params import SamplingParams
 
+DEFAULT_CACHE_RAM_MIB = 2048  # mlxcel's --cache-ram default (b10621's is 8192)
+
 # b10621's sampling defaults, used when neither a flag nor generation_config.json says.
 B10621_SAMPLING = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05)
 
@@ -31,7 +33,16 @@ def resolve_sampling_defaults(settings: ServerSettings, gen_defaults) -> Samplin
     )
 
 
+def cache_budget_bytes(settings: ServerSettings) -> int | None:
+    """--cache-ram in MiB: -1 no limit (None), 0 no prefix cache, unset: mlxcel's 2048 MiB."""
+    mib = settings.cache_ram_mib
+    if mib is None:
+        return DEFAULT_CACHE_RAM_MIB << 20
+    return None if mib < 0 else mib << 20
+
+
 def load_served_model(settings: ServerSettings, path: Path) -> ServedModel:
+    from mlxcel.backends.base import ForwardRow
     from mlxcel.backends.mlx.backend import MLXBackend
     from mlxcel.engine.engine import Engine
     from mlxcel.engine.tokenizer import Tokenizer
@@ -39,25 +50,24 @@ def load_served_model(settings: ServerSettings, path: Path) -> ServedModel:
     backend = MLXBackend(path, dtype=settings.dtype)
     tokenizer = Tokenizer(path)
     n_ctx = settings.ctx_size if settings.ctx_size > 0 else backend.info.context_length
-    engine = Engine(backend, tokenizer, n_ctx=n_ctx, parallel=settings.parallel, batch_size=settings.batch_size)
+    engine = Engine(backend, tokenizer, n_ctx=n_ctx, parallel=settings.parallel, batch_size=settings.batch_size,
+                    cache_prompt=settings.cache_prompt, cache_budget_bytes=cache_budget_bytes(settings),
+                    cont_batching=settings.cont_batching)
     if settings.warmup:
-        from mlxcel.backends.base import ForwardRow
-
-        backend.forward([ForwardRow([0], backend.new_sequence())])  # first-call costs off the request path
+        seq = backend.new_sequence()
+        backend.forward([ForwardRow([0], seq)])  # first-call costs off the request path
+        seq.release()
     engine.start()
-    aliases = list(settings.alias)
     return ServedModel(
         id=model_id(settings),
-        aliases=aliases,
+        aliases=list(settings.alias),
         info=backend.info,
         tokenizer=tokenizer,
         engine=engine,
         defaults=resolve_sampling_defaults(settings, tokenizer.generation_defaults),
-        n_ctx=n_ctx,
+        n_ctx=engine.n_ctx_slot,
         n_predict=settings.n_predict,
     )
-
-
 
 
 def model_id(settings: ServerSettings) -> str:

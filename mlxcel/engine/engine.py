@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 
 from mlxcel.backends.base import Backend, ForwardRow
 from mlxcel.engine.detokenize import IncrementalDetokenizer
+from mlxcel.engine.kv_block_pool import RESERVED
+from mlxcel.engine.kv_prefix_cache import PrefixCache
 from mlxcel.engine.sampling import SamplerState, sample_row
 from mlxcel.engine.stop import StopMatcher
 from mlxcel.engine.tokenizer import Tokenizer
@@ -75,7 +77,8 @@ class _Row:
     next_token: int | None = None
     t_start: float = 0.0
     t_first: float = 0.0
-    n_prompt_done: int = 0  # prompt tokens processed so far
+    n_prompt_done: int = 0  # prompt tokens processed so far (the cache-supplied ones included)
+    n_cached: int = 0  # prompt tokens the prefix cache supplied
     text: str = ""  # every decoded piece so far (before stop matching): n_indent reads it
     last_nl_pos: int = 0  # where the line n_indent checks next begins in `text`
     has_new_line: bool = False
@@ -85,22 +88,54 @@ class _Row:
         return self.handle.request
 
 
+# Token-block size of the paged KV pool and the prefix cache's sharing granularity.
+BLOCK_SIZE = 16
+
+
 class Engine:
+    """`n_ctx` is the total context; each of the `parallel` slots gets an equal share.
+    `cache_budget_bytes`: the prefix cache's byte budget (None: bounded only by the pool,
+    0: no prefix cache)."""
+
     def __init__(self, backend: Backend, tokenizer: Tokenizer, *, n_ctx: int,
-                 parallel: int = 4, batch_size: int = 512) -> None:
+                 parallel: int = 4, batch_size: int = 512, cache_prompt: bool = True,
+                 cache_budget_bytes: int | None = 2048 << 20, cont_batching: bool = True) -> None:
         self.backend = backend
         self.tokenizer = tokenizer
-        self.n_ctx = n_ctx
         self.parallel = max(1, parallel)
+        self.n_ctx = n_ctx
+        self.n_ctx_slot = max(n_ctx // self.parallel, 2)
         self.batch_size = max(1, batch_size)
+        self.cont_batching = cont_batching
+        self.prefix_cache = self._configure_kv(cache_prompt, cache_budget_bytes)
         self._inbox: queue.Queue = queue.Queue()
         self._waiting: list[RequestHandle] = []
         self._rows: list[_Row] = []
         self._stopping = False
         self._dry_vocab: DryVocab | None = None
-        self._stats = EngineStats(t_start=time.time(), kv_cache_capacity=n_ctx * self.parallel)
+        self._stats = EngineStats(t_start=time.time(), kv_cache_capacity=self.n_ctx_slot * self.parallel)
         self._last_by_slot: dict[int, SlotInfo] = {}
         self._thread = threading.Thread(target=self._run, name="mlxcel-engine", daemon=True)
+
+    def _configure_kv(self, cache_prompt: bool, budget_bytes: int | None) -> PrefixCache:
+        """Size the block pool: every slot's full share, plus the prefix cache's budget."""
+        per_slot = -(-self.n_ctx_slot // BLOCK_SIZE) + 1
+        if not cache_prompt or budget_bytes == 0:
+            budget_blocks = 0
+        elif budget_bytes is None:
+            budget_blocks = None
+        else:
+            per_block = max(self.backend.kv_bytes_per_token, 1) * BLOCK_SIZE
+            budget_blocks = max(budget_bytes // per_block, 1)
+        extra = budget_blocks if budget_blocks is not None else 4 * per_slot * self.parallel
+        self.backend.configure_kv(num_blocks=RESERVED + per_slot * self.parallel + extra, block_size=BLOCK_SIZE)
+        return PrefixCache(self.backend.allocator, budget_blocks)
+
+    def kv_usage(self) -> dict[str, int]:
+        """Block pool occupancy, for /metrics and /props."""
+        a = self.backend.allocator
+        return {"block_size": a.block_size, "total_blocks": a.num_blocks - RESERVED, "used_blocks": a.used_blocks,
+                "cached_blocks": self.prefix_cache.cached_blocks, "free_blocks": a.free_blocks}
 
     # -- asyncio side -------------------------------------------------------------
     def start(self) -> None:
@@ -115,10 +150,10 @@ class Engine:
         n = len(request.prompt)
         if n == 0:
             raise EngineError("the prompt is empty", "invalid_request", 400)
-        if n >= self.n_ctx:
+        if n >= self.n_ctx_slot:
             raise EngineError(
-                f"request ({n} tokens) exceeds the available context size ({self.n_ctx} tokens), try increasing it",
-                "context_length_exceeded", 400, n_prompt_tokens=n, n_ctx=self.n_ctx,
+                f"request ({n} tokens) exceeds the available context size ({self.n_ctx_slot} tokens), try increasing it",
+                "context_length_exceeded", 400, n_prompt_tokens=n, n_ctx=self.n_ctx_slot,
             )
         handle = RequestHandle(request, self)
         self._inbox.put(handle)
@@ -139,7 +174,7 @@ class Engine:
                 last = self._last_by_slot[i]
                 out.append(SlotInfo(**{**vars(last), "is_processing": False, "has_next_token": False}))
             else:
-                out.append(SlotInfo(id=i, n_ctx=self.n_ctx, is_processing=False))
+                out.append(SlotInfo(id=i, n_ctx=self.n_ctx_slot, is_processing=False))
         return out
 
     def stats(self, reset_bucket: bool = False) -> EngineStats:
@@ -157,9 +192,9 @@ class Engine:
     def _slot_info(self, row: _Row, processing: bool) -> SlotInfo:
         req = row.request
         return SlotInfo(
-            id=row.slot, n_ctx=self.n_ctx, is_processing=processing, id_task=req.id,
+            id=row.slot, n_ctx=self.n_ctx_slot, is_processing=processing, id_task=req.id,
             n_prompt_tokens=len(req.prompt), n_prompt_tokens_processed=row.n_prompt_done,
-            n_prompt_tokens_cache=0, request=req, has_next_token=processing,
+            n_prompt_tokens_cache=row.n_cached, request=req, has_next_token=processing,
             has_new_line=row.has_new_line, n_remain=max(row.max_tokens - len(row.generated), 0),
             n_decoded=len(row.generated))
 
@@ -202,11 +237,16 @@ class Engine:
                 handle.finished = True
                 continue
             req = handle.request
-            room = self.n_ctx - len(req.prompt)
+            room = self.n_ctx_slot - len(req.prompt)
             max_tokens = room if req.max_tokens < 0 else min(req.max_tokens, room)
+            seq = self.backend.new_sequence()
+            cached = 0
+            if req.cache_prompt:
+                blocks, cached = self.prefix_cache.match(req.prompt)
+                seq.adopt(blocks, req.prompt[:cached])
             self._rows.append(_Row(
-                handle=handle, cache=self.backend.new_sequence(), pending=list(req.prompt),
-                sampler=self._sampler_state(req),
+                handle=handle, cache=seq, pending=list(req.prompt[cached:]), n_cached=cached,
+                n_prompt_done=cached, sampler=self._sampler_state(req),
                 detok=IncrementalDetokenizer(self.tokenizer.decode),
                 stop=StopMatcher(req.stop), max_tokens=max_tokens,
             ))
@@ -221,6 +261,7 @@ class Engine:
         for row in [r for r in self._rows if r.handle.cancelled]:
             self._account(row, self._timings(row))
             self._rows.remove(row)
+            self._release(row)
             row.handle.finished = True
         self._waiting = [h for h in self._waiting if not h.cancelled]
 
@@ -228,18 +269,34 @@ class Engine:
         used = {r.slot for r in self._rows}
         return next(i for i in range(self.parallel) if i not in used)
 
-    def _plan(self) -> list[tuple[_Row, list[int]]]:
-        plan = [(r, [r.next_token]) for r in self._rows if not r.pending]
-        budget = max(self.batch_size - len(plan), 1)
+    def _release(self, row: _Row) -> None:
+        """Give the row's KV back, offering its full blocks to the prefix cache first."""
+        if row.request.cache_prompt:
+            self.prefix_cache.insert(row.cache.tokens, row.cache.blocks)
+        row.cache.release()
+
+    def _plan(self) -> list[list[tuple[_Row, list[int]]]]:
+        """This step's forwards: all decoding rows together, then prefill chunks (each its
+        own forward: padding a chunk's width onto every decode row would waste compute)
+        under the `batch_size` token budget. Without continuous batching, prompts are only
+        processed when nothing is decoding."""
+        decode = [(r, [r.next_token]) for r in self._rows if not r.pending]
+        groups = [decode] if decode else []
+        budget = max(self.batch_size - len(decode), 1)
+        if decode and not self.cont_batching:
+            return groups
         for r in self._rows:
             if r.pending and budget > 0:
                 chunk = r.pending[:budget]
                 budget -= len(chunk)
-                plan.append((r, chunk))
-        return plan
+                groups.append([(r, chunk)])
+        return groups
 
     def _step(self) -> None:
-        plan = self._plan()
+        for group in self._plan():
+            self._forward(group)
+
+    def _forward(self, plan: list[tuple[_Row, list[int]]]) -> None:
         now = time.perf_counter()
         for row, _ in plan:
             if row.slot < 0:
@@ -266,7 +323,7 @@ class Engine:
     def _progress(self, row: _Row) -> None:
         if row.request.return_progress:
             row.handle._push(TokenEvent(slot=row.slot, prompt_tokens=len(row.request.prompt), progress=PromptProgress(
-                total=len(row.request.prompt), cache=0, processed=row.n_prompt_done,
+                total=len(row.request.prompt), cache=row.n_cached, processed=row.n_prompt_done,
                 time_ms=(time.perf_counter() - row.t_start) * 1e3)))
 
     def _line_limits(self, row: _Row, piece: str, released: str) -> int | None:
@@ -343,7 +400,7 @@ class Engine:
     def _timings(self, row: _Row, now: float | None = None) -> Timings:
         now = time.perf_counter() if now is None else now
         t_first = row.t_first or now
-        return Timings(cache_n=0, prompt_n=len(row.request.prompt), prompt_ms=(t_first - row.t_start) * 1e3,
+        return Timings(cache_n=row.n_cached, prompt_n=len(row.request.prompt) - row.n_cached, prompt_ms=(t_first - row.t_start) * 1e3,
                        predicted_n=len(row.generated), predicted_ms=(now - t_first) * 1e3)
 
     def _finish(self, row: _Row, event: TokenEvent) -> None:
@@ -356,4 +413,5 @@ class Engine:
         self._account(row, event.timings)
         if row in self._rows:
             self._rows.remove(row)
+            self._release(row)
         row.handle._push(event)

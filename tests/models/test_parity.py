@@ -13,6 +13,7 @@ import pytest
 from mlxcel.models.registry import FAMILIES
 from tests import fixtures
 from tests.conftest import fixture_path
+from tests.models.reference import load_reference
 
 FAMILY_FIXTURES = {
     "llama": fixtures.DEFAULT_MODEL,
@@ -32,8 +33,6 @@ def test_every_registered_family_has_a_parity_fixture():
 @pytest.mark.parametrize("family", sorted(FAMILY_FIXTURES))
 def test_mlx_matches_transformers(family):
     import torch
-    from transformers import AutoModelForCausalLM
-
     from mlxcel.backends.base import ForwardRow
     from mlxcel.backends.mlx.backend import MLXBackend
     from mlxcel.engine.tokenizer import Tokenizer
@@ -43,7 +42,7 @@ def test_mlx_matches_transformers(family):
     ids = tok.encode(PROMPT)
     backend = MLXBackend(path, dtype="float32")
     assert backend.info.model_type == family
-    ref = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+    ref = load_reference(path)
 
     seq = backend.new_sequence()
     mine = backend.forward_all(ids, seq)

@@ -215,6 +215,6 @@ async def respond(request: Request, model: ServedModel, nreq: NativeRequest,
 async def completion(request: Request, app_state: AppState) -> Any:
     body = await read_json_object(request)
     model = served_model(app_state, None)
-    nreq = parse_native(body, model, app_state.settings.parallel)
+    nreq = parse_native(body, model, app_state.settings.parallel, app_state.settings.sse_ping_interval)
     prompts = tokenize_native_prompts(model, body.get("prompt"))
     return await respond(request, model, nreq, [with_prompt(nreq.template, p) for p in prompts])

@@ -120,7 +120,8 @@ async def infill(request: Request, app_state: AppState) -> Any:
     if fim.missing():
         raise ApiError(501, f"Infill is not supported by this model: {fim.missing()}",
                        code="not_supported", type="not_supported_error")
-    nreq = parse_native({k: v for k, v in body.items() if k not in INFILL_FIELDS}, model, app_state.settings.parallel)
+    nreq = parse_native({k: v for k, v in body.items() if k not in INFILL_FIELDS}, model, app_state.settings.parallel,
+                        app_state.settings.sse_ping_interval)
     s = app_state.settings
     tokens = infill_prompt(model.tokenizer, fim, body, spm=s.spm_infill, n_ctx=model.n_ctx,
                            n_batch=s.batch_size, n_predict=nreq.template.max_tokens)

@@ -123,7 +123,9 @@ def _check_deferred(body: dict[str, Any]) -> None:
                            code="field_not_honoured", param=name)
 
 
-def parse_native(body: dict[str, Any], model: ServedModel, n_parallel: int) -> NativeRequest:
+def parse_native(body: dict[str, Any], model: ServedModel, n_parallel: int,
+                 sse_ping_interval: int = 30) -> NativeRequest:
+    """`sse_ping_interval` is the server default (--sse-ping-interval) for a body without one."""
     body = _clean(body)
     req = convert(body, NativeCompletionRequest)
     _check_limits(body, n_parallel)
@@ -201,7 +203,7 @@ def parse_native(body: dict[str, Any], model: ServedModel, n_parallel: int) -> N
         template=template, stream=bool(req.stream), return_tokens=bool(req.return_tokens),
         timings_per_token=bool(req.timings_per_token), response_fields=fields, n_probs=n_probs,
         post_sampling_probs=bool(req.post_sampling_probs),
-        sse_ping_interval=req.sse_ping_interval if req.sse_ping_interval is not None else 30,
+        sse_ping_interval=req.sse_ping_interval if req.sse_ping_interval is not None else sse_ping_interval,
         ignored=[k for k in body if k not in NATIVE_FIELDS],
     )
 

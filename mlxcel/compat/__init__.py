@@ -1,0 +1,1 @@
+"""Compatibility data: the llama-server b10621 manifest and helpers that read it."""

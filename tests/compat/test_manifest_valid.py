@@ -1,0 +1,22 @@
+"""The committed manifest passes its own validator, and the validator runs as a script."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from scripts.ci import check_llama_compat_manifest as check
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_manifest_is_valid():
+    problems = check.validate(check.mf.default_manifest_dir(), ROOT)
+    assert not problems, "\n".join(problems)
+
+
+def test_validator_script_exits_zero():
+    proc = subprocess.run([sys.executable, "scripts/ci/check_llama_compat_manifest.py"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
