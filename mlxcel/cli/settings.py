@@ -72,3 +72,6 @@ class ServerSettings:
     vertex_health_route: str | None = None
     # warnings decided while parsing, logged once logging is up
     notices: list[str] = field(default_factory=list)
+    # native llama-server routes (b10621 --spm-infill, --slot-save-path; added by the native branch)
+    spm_infill: bool = False
+    slot_save_path: Path | None = None

@@ -259,6 +259,7 @@ class Engine:
 
     def _reap_cancelled(self) -> None:
         for row in [r for r in self._rows if r.handle.cancelled]:
+            self._account(row, self._timings(row))
             self._rows.remove(row)
             self._release(row)
             row.handle.finished = True
@@ -386,6 +387,17 @@ class Engine:
                                     prompt_tokens=len(req.prompt), completion_tokens=len(row.generated),
                                     has_new_line=row.has_new_line, timings=self._timings(row)))
 
+    def _account(self, row: _Row, timings: Timings) -> None:
+        """A request leaves its slot (finished or cancelled): count its generation."""
+        st = self._stats
+        st.n_tokens_predicted_total += len(row.generated)
+        st.n_tokens_predicted += len(row.generated)
+        if row.generated:
+            st.t_tokens_generation_total += timings.predicted_ms
+            st.t_tokens_generation += timings.predicted_ms
+        if row.slot >= 0:
+            self._last_by_slot[row.slot] = self._slot_info(row, processing=False)
+
     def _timings(self, row: _Row, now: float | None = None) -> Timings:
         now = time.perf_counter() if now is None else now
         t_first = row.t_first or now
@@ -399,12 +411,7 @@ class Engine:
         event.completion_tokens = len(row.generated)
         event.has_new_line = event.has_new_line or row.has_new_line
         event.timings = self._timings(row, now)
-        self._stats.n_tokens_predicted_total += len(row.generated)
-        self._stats.n_tokens_predicted += len(row.generated)
-        self._stats.t_tokens_generation_total += event.timings.predicted_ms
-        self._stats.t_tokens_generation += event.timings.predicted_ms
-        if row.slot >= 0:
-            self._last_by_slot[row.slot] = self._slot_info(row, processing=False)
+        self._account(row, event.timings)
         if row in self._rows:
             self._rows.remove(row)
             self._release(row)

@@ -59,10 +59,18 @@ class Tokenizer:
         self.vocab_size = len(self.hf)
 
     def encode(self, text: str, add_special_tokens: bool = True, parse_special: bool = True) -> list[int]:
-        """`parse_special=False` keeps a special token's spelling in `text` as plain text."""
-        if not parse_special:
-            return self.hf.encode(text, add_special_tokens=add_special_tokens, split_special_tokens=True)
-        return self.hf.encode(text, add_special_tokens=add_special_tokens)
+        """`parse_special=False` keeps every added token's spelling in `text` as plain text
+        (llama.cpp treats FIM and turn markers as control tokens even where the checkpoint
+        does not flag them special), so the text goes through normalizer, pre-tokenizer and
+        model directly, bypassing the added vocabulary."""
+        if parse_special:
+            return self.hf.encode(text, add_special_tokens=add_special_tokens)
+        bt = self.hf.backend_tokenizer
+        if bt.normalizer is not None:
+            text = bt.normalizer.normalize_str(text)
+        parts = bt.pre_tokenizer.pre_tokenize_str(text) if bt.pre_tokenizer is not None else [(text, None)]
+        ids = [t.id for part, _ in parts for t in bt.model.tokenize(part)]
+        return (self.hf.encode("", add_special_tokens=True) if add_special_tokens else []) + ids
 
     @cached_property
     def pieces(self) -> list[bytes]:

@@ -36,6 +36,11 @@ def _text_content(content: Any, where: str) -> str:
 
 
 def render_prompt(model: ServedModel, messages: list[dict[str, Any]]) -> list[int]:
+    return model.tokenizer.encode(render_prompt_text(model, messages), add_special_tokens=False)
+
+
+def render_prompt_text(model: ServedModel, messages: list[dict[str, Any]]) -> str:
+    """The text the chat template renders for these messages (plus a continued prefix)."""
     if not messages:
         raise ApiError(400, "messages must not be empty", code="invalid_parameter", param="messages")
     clean = []
@@ -59,7 +64,7 @@ def render_prompt(model: ServedModel, messages: list[dict[str, Any]]) -> list[in
             text = render_plain(clean)
     except TemplateError as e:
         raise ApiError(400, str(e), code="invalid_parameter", param="messages") from None
-    return tok.encode(text + prefill, add_special_tokens=False)
+    return text + prefill
 
 
 @post("/v1/chat/completions", status_code=200)

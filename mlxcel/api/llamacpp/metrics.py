@@ -1,0 +1,66 @@
+"""GET /metrics: Prometheus text, b10621's `llamacpp:` families name for name.
+
+Gated by --metrics (upstream's 501 otherwise). Counters run since start; the two
+throughput gauges cover the window since the previous scrape (each scrape starts a new
+window, as upstream resets its bucket). mlxcel's own families follow the upstream ones.
+"""
+
+from __future__ import annotations
+
+from litestar import Response, get
+
+from mlxcel.api.errors import ApiError
+from mlxcel.api.openai.generation import served_model
+from mlxcel.api.state import AppState
+from mlxcel.engine.types import EngineStats
+
+CONTENT_TYPE = "text/plain; version=0.0.4"
+
+
+def _num(v: float | int) -> str:
+    return str(v) if isinstance(v, int) else f"{v:g}"
+
+
+def metric_families(st: EngineStats) -> list[tuple[str, str, str, float | int]]:
+    """(name, type, help, value) in upstream's order: counters, then gauges."""
+    prompt_rate = 1e3 / st.t_prompt_processing * st.n_prompt_tokens_processed \
+        if st.n_prompt_tokens_processed and st.t_prompt_processing > 0 else 0.0
+    gen_rate = 1e3 / st.t_tokens_generation * st.n_tokens_predicted \
+        if st.n_tokens_predicted and st.t_tokens_generation > 0 else 0.0
+    return [
+        ("llamacpp:prompt_tokens_total", "counter", "Number of prompt tokens processed.",
+         st.n_prompt_tokens_processed_total),
+        ("llamacpp:prompt_seconds_total", "counter", "Prompt process time", int(st.t_prompt_processing_total) / 1e3),
+        ("llamacpp:tokens_predicted_total", "counter", "Number of generation tokens processed.",
+         st.n_tokens_predicted_total),
+        ("llamacpp:tokens_predicted_seconds_total", "counter", "Predict process time",
+         int(st.t_tokens_generation_total) / 1e3),
+        ("llamacpp:n_decode_total", "counter", "Total number of llama_decode() calls", st.n_decode_total),
+        ("llamacpp:n_tokens_max", "counter", "Largest observed n_tokens.", st.n_tokens_max),
+        ("llamacpp:n_busy_slots_per_decode", "counter", "Average number of busy slots per llama_decode() call",
+         st.n_busy_slots_total / max(st.n_decode_total, 1)),
+        ("llamacpp:prompt_tokens_seconds", "gauge", "Average prompt throughput in tokens/s.", prompt_rate),
+        ("llamacpp:predicted_tokens_seconds", "gauge", "Average generation throughput in tokens/s.", gen_rate),
+        ("llamacpp:requests_processing", "gauge", "Number of requests processing.", st.n_processing),
+        ("llamacpp:requests_deferred", "gauge", "Number of requests deferred.", st.n_deferred),
+        ("mlxcel_kv_cache_tokens", "gauge", "Tokens held in the KV cache of live sequences.", st.kv_cache_tokens),
+        ("mlxcel_kv_cache_usage_ratio", "gauge", "KV cache tokens over the context of all slots.",
+         st.kv_cache_tokens / st.kv_cache_capacity if st.kv_cache_capacity else 0.0),
+    ]
+
+
+def render_prometheus(st: EngineStats) -> str:
+    lines = []
+    for name, kind, help_text, value in metric_families(st):
+        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", f"{name} {_num(value)}"]
+    return "\n".join(lines) + "\n"
+
+
+@get("/metrics")
+async def metrics(app_state: AppState) -> Response:
+    if not app_state.settings.metrics:
+        raise ApiError(501, "This server does not support metrics endpoint. Start it with `--metrics`",
+                       code="not_supported", type="not_supported_error")
+    st = served_model(app_state, None).engine.stats(reset_bucket=True)
+    return Response(render_prometheus(st), media_type=CONTENT_TYPE,
+                    headers={"Process-Start-Time-Unix": str(int(st.t_start))})

@@ -1,0 +1,213 @@
+"""Native request fields -> engine types, with b10621's limits and wordings.
+
+`parse_native` reads a /completion or /infill body: nulls are dropped (a null is an
+absent field), types are checked by `NativeCompletionRequest`, "hard" limits of
+native-fields.tsv refuse with upstream's "Field 'x': Value must be between ..." wording,
+"clamp" limits clamp silently, and fields whose behaviour this server does not have are
+refused with a 400 when they ask for anything but the no-op value. The result is a
+`NativeRequest`: a `GenerationRequest` template (prompt filled in per prompt later) and
+the response options the route renders with.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import msgspec
+
+from mlxcel.api.body import convert
+from mlxcel.api.errors import ApiError
+from mlxcel.api.llamacpp.schemas import NativeCompletionRequest, declared_names
+from mlxcel.api.state import ServedModel
+from mlxcel.engine.sampling_params import (
+    SamplingParams, fold_seed, resolve_logit_bias, samplers_from_chars, samplers_from_names,
+)
+from mlxcel.engine.types import GenerationRequest
+
+INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
+FLT_MAX = 3.4028234663852886e38
+
+# "hard" limits: out of range is refused. None = the server's --parallel (n_cmpl).
+HARD: dict[str, tuple[float, float | None]] = {
+    "sse_ping_interval": (-1, INT32_MAX), "n_predict": (-1, INT32_MAX),
+    "max_tokens": (-1, INT32_MAX), "max_completion_tokens": (-1, INT32_MAX),
+    "n_indent": (0, INT32_MAX), "n_keep": (-1, INT32_MAX), "n_discard": (0, INT32_MAX),
+    "n_cmpl": (1, None), "n": (1, None), "n_cache_reuse": (0, INT32_MAX),
+    "t_max_predict_ms": (-1, INT64_MAX), "repeat_last_n": (0, INT32_MAX),
+    "dry_allowed_length": (0, INT32_MAX), "dry_penalty_last_n": (0, INT32_MAX),
+    "adaptive_decay": (0.0, 0.99), "min_keep": (0, INT32_MAX), "reasoning_budget_tokens": (-1, INT32_MAX),
+}
+# "clamp" limits: out of range is pulled to the bound.
+CLAMP: dict[str, tuple[float, float]] = {
+    "top_k": (0, INT32_MAX), "top_p": (0.0, 1.0), "min_p": (0.0, 1.0), "xtc_probability": (0.0, 1.0),
+    "xtc_threshold": (0.0, 1.0), "typical_p": (0.0, 1.0), "temperature": (0.0, math.inf),
+    "mirostat": (0, 2), "adaptive_target": (-FLT_MAX, 1.0),
+}
+# request field -> SamplingParams field, for the plain numeric knobs
+SAMPLING_FIELDS = (
+    "top_k", "top_p", "min_p", "top_n_sigma", "xtc_probability", "xtc_threshold", "typical_p",
+    "temperature", "dynatemp_range", "dynatemp_exponent", "repeat_last_n", "repeat_penalty",
+    "frequency_penalty", "presence_penalty", "dry_multiplier", "dry_base", "dry_allowed_length",
+    "dry_penalty_last_n", "mirostat", "mirostat_tau", "mirostat_eta", "adaptive_target",
+    "adaptive_decay", "min_keep",
+)
+# Fields for behaviour this server does not have yet, with the values that ask for nothing.
+DEFERRED: dict[str, tuple[Any, ...]] = {
+    "lora": ([],), "json_schema": (), "grammar": ("",), "grammar_lazy": (False,), "grammar_type": (),
+    "chat_format": (), "reasoning_format": ("none",), "generation_prompt": ("",),
+    "parse_tool_calls": (False,), "chat_parser": ("",), "continue_final_message": (False,),
+    "echo": (False,), "preserved_tokens": ([],), "grammar_triggers": ([],), "reasoning_control": (False,),
+    "reasoning_budget_tokens": (-1,), "reasoning_budget_start_tag": ("",),
+    "reasoning_budget_end_tags": ([],), "reasoning_budget_end_tag": ("",), "reasoning_budget_message": ("",),
+    "backend_sampling": (False,), "n_cache_reuse": (0,), "message_delimiters": ([],),
+}
+# Accepted and inert, as upstream: verbose only touches OpenAI-shaped bodies; the native
+# final frame always carries counts and timings; speculative.* is compiled out upstream.
+INERT = ("verbose", "stream_options", "model", *(f"speculative.{k}" for k in (
+    "n_max", "n_min", "p_min", "type", "ngram_size_n", "ngram_size_m", "ngram_m_hits")))
+
+NATIVE_FIELDS = declared_names(NativeCompletionRequest)
+
+
+@dataclass
+class NativeRequest:
+    template: GenerationRequest  # prompt empty: filled per prompt
+    stream: bool = False
+    return_tokens: bool = False
+    timings_per_token: bool = False
+    response_fields: list[str] | None = None  # None: the whole object
+    n_probs: int = 0
+    post_sampling_probs: bool = False
+    sse_ping_interval: int = 30
+    ignored: list[str] = field(default_factory=list)
+
+
+def _range_error(name: str, value: Any, lo: Any, hi: Any) -> ApiError:
+    return ApiError(400, f"Field '{name}': Value must be between {lo} <= value <= {hi}, but got {value}",
+                    code="invalid_parameter", param=name)
+
+
+def _clean(body: dict[str, Any]) -> dict[str, Any]:
+    """Drop nulls; tolerate a non-object stream_options (upstream ignores it)."""
+    out = {k: v for k, v in body.items() if v is not None}
+    so = out.get("stream_options")
+    if so is not None and not isinstance(so, dict):
+        del out["stream_options"]
+    elif isinstance(so, dict):
+        if so.get("include_usage", False) is not None and not isinstance(so.get("include_usage", False), bool):
+            raise ApiError(400, "Field 'stream_options.include_usage': Expected a boolean",
+                           code="invalid_parameter", param="stream_options")
+        out["stream_options"] = {"include_usage": so["include_usage"]} if so.get("include_usage") is not None else {}
+    return out
+
+
+def _check_limits(body: dict[str, Any], n_parallel: int) -> None:
+    for name, (lo, hi) in HARD.items():
+        v = body.get(name)
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            top = n_parallel if hi is None else hi
+            if not lo <= v <= top:
+                lo_s = lo if not isinstance(lo, float) else f"{lo:.6f}"
+                hi_s = top if not isinstance(top, float) else f"{top:.6f}"
+                raise _range_error(name, v, lo_s, hi_s)
+
+
+def _check_deferred(body: dict[str, Any]) -> None:
+    for name, no_ops in DEFERRED.items():
+        if name in body and body[name] not in no_ops:
+            raise ApiError(400, f"'{name}' is not supported by this server yet; send it only with "
+                           f"its default value{'' if not no_ops else ' ' + msgspec.json.encode(no_ops[0]).decode()}",
+                           code="field_not_honoured", param=name)
+
+
+def parse_native(body: dict[str, Any], model: ServedModel, n_parallel: int,
+                 sse_ping_interval: int = 30) -> NativeRequest:
+    """`sse_ping_interval` is the server default (--sse-ping-interval) for a body without one."""
+    body = _clean(body)
+    req = convert(body, NativeCompletionRequest)
+    _check_limits(body, n_parallel)
+    _check_deferred(body)
+    n_cmpl = req.n_cmpl if req.n_cmpl is not None else (req.n if req.n is not None else 1)
+    if n_cmpl > 1:
+        raise ApiError(400, "n_cmpl above 1 is not supported: this server returns one completion per prompt",
+                       code="field_not_honoured", param="n_cmpl")
+    if req.model is not None and not model.answers_to(req.model):
+        raise ApiError(404, f"model '{req.model}' not found", code="model_not_found", param="model")
+
+    n_predict = next((v for v in (req.n_predict, req.max_completion_tokens, req.max_tokens) if v is not None),
+                     model.n_predict)
+    tok = model.tokenizer
+    over: dict[str, Any] = {}
+    for name in SAMPLING_FIELDS:
+        v = getattr(req, name)
+        if v is None:
+            continue
+        if name in CLAMP:
+            lo, hi = CLAMP[name]
+            v = type(v)(min(max(v, lo), hi)) if not math.isnan(v) else v
+        over[name] = v
+    if over.get("dry_base") is not None and over["dry_base"] < 1.0:
+        del over["dry_base"]  # upstream falls back to the default below 1.0
+    if req.dry_sequence_breakers is not None:
+        br = req.dry_sequence_breakers
+        if not isinstance(br, list) or not br or not all(isinstance(s, str) for s in br):
+            raise ApiError(400, "Error: dry_sequence_breakers must be a non-empty array of strings",
+                           code="invalid_parameter", param="dry_sequence_breakers")
+        over["dry_sequence_breakers"] = tuple(br)
+    if req.samplers is not None:
+        try:
+            if isinstance(req.samplers, str):
+                over["samplers"] = samplers_from_chars(req.samplers)
+            elif isinstance(req.samplers, list):
+                over["samplers"] = samplers_from_names(req.samplers)
+            else:
+                raise ValueError("samplers must be an array of names or a string of sampler characters")
+        except ValueError as e:
+            raise ApiError(400, str(e), code="invalid_parameter", param="samplers") from None
+    n_probs = req.n_probs if req.n_probs is not None else (req.logprobs if req.logprobs is not None else 0)
+    if n_probs < 0:
+        raise ApiError(400, "n_probs must be >= 0", code="invalid_parameter", param="n_probs")
+    over["n_probs"] = n_probs
+    over["post_sampling_probs"] = bool(req.post_sampling_probs)
+    bias: dict[int, float] = {}
+    if req.logit_bias is not None:
+        bias = resolve_logit_bias(req.logit_bias, lambda s: tok.encode(s, add_special_tokens=False),
+                                  n_vocab=model.info.vocab_size)
+    ignore_eos = bool(req.ignore_eos)
+    if ignore_eos:  # upstream bans every end-of-generation token rather than skipping it
+        for t in tok.eos_token_ids:
+            bias[t] = -math.inf
+    over["logit_bias"] = bias
+    try:
+        params = replace(model.defaults, **over)
+        if req.seed is not None:
+            params = replace(params, seed=fold_seed(req.seed))
+    except ValueError as e:
+        raise ApiError(400, str(e), code="invalid_parameter") from None
+    stop = [req.stop] if isinstance(req.stop, str) else [s for s in (req.stop or []) if s]
+    template = GenerationRequest(
+        prompt=[], params=params, max_tokens=n_predict, stop=stop, ignore_eos=ignore_eos,
+        n_indent=req.n_indent or 0,
+        t_max_predict_ms=req.t_max_predict_ms if req.t_max_predict_ms is not None else -1,
+        return_progress=bool(req.return_progress and req.stream),
+        cache_prompt=req.cache_prompt if req.cache_prompt is not None else True,
+        n_keep=req.n_keep or 0, n_discard=req.n_discard or 0,
+        id_slot=req.id_slot if req.id_slot is not None else -1,
+    )
+    fields = req.response_fields
+    fields = fields if isinstance(fields, list) and all(isinstance(f, str) for f in fields) and fields else None
+    return NativeRequest(
+        template=template, stream=bool(req.stream), return_tokens=bool(req.return_tokens),
+        timings_per_token=bool(req.timings_per_token), response_fields=fields, n_probs=n_probs,
+        post_sampling_probs=bool(req.post_sampling_probs),
+        sse_ping_interval=req.sse_ping_interval if req.sse_ping_interval is not None else sse_ping_interval,
+        ignored=[k for k in body if k not in NATIVE_FIELDS],
+    )
+
+
+def with_prompt(template: GenerationRequest, prompt: list[int]) -> GenerationRequest:
+    """One engine request per prompt (each gets its own id)."""
+    return replace(template, prompt=prompt, id=GenerationRequest(prompt=[]).id)

@@ -1,0 +1,84 @@
+"""GET /props (always mounted, b10621's key set) and POST /props (gated by --props).
+
+`default_generation_settings` is upstream's {params, n_ctx} shape with the metrics-only
+task_params subset, from the server defaults; keys for features this server lacks are
+omitted rather than invented. POST /props acknowledges and changes nothing, exactly as
+upstream's handler does.
+"""
+
+from __future__ import annotations
+
+from litestar import Request, Response, get, post
+
+from mlxcel import __version__
+from mlxcel.api.errors import ApiError
+from mlxcel.api.llamacpp.render import generation_settings
+from mlxcel.api.openai.generation import served_model
+from mlxcel.api.state import AppState, ServedModel
+from mlxcel.engine.chat_template import TemplateError, render_chat
+from mlxcel.engine.types import GenerationRequest
+
+MEDIA_MARKER = "<__media__>"
+_FTYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
+
+
+def model_ftype(model: ServedModel) -> str:
+    info = model.info
+    return f"MLX {info.quantization}" if info.quantization else _FTYPES.get(info.checkpoint_dtype, info.checkpoint_dtype)
+
+
+def chat_template_caps(template: str | None) -> dict[str, bool]:
+    """What the template can express, probed the way its text and a render show it."""
+    if not template:
+        return {"supports_system_role": False, "supports_tools": False, "supports_tool_calls": False}
+    marker = "mlxcel-system-probe"
+    try:
+        rendered = render_chat(template, [{"role": "system", "content": marker}, {"role": "user", "content": "hi"}])
+        system = marker in rendered
+    except TemplateError:
+        system = False
+    return {"supports_system_role": system, "supports_tools": "tools" in template,
+            "supports_tool_calls": "tool_calls" in template}
+
+
+def props_json(app_state: AppState, model: ServedModel) -> dict:
+    s = app_state.settings
+    tok = model.tokenizer
+    defaults = GenerationRequest(prompt=[], params=model.defaults, max_tokens=model.n_predict)
+    return {
+        "default_generation_settings": {
+            "params": generation_settings(defaults, stream=False, timings_per_token=False, metrics_only=True),
+            "n_ctx": model.n_ctx,
+        },
+        "total_slots": model.engine.parallel,
+        "model_alias": model.id,
+        "model_ftype": model_ftype(model),
+        "model_path": str(model.info.path),
+        "modalities": {"vision": False, "video": False, "audio": False},
+        "media_marker": MEDIA_MARKER,
+        "endpoint_slots": s.slots,
+        "endpoint_props": s.props,
+        "endpoint_metrics": s.metrics,
+        "ui": False,
+        "ui_settings": {},
+        "chat_template": tok.chat_template or "",
+        "chat_template_caps": chat_template_caps(tok.chat_template),
+        "bos_token": tok.bos_token or "",
+        "eos_token": tok.eos_token or "",
+        "build_info": f"mlxcel-{__version__}",
+        "is_sleeping": False,
+        "cors_proxy_enabled": False,
+    }
+
+
+@get("/props")
+async def get_props(app_state: AppState) -> dict:
+    return props_json(app_state, served_model(app_state, None))
+
+
+@post("/props", status_code=200)
+async def post_props(request: Request, app_state: AppState) -> Response:
+    if not app_state.settings.props:
+        raise ApiError(501, "This server does not support changing global properties. Start it with `--props`",
+                       code="not_supported", type="not_supported_error")
+    return Response({"success": True})
