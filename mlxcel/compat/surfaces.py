@@ -103,6 +103,21 @@ def mounted_routes() -> set[tuple[str, str]] | None:
     return pairs
 
 
+def _struct_keys(cls, prefix: str = "") -> set[str]:
+    """JSON keys of a struct, nested structs' keys spelled `outer.inner`."""
+    import typing
+
+    import msgspec
+
+    keys = set()
+    for f in msgspec.structs.fields(cls):
+        keys.add(prefix + f.encode_name)
+        for t in (f.type, *typing.get_args(f.type)):
+            if isinstance(t, type) and issubclass(t, msgspec.Struct):
+                keys |= _struct_keys(t, prefix + f.encode_name + ".")
+    return keys
+
+
 def native_request_fields() -> set[str] | None:
     """JSON keys `NativeCompletionRequest` accepts; None until the struct exists."""
     import msgspec
@@ -117,5 +132,5 @@ def native_request_fields() -> set[str] | None:
         module = importlib.import_module(info.name)
         cls = getattr(module, "NativeCompletionRequest", None)
         if isinstance(cls, type) and issubclass(cls, msgspec.Struct):
-            return {f.encode_name for f in msgspec.structs.fields(cls)}
+            return _struct_keys(cls)
     return None

@@ -143,10 +143,11 @@ def test_type_errors_and_unknown_fields(model):
 
 def test_response_fields_and_carried_knobs(model):
     r = parse(model, response_fields=["content"], n_indent=4, t_max_predict_ms=100, cache_prompt=False,
-              n_keep=-1, n_discard=8, id_slot=2, stream=True, return_progress=True)
+              n_keep=-1, n_discard=8, id_slot=-1, stream=True, return_progress=True)
     t = r.template
     assert r.response_fields == ["content"]
     assert (t.n_indent, t.t_max_predict_ms, t.cache_prompt, t.n_keep, t.n_discard, t.id_slot, t.return_progress) == \
-        (4, 100, False, -1, 8, 2, True)
+        (4, 100, False, -1, 8, -1, True)
+    refused(model, id_slot=2)  # slot pinning is not built: refused, never ignored
     assert parse(model, response_fields="content").response_fields is None  # not a list: whole object
     assert parse(model, return_progress=True).template.return_progress is False  # inert without stream

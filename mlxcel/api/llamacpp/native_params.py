@@ -63,6 +63,7 @@ DEFERRED: dict[str, tuple[Any, ...]] = {
     "reasoning_budget_tokens": (-1,), "reasoning_budget_start_tag": ("",),
     "reasoning_budget_end_tags": ([],), "reasoning_budget_end_tag": ("",), "reasoning_budget_message": ("",),
     "backend_sampling": (False,), "n_cache_reuse": (0,), "message_delimiters": ([],),
+    "id_slot": (-1,),  # slot pinning: the scheduler picks the lowest free slot for now
 }
 # Accepted and inert, as upstream: verbose only touches OpenAI-shaped bodies; the native
 # final frame always carries counts and timings; speculative.* is compiled out upstream.
