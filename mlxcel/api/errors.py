@@ -42,8 +42,7 @@ def error_body(path: str, err: ApiError) -> dict[str, Any]:
     if is_openai_path(path):
         return {"error": {"message": err.message, "type": err.type, "param": err.param, "code": err.code}}
     return {"error": {"code": err.status, "message": err.message,
-                      "type": err.type if err.type != "invalid_request_error" or err.status == 400
-                      else _NATIVE_TYPES.get(err.status, "server_error")}}
+                      "type": _NATIVE_TYPES.get(err.status) or err.type}}
 
 
 def api_error_handler(request: Request, exc: ApiError) -> Response:

@@ -489,6 +489,9 @@ _NATIVE: tuple[Option, ...] = (
     make("--dtype", VALUE, section=NATIVE, state=SUPPORTED, native=True, mv="{auto,float16,bfloat16,float32}",
          apply=lambda s, v, sp: setattr(s, "dtype", a.one_of(v, sp, ("auto", "float16", "bfloat16", "float32"))),
          help="compute dtype for unquantized weights"),
+    make("--max-queue-depth", VALUE, section=NATIVE, state=SUPPORTED, native=True, mv="N",
+         apply=lambda s, v, sp: setattr(s, "max_queue_depth", max(a.as_int(v, sp), -1)),
+         help="requests that may wait for a slot before new ones get 503 (default: 64, -1 = unbounded)"),
     make("--dump-flag-surface", FLAG, section=NATIVE, state=SUPPORTED, native=True, hidden=True,
          apply=lambda *_: None),
 )

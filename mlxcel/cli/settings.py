@@ -26,6 +26,7 @@ class ServerSettings:
     n_predict: int = -1  # -1 = until the context is full
     parallel: int = 4
     batch_size: int = 512
+    max_queue_depth: int = 64  # waiting requests beyond the free slots; -1 unbounded
     dtype: str = "auto"
     backend: str = "mlx"
     warmup: bool = True

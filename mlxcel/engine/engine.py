@@ -42,6 +42,7 @@ class RequestHandle:
         self._queue: asyncio.Queue[TokenEvent] = asyncio.Queue()
         self.cancelled = False
         self.finished = False
+        self.retired = False  # the engine's queue accounting is done with it
 
     def _push(self, event: TokenEvent) -> None:  # engine thread
         self._loop.call_soon_threadsafe(self._queue.put_nowait, event)
@@ -99,7 +100,8 @@ class Engine:
 
     def __init__(self, backend: Backend, tokenizer: Tokenizer, *, n_ctx: int,
                  parallel: int = 4, batch_size: int = 512, cache_prompt: bool = True,
-                 cache_budget_bytes: int | None = 2048 << 20, cont_batching: bool = True) -> None:
+                 cache_budget_bytes: int | None = 2048 << 20, cont_batching: bool = True,
+                 max_queue_depth: int = 64) -> None:
         self.backend = backend
         self.tokenizer = tokenizer
         self.parallel = max(1, parallel)
@@ -107,6 +109,9 @@ class Engine:
         self.n_ctx_slot = max(n_ctx // self.parallel, 2)
         self.batch_size = max(1, batch_size)
         self.cont_batching = cont_batching
+        self.max_queue_depth = max_queue_depth  # waiting requests beyond the free slots; -1: unbounded
+        self._outstanding = 0  # submitted and not yet retired (queued or holding a slot)
+        self._count_lock = threading.Lock()
         self.prefix_cache = self._configure_kv(cache_prompt, cache_budget_bytes)
         self._inbox: queue.Queue = queue.Queue()
         self._waiting: list[RequestHandle] = []
@@ -146,6 +151,17 @@ class Engine:
         self._wake()
         self._thread.join(timeout=10)
 
+    def _queued(self) -> int:
+        """Requests accepted but not yet holding a slot."""
+        return max(self._outstanding - len(self._rows), 0)
+
+    def _retire(self, handle: RequestHandle) -> None:
+        """A request leaves the engine (finished or dropped): free its place in the queue."""
+        with self._count_lock:
+            if not handle.retired:
+                handle.retired = True
+                self._outstanding -= 1
+
     def submit(self, request: GenerationRequest) -> RequestHandle:
         n = len(request.prompt)
         if n == 0:
@@ -155,6 +171,12 @@ class Engine:
                 f"request ({n} tokens) exceeds the available context size ({self.n_ctx_slot} tokens), try increasing it",
                 "context_length_exceeded", 400, n_prompt_tokens=n, n_ctx=self.n_ctx_slot,
             )
+        with self._count_lock:
+            if self.max_queue_depth >= 0 and self._outstanding >= self.parallel + self.max_queue_depth:
+                self._stats.n_rejected_total += 1
+                raise EngineError(f"the server is busy: {self.max_queue_depth} requests are already waiting "
+                                  "for a slot; retry later", "queue_full", 503)
+            self._outstanding += 1
         handle = RequestHandle(request, self)
         self._inbox.put(handle)
         return handle
@@ -181,9 +203,12 @@ class Engine:
         """The /metrics counters; `reset_bucket` starts a new throughput window."""
         st = self._stats
         rows = list(self._rows)
+        kv = self.kv_usage()
         snap = EngineStats(**{**vars(st), "n_processing": sum(r.slot >= 0 for r in rows),
-                              "n_deferred": len(self._waiting) + sum(r.slot < 0 for r in rows) + self._inbox.qsize(),
-                              "kv_cache_tokens": sum(r.n_prompt_done + len(r.generated) for r in rows)})
+                              "n_deferred": self._queued() + sum(r.slot < 0 for r in rows),
+                              "kv_cache_tokens": sum(r.n_prompt_done + len(r.generated) for r in rows),
+                              "kv_blocks_total": kv["total_blocks"], "kv_blocks_used": kv["used_blocks"],
+                              "kv_blocks_cached": kv["cached_blocks"], "kv_blocks_free": kv["free_blocks"]})
         if reset_bucket:
             st.n_prompt_tokens_processed = st.n_tokens_predicted = 0
             st.t_prompt_processing = st.t_tokens_generation = 0.0
@@ -235,6 +260,7 @@ class Engine:
             handle = self._waiting.pop(0)
             if handle.cancelled:
                 handle.finished = True
+                self._retire(handle)
                 continue
             req = handle.request
             room = self.n_ctx_slot - len(req.prompt)
@@ -263,7 +289,10 @@ class Engine:
             self._rows.remove(row)
             self._release(row)
             row.handle.finished = True
-        self._waiting = [h for h in self._waiting if not h.cancelled]
+            self._retire(row.handle)
+        for h in [h for h in self._waiting if h.cancelled]:
+            self._waiting.remove(h)
+            self._retire(h)
 
     def _free_slot(self) -> int:
         used = {r.slot for r in self._rows}
@@ -415,4 +444,5 @@ class Engine:
         if row in self._rows:
             self._rows.remove(row)
             self._release(row)
+        self._retire(row.handle)
         row.handle._push(event)

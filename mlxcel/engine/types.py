@@ -122,3 +122,8 @@ class EngineStats:
     n_deferred: int = 0  # requests waiting for a slot now
     kv_cache_tokens: int = 0  # tokens held in live sequences
     kv_cache_capacity: int = 0  # n_ctx * parallel
+    kv_blocks_total: int = 0  # the paged pool, in blocks
+    kv_blocks_used: int = 0  # referenced by live sequences or the prompt cache
+    kv_blocks_cached: int = 0  # held by the prompt cache
+    kv_blocks_free: int = 0
+    n_rejected_total: int = 0  # refused with queue_full

@@ -46,6 +46,13 @@ def metric_families(st: EngineStats) -> list[tuple[str, str, str, float | int]]:
         ("mlxcel_kv_cache_tokens", "gauge", "Tokens held in the KV cache of live sequences.", st.kv_cache_tokens),
         ("mlxcel_kv_cache_usage_ratio", "gauge", "KV cache tokens over the context of all slots.",
          st.kv_cache_tokens / st.kv_cache_capacity if st.kv_cache_capacity else 0.0),
+        ("mlxcel_kv_blocks_total", "gauge", "Blocks in the paged KV pool.", st.kv_blocks_total),
+        ("mlxcel_kv_blocks_used", "gauge", "KV blocks referenced by live sequences or the prompt cache.",
+         st.kv_blocks_used),
+        ("mlxcel_kv_blocks_cached", "gauge", "KV blocks held by the prompt cache.", st.kv_blocks_cached),
+        ("mlxcel_kv_blocks_free", "gauge", "KV blocks free for allocation.", st.kv_blocks_free),
+        ("mlxcel_requests_rejected_total", "counter", "Requests refused because the wait queue was full.",
+         st.n_rejected_total),
     ]
 
 

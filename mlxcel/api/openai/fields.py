@@ -27,8 +27,6 @@ _NO_CHANGE: dict[str, tuple[Any, ...]] = {
     "tool_choice": ("none",),
     "parallel_tool_calls": (),
     "logit_bias": ({},),
-    "frequency_penalty": (0, 0.0),
-    "presence_penalty": (0, 0.0),
     "n": (1,),
     "profile": (),
     "steering_intensity": (),

@@ -56,8 +56,12 @@ def build_request(req: _Sampling, model: ServedModel, prompt: list[int]) -> Gene
         raise ApiError(400, "top_p must be between 0 and 1", code="invalid_parameter", param="top_p")
     if req.seed is not None and (isinstance(req.seed, bool) or not 0 <= req.seed <= 0xFFFFFFFF):
         raise ApiError(400, "seed must be an integer from 0 to 4294967295", code="invalid_parameter", param="seed")
+    for name in ("frequency_penalty", "presence_penalty"):
+        value = getattr(req, name)
+        if value is not None and not -2 <= value <= 2:
+            raise ApiError(400, f"{name} must be between -2 and 2", code="invalid_parameter", param=name)
     overrides: dict[str, Any] = {}
-    for field in ("temperature", "top_p", "top_k", "min_p", "seed"):
+    for field in ("temperature", "top_p", "top_k", "min_p", "seed", "frequency_penalty", "presence_penalty"):
         value = getattr(req, field)
         if value is not None:
             overrides[field] = value
@@ -117,10 +121,12 @@ async def collect(request: Request, handles: list[RequestHandle]) -> list[tuple[
             h.cancel()
 
 
-def usage(results: list[tuple[str, TokenEvent]]) -> dict[str, int]:
+def usage(results: list[tuple[str, TokenEvent]]) -> dict[str, Any]:
     prompt = sum(ev.prompt_tokens for _, ev in results)
     completion = sum(ev.completion_tokens for _, ev in results)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    cached = sum(ev.timings.cache_n for _, ev in results if ev.timings is not None)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached}}
 
 
 def raise_for_error(ev: TokenEvent) -> None:

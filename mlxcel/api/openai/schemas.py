@@ -24,6 +24,8 @@ class _Sampling(msgspec.Struct, kw_only=True):
     stop: str | list[str] | None = None
     seed: int | None = None
     n: int | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
 
 
 class ChatCompletionRequest(_Sampling, kw_only=True):
