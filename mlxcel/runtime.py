@@ -34,7 +34,11 @@ def resolve_sampling_defaults(settings: ServerSettings, gen_defaults) -> Samplin
 
 
 def cache_budget_bytes(settings: ServerSettings) -> int | None:
-    """--cache-ram in MiB: -1 no limit (None), 0 no prefix cache, unset: mlxcel's 2048 MiB."""
+    """--prompt-cache-capacity-bytes, else --cache-ram in MiB: -1 no limit (None), 0 no prefix
+    cache, unset: mlxcel's 2048 MiB."""
+    if settings.prompt_cache_capacity_bytes is not None:
+        b = settings.prompt_cache_capacity_bytes
+        return None if b < 0 else b
     mib = settings.cache_ram_mib
     if mib is None:
         return DEFAULT_CACHE_RAM_MIB << 20

@@ -41,6 +41,7 @@ class ServerSettings:
     cont_batching: bool = True
     cache_prompt: bool = True
     cache_ram_mib: int | None = None  # None = mlxcel's own default; -1 no limit, 0 disable
+    prompt_cache_capacity_bytes: int | None = None  # wins over cache_ram_mib when both are given
     ubatch_size: int | None = None  # accepted and reported only (no micro-batch on MLX)
     cache_type_k: str = "f16"
     cache_type_v: str = "f16"

@@ -159,3 +159,18 @@ def test_defaults_of_gated_routes(default_server):
     slots = httpx.get(url + "/slots").json()
     assert isinstance(slots, list) and {"id", "is_processing", "params", "next_token"} <= set(slots[0])
     assert httpx.get(url + "/props").json()["endpoint_slots"] is True
+
+
+def test_prompt_cache_hit_reported_by_cache_n_and_usage(default_server, openai_client):
+    prompt = " ".join(f"Line {i}: the {('red', 'blue', 'green')[i % 3]} kite flew {i * 3} metres." for i in range(45))
+    body = {"prompt": prompt, "n_predict": 8, "temperature": 0}
+    first = httpx.post(default_server.base_url + "/completion", json=body, timeout=300).json()
+    second = httpx.post(default_server.base_url + "/completion", json=body, timeout=300).json()
+    cold = httpx.post(default_server.base_url + "/completion", json={**body, "cache_prompt": False}, timeout=300).json()
+    n = second["tokens_evaluated"]
+    assert n > 400
+    assert second["timings"]["cache_n"] >= n - 16 and second["timings"]["prompt_n"] == n - second["timings"]["cache_n"]
+    assert cold["timings"]["cache_n"] == 0
+    assert first["content"] == second["content"] == cold["content"]
+    r = openai_client.completions.create(model=DEFAULT_MODEL, prompt=prompt, max_tokens=4, temperature=0)
+    assert r.usage.prompt_tokens_details.cached_tokens >= n - 16

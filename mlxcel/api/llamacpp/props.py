@@ -68,6 +68,13 @@ def props_json(app_state: AppState, model: ServedModel) -> dict:
         "build_info": f"mlxcel-{__version__}",
         "is_sleeping": False,
         "cors_proxy_enabled": False,
+        # mlxcel's own resolved configuration (extensions; b10621 has no such keys)
+        "backend": {"name": model.info.backend, "device": model.info.device,
+                    "compute_dtype": model.info.dtype, "checkpoint_dtype": model.info.checkpoint_dtype,
+                    "quantization": model.info.quantization},
+        "geometry": {"n_ctx": model.engine.n_ctx, "n_ctx_slot": model.n_ctx, "n_parallel": model.engine.parallel,
+                     "n_batch": model.engine.batch_size, "n_ubatch": s.ubatch_size},
+        "kv_cache": model.engine.kv_usage(),
     }
 
 

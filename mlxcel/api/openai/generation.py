@@ -77,7 +77,8 @@ def build_request(req: _Sampling, model: ServedModel, prompt: list[int]) -> Gene
             f"{max(max_tokens, 0)} for the completion). Please reduce the prompt or max_tokens.",
             code="context_length_exceeded", param="messages",
         )
-    return GenerationRequest(prompt=prompt, params=params, max_tokens=max_tokens, stop=stop)
+    return GenerationRequest(prompt=prompt, params=params, max_tokens=max_tokens, stop=stop,
+                             cache_prompt=req.cache_prompt is not False)
 
 
 def fingerprint(model: ServedModel) -> str:

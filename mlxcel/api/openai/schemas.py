@@ -26,6 +26,7 @@ class _Sampling(msgspec.Struct, kw_only=True):
     n: int | None = None
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
+    cache_prompt: bool | None = None  # b10621's per-request prompt-cache switch
 
 
 class ChatCompletionRequest(_Sampling, kw_only=True):
