@@ -27,6 +27,8 @@ class ServerSettings:
     parallel: int = 4
     batch_size: int = 512
     max_queue_depth: int = 64  # waiting requests beyond the free slots; -1 unbounded
+    context_shift: bool = False
+    keep: int = 0  # default n_keep for a context shift
     dtype: str = "auto"
     backend: str = "mlx"
     warmup: bool = True

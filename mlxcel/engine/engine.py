@@ -80,6 +80,7 @@ class _Row:
     t_first: float = 0.0
     n_prompt_done: int = 0  # prompt tokens processed so far (the cache-supplied ones included)
     n_cached: int = 0  # prompt tokens the prefix cache supplied
+    shifted: bool = False  # a context shift rewrote the KV (it is not offered to the prefix cache)
     text: str = ""  # every decoded piece so far (before stop matching): n_indent reads it
     last_nl_pos: int = 0  # where the line n_indent checks next begins in `text`
     has_new_line: bool = False
@@ -101,7 +102,7 @@ class Engine:
     def __init__(self, backend: Backend, tokenizer: Tokenizer, *, n_ctx: int,
                  parallel: int = 4, batch_size: int = 512, cache_prompt: bool = True,
                  cache_budget_bytes: int | None = 2048 << 20, cont_batching: bool = True,
-                 max_queue_depth: int = 64) -> None:
+                 max_queue_depth: int = 64, context_shift: bool = False, keep: int = 0) -> None:
         self.backend = backend
         self.tokenizer = tokenizer
         self.parallel = max(1, parallel)
@@ -110,6 +111,8 @@ class Engine:
         self.batch_size = max(1, batch_size)
         self.cont_batching = cont_batching
         self.max_queue_depth = max_queue_depth  # waiting requests beyond the free slots; -1: unbounded
+        self.context_shift = context_shift  # at the bound: drop tokens after n_keep instead of stopping
+        self.keep = keep  # the server's default n_keep (--keep)
         self._outstanding = 0  # submitted and not yet retired (queued or holding a slot)
         self._count_lock = threading.Lock()
         self.prefix_cache = self._configure_kv(cache_prompt, cache_budget_bytes)
@@ -264,7 +267,10 @@ class Engine:
                 continue
             req = handle.request
             room = self.n_ctx_slot - len(req.prompt)
-            max_tokens = room if req.max_tokens < 0 else min(req.max_tokens, room)
+            if self.context_shift:  # the bound shifts instead of stopping: only n_predict limits
+                max_tokens = req.max_tokens if req.max_tokens >= 0 else 2**62
+            else:
+                max_tokens = room if req.max_tokens < 0 else min(req.max_tokens, room)
             seq = self.backend.new_sequence()
             cached = 0
             if req.cache_prompt:
@@ -298,9 +304,24 @@ class Engine:
         used = {r.slot for r in self._rows}
         return next(i for i in range(self.parallel) if i not in used)
 
+    def _shift_context(self, row: _Row) -> None:
+        """b10621's context shift: keep the first n_keep tokens, drop n_discard after them
+        (default half the rest), keep going. Kept keys keep their rotation; positions go on."""
+        req, seq = row.request, row.cache
+        n_keep = req.n_keep if req.n_keep != 0 else self.keep
+        if n_keep < 0:
+            n_keep = len(req.prompt)
+        n_keep = max(0, min(n_keep, self.n_ctx_slot - 4))
+        n_left = seq.length - n_keep
+        n_discard = req.n_discard if req.n_discard > 0 else n_left // 2
+        n_discard = max(1, min(n_discard, n_left))
+        row.cache = self.backend.compact(seq, n_keep, n_discard)
+        seq.release()  # never donated: its later blocks no longer match their token positions
+        row.shifted = True
+
     def _release(self, row: _Row) -> None:
         """Give the row's KV back, offering its full blocks to the prefix cache first."""
-        if row.request.cache_prompt:
+        if row.request.cache_prompt and not row.shifted:
             self.prefix_cache.insert(row.cache.tokens, row.cache.blocks)
         row.cache.release()
         self.prefix_cache.trim()
@@ -412,6 +433,8 @@ class Engine:
                                              truncate_to=cut if cut is not None and cut >= 0 else None))
             return
         row.next_token = token
+        if row.cache.length + 1 > self.n_ctx_slot:  # only reachable with context shift on
+            self._shift_context(row)
         row.handle._push(TokenEvent(text=res.text, token=token, slot=row.slot, probs=probs,
                                     prompt_tokens=len(req.prompt), completion_tokens=len(row.generated),
                                     has_new_line=row.has_new_line, timings=self._timings(row)))
@@ -435,6 +458,7 @@ class Engine:
 
     def _finish(self, row: _Row, event: TokenEvent) -> None:
         now = time.perf_counter()
+        event.truncated = row.shifted or len(row.request.prompt) + len(row.generated) >= self.n_ctx_slot
         event.slot = row.slot
         event.prompt_tokens = len(row.request.prompt)
         event.completion_tokens = len(row.generated)

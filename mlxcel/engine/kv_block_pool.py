@@ -71,15 +71,25 @@ class BlockAllocator:
 
 @dataclass
 class SequenceKV:
-    """One sequence's block table and the tokens whose keys and values it stores."""
+    """One sequence's block table and the tokens whose keys and values it stores.
+
+    `shift` is how far the RoPE position runs ahead of the stored length after a context
+    shift dropped tokens: kept keys keep the rotation they were computed with, so new tokens
+    continue from the logical position rather than reusing positions."""
 
     allocator: BlockAllocator
     blocks: list[int] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)
+    shift: int = 0
 
     @property
     def length(self) -> int:
         return len(self.tokens)
+
+    @property
+    def position(self) -> int:
+        """The RoPE position of the next token."""
+        return len(self.tokens) + self.shift
 
     def adopt(self, blocks: list[int], tokens: list[int]) -> None:
         """Start from shared full blocks (already referenced for us by the caller)."""
@@ -103,4 +113,4 @@ class SequenceKV:
     def release(self) -> None:
         for b in self.blocks:
             self.allocator.unref(b)
-        self.blocks, self.tokens = [], []
+        self.blocks, self.tokens, self.shift = [], [], 0

@@ -69,6 +69,7 @@ class TokenEvent:
     has_new_line: bool = False  # some emitted text so far contained a newline
     truncate_to: int | None = None  # final only: keep this many characters of the content
     progress: PromptProgress | None = None  # a prompt-progress event (no text, no token)
+    truncated: bool = False  # final only: the context bound was reached (shifted or stopped there)
 
     @property
     def done(self) -> bool:

@@ -23,7 +23,7 @@ LONG_TEXT = " ".join(f"Item {i}: the {['red', 'green', 'blue', 'amber'][i % 4]} 
 def make_model(**overrides):
     from mlxcel.runtime import load_served_model
 
-    settings = ServerSettings(model=DEFAULT_MODEL, ctx_size=8192, parallel=4, warmup=False, **overrides)
+    settings = ServerSettings(**{"model": DEFAULT_MODEL, "ctx_size": 8192, "parallel": 4, "warmup": False, **overrides})
     return load_served_model(settings, fixture_path(DEFAULT_MODEL))
 
 
@@ -124,3 +124,31 @@ def test_eviction_under_a_tiny_budget_stays_correct():
         assert usage["used_blocks"] == usage["cached_blocks"]
     finally:
         m.engine.shutdown()
+
+
+def test_context_bound_stops_truncated_or_shifts_on():
+    prompt_text = "Count slowly from one to one thousand, one number per line:"
+
+    async def go(m, max_tokens):
+        return await run(m, encode(m, prompt_text), max_tokens)
+
+    stop = make_model(ctx_size=256, parallel=2)  # 128 tokens per slot
+    try:
+        tokens, last = asyncio.run(go(stop, 400))
+        n_prompt = len(encode(stop, prompt_text))
+        assert len(tokens) == 128 - n_prompt
+        assert last.finish_reason == "length" and last.stop_type == "limit" and last.truncated
+    finally:
+        stop.engine.shutdown()
+
+    shift = make_model(ctx_size=256, parallel=2, context_shift=True, keep=-1)
+    try:
+        # greedy on a counting prompt keeps going past the bound: the shift makes room
+        handle_tokens, last = asyncio.run(go(shift, 160))
+        assert len(handle_tokens) == 160 or last.finish_reason == "stop"
+        if len(handle_tokens) == 160:
+            assert last.truncated and last.stop_type == "limit"
+        usage = shift.engine.kv_usage()
+        assert usage["used_blocks"] == usage["cached_blocks"]  # the shifted sequence gave every block back
+    finally:
+        shift.engine.shutdown()

@@ -119,7 +119,7 @@ def final_json(model: ServedModel, req: GenerationRequest, ev: TokenEvent, *, in
         "model": model.id, "tokens_predicted": predicted, "tokens_evaluated": tokens_evaluated,
         "generation_settings": generation_settings(req, stream=stream, timings_per_token=timings_per_token),
         "prompt": model.tokenizer.decode(req.prompt, skip_special_tokens=False),
-        "has_new_line": ev.has_new_line, "truncated": False, "stop_type": ev.stop_type,
+        "has_new_line": ev.has_new_line, "truncated": ev.truncated, "stop_type": ev.stop_type,
         "stopping_word": ev.stopping_word,
         # the slot's cache occupancy after the request, as upstream reports it
         "tokens_cached": max(tokens_evaluated + predicted - 1, 0),

@@ -102,6 +102,17 @@ class MLXBackend:
     def new_sequence(self) -> SequenceKV:
         return SequenceKV(self.allocator)
 
+    def compact(self, seq: SequenceKV, keep: int, discard: int) -> SequenceKV:
+        """A new sequence holding seq's tokens without [keep, keep + discard); the kept keys keep
+        their rotation and the new sequence continues at seq's logical position."""
+        kept = list(range(keep)) + list(range(keep + discard, seq.length))
+        out = SequenceKV(self.allocator)
+        out.reserve(len(kept))
+        self.storage.copy_slots(seq.slots(0, seq.length)[kept], out.slots(0, len(kept)))
+        out.tokens = [seq.tokens[i] for i in kept]
+        out.shift = seq.position - len(kept)
+        return out
+
     def _run(self, rows: list[ForwardRow]) -> tuple[mx.array, StepPlan]:
         for r in rows:
             r.cache.reserve(len(r.tokens))

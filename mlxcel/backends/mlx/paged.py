@@ -45,6 +45,17 @@ class PagedStorage:
     def nbytes(self) -> int:
         return sum(a.nbytes for a in self.keys + self.values if a is not None)
 
+    def copy_slots(self, src: np.ndarray, dst: np.ndarray) -> None:
+        """keys/values[dst] = keys/values[src] in every layer (a context shift's compaction)."""
+        s, d = mx.array(src), mx.array(dst)
+        for li in range(self.num_layers):
+            if self.keys[li] is not None:
+                _, h, dk = self.keys[li].shape
+                self.ensure(li, h, dk, self.values[li].shape[-1])  # dst blocks may be new
+                self.keys[li][d] = self.keys[li][s]
+                self.values[li][d] = self.values[li][s]
+        mx.eval(*self.arrays())
+
     def arrays(self) -> list[mx.array]:
         return [a for a in self.keys + self.values if a is not None]
 
@@ -66,7 +77,8 @@ class StepPlan:
             read[i, : self.lengths[i]] = seq.slots(0, self.lengths[i])
         self.write = mx.array(write.reshape(-1))
         self.read = mx.array(read)
-        self.offset = mx.array(np.asarray(self.offsets, dtype=np.int32))
+        # RoPE reads logical positions (ahead of the stored length after a context shift)
+        self.offset = mx.array(np.asarray([seq.position for seq, _ in rows], dtype=np.int32))
         self._masks: dict[int | None, mx.array] = {}
 
     def mask(self, window: int | None) -> mx.array:
