@@ -1,11 +1,13 @@
 """The engine: one loop on its own thread turns requests into token events.
 
-Each step plans the rows to run (every decoding row plus prefill chunks under the
-`batch_size` token budget), runs one backend forward for all of them, then samples,
-detokenizes and stop-checks each row that finished its prompt. The only bridge to
-asyncio is `RequestHandle`: events are handed to the request's event loop with
-`call_soon_threadsafe`. A request takes the lowest free slot when its first prompt
-token is processed, and gives it back when it finishes or is cancelled.
+Each step plans the rows to run (every decoding row together in one batched forward, plus
+prompt chunks under the `batch_size` token budget, each its own forward), then samples,
+detokenizes and stop-checks each row that finished its prompt. KV lives in a paged block
+pool (kv_block_pool.py); admission adopts the longest cached prefix (kv_prefix_cache.py)
+and release donates full blocks back. The only bridge to asyncio is `RequestHandle`:
+events are handed to the request's event loop with `call_soon_threadsafe`. A request
+takes the lowest free slot when its first prompt token is processed, and gives it back
+when it finishes or is cancelled.
 """
 
 from __future__ import annotations
@@ -23,8 +25,8 @@ from mlxcel.engine.kv_block_pool import RESERVED
 from mlxcel.engine.kv_prefix_cache import PrefixCache
 from mlxcel.engine.sampling import SamplerState, sample_row
 from mlxcel.engine.stop import StopMatcher
-from mlxcel.engine.tokenizer import Tokenizer
 from mlxcel.engine.sampling_dry import DryVocab
+from mlxcel.engine.tokenizer import Tokenizer
 from mlxcel.engine.types import (
     EngineError, EngineStats, GenerationRequest, PromptProgress, SlotInfo, Timings, TokenEvent,
 )
