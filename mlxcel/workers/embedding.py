@@ -7,7 +7,8 @@ call (`embd_normalize`). An input longer than the model's context is refused, ne
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +33,7 @@ class EmbeddingWorker:
     n_ctx: int
     encoder: Encoder
     tokenizer: object
+    created: int = field(default_factory=lambda: int(time.time()))
 
     kind = ck.EMBEDDING
 

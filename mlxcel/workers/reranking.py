@@ -8,7 +8,8 @@ refused, never truncated.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from mlxcel.workers import checkpoint as ck
@@ -23,6 +24,7 @@ class RerankWorker:
     n_ctx: int
     encoder: Encoder
     tokenizer: object
+    created: int = field(default_factory=lambda: int(time.time()))
 
     kind = ck.RERANKER
 
