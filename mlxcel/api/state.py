@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from mlxcel.backends.base import ModelInfo
 from mlxcel.cli.settings import ServerSettings
@@ -33,3 +34,7 @@ class AppState:
     settings: ServerSettings
     model: ServedModel | None = None
     load_error: str | None = None
+    # side workers (mlxcel/workers): present once loaded; `plan` says which were asked for
+    plan: Any = None  # workers.plan.ServePlan; None = plain generation server
+    embedder: Any = None  # workers.embedding.EmbeddingWorker
+    reranker: Any = None  # workers.reranking.RerankWorker

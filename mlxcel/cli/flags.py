@@ -275,6 +275,7 @@ def parse_server_args(
         if key not in skip:
             _classify(o, g, settings)
 
+    settings.pooling_env = environ.get("MLXCEL_EMBEDDING_POOLING") or None
     _finish(settings, environ)
     return settings
 

@@ -231,3 +231,24 @@ def check_gpu_layers(settings: Any, num_hidden_layers: int) -> None:
         f"--gpu-layers {v}: the checkpoint has {num_hidden_layers} layers and mlxcel runs all of them on the "
         f"MLX device; a partial offload cannot be honoured (drop the option or pass --gpu-layers all)"
     )
+
+
+# --- side workers (embedding / reranking) ----------------------------------------------------
+
+POOLING_NONE = ("mlxcel cannot return one vector per token: every embedding family pools inside its own "
+                "forward pass, so no unpooled hidden state reaches the server; use mean, cls or last")
+
+
+def apply_pooling(settings: Any, value: str, spelling: str) -> None:
+    """mean/cls/last pick a kernel; rank is b10621's spelling of the reranking path; none is refused."""
+    value = str(value).strip()
+    if value == "none":
+        raise StartupRefusal(f"{spelling} none: {POOLING_NONE}")
+    if value == "rank":
+        settings.reranking = True
+        return
+    settings.pooling = one_of(value, spelling, ("none", "mean", "cls", "last", "rank"))
+
+
+def apply_embd_normalize(settings: Any, value: str, spelling: str) -> None:
+    settings.embd_normalize = as_int(value, spelling)

@@ -22,19 +22,24 @@ from mlxcel.cli.settings import ServerSettings
 log = logging.getLogger("mlxcel.server")
 
 
-def resolve(settings: ServerSettings) -> Path:
-    from mlxcel.cli.options_apply import check_gpu_layers
+def resolve_ref(settings: ServerSettings, ref: str, flag: str) -> Path:
     from mlxcel.store.paths import store_root
     from mlxcel.store.resolve import ModelNotAvailable, ModelSourceRefused, resolve_model
 
-    if not settings.model:
-        raise StartupRefusal("no model given: pass -m <checkpoint dir | owner/name | name> (or --hf-repo)")
     try:
-        path = resolve_model(settings.model, root=store_root(settings.model_store_root, os.environ),
+        return resolve_model(ref, root=store_root(settings.model_store_root, os.environ),
                              default_org=settings.default_org, offline=settings.offline,
-                             hf_token=settings.hf_token, flag="--hf-repo" if settings.hf_repo else "-m")
+                             hf_token=settings.hf_token, flag=flag)
     except (ModelSourceRefused, ModelNotAvailable) as e:
         raise StartupRefusal(str(e)) from None
+
+
+def resolve(settings: ServerSettings) -> Path:
+    from mlxcel.cli.options_apply import check_gpu_layers
+
+    if not settings.model:
+        raise StartupRefusal("no model given: pass -m <checkpoint dir | owner/name | name> (or --hf-repo)")
+    path = resolve_ref(settings, settings.model, "--hf-repo" if settings.hf_repo else "-m")
     config = json.loads((path / "config.json").read_text())
     layers = config.get("num_hidden_layers") or config.get("text_config", {}).get("num_hidden_layers")
     if layers:
@@ -55,27 +60,36 @@ def main(argv: list[str] | None = None, prog: str = "mlxcel-server") -> int:
         from mlxcel.api.vertex import check_predict_route
 
         check_predict_route(settings.vertex_predict_route, registered_paths())
-    path = resolve(settings)
-    serve(settings, path)
+    from mlxcel.workers.plan import plan as plan_workers
+
+    # mode switch: --embeddings / --reranking serve a side worker and no chat model
+    plan = plan_workers(settings, lambda ref, flag: resolve_ref(settings, ref, flag))
+    path = resolve(settings) if plan.generation else None
+    serve(settings, path, plan)
     return 0
 
 
-def serve(settings: ServerSettings, path: Path) -> None:
+def serve(settings: ServerSettings, path: Path | None, plan=None) -> None:
     import uvicorn
 
     from mlxcel.api.app import build_app
     from mlxcel.api.state import AppState
     from mlxcel.runtime import load_served_model
 
-    state = AppState(settings=settings)
+    from mlxcel.workers.load import load_side_workers
+
+    state = AppState(settings=settings, plan=plan if plan is not None and plan.sides else None)
     app = build_app(state)
 
     def load() -> None:
         try:
-            state.model = load_served_model(settings, path)
-            info = state.model.info
-            log.info("model %s loaded: %s on %s/%s, compute dtype %s, context %d",
-                     state.model.id, info.model_type, info.backend, info.device, info.dtype, state.model.n_ctx)
+            if path is not None:
+                state.model = load_served_model(settings, path)
+                info = state.model.info
+                log.info("model %s loaded: %s on %s/%s, compute dtype %s, context %d",
+                         state.model.id, info.model_type, info.backend, info.device, info.dtype, state.model.n_ctx)
+            if state.plan is not None:
+                load_side_workers(state, settings)
         except Exception as e:  # keep serving /health's 503 and say why
             state.load_error = str(e)
             log.exception("model load failed")

@@ -79,3 +79,12 @@ class ServerSettings:
     # native llama-server routes (b10621 --spm-infill, --slot-save-path; added by the native branch)
     spm_infill: bool = False
     slot_save_path: Path | None = None
+    # side workers (issue 9): --embeddings / --reranking select a dedicated encoder worker and
+    # turn generation off; --embedding-model / --reranker-model name the side checkpoints
+    embedding: bool = False
+    reranking: bool = False
+    embedding_model: str | None = None
+    reranker_model: str | None = None
+    pooling: str | None = None  # --pooling mean|cls|last (None = env, then the checkpoint)
+    pooling_env: str | None = None  # MLXCEL_EMBEDDING_POOLING, read by the CLI layer
+    embd_normalize: int | None = None  # None = the checkpoint's own normalize flag

@@ -1,5 +1,6 @@
 """GET /health and /v1/health exactly as b10621: 200 {"status": "ok"} once the model is
-loaded, 503 with the "Loading model" envelope before."""
+loaded, 503 with the "Loading model" envelope before. Under --embeddings / --reranking there is
+no chat model; the answer then reports on the side worker(s) the mode selected."""
 
 from __future__ import annotations
 
@@ -9,7 +10,14 @@ from mlxcel.api.state import AppState
 
 
 async def _health(app_state: AppState) -> Response:
-    if app_state.model is None:
+    plan = app_state.plan
+    if plan is not None and plan.restricted_by:  # --embeddings / --reranking: report on that worker
+        from mlxcel.workers.load import side_workers_ready
+
+        ready = side_workers_ready(app_state)
+    else:
+        ready = app_state.model is not None
+    if not ready:
         return Response({"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}},
                         status_code=503)
     return Response({"status": "ok"})

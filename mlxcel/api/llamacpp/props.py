@@ -80,7 +80,11 @@ def props_json(app_state: AppState, model: ServedModel) -> dict:
 
 @get("/props")
 async def get_props(app_state: AppState) -> dict:
-    return props_json(app_state, served_model(app_state, None))
+    from mlxcel.api.llamacpp.capabilities import capabilities, mode_props
+
+    if app_state.plan is not None and app_state.plan.restricted_by:
+        return mode_props(app_state)  # no chat model under --embeddings / --reranking
+    return {**props_json(app_state, served_model(app_state, None)), "capabilities": capabilities(app_state)}
 
 
 @post("/props", status_code=200)

@@ -30,6 +30,11 @@ SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 def served_model(state: AppState, name: str | None) -> ServedModel:
+    from mlxcel.api.side_workers import generation_refusal
+
+    refusal = generation_refusal(state)  # --embeddings / --reranking: no chat model at all
+    if refusal is not None:
+        raise refusal
     model = state.model
     if model is None:
         raise ApiError(503, "the model is still loading", code="model_not_loaded", type="server_error")

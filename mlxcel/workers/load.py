@@ -1,0 +1,34 @@
+"""Loading the planned side workers into the app state (run on the server's load thread)."""
+
+from __future__ import annotations
+
+import logging
+
+from mlxcel.workers import checkpoint as ck
+
+log = logging.getLogger("mlxcel.server")
+
+
+def load_side_workers(state, settings) -> None:
+    from mlxcel.workers.embedding import EmbeddingWorker
+    from mlxcel.workers.reranking import RerankWorker
+
+    backend = settings.backend if settings.backend in ("mlx", "torch") else "mlx"
+    for side in state.plan.sides:
+        if side.kind == ck.EMBEDDING:
+            state.embedder = EmbeddingWorker.load(side.model_id, side.path, pooling=side.pooling,
+                                                  normalize=settings.embd_normalize, backend=backend)
+            log.info("embedding model %s loaded: pooling %s, embd_normalize %d, context %d", side.model_id,
+                     state.embedder.pooling, state.embedder.normalize, state.embedder.n_ctx)
+        else:
+            state.reranker = RerankWorker.load(side.model_id, side.path, backend=backend)
+            log.info("reranker %s loaded: context %d", side.model_id, state.reranker.n_ctx)
+
+
+def side_workers_ready(state) -> bool:
+    plan = state.plan
+    if plan is None:
+        return True
+    want = {s.kind for s in plan.sides}
+    return (ck.EMBEDDING not in want or state.embedder is not None) and \
+        (ck.RERANKER not in want or state.reranker is not None)

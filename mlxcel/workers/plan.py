@@ -1,0 +1,93 @@
+"""The server's mode switch: which checkpoint serves generation, embeddings and reranking.
+
+Decided at startup, before anything heavy loads, and refused with the flag named when a
+mode cannot be served:
+
+- `--embeddings` / `--reranking` turn generation off and select a dedicated worker; its
+  checkpoint is `--embedding-model` / `--reranker-model`, else `-m`. A checkpoint of the wrong
+  kind (a causal chat model has no embedding path) stops startup naming the flag.
+- `--embedding-model` / `--reranker-model` without a mode flag add a side worker beside the
+  chat model, which keeps generating.
+- In a mode, `-m` must be used by one of the selected workers; a `-m` nothing would load is
+  refused rather than ignored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from mlxcel.cli.refusal import StartupRefusal
+from mlxcel.cli.settings import ServerSettings
+from mlxcel.workers import checkpoint as ck
+
+
+@dataclass(frozen=True)
+class SidePlan:
+    kind: str  # ck.EMBEDDING or ck.RERANKER
+    model_id: str
+    path: Path
+    pooling: str | None = None  # embedders only, already resolved
+
+
+@dataclass(frozen=True)
+class ServePlan:
+    generation: bool
+    restricted_by: str | None  # the mode flag that turned generation off
+    sides: tuple[SidePlan, ...]
+
+
+def restricting_flag(settings: ServerSettings) -> str | None:
+    if settings.reranking:
+        return "--reranking"
+    if settings.embedding:
+        return "--embeddings"
+    return None
+
+
+def _side(settings: ServerSettings, kind: str, ref: str, flag: str, resolve: Callable[[str, str], Path],
+          model_id: str) -> SidePlan:
+    path = resolve(ref, flag)
+    found = ck.encoder_kind(path)
+    if found != kind:
+        what = "an embedding checkpoint (a BERT encoder)" if kind == ck.EMBEDDING else \
+            "a reranker (a BERT sequence classifier with one label)"
+        raise StartupRefusal(f"{flag}: {ref} is {ck.describe(path)}, not {what}; mlxcel has no "
+                             f"{'embedding' if kind == ck.EMBEDDING else 'reranking'} path for it")
+    pooling = None
+    if kind == ck.EMBEDDING:
+        try:
+            pooling = ck.resolve_pooling(path, settings.pooling, settings.pooling_env)
+        except ck.CheckpointError as e:
+            raise StartupRefusal(f"{flag}: {e}") from None
+    return SidePlan(kind, model_id, path, pooling)
+
+
+def plan(settings: ServerSettings, resolve: Callable[[str, str], Path]) -> ServePlan:
+    """`resolve(ref, flag)` turns a model reference into a local checkpoint or raises StartupRefusal."""
+    mode = restricting_flag(settings)
+    main_id = settings.alias[0] if settings.alias else settings.model
+    sides: list[SidePlan] = []
+    m_used = mode is None
+    for kind, selected, side_ref, side_flag, mode_flag in (
+        (ck.EMBEDDING, settings.embedding, settings.embedding_model, "--embedding-model", "--embeddings"),
+        (ck.RERANKER, settings.reranking, settings.reranker_model, "--reranker-model", "--reranking"),
+    ):
+        if side_ref:
+            sides.append(_side(settings, kind, side_ref, side_flag, resolve, side_ref))
+        elif selected:
+            if not settings.model:
+                raise StartupRefusal(f"{mode_flag} needs a checkpoint: pass -m or {side_flag}")
+            sides.append(_side(settings, kind, settings.model, mode_flag, resolve, main_id))
+            m_used = True
+    if settings.pooling and not any(s.kind == ck.EMBEDDING for s in sides):
+        raise StartupRefusal(f"--pooling {settings.pooling}: no embedding model is served (pass --embeddings "
+                             f"or --embedding-model)")
+    if settings.embd_normalize is not None and not any(s.kind == ck.EMBEDDING for s in sides):
+        raise StartupRefusal("--embd-normalize: no embedding model is served (pass --embeddings or "
+                             "--embedding-model)")
+    if settings.model and not m_used:
+        raise StartupRefusal(f"-m {settings.model} would not be served: {mode} turns generation off and every "
+                             f"selected worker has its own checkpoint flag; drop -m or one of those flags")
+    return ServePlan(generation=mode is None, restricted_by=mode, sides=tuple(sides))

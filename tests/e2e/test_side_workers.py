@@ -1,0 +1,41 @@
+"""A real `mlxcel-server --embeddings` process with a reranker beside it: the OpenAI SDK's
+embeddings call (float and its default base64 transport), the native route, rerank, /health,
+and the generation 501, end to end over HTTP."""
+
+from __future__ import annotations
+
+import httpx
+import numpy as np
+import pytest
+
+from tests.conftest import ServerProcess, fixture_path
+from tests.fixtures import MINILM, RERANKER_TINY
+
+
+@pytest.fixture(scope="module")
+def server():
+    fixture_path(MINILM), fixture_path(RERANKER_TINY)
+    s = ServerProcess(["-m", MINILM, "--embeddings", "--reranker-model", RERANKER_TINY, "--offline"])
+    yield s
+    s.stop()
+
+
+def test_openai_sdk_embeddings(server):
+    from openai import OpenAI
+
+    client = OpenAI(base_url=server.base_url + "/v1", api_key="x", max_retries=0)
+    default = client.embeddings.create(model=MINILM, input=["The cat sits.", "Dogs bark."])  # base64 on the wire
+    floats = client.embeddings.create(model=MINILM, input=["The cat sits.", "Dogs bark."], encoding_format="float")
+    for a, b in zip(default.data, floats.data):
+        np.testing.assert_allclose(a.embedding, b.embedding, atol=1e-6)
+        assert abs(np.linalg.norm(b.embedding) - 1.0) < 1e-5
+    native = httpx.post(server.base_url + "/embeddings", json={"content": "The cat sits."}).json()
+    np.testing.assert_allclose(native[0]["embedding"][0], floats.data[0].embedding, atol=1e-6)
+
+
+def test_rerank_health_and_generation_refusal(server):
+    r = httpx.post(server.base_url + "/v1/rerank", json={"query": "cat", "documents": ["a cat", "stocks"]})
+    assert r.status_code == 200 and r.json()["object"] == "list" and len(r.json()["results"]) == 2
+    assert httpx.get(server.base_url + "/health").json() == {"status": "ok"}
+    r = httpx.post(server.base_url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 501 and "--embeddings" in r.json()["error"]["message"]
