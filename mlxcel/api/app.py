@@ -1,4 +1,5 @@
-"""Builds the Litestar application: routes, shared state, error rendering."""
+"""Builds the ASGI application: routes, shared state, error rendering, and the llama-server
+gate (API keys, CORS) around it."""
 
 from __future__ import annotations
 
@@ -7,21 +8,36 @@ from litestar.di import Provide
 from litestar.exceptions import HTTPException
 
 from mlxcel.api.errors import ApiError, api_error_handler, http_exception_handler, internal_error_handler
-from mlxcel.api.llamacpp.health import health
+from mlxcel.api.llamacpp.health import health, health_alias
+from mlxcel.api.llamacpp.stubs import FEATURE_DISABLED_HANDLERS
 from mlxcel.api.openai.chat import chat_completions
 from mlxcel.api.openai.completions import completions
 from mlxcel.api.openai.models import get_model, list_models
 from mlxcel.api.state import AppState
 
-ROUTES = [health, list_models, get_model, chat_completions, completions]
+ROUTES = [health, list_models, get_model, chat_completions, completions, *FEATURE_DISABLED_HANDLERS]
 
 
-def build_app(state: AppState) -> Litestar:
+def registered_paths() -> list[str]:
+    return sorted({path for handler in ROUTES for path in handler.paths})
+
+
+def build_litestar(state: AppState) -> Litestar:
+    """The Litestar app alone (no gate): what route tests and the manifest check inspect."""
+    settings = state.settings
+    routes = list(ROUTES)
+    if settings.vertex_health_route:
+        routes.append(health_alias(settings.vertex_health_route))
+    if settings.vertex_predict_route:
+        from mlxcel.api.vertex import make_predict_handler
+
+        routes.append(make_predict_handler(settings.vertex_predict_route))
+
     def provide_state() -> AppState:
         return state
 
     return Litestar(
-        route_handlers=ROUTES,
+        route_handlers=routes,
         dependencies={"app_state": Provide(provide_state, sync_to_thread=False)},
         exception_handlers={
             ApiError: api_error_handler,
@@ -31,3 +47,10 @@ def build_app(state: AppState) -> Litestar:
         openapi_config=None,
         debug=False,
     )
+
+
+def build_app(state: AppState):
+    """The served ASGI app: Litestar behind the API-key and CORS gate."""
+    from mlxcel.api.security import wrap_app
+
+    return wrap_app(build_litestar(state), state.settings)

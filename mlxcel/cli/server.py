@@ -1,43 +1,61 @@
 """`mlxcel-server`: parse the command line, resolve the model, serve.
 
 Order matters: every refusal the command line can earn is issued before the model
-reference resolves (which may mean a download), and the HTTP server listens while the
-model loads, answering /health with 503 "Loading model" until it is ready.
+reference resolves (which may mean a download) and before anything heavy is imported,
+and the HTTP server listens while the model loads, answering /health with 503
+"Loading model" until it is ready.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
 import threading
 from pathlib import Path
 
-from mlxcel.api.state import AppState
-from mlxcel.runtime import load_served_model
-from mlxcel.cli.flags import StartupRefusal, parse_server_args
+from mlxcel.cli.flags import parse_server_args, uvicorn_kwargs
+from mlxcel.cli.refusal import StartupRefusal
 from mlxcel.cli.settings import ServerSettings
-from mlxcel.store.paths import store_root
-from mlxcel.store.resolve import ModelNotAvailable, ModelSourceRefused, resolve_model
 
 log = logging.getLogger("mlxcel.server")
 
+
+def resolve(settings: ServerSettings) -> Path:
+    from mlxcel.cli.options_apply import check_gpu_layers
+    from mlxcel.store.paths import store_root
+    from mlxcel.store.resolve import ModelNotAvailable, ModelSourceRefused, resolve_model
+
+    if not settings.model:
+        raise StartupRefusal("no model given: pass -m <checkpoint dir | owner/name | name> (or --hf-repo)")
+    try:
+        path = resolve_model(settings.model, root=store_root(settings.model_store_root, os.environ),
+                             default_org=settings.default_org, offline=settings.offline,
+                             hf_token=settings.hf_token, flag="--hf-repo" if settings.hf_repo else "-m")
+    except (ModelSourceRefused, ModelNotAvailable) as e:
+        raise StartupRefusal(str(e)) from None
+    config = json.loads((path / "config.json").read_text())
+    layers = config.get("num_hidden_layers") or config.get("text_config", {}).get("num_hidden_layers")
+    if layers:
+        check_gpu_layers(settings, int(layers))
+    return path
+
+
 def main(argv: list[str] | None = None, prog: str = "mlxcel-server") -> int:
     argv = sys.argv[1:] if argv is None else argv
-    try:
-        settings = parse_server_args(argv, os.environ)
-        if not settings.model:
-            raise StartupRefusal("no model given: pass -m <checkpoint dir | owner/name | name>")
-        root = store_root(settings.model_store_root, os.environ)
-        path = resolve_model(settings.model, root=root, default_org=settings.default_org,
-                             offline=settings.offline, hf_token=settings.hf_token)
-    except (ModelSourceRefused, ModelNotAvailable) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    except StartupRefusal as e:
-        print(e.code, file=sys.stderr)
-        return 1
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = parse_server_args(argv, os.environ, prog=prog)  # refusals exit here
+    from mlxcel.cli.logging_setup import configure_logging
+
+    configure_logging(settings)
+    for notice in settings.notices:
+        log.warning("%s", notice)
+    if settings.vertex_predict_route:
+        from mlxcel.api.app import registered_paths
+        from mlxcel.api.vertex import check_predict_route
+
+        check_predict_route(settings.vertex_predict_route, registered_paths())
+    path = resolve(settings)
     serve(settings, path)
     return 0
 
@@ -46,8 +64,11 @@ def serve(settings: ServerSettings, path: Path) -> None:
     import uvicorn
 
     from mlxcel.api.app import build_app
+    from mlxcel.api.state import AppState
+    from mlxcel.runtime import load_served_model
 
     state = AppState(settings=settings)
+    app = build_app(state)
 
     def load() -> None:
         try:
@@ -60,13 +81,9 @@ def serve(settings: ServerSettings, path: Path) -> None:
             log.exception("model load failed")
 
     threading.Thread(target=load, name="mlxcel-load", daemon=True).start()
-    app = build_app(state)
-    kwargs = dict(host=settings.host, port=settings.port, log_level="warning",
-                  timeout_keep_alive=5)
-    if settings.host.endswith(".sock"):
-        kwargs = dict(uds=settings.host, log_level="warning")
-    log.info("listening on %s", settings.host if settings.host.endswith(".sock") else f"http://{settings.host}:{settings.port}")
-    uvicorn.run(app, **kwargs)
+    kwargs = uvicorn_kwargs(settings)
+    log.info("listening on %s", kwargs.get("uds") or f"http://{kwargs['host']}:{kwargs['port']}")
+    uvicorn.run(app, log_level="warning", **kwargs)
     if state.model is not None:
         state.model.engine.shutdown()
 

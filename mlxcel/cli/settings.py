@@ -35,7 +35,40 @@ class ServerSettings:
     top_p: float | None = None
     min_p: float | None = None
     seed: int = -1
+    # engine knobs the b10621 surface fills (consumed by the engine / API layers)
+    hf_repo: str | None = None  # --hf-repo as given; when set it is also `model`
+    cont_batching: bool = True
+    cache_prompt: bool = True
+    cache_ram_mib: int | None = None  # None = mlxcel's own default; -1 no limit, 0 disable
+    ubatch_size: int | None = None  # accepted and reported only (no micro-batch on MLX)
+    cache_type_k: str = "f16"
+    cache_type_v: str = "f16"
+    gpu_layers: str | None = None  # integer values are checked once the checkpoint is known
+    metrics: bool = False
+    props: bool = False
+    slots: bool = True
     # process
     api_keys: list[str] = field(default_factory=list)
-    timeout: int = 3600
+    timeout: int = 3600  # HTTP socket read/write timeout, seconds
+    sse_ping_interval: int = 30  # seconds; -1 disables
+    unix_socket: str | None = None  # set when --host ends with .sock
+    ssl_key_file: Path | None = None
+    ssl_cert_file: Path | None = None
+    cors_origins: str = "*"
+    cors_methods: str = "GET, POST, DELETE, OPTIONS"
+    cors_headers: str = "*"
+    cors_credentials: bool = True
+    # logging
     verbose: bool = False
+    log_disable: bool = False
+    log_file: Path | None = None
+    log_colors: str = "auto"  # on | off | auto
+    log_prefix: bool = True
+    log_timestamps: bool = True
+    log_verbosity: int = 3  # b10621 threshold: 0 generic, 1 error, 2 warn, 3 info, 4 trace, 5 debug
+    secrets: list[str] = field(default_factory=list)  # values the log redaction pass hides
+    # Vertex AI custom-container mode (AIP_MODE=PREDICTION)
+    vertex_predict_route: str | None = None
+    vertex_health_route: str | None = None
+    # warnings decided while parsing, logged once logging is up
+    notices: list[str] = field(default_factory=list)

@@ -22,7 +22,10 @@ from mlxcel.engine.detokenize import IncrementalDetokenizer
 from mlxcel.engine.sampling import SamplerState, sample_row
 from mlxcel.engine.stop import StopMatcher
 from mlxcel.engine.tokenizer import Tokenizer
-from mlxcel.engine.types import EngineError, GenerationRequest, Timings, TokenEvent
+from mlxcel.engine.sampling_dry import DryVocab
+from mlxcel.engine.types import (
+    EngineError, EngineStats, GenerationRequest, PromptProgress, SlotInfo, Timings, TokenEvent,
+)
 
 log = logging.getLogger("mlxcel.engine")
 
@@ -72,6 +75,10 @@ class _Row:
     next_token: int | None = None
     t_start: float = 0.0
     t_first: float = 0.0
+    n_prompt_done: int = 0  # prompt tokens processed so far
+    text: str = ""  # every decoded piece so far (before stop matching): n_indent reads it
+    last_nl_pos: int = 0  # where the line n_indent checks next begins in `text`
+    has_new_line: bool = False
 
     @property
     def request(self) -> GenerationRequest:
@@ -90,6 +97,9 @@ class Engine:
         self._waiting: list[RequestHandle] = []
         self._rows: list[_Row] = []
         self._stopping = False
+        self._dry_vocab: DryVocab | None = None
+        self._stats = EngineStats(t_start=time.time(), kv_cache_capacity=n_ctx * self.parallel)
+        self._last_by_slot: dict[int, SlotInfo] = {}
         self._thread = threading.Thread(target=self._run, name="mlxcel-engine", daemon=True)
 
     # -- asyncio side -------------------------------------------------------------
@@ -116,6 +126,50 @@ class Engine:
 
     def _wake(self) -> None:
         self._inbox.put(None)
+
+    def slots(self) -> list[SlotInfo]:
+        """A snapshot of every slot: the live request on it, else what last ran there."""
+        rows = {r.slot: r for r in list(self._rows) if r.slot >= 0}
+        out = []
+        for i in range(self.parallel):
+            row = rows.get(i)
+            if row is not None:
+                out.append(self._slot_info(row, processing=True))
+            elif i in self._last_by_slot:
+                last = self._last_by_slot[i]
+                out.append(SlotInfo(**{**vars(last), "is_processing": False, "has_next_token": False}))
+            else:
+                out.append(SlotInfo(id=i, n_ctx=self.n_ctx, is_processing=False))
+        return out
+
+    def stats(self, reset_bucket: bool = False) -> EngineStats:
+        """The /metrics counters; `reset_bucket` starts a new throughput window."""
+        st = self._stats
+        rows = list(self._rows)
+        snap = EngineStats(**{**vars(st), "n_processing": sum(r.slot >= 0 for r in rows),
+                              "n_deferred": len(self._waiting) + sum(r.slot < 0 for r in rows) + self._inbox.qsize(),
+                              "kv_cache_tokens": sum(r.n_prompt_done + len(r.generated) for r in rows)})
+        if reset_bucket:
+            st.n_prompt_tokens_processed = st.n_tokens_predicted = 0
+            st.t_prompt_processing = st.t_tokens_generation = 0.0
+        return snap
+
+    def _slot_info(self, row: _Row, processing: bool) -> SlotInfo:
+        req = row.request
+        return SlotInfo(
+            id=row.slot, n_ctx=self.n_ctx, is_processing=processing, id_task=req.id,
+            n_prompt_tokens=len(req.prompt), n_prompt_tokens_processed=row.n_prompt_done,
+            n_prompt_tokens_cache=0, request=req, has_next_token=processing,
+            has_new_line=row.has_new_line, n_remain=max(row.max_tokens - len(row.generated), 0),
+            n_decoded=len(row.generated))
+
+    @property
+    def dry_vocab(self) -> DryVocab:
+        """DRY's view of the vocabulary, built on first use and kept for the model's life."""
+        if self._dry_vocab is None:
+            tok = self.tokenizer
+            self._dry_vocab = DryVocab(tok.pieces, lambda text: tok.encode(text, add_special_tokens=False))
+        return self._dry_vocab
 
     # -- engine thread -------------------------------------------------------------
     def _run(self) -> None:
@@ -152,10 +206,16 @@ class Engine:
             max_tokens = room if req.max_tokens < 0 else min(req.max_tokens, room)
             self._rows.append(_Row(
                 handle=handle, cache=self.backend.new_sequence(), pending=list(req.prompt),
-                sampler=SamplerState.create(req.params),
+                sampler=self._sampler_state(req),
                 detok=IncrementalDetokenizer(self.tokenizer.decode),
                 stop=StopMatcher(req.stop), max_tokens=max_tokens,
             ))
+
+    def _sampler_state(self, req: GenerationRequest) -> SamplerState:
+        p = req.params
+        needs_vocab = p.mirostat == 0 and "dry" in p.samplers and p.dry_enabled and p.dry_sequence_breakers
+        return SamplerState.create(p, dry_vocab=self.dry_vocab if needs_vocab else None,
+                                   n_ctx_train=self.backend.info.context_length)
 
     def _reap_cancelled(self) -> None:
         for row in [r for r in self._rows if r.handle.cancelled]:
@@ -183,56 +243,110 @@ class Engine:
         for row, _ in plan:
             if row.slot < 0:
                 row.slot, row.t_start = self._free_slot(), now
+                self._progress(row)
         logits = self.backend.forward([ForwardRow(toks, row.cache) for row, toks in plan])
+        self._stats.n_decode_total += 1
+        self._stats.n_busy_slots_total += len(plan)
         for i, (row, toks) in enumerate(plan):
             if row.pending:
                 del row.pending[: len(toks)]
+                row.n_prompt_done += len(toks)
+                self._stats.n_prompt_tokens_processed_total += len(toks)
+                self._stats.n_prompt_tokens_processed += len(toks)
+                self._progress(row)
                 if row.pending:
                     continue
                 row.t_first = time.perf_counter()
+                prompt_ms = (row.t_first - row.t_start) * 1e3
+                self._stats.t_prompt_processing_total += prompt_ms
+                self._stats.t_prompt_processing += prompt_ms
             self._sample(row, logits[i])
+
+    def _progress(self, row: _Row) -> None:
+        if row.request.return_progress:
+            row.handle._push(TokenEvent(slot=row.slot, prompt_tokens=len(row.request.prompt), progress=PromptProgress(
+                total=len(row.request.prompt), cache=0, processed=row.n_prompt_done,
+                time_ms=(time.perf_counter() - row.t_start) * 1e3)))
+
+    def _line_limits(self, row: _Row, piece: str, released: str) -> int | None:
+        """b10621's n_indent and t_max_predict_ms checks after one token. Returns the
+        content length to cut to when the request must stop here, else None."""
+        req = row.request
+        row.text += piece
+        cut = None
+        if req.n_indent > 0:
+            if row.last_nl_pos > 0:
+                pos, text = row.last_nl_pos, row.text
+                while pos < len(text) and text[pos] in " \t":
+                    pos += 1
+                if pos < len(text) and pos - row.last_nl_pos < req.n_indent:
+                    cut = pos
+            nl = row.text.find("\n", row.last_nl_pos)
+            if nl >= 0:
+                row.last_nl_pos = nl + 1
+        if "\n" in released:
+            row.has_new_line = True
+            if (cut is None and req.t_max_predict_ms > 0 and row.t_first
+                    and (time.perf_counter() - row.t_first) * 1e3 > req.t_max_predict_ms):
+                cut = -1
+        return cut
 
     def _sample(self, row: _Row, logits) -> None:
         req = row.request
-        token = sample_row(logits, req.params, row.sampler, history=req.prompt + row.generated).token
+        sampled = sample_row(logits, req.params, row.sampler, history=req.prompt + row.generated)
+        token, probs = sampled.token, sampled.probs
         row.generated.append(token)
+        self._stats.n_tokens_max = max(self._stats.n_tokens_max, len(req.prompt) + len(row.generated))
         if token in self.tokenizer.eos_token_ids and not req.ignore_eos:
             tail = row.stop.feed(row.detok.flush())
             if tail.matched is not None:
                 self._finish(row, TokenEvent(text=tail.text, token=token, finish_reason="stop",
-                                             stop_type="word", stopping_word=tail.matched))
+                                             stop_type="word", stopping_word=tail.matched, probs=probs))
             else:
                 self._finish(row, TokenEvent(text=tail.text + row.stop.flush(), token=token,
-                                             finish_reason="stop", stop_type="eos"))
+                                             finish_reason="stop", stop_type="eos", probs=probs))
             return
-        res = row.stop.feed(row.detok.add(token))
+        piece = row.detok.add(token)
+        res = row.stop.feed(piece)
         if res.matched is not None:
             self._finish(row, TokenEvent(text=res.text, token=token, finish_reason="stop",
-                                         stop_type="word", stopping_word=res.matched))
+                                         stop_type="word", stopping_word=res.matched, probs=probs))
             return
-        if len(row.generated) >= row.max_tokens:
+        cut = self._line_limits(row, piece, res.text)
+        if len(row.generated) >= row.max_tokens or cut is not None:
             tail = row.stop.feed(row.detok.flush())
             if tail.matched is not None:
                 self._finish(row, TokenEvent(text=res.text + tail.text, token=token, finish_reason="stop",
-                                             stop_type="word", stopping_word=tail.matched))
+                                             stop_type="word", stopping_word=tail.matched, probs=probs))
             else:
                 self._finish(row, TokenEvent(text=res.text + tail.text + row.stop.flush(), token=token,
-                                             finish_reason="length", stop_type="limit"))
+                                             finish_reason="length", stop_type="limit", probs=probs,
+                                             truncate_to=cut if cut is not None and cut >= 0 else None))
             return
         row.next_token = token
-        row.handle._push(TokenEvent(text=res.text, token=token, slot=row.slot,
-                                    prompt_tokens=len(req.prompt), completion_tokens=len(row.generated)))
+        row.handle._push(TokenEvent(text=res.text, token=token, slot=row.slot, probs=probs,
+                                    prompt_tokens=len(req.prompt), completion_tokens=len(row.generated),
+                                    has_new_line=row.has_new_line, timings=self._timings(row)))
+
+    def _timings(self, row: _Row, now: float | None = None) -> Timings:
+        now = time.perf_counter() if now is None else now
+        t_first = row.t_first or now
+        return Timings(cache_n=0, prompt_n=len(row.request.prompt), prompt_ms=(t_first - row.t_start) * 1e3,
+                       predicted_n=len(row.generated), predicted_ms=(now - t_first) * 1e3)
 
     def _finish(self, row: _Row, event: TokenEvent) -> None:
         now = time.perf_counter()
         event.slot = row.slot
         event.prompt_tokens = len(row.request.prompt)
         event.completion_tokens = len(row.generated)
-        t_first = row.t_first or now
-        event.timings = Timings(
-            prompt_n=len(row.request.prompt), prompt_ms=(t_first - row.t_start) * 1e3,
-            predicted_n=len(row.generated), predicted_ms=(now - t_first) * 1e3,
-        )
+        event.has_new_line = event.has_new_line or row.has_new_line
+        event.timings = self._timings(row, now)
+        self._stats.n_tokens_predicted_total += len(row.generated)
+        self._stats.n_tokens_predicted += len(row.generated)
+        self._stats.t_tokens_generation_total += event.timings.predicted_ms
+        self._stats.t_tokens_generation += event.timings.predicted_ms
+        if row.slot >= 0:
+            self._last_by_slot[row.slot] = self._slot_info(row, processing=False)
         if row in self._rows:
             self._rows.remove(row)
         row.handle._push(event)

@@ -9,6 +9,7 @@ the tokenizer does not call EOS.
 from __future__ import annotations
 
 import json
+from functools import cached_property
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -57,8 +58,18 @@ class Tokenizer:
         self.chat_template: str | None = getattr(self.hf, "chat_template", None) or None
         self.vocab_size = len(self.hf)
 
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool = True, parse_special: bool = True) -> list[int]:
+        """`parse_special=False` keeps a special token's spelling in `text` as plain text."""
+        if not parse_special:
+            return self.hf.encode(text, add_special_tokens=add_special_tokens, split_special_tokens=True)
         return self.hf.encode(text, add_special_tokens=add_special_tokens)
+
+    @cached_property
+    def pieces(self) -> list[bytes]:
+        """Every token id's raw bytes (built on first use, once)."""
+        from mlxcel.engine.token_pieces import vocabulary_pieces
+
+        return vocabulary_pieces(self.hf)
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.hf.decode(

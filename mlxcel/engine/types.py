@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
+from mlxcel.engine.sampling import ProbsReport
 from mlxcel.engine.sampling_params import SamplingParams
 
 _ids = itertools.count(1)
@@ -18,14 +19,33 @@ class GenerationRequest:
     stop: list[str] = field(default_factory=list)
     ignore_eos: bool = False
     id: int = field(default_factory=lambda: next(_ids))
+    # native llama-server request knobs (the route fills them; defaults change nothing)
+    n_indent: int = 0  # stop when a generated line is indented less than this (0: off)
+    t_max_predict_ms: int = -1  # stop at a newline once prediction ran this long (<= 0: off)
+    return_progress: bool = False  # emit prompt-progress events during prefill
+    cache_prompt: bool = True  # may the prompt cache supply a prefix (the scheduler's call)
+    n_keep: int = 0  # prompt tokens kept on a context shift (-1: all); the scheduler's call
+    n_discard: int = 0  # tokens dropped per context shift (0: half); the scheduler's call
+    id_slot: int = -1  # requested slot (-1: any); the scheduler's call
 
 
 @dataclass
 class Timings:
+    cache_n: int = 0  # prompt tokens the prompt cache supplied (the scheduler fills it)
     prompt_n: int = 0
     prompt_ms: float = 0.0
     predicted_n: int = 0
     predicted_ms: float = 0.0
+
+
+@dataclass
+class PromptProgress:
+    """Prefill progress of one request, as b10621's `prompt_progress`."""
+
+    total: int
+    cache: int
+    processed: int
+    time_ms: float
 
 
 @dataclass
@@ -45,6 +65,10 @@ class TokenEvent:
     timings: Timings | None = None
     error: str | None = None
     error_code: str | None = None
+    probs: ProbsReport | None = None  # the sampled token's probability report (n_probs > 0)
+    has_new_line: bool = False  # some emitted text so far contained a newline
+    truncate_to: int | None = None  # final only: keep this many characters of the content
+    progress: PromptProgress | None = None  # a prompt-progress event (no text, no token)
 
     @property
     def done(self) -> bool:
@@ -57,3 +81,44 @@ class EngineError(Exception):
     def __init__(self, message: str, code: str, status: int = 400, **details) -> None:
         super().__init__(message)
         self.message, self.code, self.status, self.details = message, code, status, details
+
+
+@dataclass
+class SlotInfo:
+    """One slot as /slots reports it: who occupies it and how far it got."""
+
+    id: int
+    n_ctx: int
+    is_processing: bool
+    id_task: int = -1
+    n_prompt_tokens: int = 0
+    n_prompt_tokens_processed: int = 0
+    n_prompt_tokens_cache: int = 0
+    request: GenerationRequest | None = None  # the current (or last) request's parameters
+    has_next_token: bool = False
+    has_new_line: bool = False
+    n_remain: int = 0
+    n_decoded: int = 0
+
+
+@dataclass
+class EngineStats:
+    """Counters for /metrics. `*_total` run since start; the bucket fields count since the
+    previous `Engine.stats(reset_bucket=True)`, so throughput gauges cover one scrape window."""
+
+    t_start: float = 0.0  # unix time the engine started
+    n_prompt_tokens_processed_total: int = 0
+    t_prompt_processing_total: float = 0.0  # ms
+    n_tokens_predicted_total: int = 0
+    t_tokens_generation_total: float = 0.0  # ms
+    n_prompt_tokens_processed: int = 0
+    t_prompt_processing: float = 0.0  # ms
+    n_tokens_predicted: int = 0
+    t_tokens_generation: float = 0.0  # ms
+    n_decode_total: int = 0  # backend forward calls
+    n_busy_slots_total: int = 0  # sum over forward calls of the rows in them
+    n_tokens_max: int = 0  # the longest sequence seen (prompt + generated)
+    n_processing: int = 0  # requests holding a slot now
+    n_deferred: int = 0  # requests waiting for a slot now
+    kv_cache_tokens: int = 0  # tokens held in live sequences
+    kv_cache_capacity: int = 0  # n_ctx * parallel

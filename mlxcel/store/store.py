@@ -126,7 +126,8 @@ def download(
     try:
         fetch(repo_id, staging, hf_token)
     except Exception as e:  # the hub client raises many types; all mean "no checkpoint"
-        raise DownloadFailed(f"downloading {repo_id} failed: {type(e).__name__}: {e}") from None
+        first_line = (str(e).strip().splitlines() or [""])[0]
+        raise DownloadFailed(f"downloading {repo_id} failed: {type(e).__name__}: {first_line}") from None
     if not (staging / "config.json").is_file() or not any(staging.glob("*.safetensors")):
         shutil.rmtree(staging, ignore_errors=True)
         raise DownloadFailed(f"{repo_id} has no config.json + *.safetensors, so it is not an MLX checkpoint")

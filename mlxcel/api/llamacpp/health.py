@@ -8,9 +8,16 @@ from litestar import Response, get
 from mlxcel.api.state import AppState
 
 
-@get(["/health", "/v1/health"])
-async def health(app_state: AppState) -> Response:
+async def _health(app_state: AppState) -> Response:
     if app_state.model is None:
         return Response({"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}},
                         status_code=503)
     return Response({"status": "ok"})
+
+
+health = get(["/health", "/v1/health"], name="health")(_health)
+
+
+def health_alias(path: str):
+    """The same answer on another path (Vertex AI's AIP_HEALTH_ROUTE)."""
+    return get(path, name="health-alias")(_health)

@@ -14,7 +14,8 @@ import numpy as np
 from mlx_lm.utils import load_model
 
 from mlxcel.backends.base import ForwardRow, ModelInfo
-from mlxcel.models.cache import SequenceCache, new_dense_cache
+from mlxcel.backends.mlx.paged import PagedBatchView, PagedStorage, StepPlan
+from mlxcel.engine.kv_block_pool import BlockAllocator, SequenceKV
 from mlxcel.models.hooks import install_hooks
 from mlxcel.models.registry import family_for, mlx_module
 
@@ -82,21 +83,45 @@ class MLXBackend:
             config=config,
         )
 
-    def new_sequence(self) -> SequenceCache:
-        return new_dense_cache(self.info.num_layers)
+        self.configure_kv(num_blocks=(self.info.context_length // 16) + 8, block_size=16)
 
-    def _run(self, tokens: list[int], cache: SequenceCache) -> mx.array:
-        logits = self.model(mx.array([tokens], dtype=mx.int32), cache=cache.layers)
-        cache.tokens.extend(tokens)
-        return logits[0]
+    def configure_kv(self, num_blocks: int, block_size: int) -> None:
+        """(Re)build the paged KV pool; only while no sequence is live."""
+        self.allocator = BlockAllocator(num_blocks, block_size)
+        self.storage = PagedStorage(self.allocator, self.info.num_layers, _DTYPES[self.info.dtype])
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """Bytes one token's keys and values take across all layers (once storage exists)."""
+        arrays = self.storage.arrays()
+        if not arrays:
+            return 0
+        return sum(a.nbytes // a.shape[0] for a in arrays)
+
+    def new_sequence(self) -> SequenceKV:
+        return SequenceKV(self.allocator)
+
+    def _run(self, rows: list[ForwardRow]) -> tuple[mx.array, StepPlan]:
+        for r in rows:
+            r.cache.reserve(len(r.tokens))
+        plan = StepPlan([(r.cache, len(r.tokens)) for r in rows])
+        ids = np.zeros((plan.batch, plan.nmax), dtype=np.int32)
+        for i, r in enumerate(rows):
+            ids[i, : len(r.tokens)] = r.tokens
+        views = [PagedBatchView(self.storage, li, plan) for li in range(self.info.num_layers)]
+        logits = self.model(mx.array(ids), cache=views)
+        for r in rows:
+            r.cache.tokens.extend(r.tokens)
+        return logits, plan
 
     def forward(self, rows: list[ForwardRow]) -> np.ndarray:
-        outs = [self._run(r.tokens, r.cache)[-1] for r in rows]
-        stacked = mx.stack(outs).astype(mx.float32)
-        mx.eval(stacked)
-        return np.array(stacked, copy=False)
+        logits, plan = self._run(rows)
+        last = logits[mx.arange(plan.batch), mx.array([n - 1 for n in plan.n])].astype(mx.float32)
+        mx.eval(last, *self.storage.arrays())
+        return np.array(last, copy=False)
 
-    def forward_all(self, tokens: list[int], cache: SequenceCache) -> np.ndarray:
-        out = self._run(tokens, cache).astype(mx.float32)
-        mx.eval(out)
+    def forward_all(self, tokens: list[int], cache: SequenceKV) -> np.ndarray:
+        logits, _ = self._run([ForwardRow(tokens, cache)])
+        out = logits[0].astype(mx.float32)
+        mx.eval(out, *self.storage.arrays())
         return np.array(out, copy=False)

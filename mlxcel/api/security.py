@@ -1,0 +1,131 @@
+"""The pre-routing gate in front of the whole HTTP app: CORS and API-key authentication.
+
+This mirrors b10621's pre-routing handler, which runs before any route is matched:
+
+1. CORS. The allowed origin comes from --cors-origins: `*` with --cors-credentials (the
+   default) echoes the request's Origin, `*` without credentials answers a literal `*`,
+   `localhost` echoes the Origin only when its host is a loopback name, and a comma-separated
+   list echoes an Origin that is on it. Allow-Credentials is sent when enabled. The method and
+   header lists go out on OPTIONS preflights only, and no Expose-Headers is sent.
+2. OPTIONS to any path is answered here, 200 with an empty body, before authentication and
+   before routing (browsers send no Authorization header on a preflight).
+3. With API keys configured, every other path except the public ones (/health, /v1/health, /)
+   needs `Authorization: Bearer KEY` (or `X-Api-Key: KEY`); otherwise 401 with b10621's body.
+   Keys are compared in constant time and never logged.
+
+Entry point: `wrap_app(asgi_app, settings)` returns the ASGI app to hand to uvicorn.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+from typing import Any
+from urllib.parse import urlsplit
+
+log = logging.getLogger("mlxcel.api.security")
+
+PUBLIC_PATHS = frozenset({"/health", "/v1/health", "/"})
+UNAUTHORIZED_BODY = json.dumps(
+    {"error": {"message": "Invalid API Key", "type": "authentication_error", "code": 401}}, separators=(",", ":")
+).encode()
+JSON_TYPE = b"application/json; charset=utf-8"
+LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
+
+
+def _header(scope: dict, name: bytes) -> str | None:
+    for k, v in scope.get("headers", ()):
+        if k.lower() == name:
+            return v.decode("latin-1")
+    return None
+
+
+class CorsPolicy:
+    def __init__(self, origins: str, methods: str, headers: str, credentials: bool) -> None:
+        self.origins = [o.strip() for o in origins.split(",") if o.strip()]
+        self.methods, self.headers, self.credentials = methods, headers, credentials
+
+    def allow_origin(self, origin: str | None) -> str | None:
+        if self.origins == ["*"]:
+            if not self.credentials:
+                return "*"
+            return origin
+        if origin is None:
+            return None
+        if self.origins == ["localhost"]:
+            host = (urlsplit(origin).hostname or "").lower()
+            return origin if host in LOOPBACK_HOSTS else None
+        return origin if origin in self.origins else None
+
+    def response_headers(self, origin: str | None, preflight: bool) -> list[tuple[bytes, bytes]]:
+        allowed = self.allow_origin(origin)
+        if allowed is None:
+            return []
+        out = [(b"access-control-allow-origin", allowed.encode("latin-1"))]
+        if self.credentials:
+            out.append((b"access-control-allow-credentials", b"true"))
+        if preflight:
+            out.append((b"access-control-allow-methods", self.methods.encode("latin-1")))
+            out.append((b"access-control-allow-headers", self.headers.encode("latin-1")))
+        return out
+
+
+def presented_key(scope: dict) -> str:
+    key = _header(scope, b"authorization") or _header(scope, b"x-api-key") or ""
+    return key[len("Bearer "):] if key.startswith("Bearer ") else key
+
+
+class LlamaGate:
+    """ASGI middleware: CORS + preflight + API keys, in b10621's order, ahead of routing."""
+
+    def __init__(self, app: Any, settings: Any) -> None:
+        self.app = app
+        self.keys = [k.encode() for k in settings.api_keys]
+        self.cors = CorsPolicy(settings.cors_origins, settings.cors_methods, settings.cors_headers,
+                               settings.cors_credentials)
+
+    def key_ok(self, scope: dict) -> bool:
+        given = presented_key(scope).encode()
+        ok = False
+        for k in self.keys:  # no early exit: timing does not reveal which key matched
+            ok |= hmac.compare_digest(given, k)
+        return ok
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        origin = _header(scope, b"origin")
+        if scope["method"] == "OPTIONS":
+            headers = self.cors.response_headers(origin, preflight=True)
+            await _respond(send, 200, b"", b"text/html", headers)
+            return
+        cors = self.cors.response_headers(origin, preflight=False)
+        if self.keys and scope["path"] not in PUBLIC_PATHS and not self.key_ok(scope):
+            log.warning("unauthorized: Invalid API Key (%s %s)", scope["method"], scope["path"])
+            await _respond(send, 401, UNAUTHORIZED_BODY, JSON_TYPE, cors)
+            return
+        if not cors:
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_cors(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                names = {k.lower() for k, _ in message.get("headers", [])}
+                extra = [(k, v) for k, v in cors if k not in names]
+                message = {**message, "headers": list(message.get("headers", [])) + extra}
+            await send(message)
+
+        await self.app(scope, receive, send_with_cors)
+
+
+async def _respond(send: Any, status: int, body: bytes, content_type: bytes,
+                   headers: list[tuple[bytes, bytes]]) -> None:
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", content_type), (b"content-length", str(len(body)).encode()), *headers]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def wrap_app(app: Any, settings: Any) -> LlamaGate:
+    return LlamaGate(app, settings)

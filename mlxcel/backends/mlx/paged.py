@@ -1,0 +1,108 @@
+"""Paged KV storage on MLX, and the per-step batch view mlx-lm's families attend through.
+
+Storage is one array per layer for keys and one for values, shaped [slots, kv_heads,
+head_dim], where slot = block * block_size + offset. A step builds one `PagedBatchView`
+per layer that honours mlxcel's cache protocol for a whole batch of rows: it scatters
+each row's new keys/values into that row's slots, gathers every row's history right-
+padded to the longest row, and builds the mask from per-row positions. RoPE reads
+`offset` as a per-row array, so rows at different positions share one forward.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+
+from mlxcel.engine.kv_block_pool import NULL_BLOCK, SCRATCH_BLOCK, BlockAllocator, SequenceKV
+
+
+class PagedStorage:
+    """The per-layer key/value arrays behind a BlockAllocator; grows by doubling."""
+
+    def __init__(self, allocator: BlockAllocator, num_layers: int, dtype) -> None:
+        self.allocator = allocator
+        self.num_layers = num_layers
+        self.dtype = dtype
+        self.keys: list[mx.array | None] = [None] * num_layers
+        self.values: list[mx.array | None] = [None] * num_layers
+        self._slots = 0
+
+    def ensure(self, layer: int, kv_heads: int, k_dim: int, v_dim: int) -> None:
+        need = (max(self.allocator.high_water(), SCRATCH_BLOCK) + 1) * self.allocator.block_size
+        have = 0 if self.keys[layer] is None else self.keys[layer].shape[0]
+        if have >= need:
+            return
+        new = max(need, min(2 * max(have, 1), self.allocator.num_blocks * self.allocator.block_size))
+        grow_k = mx.zeros((new - have, kv_heads, k_dim), self.dtype)
+        grow_v = mx.zeros((new - have, kv_heads, v_dim), self.dtype)
+        if self.keys[layer] is None:
+            self.keys[layer], self.values[layer] = grow_k, grow_v
+        else:
+            self.keys[layer] = mx.concatenate([self.keys[layer], grow_k])
+            self.values[layer] = mx.concatenate([self.values[layer], grow_v])
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.keys + self.values if a is not None)
+
+    def arrays(self) -> list[mx.array]:
+        return [a for a in self.keys + self.values if a is not None]
+
+
+class StepPlan:
+    """Index arrays shared by every layer of one forward over `rows`."""
+
+    def __init__(self, rows: list[tuple[SequenceKV, int]]) -> None:
+        bs = rows[0][0].allocator.block_size
+        self.n = [n for _, n in rows]
+        self.offsets = [seq.length for seq, _ in rows]
+        self.lengths = [o + n for o, n in zip(self.offsets, self.n)]
+        b, nmax, lmax = len(rows), max(self.n), max(self.lengths)
+        self.batch, self.nmax, self.lmax = b, nmax, lmax
+        write = np.full((b, nmax), SCRATCH_BLOCK * bs, dtype=np.int64)
+        read = np.full((b, lmax), NULL_BLOCK * bs, dtype=np.int64)
+        for i, (seq, n) in enumerate(rows):
+            write[i, :n] = seq.slots(self.offsets[i], self.lengths[i])
+            read[i, : self.lengths[i]] = seq.slots(0, self.lengths[i])
+        self.write = mx.array(write.reshape(-1))
+        self.read = mx.array(read)
+        self.offset = mx.array(np.asarray(self.offsets, dtype=np.int32))
+        self._masks: dict[int | None, mx.array] = {}
+
+    def mask(self, window: int | None) -> mx.array:
+        if window not in self._masks:
+            # query j of row i sits at position offset_i + j (padded queries repeat the last)
+            j = np.minimum(np.arange(self.nmax)[None, :], np.asarray(self.n)[:, None] - 1)
+            qpos = np.asarray(self.offsets)[:, None] + j  # [B, nmax]
+            kpos = np.arange(self.lmax)[None, None, :]
+            allowed = kpos <= qpos[:, :, None]
+            if window is not None:
+                allowed &= kpos > qpos[:, :, None] - window
+            self._masks[window] = mx.array(allowed[:, None, :, :])
+        return self._masks[window]
+
+
+class PagedBatchView:
+    """One layer's cache, as mlx-lm sees it, for one step over a batch of rows."""
+
+    def __init__(self, storage: PagedStorage, layer: int, plan: StepPlan) -> None:
+        self.storage, self.layer, self.plan = storage, layer, plan
+        self.offset = plan.offset
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        b, h, n, dk = keys.shape
+        dv = values.shape[-1]
+        st, li = self.storage, self.layer
+        st.ensure(li, h, dk, dv)
+        st.keys[li][self.plan.write] = keys.transpose(0, 2, 1, 3).reshape(b * n, h, dk)
+        st.values[li][self.plan.write] = values.transpose(0, 2, 1, 3).reshape(b * n, h, dv)
+        k = st.keys[li][self.plan.read].transpose(0, 2, 1, 3)
+        v = st.values[li][self.plan.read].transpose(0, 2, 1, 3)
+        return k, v
+
+    def make_mask(self, n: int, window_size: int | None = None, return_array: bool = False):
+        return self.plan.mask(window_size)
+
+    @property
+    def nbytes(self) -> int:
+        return self.storage.nbytes

@@ -1,0 +1,233 @@
+"""How an honoured b10621 option lands in `ServerSettings`.
+
+Each function takes (settings, value, spelling): `value` is the raw text (or a bool for flags
+and --x/--no-x pairs), `spelling` is what the user wrote, for the diagnostic. Bad values stop
+startup with one line naming the option and the value.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from mlxcel.cli.refusal import StartupRefusal
+
+# --- converters ----------------------------------------------------------------------------
+
+
+def as_int(value: str, spelling: str) -> int:
+    try:
+        return int(str(value).strip())
+    except ValueError:
+        raise StartupRefusal(f"invalid value for {spelling}: {value!r} (expected an integer)") from None
+
+
+def as_float(value: str, spelling: str) -> float:
+    try:
+        return float(str(value).strip())
+    except ValueError:
+        raise StartupRefusal(f"invalid value for {spelling}: {value!r} (expected a number)") from None
+
+
+def one_of(value: str, spelling: str, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        raise StartupRefusal(f"invalid value for {spelling}: {value!r} (expected one of: {', '.join(allowed)})")
+    return value
+
+
+def setter(field: str, conv: str = "str"):
+    """An apply function storing the converted value in `field`."""
+
+    def apply(settings: Any, value: Any, spelling: str) -> None:
+        if conv == "int":
+            value = as_int(value, spelling)
+        elif conv == "float":
+            value = as_float(value, spelling)
+        elif conv == "path":
+            value = Path(value).expanduser()
+        setattr(settings, field, value)
+
+    return apply
+
+
+def flag_to(field: str):
+    """Flags and pairs: the bool itself is the setting."""
+
+    def apply(settings: Any, value: Any, _spelling: str) -> None:
+        setattr(settings, field, bool(value))
+
+    return apply
+
+
+# --- option-specific -----------------------------------------------------------------------
+
+
+def apply_alias(settings: Any, value: str, _spelling: str) -> None:
+    # b10621 keeps aliases in a std::set and serves the first: sorted, de-duplicated.
+    settings.alias = sorted({a.strip() for a in value.split(",") if a.strip()})
+
+
+def apply_hf_repo(settings: Any, value: str, spelling: str) -> None:
+    repo = value.strip()
+    if ":" in repo:
+        base, quant = repo.rsplit(":", 1)
+        raise StartupRefusal(
+            f"{spelling} {value}: the ':{quant}' suffix selects a GGUF quantization; mlxcel loads a whole "
+            f"MLX checkpoint, so name an MLX repository instead (e.g. {spelling} {base} for an MLX repo)"
+        )
+    settings.hf_repo = repo
+
+
+def apply_model_url(_settings: Any, value: str, spelling: str) -> None:
+    hint = ""
+    marker = "huggingface.co/"
+    if marker in value:
+        parts = value.split(marker, 1)[1].split("/")
+        if len(parts) >= 2 and parts[0] and parts[1]:
+            hint = f"; for this URL use --hf-repo {parts[0]}/{parts[1]} (an MLX repository)"
+    raise StartupRefusal(
+        f"{spelling} {value}: mlxcel resolves models by repository id or checkpoint directory, not by URL{hint}"
+    )
+
+
+def apply_seed(settings: Any, value: str, spelling: str) -> None:
+    # b10621 folds the seed into uint32; -1 (and 0xFFFFFFFF) means "random".
+    s = as_int(value, spelling) & 0xFFFFFFFF
+    settings.seed = -1 if s == 0xFFFFFFFF else s
+
+
+def apply_parallel(settings: Any, value: str, spelling: str) -> None:
+    n = as_int(value, spelling)
+    if n == -1:
+        n = 4  # b10621's auto resolves to 4 slots
+    if n < 1:
+        raise StartupRefusal(f"invalid value for {spelling}: {value!r} (expected -1 for auto, or N >= 1)")
+    settings.parallel = n
+
+
+def apply_api_key(settings: Any, value: str, _spelling: str) -> None:
+    keys = [k.strip() for k in value.split(",") if k.strip()]
+    settings.api_keys.extend(k for k in keys if k not in settings.api_keys)
+    settings.secrets.extend(keys)
+
+
+def apply_api_key_file(settings: Any, value: str, spelling: str) -> None:
+    path = Path(value).expanduser()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise StartupRefusal(f"{spelling} {value}: cannot read the API key file ({e.strerror or e})") from None
+    for line in text.splitlines():
+        key = line.strip()
+        if key and not key.startswith("#") and key not in settings.api_keys:
+            settings.api_keys.append(key)
+            settings.secrets.append(key)
+
+
+def apply_hf_token(settings: Any, value: str, _spelling: str) -> None:
+    settings.hf_token = value
+    if value:
+        settings.secrets.append(value)
+
+
+def apply_host(settings: Any, value: str, _spelling: str) -> None:
+    settings.host = value
+    settings.unix_socket = value if value.endswith(".sock") else None
+
+
+def apply_port(settings: Any, value: str, spelling: str) -> None:
+    port = as_int(value, spelling)
+    if not 0 <= port <= 65535:
+        raise StartupRefusal(f"invalid value for {spelling}: {value!r} (expected 0..65535; 0 = any free port)")
+    settings.port = port
+
+
+def apply_timeout(settings: Any, value: str, spelling: str) -> None:
+    t = as_int(value, spelling)
+    if t < 0:
+        raise StartupRefusal(f"invalid value for {spelling}: {value!r} (expected seconds >= 0)")
+    settings.timeout = t
+
+
+def apply_ctx_size(settings: Any, value: str, spelling: str) -> None:
+    n = as_int(value, spelling)
+    if n < 0:
+        raise StartupRefusal(f"invalid value for {spelling}: {value!r} (expected 0 for the model's own, or N > 0)")
+    settings.ctx_size = n
+
+
+def apply_log_colors(settings: Any, value: str, spelling: str) -> None:
+    settings.log_colors = one_of(value, spelling, ("on", "off", "auto"))
+
+
+def apply_verbosity(settings: Any, value: str, spelling: str) -> None:
+    settings.log_verbosity = as_int(value, spelling)
+
+
+def apply_verbose(settings: Any, value: Any, _spelling: str) -> None:
+    settings.verbose = bool(value)
+
+
+def apply_cache_ram(settings: Any, value: str, spelling: str) -> None:
+    n = as_int(value, spelling)
+    if n < -1:
+        raise StartupRefusal(f"invalid value for {spelling}: {value!r} (expected MiB, -1 = no limit, 0 = disable)")
+    settings.cache_ram_mib = n
+
+
+def apply_positive_int(field: str):
+    def apply(settings: Any, value: str, spelling: str) -> None:
+        n = as_int(value, spelling)
+        if n < 1:
+            raise StartupRefusal(f"invalid value for {spelling}: {value!r} (expected N >= 1)")
+        setattr(settings, field, n)
+
+    return apply
+
+
+KV_CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+
+
+def cache_type(field: str):
+    """-ctk / -ctv: f16 is the same storage on both sides; everything else is refused."""
+
+    def apply(settings: Any, value: str, spelling: str) -> None:
+        one_of(value, spelling, KV_CACHE_TYPES)
+        if value in ("f32", "bf16"):
+            raise StartupRefusal(
+                f"{spelling} {value}: mlxcel's KV cache stores f16 (or its own quantized modes) and has no "
+                f"{value} storage to select; use f16"
+            )
+        if value != "f16":
+            raise StartupRefusal(
+                f"{spelling} {value}: {value} is a GGML block quantizer with no equivalent in mlxcel's KV "
+                f"cache (a similar name is not the same numerics); use f16"
+            )
+        setattr(settings, field, value)
+
+    return apply
+
+
+def apply_gpu_layers(settings: Any, value: str, spelling: str) -> None:
+    if value in ("auto", "all"):
+        settings.gpu_layers = value
+        return
+    n = as_int(value, spelling)
+    if n < 0:
+        raise StartupRefusal(f"invalid value for {spelling}: {value!r} (expected N >= 0, 'auto' or 'all')")
+    settings.gpu_layers = str(n)
+
+
+def check_gpu_layers(settings: Any, num_hidden_layers: int) -> None:
+    """Called once the checkpoint is known: a partial offload cannot be honoured.
+
+    mlxcel runs every layer on the MLX device, so N >= the layer count (a full offload) is
+    inert; anything smaller asks for CPU layers that do not exist here.
+    """
+    v = settings.gpu_layers
+    if v is None or v in ("auto", "all") or int(v) >= num_hidden_layers:
+        return
+    raise StartupRefusal(
+        f"--gpu-layers {v}: the checkpoint has {num_hidden_layers} layers and mlxcel runs all of them on the "
+        f"MLX device; a partial offload cannot be honoured (drop the option or pass --gpu-layers all)"
+    )
