@@ -123,6 +123,8 @@ async def load_level(client, t: Target, concurrency: int, rounds: int, max_token
     wall = time.perf_counter() - t0
     samples = [s for group in per_client for s in group]
     tokens = sum(s.tokens for s in samples)
+    print(f"  {t.name} c={concurrency}: {len(samples)} requests, {tokens} tokens, {tokens / wall:.1f} tok/s",
+          flush=True)
     return {"concurrency": concurrency, "requests": len(samples), "tokens": tokens, "wall_s": wall,
             "aggregate_tok_s": tokens / wall,
             "mean_tokens": tokens / len(samples),
@@ -163,12 +165,12 @@ def wait_ready(t: Target, deadline_s: float) -> None:
     while time.monotonic() < end:
         if t.proc is not None and t.proc.poll() is not None:
             raise RuntimeError(f"{t.name} exited with {t.proc.returncode}; log: {t.log}")
-        for path in ("/health", "/v1/models"):
-            try:
-                if httpx.get(f"{t.url}{path}", timeout=2.0).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
+        try:  # /health answers 503 while a llama-server or mlxcel model loads; mlx_lm has none
+            code = httpx.get(f"{t.url}/health", timeout=2.0).status_code
+            if code == 200 or (code == 404 and httpx.get(f"{t.url}/v1/models", timeout=2.0).status_code == 200):
+                return
+        except httpx.HTTPError:
+            pass
         time.sleep(0.5)
     raise RuntimeError(f"{t.name} not ready after {deadline_s:.0f}s; log: {t.log}")
 

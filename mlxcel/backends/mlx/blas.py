@@ -57,6 +57,7 @@ class BlasRefusal(Exception):
 class BlasStatus:
     active: bool
     detail: str  # one line for the log: what runs MLX's matmuls, and why
+    warn: bool = False  # the fallback to the slow reference BLAS, worth a warning
 
 
 @dataclass(frozen=True)
@@ -176,6 +177,6 @@ def ensure_fast_blas(environ: Mapping[str, str], platform: str = sys.platform) -
     except BlasUnavailable as e:
         if mode == "openblas":
             raise BlasRefusal(f"MLXCEL_BLAS=openblas but {e}") from None
-        return BlasStatus(False, f"BLAS: MLX's bundled reference BLAS, matmuls will be slow: {e}")
+        return BlasStatus(False, f"BLAS: MLX's bundled reference BLAS, matmuls will be slow: {e}", warn=True)
     return BlasStatus(True, f"BLAS: OpenBLAS {openblas.version} ({core}, {OPENBLAS_THREADS} thread) "
                             f"via {shim}")
