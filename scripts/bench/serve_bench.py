@@ -75,6 +75,7 @@ class Sample:
     ttft: float
     wall: float
     tokens: int
+    text: str = ""
 
     @property
     def decode_tok_s(self) -> float:
@@ -87,6 +88,7 @@ async def stream_one(client: httpx.AsyncClient, t: Target, messages: list[dict],
     t0 = time.perf_counter()
     ttft = None
     chunks = 0
+    text = []
     usage_tokens = None
     async with client.stream("POST", f"{t.url}/v1/chat/completions", json=body) as resp:
         if resp.status_code != 200:
@@ -103,10 +105,12 @@ async def stream_one(client: httpx.AsyncClient, t: Target, messages: list[dict],
             for ch in ev.get("choices") or []:
                 if (ch.get("delta") or {}).get("content"):
                     chunks += 1
+                    text.append(ch["delta"]["content"])
                     if ttft is None:
                         ttft = time.perf_counter() - t0
     wall = time.perf_counter() - t0
-    return Sample(ttft if ttft is not None else wall, wall, usage_tokens if usage_tokens is not None else chunks)
+    return Sample(ttft if ttft is not None else wall, wall, usage_tokens if usage_tokens is not None else chunks,
+                  "".join(text))
 
 
 def user(prompt: str) -> list[dict]:
@@ -115,17 +119,26 @@ def user(prompt: str) -> list[dict]:
 
 async def load_level(client, t: Target, concurrency: int, rounds: int, max_tokens: int) -> dict:
     """`concurrency` clients, each sending `rounds` requests back to back."""
+    errors: list[str] = []
+
     async def client_loop(c: int) -> list[Sample]:
-        return [await stream_one(client, t, user(PROMPTS[(c + r) % len(PROMPTS)]), max_tokens)
-                for r in range(rounds)]
+        out = []
+        for r in range(rounds):
+            try:
+                out.append(await stream_one(client, t, user(PROMPTS[(c + r) % len(PROMPTS)]), max_tokens))
+            except httpx.HTTPError as e:  # counted, not fatal: some servers drop excess connections
+                errors.append(repr(e))
+        return out
     t0 = time.perf_counter()
     per_client = await asyncio.gather(*(client_loop(c) for c in range(concurrency)))
     wall = time.perf_counter() - t0
     samples = [s for group in per_client for s in group]
+    if not samples:
+        raise RuntimeError(f"every request failed at concurrency {concurrency}: {errors[0]}")
     tokens = sum(s.tokens for s in samples)
-    print(f"  {t.name} c={concurrency}: {len(samples)} requests, {tokens} tokens, {tokens / wall:.1f} tok/s",
-          flush=True)
-    return {"concurrency": concurrency, "requests": len(samples), "tokens": tokens, "wall_s": wall,
+    print(f"  {t.name} c={concurrency}: {len(samples)} requests ok, {len(errors)} failed, {tokens} tokens, "
+          f"{tokens / wall:.1f} tok/s" + (f" (first error: {errors[0]})" if errors else ""), flush=True)
+    return {"concurrency": concurrency, "requests": len(samples), "failed": len(errors), "tokens": tokens, "wall_s": wall,
             "aggregate_tok_s": tokens / wall,
             "mean_tokens": tokens / len(samples),
             "stream_wall_tok_s": statistics.median(s.tokens / s.wall for s in samples),
@@ -137,15 +150,22 @@ async def ttft_prefix(client, t: Target, repeats: int) -> dict:
     question = "Summarise the records above in one sentence."
     cold, warm = [], []
     for _ in range(repeats):  # a unique nonce first defeats any prefix cache
-        s = await stream_one(client, t, user(f"[{uuid.uuid4().hex}] {DOCUMENT}\n\n{question}"), 4)
-        cold.append(s.ttft)
+        cold.append(await stream_one(client, t, user(f"[{uuid.uuid4().hex}] {DOCUMENT}\n\n{question}"), 4))
     shared = f"[shared] {DOCUMENT}\n\n"
     await stream_one(client, t, user(shared + question), 4)  # prime
     for i in range(repeats):
-        s = await stream_one(client, t, user(shared + f"Question {i}: " + question), 4)
-        warm.append(s.ttft)
-    c, w = statistics.median(cold), statistics.median(warm)
-    return {"cold_ttft_s": c, "warm_ttft_s": w, "speedup": c / w if w else 0.0}
+        warm.append(await stream_one(client, t, user(shared + f"Question {i}: " + question), 4))
+    # A stream that ended without any content has no first token: it is reported, not timed.
+    empty = sum(1 for s in cold + warm if not s.text)
+    cold, warm = [s for s in cold if s.text] or cold, [s for s in warm if s.text] or warm
+    if empty:
+        print(f"  {t.name}: {empty} TTFT request(s) answered 200 with no content; excluded", flush=True)
+    c, w = statistics.median(s.ttft for s in cold), statistics.median(s.ttft for s in warm)
+    # The texts are kept so an implausible TTFT can be checked against what was answered.
+    print(f"  {t.name} TTFT cold {c:.3f}s {[s.text for s in cold]}, warm {w:.3f}s {[s.text for s in warm]}",
+          flush=True)
+    return {"cold_ttft_s": c, "warm_ttft_s": w, "speedup": c / w if w else 0.0, "empty_answers": empty,
+            "cold_texts": [s.text for s in cold], "warm_texts": [s.text for s in warm]}
 
 
 async def bench_target(t: Target, levels: list[int], rounds: int, max_tokens: int, ttft_repeats: int) -> None:
@@ -269,8 +289,8 @@ def main() -> None:
     ap.add_argument("--model", default=MODEL_ID, help="model id (store-relative checkpoint path)")
     ap.add_argument("--models-dir", default="models", help="MLXCEL_MODELS_DIR for the launched mlxcel-server")
     ap.add_argument("--mlxcel-repo", default=None, help="run the launched mlxcel-server from this checkout")
-    ap.add_argument("--mlxcel-blas", nargs="+", default=["auto"], choices=["auto", "openblas", "reference"],
-                    help="launch mlxcel-server once per MLXCEL_BLAS mode")
+    ap.add_argument("--mlxcel-blas", nargs="*", default=["auto"], choices=["auto", "openblas", "reference"],
+                    help="launch mlxcel-server once per MLXCEL_BLAS mode (none: skip it)")
     ap.add_argument("--mlxcel-arg", action="append", default=[], help="extra mlxcel-server argument")
     ap.add_argument("--skip-mlx-lm", action="store_true")
     ap.add_argument("--llama-server", help="path of a llama-server binary to launch on the GGUF")
@@ -299,7 +319,7 @@ def main() -> None:
             asyncio.run(bench_target(t, a.concurrency, a.rounds, a.max_tokens, a.ttft_repeats))
             print(f"{t.name}: done", flush=True)
         except Exception as e:  # report and go on to the next target
-            print(f"{t.name}: FAILED: {e}", flush=True)
+            print(f"{t.name}: FAILED: {e!r}", flush=True)
             t.results = {}
         finally:
             stop(t)
