@@ -10,7 +10,6 @@ import argparse
 import asyncio
 import os
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 from mlxcel.cli.settings import ServerSettings
@@ -46,6 +45,9 @@ def add_parser(sub) -> None:
 
 
 def _load(args):
+    from mlxcel.cli.server import enable_fast_blas
+
+    enable_fast_blas()  # before mlx.core is imported by the runtime
     from mlxcel.runtime import load_served_model
 
     try:

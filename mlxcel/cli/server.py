@@ -47,12 +47,24 @@ def resolve(settings: ServerSettings) -> Path:
     return path
 
 
+def enable_fast_blas() -> None:
+    """Route MLX's CPU matmuls to OpenBLAS; must run before anything imports mlx.core."""
+    from mlxcel.backends.mlx.blas import BlasRefusal, ensure_fast_blas
+
+    try:
+        blas = ensure_fast_blas(os.environ)
+    except BlasRefusal as e:
+        raise StartupRefusal(str(e)) from None
+    (log.warning if blas.warn else log.info)("%s", blas.detail)
+
+
 def main(argv: list[str] | None = None, prog: str = "mlxcel-server") -> int:
     argv = sys.argv[1:] if argv is None else argv
     settings = parse_server_args(argv, os.environ, prog=prog)  # refusals exit here
     from mlxcel.cli.logging_setup import configure_logging
 
     configure_logging(settings)
+    enable_fast_blas()
     for notice in settings.notices:
         log.warning("%s", notice)
     if settings.vertex_predict_route:
