@@ -13,8 +13,12 @@ from pathlib import Path
 import httpx
 import pytest
 
+from mlxcel.backends.mlx.blas import ensure_fast_blas
 from tests import fixtures
 from tests.fixtures import DEFAULT_MODEL, models_dir
+
+# In-process tests compute with the same BLAS the server uses (loaded before mlx.core is).
+ensure_fast_blas(os.environ)
 
 REPO = fixtures.REPO_ROOT
 
