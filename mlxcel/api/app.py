@@ -11,12 +11,14 @@ from mlxcel.api.errors import ApiError, api_error_handler, http_exception_handle
 from mlxcel.api.llamacpp.health import health, health_alias
 from mlxcel.api.llamacpp.routes import NATIVE_ROUTES
 from mlxcel.api.llamacpp.stubs import FEATURE_DISABLED_HANDLERS
+from mlxcel.api.management.steering import ROUTES as MANAGEMENT_ROUTES
 from mlxcel.api.openai.chat import chat_completions
 from mlxcel.api.openai.completions import completions
 from mlxcel.api.openai.models import get_model, list_models
 from mlxcel.api.state import AppState
 
-ROUTES = [health, list_models, get_model, chat_completions, completions, *NATIVE_ROUTES, *FEATURE_DISABLED_HANDLERS]
+ROUTES = [health, list_models, get_model, chat_completions, completions, *NATIVE_ROUTES, *FEATURE_DISABLED_HANDLERS,
+          *MANAGEMENT_ROUTES]
 
 
 def registered_paths() -> list[str]:

@@ -67,7 +67,12 @@ def serve(settings: ServerSettings, path: Path) -> None:
     from mlxcel.api.state import AppState
     from mlxcel.runtime import load_served_model
 
-    state = AppState(settings=settings)
+    from mlxcel.steering.store import SteeringStore
+    from mlxcel.store.paths import store_root
+
+    root = store_root(settings.model_store_root, os.environ)
+    state = AppState(settings=settings, store_root=root,
+                     steering_store=SteeringStore(settings.state_dir or root / ".mlxcel-state"))
     app = build_app(state)
 
     def load() -> None:
