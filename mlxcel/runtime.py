@@ -50,6 +50,7 @@ def load_served_model(settings: ServerSettings, path: Path) -> ServedModel:
     from mlxcel.backends.mlx.backend import MLXBackend
     from mlxcel.engine.engine import Engine
     from mlxcel.engine.tokenizer import Tokenizer
+    from mlxcel.steering.manager import SteeringManager
 
     backend = MLXBackend(path, dtype=settings.dtype)
     tokenizer = Tokenizer(path)
@@ -72,6 +73,7 @@ def load_served_model(settings: ServerSettings, path: Path) -> ServedModel:
         defaults=resolve_sampling_defaults(settings, tokenizer.generation_defaults),
         n_ctx=engine.n_ctx_slot,
         n_predict=settings.n_predict,
+        steering=SteeringManager(int(backend.info.config.get("hidden_size") or 0), backend.info.num_layers),
     )
 
 

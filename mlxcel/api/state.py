@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
+from typing import Any
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +25,7 @@ class ServedModel:
     defaults: SamplingParams  # server-wide sampling defaults, already resolved
     n_ctx: int
     n_predict: int
+    steering: Any = None  # the SteeringManager of this model's SAEs (mlxcel.steering.manager)
     created: int = field(default_factory=lambda: int(time.time()))
 
     def answers_to(self, name: str | None) -> bool:
@@ -38,3 +41,5 @@ class AppState:
     plan: Any = None  # workers.plan.ServePlan; None = plain generation server
     embedder: Any = None  # workers.embedding.EmbeddingWorker
     reranker: Any = None  # workers.reranking.RerankWorker
+    steering_store: Any = None  # the SQLite SteeringStore (mlxcel.steering.store), opened at serve time
+    store_root: Path | None = None  # where SAE store entries are looked up

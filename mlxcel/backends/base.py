@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 import numpy as np
 
@@ -34,6 +34,11 @@ class ModelInfo:
 class ForwardRow:
     tokens: list[int]  # tokens to append to this row's sequence
     cache: Any  # the backend's per-sequence cache (SequenceCache on MLX)
+    # layer -> residual delta [hidden] added at that layer's output, every position (SAE steering)
+    steering: dict[int, np.ndarray] | None = None
+    # layer -> fn(tokens, pre [n, hidden], post [n, hidden]): this row's residuals at that
+    # layer's output before and after its steering delta, called after the forward
+    capture: dict[int, Callable[[list[int], np.ndarray, np.ndarray], None]] | None = None
 
 
 class Backend(Protocol):

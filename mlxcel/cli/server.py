@@ -88,9 +88,13 @@ def serve(settings: ServerSettings, path: Path | None, plan=None) -> None:
     from mlxcel.api.state import AppState
     from mlxcel.runtime import load_served_model
 
+    from mlxcel.steering.store import SteeringStore
+    from mlxcel.store.paths import store_root
     from mlxcel.workers.load import load_side_workers
 
-    state = AppState(settings=settings, plan=plan if plan is not None and plan.sides else None)
+    root = store_root(settings.model_store_root, os.environ)
+    state = AppState(settings=settings, plan=plan if plan is not None and plan.sides else None, store_root=root,
+                     steering_store=SteeringStore(settings.state_dir or root / ".mlxcel-state"))
     app = build_app(state)
 
     def load() -> None:

@@ -15,6 +15,7 @@ class ServerSettings:
     # model source
     model: str | None = None
     model_store_root: Path | None = None
+    state_dir: Path | None = None  # SQLite steering state (profiles, clusters); None: <store root>/.mlxcel-state
     default_org: str = "mlx-community"
     offline: bool = False
     hf_token: str | None = None

@@ -355,7 +355,8 @@ class Engine:
             if row.slot < 0:
                 row.slot, row.t_start = self._free_slot(), now
                 self._progress(row)
-        logits = self.backend.forward([ForwardRow(toks, row.cache) for row, toks in plan])
+        logits = self.backend.forward([ForwardRow(toks, row.cache, row.request.steering, row.request.capture)
+                                        for row, toks in plan])
         self._stats.n_decode_total += 1
         self._stats.n_busy_slots_total += len(plan)
         for i, (row, toks) in enumerate(plan):

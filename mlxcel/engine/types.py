@@ -27,6 +27,9 @@ class GenerationRequest:
     n_keep: int = 0  # prompt tokens kept on a context shift (-1: all); the scheduler's call
     n_discard: int = 0  # tokens dropped per context shift (0: half); the scheduler's call
     id_slot: int = -1  # requested slot (-1: any); the scheduler's call
+    # SAE steering for this request's rows: layer -> residual delta (None: unsteered); see ForwardRow
+    steering: dict | None = None
+    capture: dict | None = None  # layer -> residual reader; see ForwardRow
 
 
 @dataclass

@@ -13,6 +13,7 @@ from mlxcel.api.openai.fields import check_fields, ignored_fields_header
 from mlxcel.api.openai.schemas import ChatCompletionRequest
 from mlxcel.api.state import AppState, ServedModel
 from mlxcel.engine.chat_template import TemplateError, render_chat, render_plain
+from mlxcel.steering import requests as steer
 
 _ROLES = {"system", "user", "assistant", "tool", "function", "developer"}
 
@@ -70,10 +71,15 @@ def render_prompt_text(model: ServedModel, messages: list[dict[str, Any]]) -> st
 @post("/v1/chat/completions", status_code=200)
 async def chat_completions(request: Request, app_state: AppState) -> Any:
     body = await read_json_object(request)
+    steering = steer.take_fields(body)  # profile, steering_intensity, return_sae_activations: honoured here
     req = convert(body, ChatCompletionRequest)
     ignored = check_fields(body, ChatCompletionRequest, "/v1/chat/completions")
     model = g.served_model(app_state, req.model)
     greq = g.build_request(req, model, render_prompt(model, req.messages))
+    if steering.activations is not None and req.stream:
+        raise ApiError(400, "return_sae_activations on a streamed request is not honoured yet",
+                       code="field_not_honoured", param="return_sae_activations")
+    steer_headers, reader = steer.apply(steering, model.steering, app_state.steering_store, greq)
     handle = g.submit(model, greq)
     cid, created = g.new_id("chatcmpl"), g.now()
     base = {"id": cid, "created": created, "model": model.id}
@@ -97,13 +103,18 @@ async def chat_completions(request: Request, app_state: AppState) -> Any:
                 if ev.done and include_usage:
                     yield g.sse({**base, "object": "chat.completion.chunk", "choices": [], "usage": g.usage([("", ev)])})
 
-        return g.stream_response([handle], frames, ignored_fields_header(ignored))
+        return g.stream_response([handle], frames, {**ignored_fields_header(ignored), **steer_headers})
     results = await g.collect(request, [handle])
     text, ev = results[0]
     g.raise_for_error(ev)
-    return g.json_response({
+    out = {
         **base, "object": "chat.completion", "system_fingerprint": g.fingerprint(model),
         "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
                      "logprobs": None, "finish_reason": ev.finish_reason}],
         "usage": g.usage(results),
-    }, ignored)
+    }
+    if reader is not None:
+        out["millm"] = {"sae_activations": reader.render()}
+    response = g.json_response(out, ignored)
+    response.headers.update(steer_headers)
+    return response

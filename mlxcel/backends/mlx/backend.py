@@ -69,6 +69,10 @@ class MLXBackend:
         mx.eval(model.parameters())
         self.model = model
         self.hooks = install_hooks(model)
+        # per-step SAE steering and residual reads (set by _run, read by _layer_hook)
+        self._hooked: set[int] = set()
+        self._deltas: dict[int, mx.array] = {}
+        self._reads: dict[int, tuple[mx.array, mx.array]] = {}
         self.info = ModelInfo(
             path=path,
             model_type=config["model_type"],
@@ -121,7 +125,9 @@ class MLXBackend:
         for i, r in enumerate(rows):
             ids[i, : len(r.tokens)] = r.tokens
         views = [PagedBatchView(self.storage, li, plan) for li in range(self.info.num_layers)]
+        self._prepare_step(rows)
         logits = self.model(mx.array(ids), cache=views)
+        self._deltas = {}
         for r in rows:
             r.cache.tokens.extend(r.tokens)
         return logits, plan
@@ -129,8 +135,46 @@ class MLXBackend:
     def forward(self, rows: list[ForwardRow]) -> np.ndarray:
         logits, plan = self._run(rows)
         last = logits[mx.arange(plan.batch), mx.array([n - 1 for n in plan.n])].astype(mx.float32)
-        mx.eval(last, *self.storage.arrays())
+        mx.eval(last, *self.storage.arrays(), *(a for pair in self._reads.values() for a in pair))
+        if self._reads:
+            self._deliver_reads(rows, plan)
         return np.array(last, copy=False)
+
+    def _layer_hook(self, layer: int, hidden: mx.array) -> mx.array:
+        """Installed once per steered or read layer; free when the step asks nothing of it."""
+        delta = self._deltas.get(layer)
+        out = hidden if delta is None else hidden + delta
+        if layer in self._reads:
+            self._reads[layer] = (hidden, out)
+        return out
+
+    def _prepare_step(self, rows: list[ForwardRow]) -> None:
+        """One [B, 1, hidden] delta per steered layer (zeros for rows without one), and the
+        layers some row reads; both empty when no row asks, so the forward is untouched."""
+        self._deltas, self._reads = {}, {}
+        steered = {li for r in rows if r.steering for li in r.steering}
+        read = {li for r in rows if r.capture for li in r.capture}
+        for li in steered | read:
+            if li not in self._hooked:
+                self.hooks.add(li, self._layer_hook)
+                self._hooked.add(li)
+        dtype = _DTYPES[self.info.dtype]
+        for li in steered:
+            d = next(r.steering[li] for r in rows if r.steering and li in r.steering).shape[-1]
+            block = np.zeros((len(rows), 1, d), dtype=np.float32)
+            for i, r in enumerate(rows):
+                if r.steering and li in r.steering:
+                    block[i, 0] = r.steering[li]
+            self._deltas[li] = mx.array(block).astype(dtype)
+        self._reads = {li: None for li in read}
+
+    def _deliver_reads(self, rows: list[ForwardRow], plan: StepPlan) -> None:
+        reads, self._reads = self._reads, {}
+        for i, r in enumerate(rows):
+            for li, fn in (r.capture or {}).items():
+                pre, post = reads[li]
+                n = plan.n[i]
+                fn(list(r.tokens), np.array(pre[i, :n].astype(mx.float32)), np.array(post[i, :n].astype(mx.float32)))
 
     def forward_all(self, tokens: list[int], cache: SequenceKV) -> np.ndarray:
         logits, _ = self._run([ForwardRow(tokens, cache)])

@@ -1,0 +1,2 @@
+"""SAE steering and monitoring: sparse autoencoders attached at decoder layers, steering
+deltas carried per batch row, activation reads, and the persisted profiles and clusters."""
