@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import time
-from pathlib import Path
-from typing import Any
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from mlxcel.backends.base import ModelInfo

@@ -87,7 +87,6 @@ def serve(settings: ServerSettings, path: Path | None, plan=None) -> None:
     from mlxcel.api.app import build_app
     from mlxcel.api.state import AppState
     from mlxcel.runtime import load_served_model
-
     from mlxcel.steering.store import SteeringStore
     from mlxcel.store.paths import store_root
     from mlxcel.workers.load import load_side_workers

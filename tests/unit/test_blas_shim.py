@@ -185,7 +185,8 @@ def test_reference_mode_and_other_platforms_leave_mlx_alone():
         blas.ensure_fast_blas({"MLXCEL_BLAS": "openblas"}, platform="darwin")
 
 
-def test_no_compiler_falls_back_in_auto_and_refuses_in_openblas_mode(tmp_path):
+def test_no_compiler_falls_back_in_auto_and_refuses_in_openblas_mode(tmp_path, monkeypatch):
+    monkeypatch.setattr(blas, "_loaded", {})  # the test session itself already loaded the shim
     env = {"PATH": str(tmp_path), "MLXCEL_BLAS_CACHE": str(tmp_path / "cache")}
     status = blas.ensure_fast_blas(env)
     assert not status.active and status.warn and "no C compiler" in status.detail
