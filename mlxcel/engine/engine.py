@@ -17,11 +17,14 @@ import logging
 import queue
 import threading
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from mlxcel.backends.base import Backend, ForwardRow
 from mlxcel.engine.detokenize import IncrementalDetokenizer
-from mlxcel.engine.kv_block_pool import RESERVED
+from mlxcel.engine.kv_block_pool import RESERVED, OutOfBlocks
 from mlxcel.engine.kv_prefix_cache import PrefixCache
 from mlxcel.engine.sampling import SamplerState, sample_row
 from mlxcel.engine.stop import StopMatcher
@@ -90,6 +93,14 @@ class _Row:
     @property
     def request(self) -> GenerationRequest:
         return self.handle.request
+
+
+@dataclass
+class _ScoreJob:
+    """One scoring forward: the next-token logits of a prompt on a fresh sequence."""
+
+    prompt: list[int]
+    future: Future
 
 
 # Token-block size of the paged KV pool and the prefix cache's sharing granularity.
@@ -189,6 +200,26 @@ class Engine:
     def _wake(self) -> None:
         self._inbox.put(None)
 
+    def submit_score(self, prompt: list[int]) -> Future:
+        """Queue one scoring forward; the future resolves to the next-token logits
+        ([vocab] fp32). It runs on the engine thread between steps, so it never races
+        the step loop, and on its own sequence, so no other row's batch shape touches it."""
+        n = len(prompt)
+        if n == 0:
+            raise EngineError("the prompt is empty", "invalid_request", 400)
+        if n >= self.n_ctx_slot:
+            raise EngineError(
+                f"request ({n} tokens) exceeds the available context size ({self.n_ctx_slot} tokens), try increasing it",
+                "context_length_exceeded", 400, n_prompt_tokens=n, n_ctx=self.n_ctx_slot,
+            )
+        job = _ScoreJob(list(prompt), Future())
+        self._inbox.put(job)
+        return job.future
+
+    def score(self, prompt: list[int]) -> np.ndarray:
+        """Blocking form of `submit_score` (not for the event loop's thread)."""
+        return self.submit_score(prompt).result()
+
     def slots(self) -> list[SlotInfo]:
         """A snapshot of every slot: the live request on it, else what last ran there."""
         rows = {r.slot: r for r in list(self._rows) if r.slot >= 0}
@@ -254,11 +285,33 @@ class Engine:
         try:
             item = self._inbox.get(timeout=0.5) if block else self._inbox.get_nowait()
             while True:
-                if item is not None:
+                if isinstance(item, _ScoreJob):
+                    self._score(item)
+                elif item is not None:
                     self._waiting.append(item)
                 item = self._inbox.get_nowait()
         except queue.Empty:
             pass
+
+    def _score(self, job: _ScoreJob) -> None:
+        """Prefill the prompt in `batch_size` chunks on a fresh sequence; keep the last logits."""
+        if not job.future.set_running_or_notify_cancel():
+            return
+        seq = self.backend.new_sequence()
+        try:
+            logits = None
+            for start in range(0, len(job.prompt), self.batch_size):
+                chunk = job.prompt[start:start + self.batch_size]
+                logits = self.backend.forward([ForwardRow(chunk, seq)])
+            job.future.set_result(np.array(logits[0], dtype=np.float32, copy=True))
+        except OutOfBlocks as e:
+            job.future.set_exception(EngineError(f"no KV memory left for the scoring pass: {e}",
+                                                 "insufficient_memory", 503))
+        except Exception as e:  # a failed pass fails its request, not the engine
+            log.exception("scoring forward failed")
+            job.future.set_exception(e)
+        finally:
+            seq.release()
 
     def _admit(self) -> None:
         while self._waiting and len(self._rows) < self.parallel:

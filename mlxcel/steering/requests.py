@@ -40,6 +40,10 @@ class SteeringFields:
     activations: dict | None = None
 
 
+# The chat fields this module takes out of a request body before the field contract sees it.
+STEERING_FIELDS = ("profile", "steering_intensity", "return_sae_activations")
+
+
 def take_fields(body: dict[str, Any]) -> SteeringFields:
     """Pop and validate the steering fields (null means absent)."""
     f = SteeringFields()

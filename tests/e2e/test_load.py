@@ -6,6 +6,7 @@ import asyncio
 import random
 
 import httpx
+import openai
 import pytest
 
 from tests.conftest import DEFAULT_MODEL, ServerProcess, fixture_path
@@ -90,6 +91,10 @@ def test_queue_full_is_503_in_each_route_format():
                 r = client.post("/v1/chat/completions", json={**long_body, "stream": False, "max_tokens": 2})
                 assert r.status_code == 503
                 assert r.json()["error"]["code"] == "queue_full"
+                sdk = openai.OpenAI(base_url=base + "/v1", api_key="x", max_retries=0)
+                with pytest.raises(openai.InternalServerError) as e:  # the SDK's class for a 503
+                    sdk.completions.create(model=DEFAULT_MODEL, prompt="Hello", max_tokens=2)
+                assert e.value.code == "queue_full"
                 r = client.post("/completion", json={"prompt": "Hello", "n_predict": 2})
                 assert r.status_code == 503
                 err = r.json()["error"]

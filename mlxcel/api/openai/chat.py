@@ -1,4 +1,9 @@
-"""POST /v1/chat/completions: messages -> chat template -> engine -> OpenAI chat shapes."""
+"""POST /v1/chat/completions: messages -> chat template -> engine -> OpenAI chat shapes.
+
+`messages` and each `extra_messages` conversation are rendered separately; every one, and
+each of `n` choices, is its own engine row with its own seed, returned in index order. With
+`logprobs: true` or `allowed_token_ids` the request is chat scoring (scoring.py).
+"""
 
 from __future__ import annotations
 
@@ -9,8 +14,11 @@ from litestar import Request, post
 from mlxcel.api.body import convert, read_json_object
 from mlxcel.api.errors import ApiError
 from mlxcel.api.openai import generation as g
-from mlxcel.api.openai.fields import check_fields, ignored_fields_header
-from mlxcel.api.openai.schemas import ChatCompletionRequest
+from mlxcel.api.openai import scoring as sc
+from mlxcel.api.openai.fields import (
+    CHAT, MESSAGE_KEYS, check_fields, message_locations, object_locations, settle_unused, strict_mode,
+)
+from mlxcel.api.openai.schemas import SCORING_UNUSED, ChatCompletionRequest
 from mlxcel.api.state import AppState, ServedModel
 from mlxcel.engine.chat_template import TemplateError, render_chat, render_plain
 from mlxcel.steering import requests as steer
@@ -68,21 +76,87 @@ def render_prompt_text(model: ServedModel, messages: list[dict[str, Any]]) -> st
     return text + prefill
 
 
+def _conversations(req: ChatCompletionRequest) -> list[tuple[str, list[dict[str, Any]]]]:
+    """Every conversation of the request with its location: messages, then extra_messages."""
+    convs = [("messages", req.messages)]
+    convs += [(f"extra_messages[{k}]", m) for k, m in enumerate(req.extra_messages or [])]
+    return convs
+
+
+def _renderable(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Only the keys the contract honours reach the template (the rest are reported)."""
+    return [{k: v for k, v in m.items() if k in MESSAGE_KEYS} if isinstance(m, dict) else m for m in messages]
+
+
+def _render(model: ServedModel, where: str, messages: list[dict[str, Any]]) -> list[int]:
+    try:
+        return render_prompt(model, _renderable(messages))
+    except ApiError as e:
+        if where != "messages":
+            e.message = f"{where}: {e.message}"
+        raise
+
+
 @post("/v1/chat/completions", status_code=200)
 async def chat_completions(request: Request, app_state: AppState) -> Any:
+    strict = strict_mode(request.headers)
     body = await read_json_object(request)
     steering = steer.take_fields(body)  # profile, steering_intensity, return_sae_activations: honoured here
     req = convert(body, ChatCompletionRequest)
-    ignored = check_fields(body, ChatCompletionRequest, "/v1/chat/completions")
+    unused = check_fields(body, ChatCompletionRequest, CHAT)
+    unused += message_locations(body.get("messages"), "messages")
+    for k, conv in enumerate(body.get("extra_messages") or []):
+        unused += message_locations(conv, f"extra_messages[{k}]")
+    unused += object_locations(body.get("stream_options"), ["include_usage"], "stream_options")
+    scoring = sc.is_scoring(body, chat=True)
+    spec = sc.scoring_spec(req, body, chat=True) if scoring else None
+    if scoring:
+        unused += [f for f in SCORING_UNUSED if body.get(f) is not None]
+    elif req.return_tokens_as_token_ids is not None:
+        unused.append("return_tokens_as_token_ids")
+    n = req.n or 1
+    if req.stream and n > 1:
+        raise ApiError(400, "n above 1 is not available with stream: true", code="field_not_honoured", param="n")
+    if req.stream and req.extra_messages:
+        raise ApiError(400, "extra_messages is not available with stream: true", code="field_not_honoured",
+                       param="extra_messages")
+    if n > 1 and req.extra_messages:
+        raise ApiError(400, "send either n above 1 or extra_messages, not both", code="invalid_parameter",
+                       param="extra_messages")
+    headers = settle_unused(unused, strict, CHAT)
+    g.validate_sampling(req)
     model = g.served_model(app_state, req.model)
-    greq = g.build_request(req, model, render_prompt(model, req.messages))
-    if steering.activations is not None and req.stream:
-        raise ApiError(400, "return_sae_activations on a streamed request is not honoured yet",
-                       code="field_not_honoured", param="return_sae_activations")
-    steer_headers, reader = steer.apply(steering, model.steering, app_state.steering_store, greq)
-    handle = g.submit(model, greq)
+    headers.update(g.seed_header(req.seed, "batch-shape" if req.extra_messages else "request"))
+    convs = _conversations(req)
+    if spec is not None and (steering.profile is not None or steering.intensity is not None
+                             or steering.activations is not None):
+        field = "profile" if steering.profile is not None else (
+            "steering_intensity" if steering.intensity is not None else "return_sae_activations")
+        raise ApiError(400, f"'{field}' is not honoured on a scoring request: scoring is never steered",
+                       code="field_not_honoured", param=field)
+    if steering.activations is not None and (req.stream or n > 1 or req.extra_messages):
+        raise ApiError(400, "return_sae_activations needs one non-streamed choice (no n above 1, no "
+                       "extra_messages, no stream)", code="field_not_honoured", param="return_sae_activations")
     cid, created = g.new_id("chatcmpl"), g.now()
     base = {"id": cid, "created": created, "model": model.id}
+    if spec is not None:
+        return await _score(model, spec, convs, base, headers)
+    prompts = [(where, _render(model, where, msgs)) for where, msgs in convs]
+    if n > 1:
+        prompts = prompts * n
+    greqs = [g.build_request(req, model, p, row=row, param=where.split("[")[0])
+             for row, (where, p) in enumerate(prompts)]
+    steer_headers, reader = {}, None
+    for greq in greqs:  # each choice carries its own steering delta through the batch
+        steer_headers, reader = steer.apply(steering, model.steering, app_state.steering_store, greq)
+    handles = []
+    try:
+        for greq in greqs:
+            handles.append(g.submit(model, greq))
+    except ApiError:
+        for h in handles:
+            h.cancel()
+        raise
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
 
@@ -103,18 +177,43 @@ async def chat_completions(request: Request, app_state: AppState) -> Any:
                 if ev.done and include_usage:
                     yield g.sse({**base, "object": "chat.completion.chunk", "choices": [], "usage": g.usage([("", ev)])})
 
-        return g.stream_response([handle], frames, {**ignored_fields_header(ignored), **steer_headers})
-    results = await g.collect(request, [handle])
-    text, ev = results[0]
-    g.raise_for_error(ev)
+        return g.stream_response(handles, frames, {**headers, **steer_headers})
+    results = await g.collect(request, handles)
+    for _, ev in results:
+        g.raise_for_error(ev)
     out = {
         **base, "object": "chat.completion", "system_fingerprint": g.fingerprint(model),
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                     "logprobs": None, "finish_reason": ev.finish_reason}],
+        "choices": [{"index": i, "message": {"role": "assistant", "content": text},
+                     "logprobs": None, "finish_reason": ev.finish_reason} for i, (text, ev) in enumerate(results)],
         "usage": g.usage(results),
     }
     if reader is not None:
         out["millm"] = {"sae_activations": reader.render()}
-    response = g.json_response(out, ignored)
-    response.headers.update(steer_headers)
-    return response
+    return g.json_response(out, {**headers, **steer_headers})
+
+
+async def _score(model: ServedModel, spec: sc.ScoringSpec, convs: list[tuple[str, list[dict[str, Any]]]],
+                 base: dict[str, Any], headers: dict[str, str]) -> Any:
+    """Each conversation rendered with the generation prompt and scored as completion scoring
+    of that text without special tokens, one at a time, one choice each."""
+    if not model.tokenizer.chat_template:
+        raise ApiError(400, "chat scoring needs the model's chat template and this model has none; score the "
+                       "prompt on /v1/completions instead", code="no_chat_template", param="messages")
+    choices, n_prompt = [], 0
+    for i, (where, msgs) in enumerate(convs):
+        prompt = _render(model, where, msgs)
+        try:
+            sc.check_prompt(model, spec, prompt, where)
+            scored = await sc.score_prompt(model, prompt, spec)
+        except ApiError as e:
+            if where != "messages":
+                e.message = f"{where}: {e.message}"
+            raise
+        n_prompt += len(prompt)
+        choices.append({"index": i, "message": {"role": "assistant", "content": sc.token_text(model, scored.token)},
+                        "logprobs": sc.chat_logprobs(model, spec, scored), "finish_reason": "length"})
+    return g.json_response({
+        **base, "object": "chat.completion", "system_fingerprint": g.fingerprint(model), "choices": choices,
+        "usage": {"prompt_tokens": n_prompt, "completion_tokens": len(convs), "total_tokens": n_prompt + len(convs),
+                  "prompt_tokens_details": {"cached_tokens": 0}},
+    }, headers)

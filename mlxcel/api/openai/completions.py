@@ -1,4 +1,9 @@
-"""POST /v1/completions: raw prompts (no chat template) -> engine -> OpenAI text shapes."""
+"""POST /v1/completions: raw prompts (no chat template) -> engine -> OpenAI text shapes.
+
+Each prompt of a list is its own engine row and its own choice, in input order. With
+`logprobs` (an int) or `allowed_token_ids` the request is a scoring request instead: one
+forward per prompt, nothing generated (scoring.py).
+"""
 
 from __future__ import annotations
 
@@ -9,21 +14,22 @@ from litestar import Request, post
 from mlxcel.api.body import convert, read_json_object
 from mlxcel.api.errors import ApiError
 from mlxcel.api.openai import generation as g
-from mlxcel.api.openai.fields import check_fields, ignored_fields_header
-from mlxcel.api.openai.schemas import CompletionRequest
-from mlxcel.api.state import ServedModel, AppState
+from mlxcel.api.openai import scoring as sc
+from mlxcel.api.openai.fields import COMPLETIONS, check_fields, object_locations, settle_unused, strict_mode
+from mlxcel.api.openai.schemas import SCORING_UNUSED, CompletionRequest
+from mlxcel.api.state import AppState, ServedModel
 
 
-def tokenize_prompts(model: ServedModel, prompt: Any) -> list[list[int]]:
+def tokenize_prompts(model: ServedModel, prompt: Any, add_special_tokens: bool = True) -> list[list[int]]:
     """A string, a list of strings, a token list, or a list of token lists."""
     tok = model.tokenizer
     if isinstance(prompt, str):
-        prompts = [tok.encode(prompt)]
-    elif prompt and all(isinstance(p, int) for p in prompt):
+        prompts = [tok.encode(prompt, add_special_tokens=add_special_tokens)]
+    elif prompt and all(isinstance(p, int) and not isinstance(p, bool) for p in prompt):
         prompts = [list(prompt)]
     elif all(isinstance(p, str) for p in prompt):
-        prompts = [tok.encode(p) for p in prompt]
-    elif all(isinstance(p, list) and all(isinstance(t, int) for t in p) for p in prompt):
+        prompts = [tok.encode(p, add_special_tokens=add_special_tokens) for p in prompt]
+    elif all(isinstance(p, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in p) for p in prompt):
         prompts = [list(p) for p in prompt]
     else:
         raise ApiError(400, "prompt must be a string, a list of strings, a list of token ids, "
@@ -32,20 +38,57 @@ def tokenize_prompts(model: ServedModel, prompt: Any) -> list[list[int]]:
         raise ApiError(400, "prompt must not be empty", code="invalid_parameter", param="prompt")
     vocab = model.info.vocab_size
     for i, p in enumerate(prompts):
-        if not p:
-            raise ApiError(400, f"prompt[{i}] tokenizes to nothing", code="invalid_parameter", param="prompt")
         if any(not 0 <= t < vocab for t in p):
-            raise ApiError(400, f"prompt[{i}] holds a token id outside the vocabulary", code="invalid_parameter", param="prompt")
+            raise ApiError(400, f"prompt[{i}] holds a token id outside the vocabulary", code="invalid_parameter",
+                           param="prompt")
     return prompts
+
+
+def _prompt_texts(model: ServedModel, prompt: Any, tokens: list[list[int]]) -> list[str]:
+    """Each prompt as text, for `text_offset` (token prompts are decoded)."""
+    if isinstance(prompt, str):
+        return [prompt]
+    if all(isinstance(p, str) for p in prompt):
+        return list(prompt)
+    return [model.tokenizer.decode(t, skip_special_tokens=False) for t in tokens]
+
+
+def _is_text_prompt(prompt: Any) -> bool:
+    return isinstance(prompt, str) or (isinstance(prompt, list) and bool(prompt)
+                                      and all(isinstance(p, str) for p in prompt))
 
 
 @post("/v1/completions", status_code=200)
 async def completions(request: Request, app_state: AppState) -> Any:
+    strict = strict_mode(request.headers)
     body = await read_json_object(request)
     req = convert(body, CompletionRequest)
-    ignored = check_fields(body, CompletionRequest, "/v1/completions")
+    unused = check_fields(body, CompletionRequest, COMPLETIONS)
+    unused += object_locations(body.get("stream_options"), ["include_usage"], "stream_options")
+    if req.logprobs is True:
+        raise ApiError(400, "logprobs on /v1/completions is the number of alternatives (0-20), not a boolean",
+                       code="invalid_parameter", param="logprobs")
+    scoring = sc.is_scoring(body, chat=False)
+    spec = sc.scoring_spec(req, body, chat=False) if scoring else None
+    if scoring:
+        unused += [f for f in SCORING_UNUSED if body.get(f) is not None]
+    elif req.return_tokens_as_token_ids is not None:
+        unused.append("return_tokens_as_token_ids")
+    if req.add_special_tokens is not None and not _is_text_prompt(req.prompt):
+        unused.append("add_special_tokens")
+    headers = settle_unused(unused, strict, COMPLETIONS)
+    g.validate_sampling(req)
     model = g.served_model(app_state, req.model)
-    greqs = [g.build_request(req, model, p) for p in tokenize_prompts(model, req.prompt)]
+    headers.update(g.seed_header(req.seed))
+    prompts = tokenize_prompts(model, req.prompt, add_special_tokens=req.add_special_tokens is not False)
+    cid, created = g.new_id("cmpl"), g.now()
+    base = {"id": cid, "object": "text_completion", "created": created, "model": model.id}
+    if spec is not None:
+        return await _score(model, req, spec, prompts, base, headers)
+    greqs = [g.build_request(req, model, p, param="prompt") for p in prompts]
+    for greq in greqs:
+        if not greq.prompt:
+            raise ApiError(400, "the prompt tokenizes to nothing", code="invalid_parameter", param="prompt")
     handles = []
     try:
         for greq in greqs:
@@ -54,8 +97,6 @@ async def completions(request: Request, app_state: AppState) -> Any:
         for h in handles:
             h.cancel()
         raise
-    cid, created = g.new_id("cmpl"), g.now()
-    base = {"id": cid, "object": "text_completion", "created": created, "model": model.id}
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
 
@@ -74,7 +115,7 @@ async def completions(request: Request, app_state: AppState) -> Any:
             if include_usage:
                 yield g.sse({**base, "choices": [], "usage": g.usage(finals)})
 
-        return g.stream_response(handles, frames, ignored_fields_header(ignored))
+        return g.stream_response(handles, frames, headers)
     results = await g.collect(request, handles)
     for _, ev in results:
         g.raise_for_error(ev)
@@ -83,4 +124,25 @@ async def completions(request: Request, app_state: AppState) -> Any:
         "choices": [{"index": i, "text": text, "logprobs": None, "finish_reason": ev.finish_reason}
                     for i, (text, ev) in enumerate(results)],
         "usage": g.usage(results),
-    }, ignored)
+    }, headers)
+
+
+async def _score(model: ServedModel, req: CompletionRequest, spec: sc.ScoringSpec, prompts: list[list[int]],
+                 base: dict[str, Any], headers: dict[str, str]) -> Any:
+    """One forward per prompt, one choice each; the text is the most probable allowed token."""
+    where = "prompt" if len(prompts) == 1 else "prompt[{}]"
+    for i, p in enumerate(prompts):
+        sc.check_prompt(model, spec, p, where.format(i))
+    texts = _prompt_texts(model, req.prompt, prompts)
+    choices = []
+    for i, p in enumerate(prompts):
+        scored = await sc.score_prompt(model, p, spec)
+        choices.append({"index": i, "text": sc.token_text(model, scored.token),
+                        "logprobs": sc.completion_logprobs(model, spec, scored, len(texts[i])),
+                        "finish_reason": "length"})
+    n_prompt = sum(len(p) for p in prompts)
+    return g.json_response({
+        **base, "system_fingerprint": g.fingerprint(model), "choices": choices,
+        "usage": {"prompt_tokens": n_prompt, "completion_tokens": len(prompts),
+                  "total_tokens": n_prompt + len(prompts), "prompt_tokens_details": {"cached_tokens": 0}},
+    }, headers)

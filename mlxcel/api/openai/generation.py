@@ -12,14 +12,15 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import msgspec
+import numpy as np
 from litestar import Request, Response
 from litestar.response import Stream
 
 from mlxcel.api.errors import ApiError
-from mlxcel.api.openai.fields import ignored_fields_header
 from mlxcel.api.openai.schemas import _Sampling
 from mlxcel.api.state import AppState, ServedModel
 from mlxcel.engine.engine import RequestHandle
@@ -43,17 +44,15 @@ def served_model(state: AppState, name: str | None) -> ServedModel:
     return model
 
 
-def build_request(req: _Sampling, model: ServedModel, prompt: list[int]) -> GenerationRequest:
-    if req.n is not None and req.n != 1:
-        raise ApiError(400, "'n' other than 1 is not honoured yet", code="field_not_honoured", param="n")
+def validate_sampling(req: _Sampling) -> int | None:
+    """Range checks shared by every /v1 generation and scoring request; the effective
+    max_tokens (None: the server's default)."""
     if (req.max_tokens is not None and req.max_completion_tokens is not None
             and req.max_tokens != req.max_completion_tokens):
-        raise ApiError(400, "max_tokens and max_completion_tokens differ; send one of them",
-                       code="invalid_parameter", param="max_completion_tokens")
+        raise ApiError(400, f"max_tokens ({req.max_tokens}) and max_completion_tokens ({req.max_completion_tokens}) "
+                       "differ; send one of them", code="invalid_parameter", param="max_completion_tokens")
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-    if max_tokens is None:
-        max_tokens = model.n_predict
-    elif max_tokens < 0:
+    if max_tokens is not None and max_tokens < 0:
         raise ApiError(400, "max_tokens must be at least 0", code="invalid_parameter", param="max_tokens")
     if req.temperature is not None and not 0 <= req.temperature <= 2:
         raise ApiError(400, "temperature must be between 0 and 2", code="invalid_parameter", param="temperature")
@@ -65,30 +64,72 @@ def build_request(req: _Sampling, model: ServedModel, prompt: list[int]) -> Gene
         value = getattr(req, name)
         if value is not None and not -2 <= value <= 2:
             raise ApiError(400, f"{name} must be between -2 and 2", code="invalid_parameter", param=name)
+    if req.n is not None and req.n < 1:
+        raise ApiError(400, "n must be at least 1", code="invalid_parameter", param="n")
+    return max_tokens
+
+
+def row_seed(seed: int | None, row: int) -> int | None:
+    """The seed of one row of a request: the request's own for row 0, a fixed derivation
+    of (seed, row) for the others, so choices differ yet each reproduces."""
+    if seed is None or row == 0:
+        return seed
+    return int(np.random.SeedSequence([seed, row]).generate_state(1, dtype=np.uint32)[0])
+
+
+def check_context(model: ServedModel, n_prompt: int, max_tokens: int, param: str) -> None:
+    """context_length_exceeded with the window and the request's figures."""
+    asked = n_prompt + max(max_tokens, 0)
+    if n_prompt >= model.n_ctx or asked > model.n_ctx:
+        raise ApiError(
+            400,
+            f"This model's maximum context length is {model.n_ctx} tokens. However, you requested "
+            f"{asked} tokens ({n_prompt} in the prompt, {max(max_tokens, 0)} for the completion). "
+            "Please reduce the prompt or max_tokens.",
+            code="context_length_exceeded", param=param,
+        )
+
+
+def build_request(req: _Sampling, model: ServedModel, prompt: list[int], *, row: int = 0,
+                  param: str = "messages") -> GenerationRequest:
+    """One engine row of a request; `row` picks the row's seed (see `row_seed`)."""
+    max_tokens = validate_sampling(req)
+    if max_tokens is None:
+        max_tokens = model.n_predict
     overrides: dict[str, Any] = {}
-    for field in ("temperature", "top_p", "top_k", "min_p", "seed", "frequency_penalty", "presence_penalty"):
+    for field in ("temperature", "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty"):
         value = getattr(req, field)
         if value is not None:
             overrides[field] = value
     params = replace(model.defaults, **overrides)
-    if "seed" in overrides:
-        params = replace(params, seed=fold_seed(req.seed))
+    if req.seed is not None:
+        params = replace(params, seed=fold_seed(row_seed(req.seed, row)))
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
-    if len(prompt) + (max_tokens if max_tokens > 0 else 0) > model.n_ctx:
-        raise ApiError(
-            400,
-            f"This model's maximum context length is {model.n_ctx} tokens. However, you requested "
-            f"{len(prompt) + max(max_tokens, 0)} tokens ({len(prompt)} in the prompt, "
-            f"{max(max_tokens, 0)} for the completion). Please reduce the prompt or max_tokens.",
-            code="context_length_exceeded", param="messages",
-        )
+    check_context(model, len(prompt), max_tokens, param)
     return GenerationRequest(prompt=prompt, params=params, max_tokens=max_tokens, stop=stop,
                              cache_prompt=req.cache_prompt is not False)
 
 
+def seed_header(seed: int | None, scope: str = "request") -> dict[str, str]:
+    """`X-miLLM-Seed: N;scope="..."`, absent when the request sent no seed."""
+    return {} if seed is None else {"X-miLLM-Seed": f'{seed};scope="{scope}"'}
+
+
+def model_revision(path: Path) -> str:
+    """The checkpoint's git/hub revision when its location records one (a hub snapshot
+    directory is named by its commit), else `unrecorded`."""
+    for part in reversed(Path(path).parts):
+        if len(part) == 40 and all(c in "0123456789abcdef" for c in part):
+            return part[:8]
+    return "unrecorded"
+
+
 def fingerprint(model: ServedModel) -> str:
+    """millm:<model>@<revision>:<dtype>/<quantization>:<engine>; unknown parts `unrecorded`."""
     info = model.info
-    return f"millm:{model.id}@unrecorded:{info.dtype}/{info.quantization or 'none'}:mlxcel-{info.backend}"
+    quant = info.quantization or "none"
+    return (f"millm:{model.id}@{model_revision(info.path)}:{info.dtype or 'unrecorded'}/{quant}"
+            f":mlxcel-{info.backend or 'unrecorded'}")
 
 
 def submit(model: ServedModel, greq: GenerationRequest) -> RequestHandle:
@@ -182,8 +223,8 @@ def stream_response(handles: list[RequestHandle], frames: Callable[[AsyncIterato
     return Stream(body(), media_type="text/event-stream", headers={**SSE_HEADERS, **headers})
 
 
-def json_response(body: dict[str, Any], ignored: list[str]) -> Response:
-    return Response(body, headers=ignored_fields_header(ignored))
+def json_response(body: dict[str, Any], headers: dict[str, str]) -> Response:
+    return Response(body, headers=headers)
 
 
 def new_id(prefix: str) -> str:

@@ -1,4 +1,8 @@
-"""Request structs of the OpenAI-compatible routes (the fields each one honours)."""
+"""Request structs of the OpenAI-compatible routes: the fields each one honours.
+
+A field declared here is read by its route; `fields.FIELD_TABLE` says which output-changing
+fields an endpoint refuses, and anything neither declares is reported as unused.
+"""
 
 from __future__ import annotations
 
@@ -27,12 +31,24 @@ class _Sampling(msgspec.Struct, kw_only=True):
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
     cache_prompt: bool | None = None  # b10621's per-request prompt-cache switch
+    # scoring mode (see scoring.py)
+    allowed_token_ids: list[int] | None = None
+    return_tokens_as_token_ids: bool | None = None
 
 
 class ChatCompletionRequest(_Sampling, kw_only=True):
     messages: list[dict[str, Any]]
+    extra_messages: list[list[dict[str, Any]]] | None = None  # more conversations, one choice each
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
 
 
 class CompletionRequest(_Sampling, kw_only=True):
     # a string, a list of strings, a token list, or a list of token lists (checked by the route)
     prompt: str | list[Any]
+    logprobs: bool | int | None = None  # an int asks for scoring; false changes nothing
+    add_special_tokens: bool | None = None
+
+
+# Sampling fields that have no effect in scoring mode (reported when sent).
+SCORING_UNUSED = ("top_p", "top_k", "min_p", "stop", "frequency_penalty", "presence_penalty")
