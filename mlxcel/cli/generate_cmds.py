@@ -91,7 +91,7 @@ def run_generate(args) -> int:
     finally:
         model.engine.shutdown()
     print()
-    return 0
+    _exit(0)
 
 
 def run_chat(args) -> int:
@@ -115,4 +115,12 @@ def run_chat(args) -> int:
         asyncio.run(loop())
     finally:
         model.engine.shutdown()
-    return 0
+    _exit(0)
+
+
+def _exit(code: int) -> None:
+    """Leave without interpreter teardown: MLX's native threads can abort the process while
+    static destructors run (seen as 'terminate called without an active exception')."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

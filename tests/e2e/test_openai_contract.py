@@ -41,7 +41,11 @@ CHANGING: dict[str, tuple[object, dict]] = {
     "echo": (True, {}),
     "best_of": (2, {}),
     "suffix": ("end", {}),
+    "cache_prompt": (False, {}),
 }
+# Honoured fields whose success needs server state (an attached SAE, a stored profile):
+# here they must be read (answered with their own error), never refused as unhonoured.
+STATEFUL = {"profile", "return_sae_activations"}
 MATRIX = [(field, endpoint) for field in FIELD_TABLE for endpoint in (CHAT, COMPLETIONS)]
 
 
@@ -69,6 +73,11 @@ def test_field_matrix(openai_client, field, endpoint):
     values, needs = CHANGING[field]
     value = values[endpoint] if isinstance(values, dict) and set(values) == {CHAT, COMPLETIONS} else values
     extra = {**needs, field: value}
+    if FIELD_TABLE[field][endpoint] == HONOURED and field in STATEFUL:
+        with pytest.raises(openai.APIStatusError) as e:
+            _call(openai_client, endpoint, extra)
+        assert e.value.code != "field_not_honoured"
+        return
     if FIELD_TABLE[field][endpoint] == HONOURED:
         raw = _call(openai_client, endpoint, extra)
         assert raw.http_response.status_code == 200
