@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from mlxcel.backends.base import ModelInfo
 from mlxcel.cli.settings import ServerSettings
@@ -23,6 +24,9 @@ class ServedModel:
     n_ctx: int
     n_predict: int
     created: int = field(default_factory=lambda: int(time.time()))
+    grammars: Any = None  # engine.grammar.GrammarCompiler for this tokenizer
+    default_grammar: Any = None  # the --grammar / --json-schema default (a CompiledGrammar)
+    default_grammar_error: str | None = None  # why the --grammar default failed to parse
 
     def answers_to(self, name: str | None) -> bool:
         return name is None or name == "" or name == self.id or name in self.aliases or name == str(self.info.path)

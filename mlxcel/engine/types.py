@@ -27,6 +27,8 @@ class GenerationRequest:
     n_keep: int = 0  # prompt tokens kept on a context shift (-1: all); the scheduler's call
     n_discard: int = 0  # tokens dropped per context shift (0: half); the scheduler's call
     id_slot: int = -1  # requested slot (-1: any); the scheduler's call
+    # a CompiledGrammar (engine/grammar.py): every row gets its own matcher at admission
+    grammar: object | None = None
 
 
 @dataclass

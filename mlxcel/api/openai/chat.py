@@ -9,6 +9,7 @@ from litestar import Request, post
 from mlxcel.api.body import convert, read_json_object
 from mlxcel.api.errors import ApiError
 from mlxcel.api.openai import generation as g
+from mlxcel.api.openai import response_format as rf
 from mlxcel.api.openai.fields import check_fields, ignored_fields_header
 from mlxcel.api.openai.schemas import ChatCompletionRequest
 from mlxcel.api.state import AppState, ServedModel
@@ -72,8 +73,12 @@ async def chat_completions(request: Request, app_state: AppState) -> Any:
     body = await read_json_object(request)
     req = convert(body, ChatCompletionRequest)
     ignored = check_fields(body, ChatCompletionRequest, "/v1/chat/completions")
+    constraint = rf.parse(body)
     model = g.served_model(app_state, req.model)
     greq = g.build_request(req, model, render_prompt(model, req.messages))
+    headers = constraint.header if constraint is not None else {}
+    if constraint is not None:
+        greq.grammar = await rf.compile_grammar(constraint, model)
     handle = g.submit(model, greq)
     cid, created = g.new_id("chatcmpl"), g.now()
     base = {"id": cid, "created": created, "model": model.id}
@@ -101,9 +106,13 @@ async def chat_completions(request: Request, app_state: AppState) -> Any:
     results = await g.collect(request, [handle])
     text, ev = results[0]
     g.raise_for_error(ev)
-    return g.json_response({
+    if constraint is not None:
+        rf.check_output(constraint, text, ev.finish_reason)
+    response = g.json_response({
         **base, "object": "chat.completion", "system_fingerprint": g.fingerprint(model),
         "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
                      "logprobs": None, "finish_reason": ev.finish_reason}],
         "usage": g.usage(results),
     }, ignored)
+    response.headers.update(headers)
+    return response

@@ -9,6 +9,7 @@ from litestar import Request, post
 from mlxcel.api.body import convert, read_json_object
 from mlxcel.api.errors import ApiError
 from mlxcel.api.openai import generation as g
+from mlxcel.api.openai import response_format as rf
 from mlxcel.api.openai.fields import check_fields, ignored_fields_header
 from mlxcel.api.openai.schemas import CompletionRequest
 from mlxcel.api.state import ServedModel, AppState
@@ -43,6 +44,7 @@ def tokenize_prompts(model: ServedModel, prompt: Any) -> list[list[int]]:
 async def completions(request: Request, app_state: AppState) -> Any:
     body = await read_json_object(request)
     req = convert(body, CompletionRequest)
+    rf.refuse(body, "/v1/completions")
     ignored = check_fields(body, CompletionRequest, "/v1/completions")
     model = g.served_model(app_state, req.model)
     greqs = [g.build_request(req, model, p) for p in tokenize_prompts(model, req.prompt)]

@@ -30,6 +30,7 @@ class _Sampling(msgspec.Struct, kw_only=True):
 
 class ChatCompletionRequest(_Sampling, kw_only=True):
     messages: list[dict[str, Any]]
+    response_format: dict[str, Any] | None = None  # checked by openai/response_format.py
 
 
 class CompletionRequest(_Sampling, kw_only=True):
