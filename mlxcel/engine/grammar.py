@@ -38,9 +38,10 @@ class GrammarMatcher(Protocol):
     def error(self) -> str: ...
 
 
-# JSON layout the schema front end allows between tokens: upstream's converter allows a
-# space or a newline plus indentation; a bound keeps a sampling model from padding forever.
-JSON_OPTIONS = {"whitespace_pattern": r"[ \t\n]{0,24}"}
+# JSON layout the schema front end allows between tokens: nothing, one space, or a newline
+# plus indentation (as upstream's converter allows); the bound keeps a sampling model from
+# padding a document forever.
+JSON_OPTIONS = {"whitespace_pattern": r"(?:[ ]|\n[ ]{0,16})?"}
 CACHE_SIZE = 64
 
 

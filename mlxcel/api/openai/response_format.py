@@ -166,8 +166,8 @@ def parse(body: dict[str, Any]) -> Constraint | None:
         raise ApiError(400, "response_format.json_schema must be an object with 'name' and 'schema'",
                        code="invalid_parameter", param="response_format")
     name = spec.get("name")
-    if not isinstance(name, str) or not name:
-        raise ApiError(400, "response_format.json_schema.name must be a non-empty string",
+    if not isinstance(name, str) or not name or len(name) > 64 or any(not " " <= c <= "~" for c in name):
+        raise ApiError(400, "response_format.json_schema.name must be 1 to 64 printable ASCII characters",
                        code="invalid_parameter", param="response_format")
     if spec.get("strict") is not None and not isinstance(spec.get("strict"), bool):
         raise ApiError(400, "response_format.json_schema.strict must be a boolean",
