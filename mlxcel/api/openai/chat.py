@@ -72,8 +72,8 @@ def render_prompt_text(model: ServedModel, messages: list[dict[str, Any]]) -> st
 async def chat_completions(request: Request, app_state: AppState) -> Any:
     body = await read_json_object(request)
     req = convert(body, ChatCompletionRequest)
+    constraint = rf.parse(body)  # first: a conflicting field is refused naming response_format
     ignored = check_fields(body, ChatCompletionRequest, "/v1/chat/completions")
-    constraint = rf.parse(body)
     model = g.served_model(app_state, req.model)
     greq = g.build_request(req, model, render_prompt(model, req.messages))
     headers = constraint.header if constraint is not None else {}
