@@ -6,11 +6,14 @@ point serves a model the same way.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from mlxcel.api.state import ServedModel
 from mlxcel.cli.settings import ServerSettings
 from mlxcel.engine.sampling_params import SamplingParams
+
+log = logging.getLogger("mlxcel.runtime")
 
 DEFAULT_CACHE_RAM_MIB = 2048  # mlxcel's --cache-ram default (b10621's is 8192)
 
@@ -49,6 +52,7 @@ def load_served_model(settings: ServerSettings, path: Path) -> ServedModel:
     from mlxcel.backends.base import ForwardRow
     from mlxcel.backends.mlx.backend import MLXBackend
     from mlxcel.engine.engine import Engine
+    from mlxcel.engine.grammar import for_tokenizer
     from mlxcel.engine.tokenizer import Tokenizer
     from mlxcel.steering.manager import SteeringManager
 
@@ -64,7 +68,7 @@ def load_served_model(settings: ServerSettings, path: Path) -> ServedModel:
         backend.forward([ForwardRow([0], seq)])  # first-call costs off the request path
         seq.release()
     engine.start()
-    return ServedModel(
+    served = ServedModel(
         id=model_id(settings),
         aliases=list(settings.alias),
         info=backend.info,
@@ -74,7 +78,28 @@ def load_served_model(settings: ServerSettings, path: Path) -> ServedModel:
         n_ctx=engine.n_ctx_slot,
         n_predict=settings.n_predict,
         steering=SteeringManager(int(backend.info.config.get("hidden_size") or 0), backend.info.num_layers),
+        grammars=for_tokenizer(tokenizer, backend.info.vocab_size),
     )
+    load_default_grammar(settings, served)
+    return served
+
+
+def load_default_grammar(settings: ServerSettings, served: ServedModel) -> None:
+    """Compile the --grammar / --json-schema default against the model's vocabulary. A
+    schema was already checked at startup; a GBNF grammar that does not parse is logged
+    and then refuses each request that would use it, as b10621 does."""
+    from mlxcel.engine.grammar import GrammarError
+
+    if settings.default_grammar is None:
+        return
+    kind, text = settings.default_grammar
+    try:
+        served.default_grammar = served.grammars.compile(kind, text)
+    except GrammarError as e:
+        if kind != "gbnf":
+            raise
+        served.default_grammar_error = str(e)
+        log.error("failed to parse the --grammar default: %s", e)
 
 
 def model_id(settings: ServerSettings) -> str:

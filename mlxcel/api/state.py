@@ -26,6 +26,9 @@ class ServedModel:
     n_predict: int
     steering: Any = None  # the SteeringManager of this model's SAEs (mlxcel.steering.manager)
     created: int = field(default_factory=lambda: int(time.time()))
+    grammars: Any = None  # engine.grammar.GrammarCompiler for this tokenizer
+    default_grammar: Any = None  # the --grammar / --json-schema default (a CompiledGrammar)
+    default_grammar_error: str | None = None  # why the --grammar default failed to parse
 
     def answers_to(self, name: str | None) -> bool:
         return name is None or name == "" or name == self.id or name in self.aliases or name == str(self.info.path)

@@ -252,3 +252,38 @@ def apply_pooling(settings: Any, value: str, spelling: str) -> None:
 
 def apply_embd_normalize(settings: Any, value: str, spelling: str) -> None:
     settings.embd_normalize = as_int(value, spelling)
+# --- grammar defaults (--grammar, --grammar-file, --json-schema, --json-schema-file) ----
+
+
+def _read_text(value: str, spelling: str) -> str:
+    try:
+        return Path(value).expanduser().read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise StartupRefusal(f"{spelling}: failed to open file '{value}': {e}") from None
+
+
+def apply_grammar(from_file: bool):
+    """GBNF is only parsed once the model's vocabulary is known (token terminals need it):
+    a malformed grammar is logged at load and refuses each request that would use it."""
+
+    def apply(settings: Any, value: str, spelling: str) -> None:
+        text = _read_text(value, spelling) if from_file else value
+        settings.default_grammar = ("gbnf", text) if text else None
+
+    return apply
+
+
+def apply_json_schema(from_file: bool):
+    """A schema is compiled here, before the model loads: a malformed one stops startup."""
+
+    def apply(settings: Any, value: str, spelling: str) -> None:
+        from mlxcel.engine.grammar import GrammarError, check_json_schema_text
+
+        text = _read_text(value, spelling) if from_file else value
+        try:
+            check_json_schema_text(text)
+        except GrammarError as e:
+            raise StartupRefusal(f"{spelling}: invalid JSON schema: {e}") from None
+        settings.default_grammar = ("json_schema", text)
+
+    return apply

@@ -39,6 +39,9 @@ class ServerSettings:
     top_p: float | None = None
     min_p: float | None = None
     seed: int = -1
+    # --grammar / --grammar-file ("gbnf", text) or --json-schema / --json-schema-file
+    # ("json_schema", text): the native routes' default constraint
+    default_grammar: tuple[str, str] | None = None
     # engine knobs the b10621 surface fills (consumed by the engine / API layers)
     hf_repo: str | None = None  # --hf-repo as given; when set it is also `model`
     cont_batching: bool = True

@@ -89,6 +89,7 @@ class _Row:
     text: str = ""  # every decoded piece so far (before stop matching): n_indent reads it
     last_nl_pos: int = 0  # where the line n_indent checks next begins in `text`
     has_new_line: bool = False
+    grammar: object | None = None  # this row's GrammarMatcher (engine/grammar.py), if constrained
 
     @property
     def request(self) -> GenerationRequest:
@@ -336,6 +337,7 @@ class Engine:
                 n_prompt_done=cached, sampler=self._sampler_state(req),
                 detok=IncrementalDetokenizer(self.tokenizer.decode),
                 stop=StopMatcher(req.stop), max_tokens=max_tokens,
+                grammar=req.grammar.matcher() if req.grammar is not None else None,
             ))
 
     def _sampler_state(self, req: GenerationRequest) -> SamplerState:
@@ -458,9 +460,19 @@ class Engine:
 
     def _sample(self, row: _Row, logits) -> None:
         req = row.request
-        sampled = sample_row(logits, req.params, row.sampler, history=req.prompt + row.generated)
+        mask = None
+        if row.grammar is not None:
+            mask = row.grammar.allowed_mask(len(logits))
+            if not mask.any():
+                self._finish(row, TokenEvent(error=f"the grammar allows no token here: {row.grammar.error()}",
+                                             error_code="constrained_output_invalid"))
+                return
+        sampled = sample_row(logits, req.params, row.sampler, history=req.prompt + row.generated, mask=mask)
         token, probs = sampled.token, sampled.probs
         row.generated.append(token)
+        # the grammar ended the document: this token is its last (EOS was only allowed at an end)
+        ended = (row.grammar is not None and token not in self.tokenizer.eos_token_ids
+                 and row.grammar.accept(token) and row.grammar.is_terminated())
         self._stats.n_tokens_max = max(self._stats.n_tokens_max, len(req.prompt) + len(row.generated))
         if token in self.tokenizer.eos_token_ids and not req.ignore_eos:
             tail = row.stop.feed(row.detok.flush())
@@ -478,6 +490,11 @@ class Engine:
                                          stop_type="word", stopping_word=res.matched, probs=probs))
             return
         cut = self._line_limits(row, piece, res.text)
+        if ended:
+            tail = row.stop.feed(row.detok.flush())
+            self._finish(row, TokenEvent(text=res.text + tail.text + row.stop.flush(), token=token,
+                                         finish_reason="stop", stop_type="eos", probs=probs))
+            return
         if len(row.generated) >= row.max_tokens or cut is not None:
             tail = row.stop.feed(row.detok.flush())
             if tail.matched is not None:

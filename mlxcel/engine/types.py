@@ -30,6 +30,8 @@ class GenerationRequest:
     # SAE steering for this request's rows: layer -> residual delta (None: unsteered); see ForwardRow
     steering: dict | None = None
     capture: dict | None = None  # layer -> residual reader; see ForwardRow
+    # a CompiledGrammar (engine/grammar.py): every row gets its own matcher at admission
+    grammar: object | None = None
 
 
 @dataclass

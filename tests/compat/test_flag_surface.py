@@ -200,7 +200,7 @@ REFUSALS = [
     (["-ctxcp", "8"], "--ctx-checkpoints 8"),
     (["--swa-full"], "--swa-full"),
     # deferred and removed options are refused, never silently accepted
-    (["--grammar", "root ::= \"a\""], "not yet supported"),
+    (["--json-schema", "{not json"], "--json-schema: invalid JSON schema"),
     (["--repeat-penalty", "1.1"], "not yet supported"),
     (["--draft", "5"], "the argument has been removed"),
     # usage errors

@@ -18,7 +18,7 @@ from litestar.response import Stream
 
 from mlxcel.api.body import read_json_object
 from mlxcel.api.errors import ApiError
-from mlxcel.api.llamacpp import render
+from mlxcel.api.llamacpp import native_grammar, render
 from mlxcel.api.llamacpp.native_params import NativeRequest, parse_native, with_prompt
 from mlxcel.api.openai.fields import ignored_fields_header
 from mlxcel.api.openai.generation import SSE_HEADERS, merged, served_model, submit
@@ -216,5 +216,6 @@ async def completion(request: Request, app_state: AppState) -> Any:
     body = await read_json_object(request)
     model = served_model(app_state, None)
     nreq = parse_native(body, model, app_state.settings.parallel, app_state.settings.sse_ping_interval)
+    nreq.template.grammar = await native_grammar.resolve(body, model)
     prompts = tokenize_native_prompts(model, body.get("prompt"))
     return await respond(request, model, nreq, [with_prompt(nreq.template, p) for p in prompts])

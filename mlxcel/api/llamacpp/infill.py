@@ -20,6 +20,7 @@ from litestar import Request, post
 
 from mlxcel.api.body import read_json_object
 from mlxcel.api.errors import ApiError
+from mlxcel.api.llamacpp import native_grammar
 from mlxcel.api.llamacpp.completion import respond
 from mlxcel.api.llamacpp.native_params import parse_native, with_prompt
 from mlxcel.api.openai.generation import served_model
@@ -122,6 +123,7 @@ async def infill(request: Request, app_state: AppState) -> Any:
                        code="not_supported", type="not_supported_error")
     nreq = parse_native({k: v for k, v in body.items() if k not in INFILL_FIELDS}, model, app_state.settings.parallel,
                         app_state.settings.sse_ping_interval)
+    nreq.template.grammar = await native_grammar.resolve(body, model)
     s = app_state.settings
     tokens = infill_prompt(model.tokenizer, fim, body, spm=s.spm_infill, n_ctx=model.n_ctx,
                            n_batch=s.batch_size, n_predict=nreq.template.max_tokens)

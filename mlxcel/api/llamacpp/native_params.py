@@ -55,8 +55,9 @@ SAMPLING_FIELDS = (
     "adaptive_decay", "min_keep",
 )
 # Fields for behaviour this server does not have yet, with the values that ask for nothing.
+# (json_schema and grammar are resolved by native_grammar.py, in the route.)
 DEFERRED: dict[str, tuple[Any, ...]] = {
-    "lora": ([],), "json_schema": (), "grammar": ("",), "grammar_lazy": (False,), "grammar_type": (),
+    "lora": ([],), "grammar_lazy": (False,), "grammar_type": (),
     "chat_format": (), "reasoning_format": ("none",), "generation_prompt": ("",),
     "parse_tool_calls": (False,), "chat_parser": ("",), "continue_final_message": (False,),
     "echo": (False,), "preserved_tokens": ([],), "grammar_triggers": ([],), "reasoning_control": (False,),

@@ -84,7 +84,9 @@ def generation_settings(req: GenerationRequest, *, stream: bool, timings_per_tok
         out["logit_bias"] = [{"bias": b, "token": t} for t, b in p.logit_bias.items()]
     out.update({"n_probs": p.n_probs, "min_keep": p.min_keep})
     if not metrics_only:
-        out.update({"grammar": "", "grammar_lazy": False, "grammar_triggers": [], "preserved_tokens": []})
+        # a GBNF grammar is reported as sent; a schema is not converted to GBNF here
+        gbnf = req.grammar.source if getattr(req.grammar, "kind", None) == "gbnf" else ""
+        out.update({"grammar": gbnf, "grammar_lazy": False, "grammar_triggers": [], "preserved_tokens": []})
     out.update({
         "chat_format": "Content-only", "generation_prompt": "", "reasoning_format": "none",
         "reasoning_in_content": False, "samplers": list(p.samplers),

@@ -19,6 +19,7 @@ from mlxcel.api.openai.fields import (
     CHAT, MESSAGE_KEYS, check_fields, message_locations, object_locations, settle_unused, strict_mode,
 )
 from mlxcel.api.openai.schemas import SCORING_UNUSED, ChatCompletionRequest
+from mlxcel.api.openai import response_format as rf
 from mlxcel.api.state import AppState, ServedModel
 from mlxcel.engine.chat_template import TemplateError, render_chat, render_plain
 from mlxcel.steering import requests as steer
@@ -103,6 +104,7 @@ async def chat_completions(request: Request, app_state: AppState) -> Any:
     body = await read_json_object(request)
     steering = steer.take_fields(body)  # profile, steering_intensity, return_sae_activations: honoured here
     req = convert(body, ChatCompletionRequest)
+    constraint = rf.parse(body)  # first: a conflicting field is refused naming response_format
     unused = check_fields(body, ChatCompletionRequest, CHAT)
     unused += message_locations(body.get("messages"), "messages")
     for k, conv in enumerate(body.get("extra_messages") or []):
@@ -137,6 +139,8 @@ async def chat_completions(request: Request, app_state: AppState) -> Any:
     if steering.activations is not None and (req.stream or n > 1 or req.extra_messages):
         raise ApiError(400, "return_sae_activations needs one non-streamed choice (no n above 1, no "
                        "extra_messages, no stream)", code="field_not_honoured", param="return_sae_activations")
+    if constraint is not None:
+        headers.update(constraint.header)
     cid, created = g.new_id("chatcmpl"), g.now()
     base = {"id": cid, "created": created, "model": model.id}
     if spec is not None:
@@ -147,8 +151,10 @@ async def chat_completions(request: Request, app_state: AppState) -> Any:
     greqs = [g.build_request(req, model, p, row=row, param=where.split("[")[0])
              for row, (where, p) in enumerate(prompts)]
     steer_headers, reader = {}, None
-    for greq in greqs:  # each choice carries its own steering delta through the batch
+    for greq in greqs:  # each choice carries its own steering delta and grammar through the batch
         steer_headers, reader = steer.apply(steering, model.steering, app_state.steering_store, greq)
+        if constraint is not None:
+            greq.grammar = await rf.compile_grammar(constraint, model)
     handles = []
     try:
         for greq in greqs:
@@ -181,6 +187,9 @@ async def chat_completions(request: Request, app_state: AppState) -> Any:
     results = await g.collect(request, handles)
     for _, ev in results:
         g.raise_for_error(ev)
+    if constraint is not None:
+        for text, ev in results:
+            rf.check_output(constraint, text, ev.finish_reason)
     out = {
         **base, "object": "chat.completion", "system_fingerprint": g.fingerprint(model),
         "choices": [{"index": i, "message": {"role": "assistant", "content": text},

@@ -18,6 +18,7 @@ from mlxcel.api.openai import scoring as sc
 from mlxcel.api.openai.fields import COMPLETIONS, check_fields, object_locations, settle_unused, strict_mode
 from mlxcel.api.openai.schemas import SCORING_UNUSED, CompletionRequest
 from mlxcel.api.state import AppState, ServedModel
+from mlxcel.api.openai import response_format as rf
 
 
 def tokenize_prompts(model: ServedModel, prompt: Any, add_special_tokens: bool = True) -> list[list[int]]:
@@ -63,6 +64,7 @@ async def completions(request: Request, app_state: AppState) -> Any:
     strict = strict_mode(request.headers)
     body = await read_json_object(request)
     req = convert(body, CompletionRequest)
+    rf.refuse(body, "/v1/completions")
     unused = check_fields(body, CompletionRequest, COMPLETIONS)
     unused += object_locations(body.get("stream_options"), ["include_usage"], "stream_options")
     if req.logprobs is True:

@@ -42,7 +42,7 @@ FIELD_TABLE: dict[str, dict[str, str]] = {
     "logprobs":              {CHAT: H, COMPLETIONS: H, EMBEDDINGS: R},  # scoring mode
     "allowed_token_ids":     {CHAT: H, COMPLETIONS: H, EMBEDDINGS: R},  # scoring mode
     "top_logprobs":          {CHAT: H, COMPLETIONS: R, EMBEDDINGS: R},  # completions: use logprobs
-    "response_format":       {CHAT: R, COMPLETIONS: R, EMBEDDINGS: R},  # chat: the grammar work owns it
+    "response_format":       {CHAT: H, COMPLETIONS: R, EMBEDDINGS: R},  # chat: openai/response_format.py
     "seed":                  {CHAT: H, COMPLETIONS: H, EMBEDDINGS: R},
     "n":                     {CHAT: H, COMPLETIONS: R, EMBEDDINGS: R},  # chat: not streaming
     "max_completion_tokens": {CHAT: H, COMPLETIONS: H, EMBEDDINGS: R},

@@ -41,6 +41,7 @@ class ChatCompletionRequest(_Sampling, kw_only=True):
     extra_messages: list[list[dict[str, Any]]] | None = None  # more conversations, one choice each
     logprobs: bool | None = None
     top_logprobs: int | None = None
+    response_format: dict[str, Any] | None = None  # checked by openai/response_format.py
 
 
 class CompletionRequest(_Sampling, kw_only=True):
