@@ -28,7 +28,9 @@ class ServerSettings:
     batch_size: int = 512
     max_queue_depth: int = 64  # waiting requests beyond the free slots; -1 unbounded
     dtype: str = "auto"
-    backend: str = "mlx"
+    backend: str = "auto"  # auto | mlx | torch; the CLI resolves it (backends/select.py) before loading
+    device: str = "auto"  # auto | cpu | cuda[:N] | mps | metal
+    threads: int = -1  # torch CPU threads; <= 0 keeps torch's default (all cores)
     warmup: bool = True
     # sampling defaults (None = the checkpoint's generation_config.json, else the b10621 default)
     temperature: float | None = None

@@ -88,7 +88,7 @@ def test_props_post_acknowledges_and_get_reports_the_key_set(smol):
         "default_generation_settings", "total_slots", "model_alias", "model_ftype", "model_path", "modalities",
         "media_marker", "endpoint_slots", "endpoint_props", "endpoint_metrics", "ui", "ui_settings",
         "chat_template", "chat_template_caps", "bos_token", "eos_token", "build_info", "is_sleeping",
-        "cors_proxy_enabled"}
+        "cors_proxy_enabled", "backend"}
     assert set(props["default_generation_settings"]) == {"params", "n_ctx"}
     assert props["default_generation_settings"]["params"]["top_k"] == 40
     assert props["total_slots"] == 1 and props["model_alias"] == DEFAULT_MODEL

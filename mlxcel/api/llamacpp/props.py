@@ -2,8 +2,9 @@
 
 `default_generation_settings` is upstream's {params, n_ctx} shape with the metrics-only
 task_params subset, from the server defaults; keys for features this server lacks are
-omitted rather than invented. POST /props acknowledges and changes nothing, exactly as
-upstream's handler does.
+omitted rather than invented. One key is mlxcel's own: `backend` (name, device, compute
+dtype), since the same server may run on MLX or torch. POST /props acknowledges and changes
+nothing, exactly as upstream's handler does.
 """
 
 from __future__ import annotations
@@ -68,6 +69,8 @@ def props_json(app_state: AppState, model: ServedModel) -> dict:
         "build_info": f"mlxcel-{__version__}",
         "is_sleeping": False,
         "cors_proxy_enabled": False,
+        # mlxcel's addition: what this model actually runs on (b10621 has no such key)
+        "backend": {"name": model.info.backend, "device": model.info.device, "dtype": model.info.dtype},
     }
 
 
