@@ -7,8 +7,8 @@
    Gemma 3) are checked too, each row against its own reference.
 2. The engine on torch: batch invariance and prefix-cache identity, the test_engine scenarios
    with `--backend torch`.
-3. MLX vs torch greedy text on SmolLM2, 20 prompts, both fp32. Measured on this machine: 20/20
-   identical for 24 tokens. The two sides sum in different orders (MLX's and oneDNN's
+3. MLX vs torch greedy text on SmolLM2, 20 prompts, both fp32, prefilled and decoded as one
+   batch. Measured on this machine: 20/20 identical (24 tokens, and 16 as the test runs). The two sides sum in different orders (MLX's and oneDNN's
    kernels), so a prompt whose top-2 logits sit within ~1e-5 could flip a token; the test
    therefore asserts >= 18/20 and prints any mismatch with the step and logit gap.
 """
@@ -92,7 +92,7 @@ GREEDY_PROMPTS = [
     "The meaning of life is", "SELECT name FROM", "A haiku about the sea:", "The first law of motion states",
     "Paris is famous for", "Rain falls because", "The best way to learn a language is", "1, 2, 3, 4,",
 ]
-GREEDY_TOKENS = 24
+GREEDY_TOKENS = 16
 
 
 def _greedy_batch(backend, prompts: list[list[int]], steps: int) -> tuple[list[list[int]], list[list[float]]]:
@@ -100,7 +100,7 @@ def _greedy_batch(backend, prompts: list[list[int]], steps: int) -> tuple[list[l
     from mlxcel.backends.base import ForwardRow
 
     seqs = [backend.new_sequence() for _ in prompts]
-    logits = np.stack([backend.forward([ForwardRow(p, s)])[0] for p, s in zip(prompts, seqs)])
+    logits = backend.forward([ForwardRow(p, s) for p, s in zip(prompts, seqs)])  # one right-padded prefill
     out, gaps = [[] for _ in prompts], [[] for _ in prompts]
     for _ in range(steps):
         for i, row in enumerate(logits):
