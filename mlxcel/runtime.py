@@ -41,13 +41,16 @@ def cache_budget_bytes(settings: ServerSettings) -> int | None:
     return None if mib < 0 else mib << 20
 
 
-def select_backend(settings: ServerSettings):
-    """Resolve --backend/--device to a concrete pair; refuses what cannot be honoured."""
+def select_backend(settings: ServerSettings, path: Path | None = None):
+    """Resolve --backend/--device for the checkpoint at `path`; refuses what cannot be honoured."""
+    import json
+
     from mlxcel.backends.select import BackendRefused, choose
     from mlxcel.cli.refusal import StartupRefusal
 
+    config = json.loads((path / "config.json").read_text()) if path is not None else {}
     try:
-        choice = choose(settings.backend, settings.device)
+        choice = choose(settings.backend, settings.device, mlx_quantized=bool(config.get("quantization")))
     except BackendRefused as e:
         raise StartupRefusal(str(e)) from None
     if choice.backend == "mlx" and settings.threads > 0:
@@ -57,7 +60,7 @@ def select_backend(settings: ServerSettings):
 
 
 def load_backend(settings: ServerSettings, path: Path):
-    choice = select_backend(settings)
+    choice = select_backend(settings, path)
     if choice.backend == "torch":
         from mlxcel.backends.torch.backend import TorchBackend
 

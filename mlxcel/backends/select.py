@@ -2,7 +2,7 @@
 
 `auto` picks MLX on Apple Silicon, torch where CUDA is present, and on a CPU-only machine
 torch when it is installed (measured faster than MLX's Linux CPU wheel, docs/benchmarks.md);
-without torch it picks MLX and says so. An explicit request that cannot be honoured is
+without torch, or for an MLX-quantized checkpoint (only MLX runs those), it picks MLX and says so. An explicit request that cannot be honoured is
 refused with the reason, never replaced. torch is imported only when torch may be chosen,
 so the MLX path (`--backend mlx`, or auto on a Mac) never loads it.
 """
@@ -83,8 +83,11 @@ def _mlx_device(device: str, apple: bool) -> str:
     return "cpu"
 
 
-def choose(backend: str, device: str, *, apple: bool | None = None, has_torch: bool | None = None) -> Choice:
-    """The concrete backend and device for the flags; idempotent on its own output."""
+def choose(backend: str, device: str, *, apple: bool | None = None, has_torch: bool | None = None,
+           mlx_quantized: bool = False) -> Choice:
+    """The concrete backend and device for the flags; idempotent on its own output.
+
+    `mlx_quantized`: the checkpoint carries MLX's packed quantization, which only MLX runs."""
     if backend not in BACKENDS:
         raise BackendRefused(f"invalid backend {backend!r} (expected one of: {', '.join(BACKENDS)})")
     check_device(device)
@@ -92,6 +95,9 @@ def choose(backend: str, device: str, *, apple: bool | None = None, has_torch: b
     if backend == "mlx":
         return Choice("mlx", _mlx_device(device, apple), "requested")
     if backend == "torch":
+        if mlx_quantized:
+            raise BackendRefused("--backend torch: this is an MLX-quantized checkpoint, which the torch backend cannot "
+                                 "load; serve it with --backend mlx, or point -m at the unquantized checkpoint")
         if not (torch_installed() if has_torch is None else has_torch):
             raise BackendRefused("--backend torch: torch is not installed (pip install 'mlxcel[torch]', or a CUDA "
                                  "build of torch 2.13 from download.pytorch.org for NVIDIA GPUs)")
@@ -99,6 +105,11 @@ def choose(backend: str, device: str, *, apple: bool | None = None, has_torch: b
     # auto
     if device in ("metal",) or (apple and device in ("auto", "cpu", "mps")):
         return Choice("mlx", _mlx_device(device, apple), "auto: Apple Silicon runs MLX")
+    if mlx_quantized:
+        if device.startswith("cuda") or (device == "mps" and not apple):
+            raise BackendRefused(f"--device {device}: this MLX-quantized checkpoint runs only on the MLX backend, "
+                                 f"which has no such device here")
+        return Choice("mlx", _mlx_device(device, apple), "auto: MLX-quantized checkpoint")
     has_torch = torch_installed() if has_torch is None else has_torch
     if not has_torch:
         if device.startswith("cuda") or device == "mps":

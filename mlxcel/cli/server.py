@@ -39,15 +39,15 @@ def resolve(settings: ServerSettings) -> Path:
     layers = config.get("num_hidden_layers") or config.get("text_config", {}).get("num_hidden_layers")
     if layers:
         check_gpu_layers(settings, int(layers))
-    choose_backend(settings)
+    choose_backend(settings, path)
     return path
 
 
-def choose_backend(settings: ServerSettings) -> None:
+def choose_backend(settings: ServerSettings, path: Path) -> None:
     """Settle --backend/--device before the load thread starts, so a refusal stops startup."""
     from mlxcel.runtime import select_backend
 
-    choice = select_backend(settings)
+    choice = select_backend(settings, path)
     log.info("backend %s on %s (%s)", choice.backend, choice.device, choice.reason)
     settings.backend, settings.device = choice.backend, choice.device
 

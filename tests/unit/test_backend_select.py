@@ -68,3 +68,20 @@ def test_threads_flag_reaches_settings_and_is_refused_on_mlx():
     with pytest.raises(StartupRefusal) as e:
         select_backend(ServerSettings(backend="mlx", device="cpu", threads=4))
     assert "--threads 4" in str(e.value.code) and "--backend torch" in str(e.value.code)
+
+
+def test_mlx_quantized_checkpoints_stay_on_mlx():
+    auto = choose("auto", "auto", apple=False, has_torch=True, mlx_quantized=True)
+    assert (auto.backend, auto.device) == ("mlx", "cpu") and "quantized" in auto.reason
+    with pytest.raises(BackendRefused, match="MLX-quantized"):
+        choose("torch", "cpu", apple=False, has_torch=True, mlx_quantized=True)
+    with pytest.raises(BackendRefused, match="runs only on the MLX backend"):
+        choose("auto", "cuda:0", apple=False, has_torch=True, mlx_quantized=True)
+
+
+def test_torch_backend_refuses_an_mlx_quantized_checkpoint(tmp_path):
+    from mlxcel.backends.torch.backend import CheckpointRefused, TorchBackend
+
+    (tmp_path / "config.json").write_text('{"model_type": "llama", "quantization": {"bits": 4, "group_size": 64}}')
+    with pytest.raises(CheckpointRefused, match="4-bit, group 64.*--backend mlx"):
+        TorchBackend(tmp_path)
