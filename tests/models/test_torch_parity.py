@@ -129,3 +129,28 @@ def test_mlx_and_torch_greedy_text_agree_on_smollm2():
                               f"{gaps[i][step]:.2e}): mlx {tok.decode(a)!r} vs torch {tok.decode(b)!r}")
     print("\n".join(mismatches) or "all 20 prompts identical")
     assert len(mismatches) <= 2, "\n".join(mismatches)
+
+
+def test_layer_hooks_see_and_replace_hidden_states_on_torch():
+    from mlxcel.backends.base import ForwardRow
+    from mlxcel.backends.torch.backend import TorchBackend
+    from tests.fixtures import QWEN3_TINY
+
+    backend = TorchBackend(fixture_path(QWEN3_TINY), dtype="float32")
+
+    def logits():
+        seq = backend.new_sequence()
+        out = backend.forward([ForwardRow([1, 2, 3], seq)])[0]
+        seq.release()
+        return out
+
+    base = logits()
+    seen = []
+    remove_watch = backend.hooks.add(0, lambda i, h: seen.append((i, tuple(h.shape))) or h)
+    assert np.array_equal(logits(), base) and seen == [(0, (1, 3, backend.model.config.hidden_size))]
+    remove_steer = backend.hooks.add(1, lambda i, h: h + 10.0)
+    steered = logits()
+    assert not np.allclose(steered, base)
+    remove_steer()
+    remove_watch()
+    assert np.array_equal(logits(), base) and len(seen) == 2
