@@ -2,9 +2,10 @@
 
 `auto` picks MLX on Apple Silicon, torch where CUDA is present, and on a CPU-only machine
 torch when it is installed (measured faster than MLX's Linux CPU wheel, docs/benchmarks.md);
-without torch, or for an MLX-quantized checkpoint (only MLX runs those), it picks MLX and says so. An explicit request that cannot be honoured is
-refused with the reason, never replaced. torch is imported only when torch may be chosen,
-so the MLX path (`--backend mlx`, or auto on a Mac) never loads it.
+without torch, or for an MLX-quantized checkpoint (only MLX runs those), it picks MLX and
+says so. An explicit request that cannot be honoured is refused with the reason, never
+replaced. torch is imported only when torch may be chosen, so the MLX path (`--backend mlx`,
+or auto on a Mac) never loads it.
 """
 
 from __future__ import annotations

@@ -73,7 +73,8 @@ def apply_device(settings: Any, value: str, spelling: str) -> None:
         raise StartupRefusal(f"{spelling} {value}: mlxcel runs the whole model on one device and does not split it "
                              f"across several; name one ({DEVICE_FORMS})")
     cuda = re.fullmatch(r"CUDA(\d+)", text)
-    text = f"cuda:{cuda.group(1)}" if cuda else {"none": "cpu", "CPU": "cpu", "MTL0": "metal", "Metal": "metal"}.get(text, text)
+    llama_names = {"none": "cpu", "CPU": "cpu", "MTL0": "metal", "Metal": "metal"}
+    text = f"cuda:{cuda.group(1)}" if cuda else llama_names.get(text, text)
     try:
         settings.device = check_device(text)
     except BackendRefused:

@@ -8,9 +8,10 @@
 2. The engine on torch: batch invariance and prefix-cache identity, the test_engine scenarios
    with `--backend torch`.
 3. MLX vs torch greedy text on SmolLM2, 20 prompts, both fp32, prefilled and decoded as one
-   batch. Measured on this machine: 20/20 identical (24 tokens, and 16 as the test runs). The two sides sum in different orders (MLX's and oneDNN's
-   kernels), so a prompt whose top-2 logits sit within ~1e-5 could flip a token; the test
-   therefore asserts >= 18/20 and prints any mismatch with the step and logit gap.
+   batch. Measured on this machine: 20/20 identical (24 tokens, and 16 as the test runs).
+   The two sides sum in different orders (MLX's and torch's CPU kernels), so a prompt whose
+   top-2 logits sit within ~1e-5 could flip a token; the test therefore asserts >= 18/20 and
+   prints any mismatch with the step and logit gap.
 """
 
 from __future__ import annotations
