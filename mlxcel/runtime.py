@@ -48,15 +48,47 @@ def cache_budget_bytes(settings: ServerSettings) -> int | None:
     return None if mib < 0 else mib << 20
 
 
+def select_backend(settings: ServerSettings, path: Path | None = None):
+    """Resolve --backend/--device for the checkpoint at `path`; refuses what cannot be honoured."""
+    import json
+
+    from mlxcel.backends.select import BackendRefused, choose
+    from mlxcel.cli.refusal import StartupRefusal
+
+    config = json.loads((path / "config.json").read_text()) if path is not None else {}
+    try:
+        choice = choose(settings.backend, settings.device, mlx_quantized=bool(config.get("quantization")))
+    except BackendRefused as e:
+        raise StartupRefusal(str(e)) from None
+    if choice.backend == "mlx" and settings.threads > 0:
+        raise StartupRefusal(f"--threads {settings.threads}: the thread count applies to the torch backend; MLX has "
+                             f"no CPU thread setting (drop it, or pass --backend torch)")
+    return choice
+
+
+def load_backend(settings: ServerSettings, path: Path):
+    choice = select_backend(settings, path)
+    if choice.backend == "torch":
+        from mlxcel.backends.torch.backend import TorchBackend
+
+        return TorchBackend(path, dtype=settings.dtype, device=choice.device, threads=settings.threads), choice
+    import mlx.core as mx
+
+    from mlxcel.backends.mlx.backend import MLXBackend
+
+    if choice.device == "cpu":
+        mx.set_default_device(mx.cpu)
+    return MLXBackend(path, dtype=settings.dtype), choice
+
+
 def load_served_model(settings: ServerSettings, path: Path) -> ServedModel:
     from mlxcel.backends.base import ForwardRow
-    from mlxcel.backends.mlx.backend import MLXBackend
     from mlxcel.engine.engine import Engine
     from mlxcel.engine.grammar import for_tokenizer
     from mlxcel.engine.tokenizer import Tokenizer
     from mlxcel.steering.manager import SteeringManager
 
-    backend = MLXBackend(path, dtype=settings.dtype)
+    backend, _ = load_backend(settings, path)
     tokenizer = Tokenizer(path)
     n_ctx = settings.ctx_size if settings.ctx_size > 0 else backend.info.context_length
     engine = Engine(backend, tokenizer, n_ctx=n_ctx, parallel=settings.parallel, batch_size=settings.batch_size,

@@ -276,6 +276,10 @@ def parse_server_args(
             _classify(o, g, settings)
 
     settings.pooling_env = environ.get("MLXCEL_EMBEDDING_POOLING") or None
+    if "device" not in given and environ.get("MLXCEL_DEVICE"):  # mlxcel's own variable, below LLAMA_ARG_DEVICE
+        from mlxcel.cli.options_apply import apply_device
+
+        apply_device(settings, environ["MLXCEL_DEVICE"], "MLXCEL_DEVICE")
     _finish(settings, environ)
     return settings
 

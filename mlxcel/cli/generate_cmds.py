@@ -30,6 +30,10 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-p", type=float, default=None)
     p.add_argument("--seed", type=int, default=-1)
     p.add_argument("--dtype", default="auto")
+    p.add_argument("--backend", default="auto", choices=("auto", "mlx", "torch"))
+    p.add_argument("--device", default=os.environ.get("MLXCEL_DEVICE", "auto"),
+                   help="auto, cpu, cuda[:N], mps, metal (env: MLXCEL_DEVICE)")
+    p.add_argument("-t", "--threads", type=int, default=-1, help="torch CPU threads (-1 = torch's default)")
 
 
 def add_parser(sub) -> None:
@@ -57,7 +61,8 @@ def _load(args):
     except (ModelSourceRefused, ModelNotAvailable) as e:
         raise SystemExit(f"error: {e}") from None
     settings = ServerSettings(model=args.model, dtype=args.dtype, temperature=args.temp, top_k=args.top_k,
-                              top_p=args.top_p, min_p=args.min_p, seed=args.seed, parallel=1, warmup=False)
+                              top_p=args.top_p, min_p=args.min_p, seed=args.seed, parallel=1, warmup=False,
+                              backend=args.backend, device=args.device, threads=args.threads)
     return load_served_model(settings, path)
 
 

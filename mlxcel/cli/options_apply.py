@@ -62,6 +62,25 @@ def flag_to(field: str):
 # --- option-specific -----------------------------------------------------------------------
 
 
+def apply_device(settings: Any, value: str, spelling: str) -> None:
+    """One device, in mlxcel's names or llama.cpp's (CPU, CUDA<N>, MTL0/Metal, none = CPU only)."""
+    import re
+
+    from mlxcel.backends.select import DEVICE_FORMS, BackendRefused, check_device
+
+    text = str(value).strip()
+    if "," in text:
+        raise StartupRefusal(f"{spelling} {value}: mlxcel runs the whole model on one device and does not split it "
+                             f"across several; name one ({DEVICE_FORMS})")
+    cuda = re.fullmatch(r"CUDA(\d+)", text)
+    llama_names = {"none": "cpu", "CPU": "cpu", "MTL0": "metal", "Metal": "metal"}
+    text = f"cuda:{cuda.group(1)}" if cuda else llama_names.get(text, text)
+    try:
+        settings.device = check_device(text)
+    except BackendRefused:
+        raise StartupRefusal(f"invalid value for {spelling}: {value!r} (expected one of: {DEVICE_FORMS})") from None
+
+
 def apply_alias(settings: Any, value: str, _spelling: str) -> None:
     # b10621 keeps aliases in a std::set and serves the first: sorted, de-duplicated.
     settings.alias = sorted({a.strip() for a in value.split(",") if a.strip()})

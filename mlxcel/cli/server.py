@@ -44,6 +44,7 @@ def resolve(settings: ServerSettings) -> Path:
     layers = config.get("num_hidden_layers") or config.get("text_config", {}).get("num_hidden_layers")
     if layers:
         check_gpu_layers(settings, int(layers))
+    choose_backend(settings, path)
     return path
 
 
@@ -56,6 +57,15 @@ def enable_fast_blas() -> None:
     except BlasRefusal as e:
         raise StartupRefusal(str(e)) from None
     (log.warning if blas.warn else log.info)("%s", blas.detail)
+
+
+def choose_backend(settings: ServerSettings, path: Path) -> None:
+    """Settle --backend/--device before the load thread starts, so a refusal stops startup."""
+    from mlxcel.runtime import select_backend
+
+    choice = select_backend(settings, path)
+    log.info("backend %s on %s (%s)", choice.backend, choice.device, choice.reason)
+    settings.backend, settings.device = choice.backend, choice.device
 
 
 def main(argv: list[str] | None = None, prog: str = "mlxcel-server") -> int:

@@ -31,7 +31,9 @@ class ServerSettings:
     context_shift: bool = False
     keep: int = 0  # default n_keep for a context shift
     dtype: str = "auto"
-    backend: str = "mlx"
+    backend: str = "auto"  # auto | mlx | torch; the CLI resolves it (backends/select.py) before loading
+    device: str = "auto"  # auto | cpu | cuda[:N] | mps | metal
+    threads: int = -1  # torch CPU threads; <= 0 keeps torch's default (all cores)
     warmup: bool = True
     # sampling defaults (None = the checkpoint's generation_config.json, else the b10621 default)
     temperature: float | None = None

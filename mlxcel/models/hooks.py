@@ -9,11 +9,11 @@ one empty-list check.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
-import mlx.core as mx
-
-LayerHook = Callable[[int, mx.array], mx.array]
+# (layer index, hidden states) -> hidden states; an mx.array on MLX, a torch.Tensor on torch.
+# No tensor library is imported here, so either backend can share the registry.
+LayerHook = Callable[[int, Any], Any]
 
 _HOOKED_CLASSES: dict[type, type] = {}
 

@@ -23,6 +23,7 @@ LONG_TEXT = " ".join(f"Item {i}: the {['red', 'green', 'blue', 'amber'][i % 4]} 
 def make_model(**overrides):
     from mlxcel.runtime import load_served_model
 
+    overrides = {"backend": "mlx", **overrides}  # the torch variants live in test_torch_parity.py
     settings = ServerSettings(**{"model": DEFAULT_MODEL, "ctx_size": 8192, "parallel": 4, "warmup": False, **overrides})
     return load_served_model(settings, fixture_path(DEFAULT_MODEL))
 

@@ -1,0 +1,125 @@
+"""Backend and device selection: (--backend, --device) -> the concrete pair the model loads on.
+
+`auto` picks MLX on Apple Silicon, torch where CUDA is present, and on a CPU-only machine
+torch when it is installed (measured faster than MLX's Linux CPU wheel, docs/benchmarks.md);
+without torch, or for an MLX-quantized checkpoint (only MLX runs those), it picks MLX and
+says so. An explicit request that cannot be honoured is refused with the reason, never
+replaced. torch is imported only when torch may be chosen, so the MLX path (`--backend mlx`,
+or auto on a Mac) never loads it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import platform
+import re
+from dataclasses import dataclass
+
+BACKENDS = ("auto", "mlx", "torch")
+DEVICE_FORMS = "auto, cpu, cuda, cuda:N, mps, metal"
+_DEVICE = re.compile(r"^(auto|cpu|mps|metal|cuda(:\d+)?)$")
+
+
+class BackendRefused(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Choice:
+    backend: str  # mlx | torch
+    device: str  # mlx: cpu | metal; torch: cpu | cuda:N | mps
+    reason: str  # one line for the startup log
+
+
+def apple_silicon(system: str | None = None, machine: str | None = None) -> bool:
+    return (system or platform.system()) == "Darwin" and (machine or platform.machine()) == "arm64"
+
+
+def torch_installed() -> bool:
+    try:
+        return importlib.util.find_spec("torch") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def check_device(device: str) -> str:
+    if not _DEVICE.match(device):
+        raise BackendRefused(f"invalid device {device!r} (expected one of: {DEVICE_FORMS})")
+    return device
+
+
+def _torch_device(device: str) -> str:
+    import torch
+
+    if device == "auto":
+        if torch.cuda.is_available():
+            return "cuda:0"
+        if torch.backends.mps.is_available():
+            return "mps"
+        return "cpu"
+    if device == "metal":
+        device = "mps"
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise BackendRefused(f"--device {device}: this torch build sees no CUDA device "
+                                 f"(torch {torch.__version__}, CUDA {torch.version.cuda or 'not built in'})")
+        index = int(device.partition(":")[2] or 0)
+        if index >= torch.cuda.device_count():
+            raise BackendRefused(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s) visible")
+        return f"cuda:{index}"
+    if device == "mps" and not torch.backends.mps.is_available():
+        raise BackendRefused("--device mps: torch reports no MPS device on this machine")
+    return device
+
+
+def _mlx_device(device: str, apple: bool) -> str:
+    if device.startswith("cuda"):
+        raise BackendRefused(f"--device {device}: the MLX backend has no CUDA device; use --backend torch")
+    if device in ("metal", "mps"):
+        if not apple:
+            raise BackendRefused(f"--device {device}: Metal exists only on Apple Silicon; use --device cpu")
+        return "metal"
+    if device == "auto":
+        return "metal" if apple else "cpu"
+    return "cpu"
+
+
+def choose(backend: str, device: str, *, apple: bool | None = None, has_torch: bool | None = None,
+           mlx_quantized: bool = False) -> Choice:
+    """The concrete backend and device for the flags; idempotent on its own output.
+
+    `mlx_quantized`: the checkpoint carries MLX's packed quantization, which only MLX runs."""
+    if backend not in BACKENDS:
+        raise BackendRefused(f"invalid backend {backend!r} (expected one of: {', '.join(BACKENDS)})")
+    check_device(device)
+    apple = apple_silicon() if apple is None else apple
+    if backend == "mlx":
+        return Choice("mlx", _mlx_device(device, apple), "requested")
+    if backend == "torch":
+        if mlx_quantized:
+            raise BackendRefused("--backend torch: this is an MLX-quantized checkpoint, which the torch backend cannot "
+                                 "load; serve it with --backend mlx, or point -m at the unquantized checkpoint")
+        if not (torch_installed() if has_torch is None else has_torch):
+            raise BackendRefused("--backend torch: torch is not installed (pip install 'mlxcel[torch]', or a CUDA "
+                                 "build of torch 2.13 from download.pytorch.org for NVIDIA GPUs)")
+        return Choice("torch", _torch_device(device), "requested")
+    # auto
+    if device in ("metal",) or (apple and device in ("auto", "cpu", "mps")):
+        return Choice("mlx", _mlx_device(device, apple), "auto: Apple Silicon runs MLX")
+    if mlx_quantized:
+        if device.startswith("cuda") or (device == "mps" and not apple):
+            raise BackendRefused(f"--device {device}: this MLX-quantized checkpoint runs only on the MLX backend, "
+                                 f"which has no such device here")
+        return Choice("mlx", _mlx_device(device, apple), "auto: MLX-quantized checkpoint")
+    has_torch = torch_installed() if has_torch is None else has_torch
+    if not has_torch:
+        if device.startswith("cuda") or device == "mps":
+            raise BackendRefused(f"--device {device} needs the torch backend, and torch is not installed")
+        return Choice("mlx", "cpu", "auto: torch is not installed, so MLX on the CPU")
+    chosen = _torch_device(device)
+    if chosen == "cpu":
+        # torch decodes faster on a CPU-only machine (docs/benchmarks.md), but it does not carry
+        # every seam yet (steering deltas, context-shift compaction): auto stays on MLX until it does.
+        return Choice("mlx", "cpu", "auto: MLX on the CPU (pass --backend torch for the faster torch path)")
+    why = "auto: CUDA present" if chosen.startswith("cuda") else "auto: torch on MPS"
+    return Choice("torch", chosen, why)

@@ -1,0 +1,1 @@
+"""The torch backend: transformers' family modules over mlxcel's paged KV (CPU, CUDA, MPS)."""

@@ -1,0 +1,193 @@
+"""The torch backend: transformers' family modules under mlxcel's registry, paged KV and hooks.
+
+transformers' model classes are the maintained reference implementations, so the forward
+pass is theirs; mlxcel owns what surrounds it: the KV memory (paged.py), per-row positions
+and masks, the last-position logits handed to the shared sampler, and the per-layer hook
+point. Checkpoints load from a local directory only (never a hub), and MLX-quantized
+checkpoints are refused: their packed weights have no transformers layout.
+
+Compute dtype on the CPU: bf16 by default where the CPU has native bf16 instructions
+(AVX512-BF16 / AMX), fp32 otherwise; measured on this 2-core AVX512-BF16 machine with
+SmolLM2-135M, torch bf16 decodes faster than fp32 (docs/benchmarks.md). On CUDA the
+checkpoint's dtype (fp16 when it is fp32), on MPS fp16.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from mlxcel.backends.base import ForwardRow, ModelInfo
+from mlxcel.backends.torch.paged import PagedStepCache, PagedStorage, StepPlan
+from mlxcel.engine.kv_block_pool import BlockAllocator, SequenceKV
+from mlxcel.models.hooks import LayerHooks
+from mlxcel.models.registry import family_for
+
+log = logging.getLogger("mlxcel.backend.torch")
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+class CheckpointRefused(ValueError):
+    """The checkpoint cannot be served by this backend (said why, with what to do)."""
+
+
+def cpu_has_bf16() -> bool:
+    """Native bf16 dot products on this CPU (x86 AVX512-BF16 / AMX-BF16, arm64 BF16)."""
+    return bool({"avx512_bf16", "amx_bf16", "bf16"} & _cpu_flags())
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        if line.startswith(("flags", "Features")):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def resolve_dtype(requested: str, checkpoint_dtype: str, device: torch.device) -> str:
+    if requested != "auto":
+        if requested not in DTYPES:
+            raise ValueError(f"unsupported dtype {requested!r}; use one of auto, {', '.join(DTYPES)}")
+        return requested
+    if device.type == "cpu":
+        return "bfloat16" if cpu_has_bf16() else "float32"
+    if device.type == "mps":
+        return "float16"
+    return checkpoint_dtype if checkpoint_dtype in ("float16", "bfloat16") else "float16"
+
+
+def context_length(config: dict) -> int:
+    for key in ("max_position_embeddings", "max_sequence_length", "n_positions", "seq_length"):
+        if isinstance(config.get(key), int) and config[key] > 0:
+            return config[key]
+    return 4096
+
+
+def refuse_quantized(path: Path, config: dict) -> None:
+    q = config.get("quantization") or config.get("quantization_config")
+    if q:
+        label = f"{q.get('bits')}-bit, group {q.get('group_size')}" if isinstance(q, dict) else str(q)
+        raise CheckpointRefused(
+            f"{path} is an MLX-quantized checkpoint ({label}); the torch backend loads unquantized SafeTensors "
+            f"only: serve it with --backend mlx, or point -m at the unquantized checkpoint")
+
+
+def install_torch_hooks(layers) -> LayerHooks:
+    """A forward hook on each decoder layer runs that layer's registered hooks in order."""
+    registry = LayerHooks(len(layers))
+
+    for i, layer in enumerate(layers):
+        def run(module, args, output, i=i):
+            hooks = registry.get(i)
+            if not hooks:
+                return None
+            hidden = output[0] if isinstance(output, tuple) else output
+            for hook in hooks:
+                hidden = hook(i, hidden)
+            return (hidden, *output[1:]) if isinstance(output, tuple) else hidden
+
+        layer.register_forward_hook(run)
+    return registry
+
+
+class TorchBackend:
+    name = "torch"
+
+    def __init__(self, path: str | Path, dtype: str = "auto", device: str = "cpu", threads: int = -1) -> None:
+        import transformers
+
+        path = Path(path)
+        config = json.loads((path / "config.json").read_text())
+        family_for(config)  # refuse an unknown model_type before reading weights
+        refuse_quantized(path, config)
+        self.device = torch.device(device)
+        if self.device.type == "cpu" and threads > 0:
+            torch.set_num_threads(threads)
+        ckpt_dtype = str(config.get("torch_dtype") or config.get("dtype") or "float32")
+        compute = resolve_dtype(dtype, ckpt_dtype, self.device)
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            str(path), dtype=DTYPES[compute], local_files_only=True, attn_implementation="sdpa")
+        self.model = model.to(self.device).eval()
+        self.base = getattr(model, model.base_model_prefix)
+        self.lm_head = model.get_output_embeddings()
+        self.softcap = getattr(model.config, "final_logit_softcapping", None)
+        text_config = model.config.get_text_config()
+        self._layer_types = getattr(text_config, "layer_types", None)
+        self._window = getattr(text_config, "sliding_window", None)
+        layers = self.base.layers
+        self.hooks = install_torch_hooks(layers)
+        self.info = ModelInfo(
+            path=path,
+            model_type=config["model_type"],
+            num_layers=len(layers),
+            vocab_size=int(config.get("vocab_size") or text_config.vocab_size),
+            context_length=context_length(config),
+            dtype=compute,
+            checkpoint_dtype=ckpt_dtype,
+            quantization=None,
+            backend="torch",
+            device=str(self.device),
+            config=config,
+        )
+        self.configure_kv(num_blocks=(self.info.context_length // 16) + 8, block_size=16)
+
+    def configure_kv(self, num_blocks: int, block_size: int) -> None:
+        """(Re)build the paged KV pool; only while no sequence is live."""
+        self.allocator = BlockAllocator(num_blocks, block_size)
+        self.storage = PagedStorage(self.allocator, self.info.num_layers, DTYPES[self.info.dtype], self.device)
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        c = self.info.config
+        heads = c.get("num_attention_heads") or 1
+        kv_heads = c.get("num_key_value_heads") or heads
+        head_dim = c.get("head_dim") or (c.get("hidden_size", 0) // heads)
+        return 2 * self.info.num_layers * kv_heads * head_dim * DTYPES[self.info.dtype].itemsize
+
+    def new_sequence(self) -> SequenceKV:
+        return SequenceKV(self.allocator)
+
+    def _masks(self, plan: StepPlan):
+        """A 4-D mask for uniform families; one per layer type where the config names them."""
+        if not self._layer_types:
+            return plan.mask(None)
+        kinds = set(self._layer_types)
+        return {k: plan.mask(self._window if k == "sliding_attention" else None) for k in kinds}
+
+    def _run(self, rows: list[ForwardRow]) -> tuple[torch.Tensor, StepPlan]:
+        for r in rows:
+            r.cache.reserve(len(r.tokens))
+        plan = StepPlan([(r.cache, len(r.tokens)) for r in rows], self.device)
+        ids = np.zeros((plan.batch, plan.nmax), dtype=np.int64)
+        for i, r in enumerate(rows):
+            ids[i, : len(r.tokens)] = r.tokens
+        out = self.base(input_ids=torch.from_numpy(ids).to(self.device), attention_mask=self._masks(plan),
+                        position_ids=plan.position_ids, cache=PagedStepCache(self.storage, plan), use_cache=True)
+        for r in rows:
+            r.cache.tokens.extend(r.tokens)
+        return out.last_hidden_state, plan
+
+    def _logits(self, hidden: torch.Tensor) -> np.ndarray:
+        logits = self.lm_head(hidden)
+        if self.softcap:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits.float().cpu().numpy()
+
+    @torch.inference_mode()
+    def forward(self, rows: list[ForwardRow]) -> np.ndarray:
+        hidden, plan = self._run(rows)
+        last = hidden[torch.arange(plan.batch, device=self.device), plan.last]
+        return self._logits(last)
+
+    @torch.inference_mode()
+    def forward_all(self, tokens: list[int], cache: SequenceKV) -> np.ndarray:
+        hidden, _ = self._run([ForwardRow(tokens, cache)])
+        return self._logits(hidden[0])

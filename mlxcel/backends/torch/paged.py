@@ -1,0 +1,118 @@
+"""Paged KV storage on torch, and the transformers `Cache` one batched step attends through.
+
+Storage mirrors the MLX backend's: one tensor per layer for keys and one for values, shaped
+[slots, kv_heads, head_dim], slot = block * block_size + offset, with the same reserved
+blocks (0 reads as zeros for padding, 1 absorbs padding writes). A `StepPlan` turns the
+rows of one forward into index tensors shared by every layer; `PagedStepCache` is the
+`transformers.cache_utils.Cache` the attention modules call `update(...)` on: it scatters
+each row's new keys/values into its slots and gathers every row's history, right-padded to
+the longest row. Masks are built here from per-row positions and handed to the model
+ready-made (a 4-D boolean tensor, or one per layer type), so transformers never sizes a
+mask from the cache.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from transformers.cache_utils import Cache
+
+from mlxcel.engine.kv_block_pool import NULL_BLOCK, SCRATCH_BLOCK, BlockAllocator, SequenceKV
+
+
+class PagedStorage:
+    """The per-layer key/value tensors behind a BlockAllocator; grows by doubling."""
+
+    def __init__(self, allocator: BlockAllocator, num_layers: int, dtype: torch.dtype, device: torch.device) -> None:
+        self.allocator = allocator
+        self.dtype, self.device = dtype, device
+        self.keys: list[torch.Tensor | None] = [None] * num_layers
+        self.values: list[torch.Tensor | None] = [None] * num_layers
+
+    def ensure(self, layer: int, kv_heads: int, k_dim: int, v_dim: int) -> None:
+        need = (max(self.allocator.high_water(), SCRATCH_BLOCK) + 1) * self.allocator.block_size
+        have = 0 if self.keys[layer] is None else self.keys[layer].shape[0]
+        if have >= need:
+            return
+        new = max(need, min(2 * max(have, 1), self.allocator.num_blocks * self.allocator.block_size))
+        k = torch.zeros((new, kv_heads, k_dim), dtype=self.dtype, device=self.device)
+        v = torch.zeros((new, kv_heads, v_dim), dtype=self.dtype, device=self.device)
+        if have:
+            k[:have] = self.keys[layer]
+            v[:have] = self.values[layer]
+        self.keys[layer], self.values[layer] = k, v
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.keys + self.values if t is not None)
+
+
+def _to_device(a: np.ndarray, device: torch.device) -> torch.Tensor:
+    t = torch.from_numpy(a)
+    if device.type == "cuda":  # pinned host memory lets the copy overlap the launch queue
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
+class StepPlan:
+    """Index tensors, positions and masks shared by every layer of one forward over `rows`."""
+
+    def __init__(self, rows: list[tuple[SequenceKV, int]], device: torch.device) -> None:
+        bs = rows[0][0].allocator.block_size
+        self.n = [n for _, n in rows]
+        self.offsets = [seq.length for seq, _ in rows]
+        self.lengths = [o + n for o, n in zip(self.offsets, self.n)]
+        b, nmax, lmax = len(rows), max(self.n), max(self.lengths)
+        self.batch, self.nmax, self.lmax = b, nmax, lmax
+        self.device = device
+        write = np.full((b, nmax), SCRATCH_BLOCK * bs, dtype=np.int64)
+        read = np.full((b, lmax), NULL_BLOCK * bs, dtype=np.int64)
+        for i, (seq, n) in enumerate(rows):
+            write[i, :n] = seq.slots(self.offsets[i], self.lengths[i])
+            read[i, : self.lengths[i]] = seq.slots(0, self.lengths[i])
+        # query j of row i sits at position offset_i + j; padded queries repeat the last
+        j = np.minimum(np.arange(nmax)[None, :], np.asarray(self.n)[:, None] - 1)
+        self._qpos = np.asarray(self.offsets)[:, None] + j  # [B, nmax]
+        self.write = _to_device(write.reshape(-1), device)
+        self.read = _to_device(read.reshape(-1), device)
+        self.position_ids = _to_device(self._qpos.astype(np.int64), device)
+        self.last = _to_device(np.asarray(self.n, dtype=np.int64) - 1, device)
+        self._masks: dict[int | None, torch.Tensor] = {}
+
+    def mask(self, window: int | None = None) -> torch.Tensor:
+        """[B, 1, nmax, lmax] boolean, True where a query may attend a key."""
+        if window not in self._masks:
+            kpos = np.arange(self.lmax)[None, None, :]
+            allowed = kpos <= self._qpos[:, :, None]
+            if window is not None:
+                allowed &= kpos > self._qpos[:, :, None] - window
+            self._masks[window] = _to_device(np.ascontiguousarray(allowed[:, None, :, :]), self.device)
+        return self._masks[window]
+
+
+class PagedStepCache(Cache):
+    """The transformers cache for one step: every layer reads and writes the paged storage."""
+
+    is_compileable = False
+
+    def __init__(self, storage: PagedStorage, plan: StepPlan) -> None:
+        super().__init__(layers=[])
+        self.storage, self.plan = storage, plan
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        b, h, n, dk = key_states.shape
+        dv = value_states.shape[-1]
+        st, plan = self.storage, self.plan
+        st.ensure(layer_idx, h, dk, dv)
+        keys, values = st.keys[layer_idx], st.values[layer_idx]
+        keys.index_copy_(0, plan.write, key_states.transpose(1, 2).reshape(b * n, h, dk).to(keys.dtype))
+        values.index_copy_(0, plan.write, value_states.transpose(1, 2).reshape(b * n, h, dv).to(values.dtype))
+        k = keys.index_select(0, plan.read).view(b, plan.lmax, h, dk).transpose(1, 2)
+        v = values.index_select(0, plan.read).view(b, plan.lmax, h, dv).transpose(1, 2)
+        return k, v
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return min(self.plan.offsets)
+
+    def __len__(self) -> int:
+        return len(self.storage.keys)

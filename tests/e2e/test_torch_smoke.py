@@ -1,0 +1,58 @@
+"""A smoke subset of the e2e suite on `--backend torch` (the full matrix runs on auto only,
+which on a CPU-only Linux machine is torch too; this pins torch wherever the suite runs).
+
+MLXCEL_TEST_DEVICE picks the device (default cpu); scripts/bench/gpu_check.sh sets it to
+cuda on a GPU machine.
+"""
+
+from __future__ import annotations
+
+import os
+
+import httpx
+import pytest
+
+from tests.conftest import DEFAULT_MODEL, ServerProcess, fixture_path
+
+
+@pytest.fixture(scope="module")
+def torch_server():
+    fixture_path(DEFAULT_MODEL)
+    device = os.environ.get("MLXCEL_TEST_DEVICE", "cpu")
+    server = ServerProcess(["-m", DEFAULT_MODEL, "--offline", "--backend", "torch", "--device", device])
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def client(torch_server):
+    from openai import OpenAI
+
+    return OpenAI(base_url=torch_server.base_url + "/v1", api_key="not-needed", max_retries=0, timeout=120)
+
+
+def test_props_and_log_name_the_torch_backend(torch_server):
+    backend = httpx.get(torch_server.base_url + "/props").json()["backend"]
+    assert backend["name"] == "torch" and backend["device"].startswith(os.environ.get("MLXCEL_TEST_DEVICE", "cpu"))
+    assert "backend torch on" in torch_server.log()
+
+
+def test_chat_greedy_answers_paris(client):
+    r = client.chat.completions.create(model=DEFAULT_MODEL, temperature=0, max_tokens=40,
+                                       messages=[{"role": "user", "content": "What is the capital of France?"}])
+    assert "Paris" in r.choices[0].message.content and r.choices[0].finish_reason == "stop"
+
+
+def test_stream_concatenates_to_non_stream(client):
+    kwargs = dict(model=DEFAULT_MODEL, messages=[{"role": "user", "content": "Name three colors."}],
+                  temperature=0, max_tokens=24)
+    full = client.chat.completions.create(**kwargs).choices[0].message.content
+    chunks = client.chat.completions.create(stream=True, **kwargs)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == full
+
+
+def test_native_completion(torch_server):
+    r = httpx.post(torch_server.base_url + "/completion", timeout=120,
+                   json={"prompt": "The capital of France is", "n_predict": 8, "temperature": 0})
+    body = r.json()
+    assert r.status_code == 200 and body["tokens_predicted"] == 8 and "Paris" in body["content"]

@@ -1,0 +1,87 @@
+"""Backend/device selection and the flags that feed it: --backend, --device (b10621's -dev,
+translated), MLXCEL_DEVICE, and -t/--threads (honoured on torch, refused on MLX)."""
+
+from __future__ import annotations
+
+import pytest
+
+from mlxcel.backends.select import BackendRefused, choose
+from mlxcel.cli.flags import parse_server_args
+from mlxcel.cli.refusal import StartupRefusal
+from mlxcel.cli.settings import ServerSettings
+from mlxcel.runtime import select_backend
+
+
+def test_auto_picks_mlx_on_apple_silicon_and_torch_on_a_linux_cpu():
+    assert choose("auto", "auto", apple=True, has_torch=True).backend == "mlx"
+    assert choose("auto", "auto", apple=True, has_torch=True).device == "metal"
+    linux = choose("auto", "auto", apple=False, has_torch=True)  # this machine has no CUDA device
+    assert (linux.backend, linux.device) == ("torch", "cpu")
+    assert "faster" in linux.reason
+    no_torch = choose("auto", "auto", apple=False, has_torch=False)
+    assert (no_torch.backend, no_torch.device) == ("mlx", "cpu") and "not installed" in no_torch.reason
+
+
+def test_explicit_requests_are_honoured_or_refused_never_replaced():
+    assert choose("mlx", "cpu", apple=True).device == "cpu"
+    assert choose("torch", "cpu", apple=False, has_torch=True).device == "cpu"
+    with pytest.raises(BackendRefused, match="no CUDA device"):
+        choose("mlx", "cuda:0", apple=False)
+    with pytest.raises(BackendRefused, match="only on Apple Silicon"):
+        choose("mlx", "metal", apple=False)
+    with pytest.raises(BackendRefused, match="torch is not installed"):
+        choose("torch", "cpu", apple=False, has_torch=False)
+    with pytest.raises(BackendRefused, match="sees no CUDA device"):  # a CPU-only torch build
+        choose("torch", "cuda:1", apple=False, has_torch=True)
+    with pytest.raises(BackendRefused, match="invalid backend"):
+        choose("tensorflow", "auto")
+
+
+def test_choice_is_idempotent_on_its_own_output():
+    first = choose("auto", "auto", apple=False, has_torch=True)
+    again = choose(first.backend, first.device, apple=False, has_torch=True)
+    assert (again.backend, again.device) == (first.backend, first.device)
+
+
+def test_device_flag_translates_llama_names_and_refuses_lists():
+    for given, want in (("CUDA1", "cuda:1"), ("CPU", "cpu"), ("none", "cpu"), ("MTL0", "metal"), ("cuda:0", "cuda:0"),
+                        ("mps", "mps")):
+        assert parse_server_args(["-dev", given], {}).device == want
+    with pytest.raises(StartupRefusal) as e:
+        parse_server_args(["--device", "CUDA0,CUDA1"], {})
+    assert "one device" in str(e.value.code)
+    with pytest.raises(StartupRefusal):
+        parse_server_args(["--device", "tpu"], {})
+    assert parse_server_args([], {"MLXCEL_DEVICE": "cpu"}).device == "cpu"
+    assert parse_server_args([], {"MLXCEL_DEVICE": "cpu", "LLAMA_ARG_DEVICE": "CUDA0"}).device == "cuda:0"
+    assert parse_server_args(["-dev", "mps"], {"MLXCEL_DEVICE": "cpu"}).device == "mps"
+    assert parse_server_args(["--backend", "torch"], {}).backend == "torch"
+    with pytest.raises(StartupRefusal):
+        parse_server_args(["--backend", "jax"], {})
+
+
+def test_threads_flag_reaches_settings_and_is_refused_on_mlx():
+    assert parse_server_args(["-t", "2"], {}).threads == 2
+    assert parse_server_args([], {"LLAMA_ARG_THREADS": "3"}).threads == 3
+    assert select_backend(ServerSettings(backend="torch", device="cpu", threads=2)).backend == "torch"
+    assert select_backend(ServerSettings(backend="mlx", device="cpu", threads=-1)).backend == "mlx"
+    with pytest.raises(StartupRefusal) as e:
+        select_backend(ServerSettings(backend="mlx", device="cpu", threads=4))
+    assert "--threads 4" in str(e.value.code) and "--backend torch" in str(e.value.code)
+
+
+def test_mlx_quantized_checkpoints_stay_on_mlx():
+    auto = choose("auto", "auto", apple=False, has_torch=True, mlx_quantized=True)
+    assert (auto.backend, auto.device) == ("mlx", "cpu") and "quantized" in auto.reason
+    with pytest.raises(BackendRefused, match="MLX-quantized"):
+        choose("torch", "cpu", apple=False, has_torch=True, mlx_quantized=True)
+    with pytest.raises(BackendRefused, match="runs only on the MLX backend"):
+        choose("auto", "cuda:0", apple=False, has_torch=True, mlx_quantized=True)
+
+
+def test_torch_backend_refuses_an_mlx_quantized_checkpoint(tmp_path):
+    from mlxcel.backends.torch.backend import CheckpointRefused, TorchBackend
+
+    (tmp_path / "config.json").write_text('{"model_type": "llama", "quantization": {"bits": 4, "group_size": 64}}')
+    with pytest.raises(CheckpointRefused, match="4-bit, group 64.*--backend mlx"):
+        TorchBackend(tmp_path)
