@@ -79,3 +79,8 @@ class ServerSettings:
     # native llama-server routes (b10621 --spm-infill, --slot-save-path; added by the native branch)
     spm_infill: bool = False
     slot_save_path: Path | None = None
+    # chat surface (tool calls, reasoning placement, template kwargs)
+    reasoning_format: str = "auto"  # none | deepseek | deepseek-legacy | auto
+    chat_template_kwargs: dict = field(default_factory=dict)  # server-wide template context extras
+    skip_chat_parsing: bool = False
+    prefill_assistant: bool = True

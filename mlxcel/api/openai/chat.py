@@ -8,6 +8,7 @@ from litestar import Request, post
 
 from mlxcel.api.body import convert, read_json_object
 from mlxcel.api.errors import ApiError
+from mlxcel.api.openai import chat_surface
 from mlxcel.api.openai import generation as g
 from mlxcel.api.openai.fields import check_fields, ignored_fields_header
 from mlxcel.api.openai.schemas import ChatCompletionRequest
@@ -39,7 +40,8 @@ def render_prompt(model: ServedModel, messages: list[dict[str, Any]]) -> list[in
     return model.tokenizer.encode(render_prompt_text(model, messages), add_special_tokens=False)
 
 
-def render_prompt_text(model: ServedModel, messages: list[dict[str, Any]]) -> str:
+def render_prompt_text(model: ServedModel, messages: list[dict[str, Any]], *, tools: list[dict] | None = None,
+                       extra: dict[str, Any] | None = None, prefill_assistant: bool = True) -> str:
     """The text the chat template renders for these messages (plus a continued prefix)."""
     if not messages:
         raise ApiError(400, "messages must not be empty", code="invalid_parameter", param="messages")
@@ -50,7 +52,7 @@ def render_prompt_text(model: ServedModel, messages: list[dict[str, Any]]) -> st
         clean.append({**m, "content": _text_content(m.get("content"), f"messages[{i}]")})
     # A trailing assistant message is a prefix to continue, not a turn to answer.
     prefill = ""
-    if clean[-1]["role"] == "assistant":
+    if clean[-1]["role"] == "assistant" and prefill_assistant:
         if len(clean) > 1 and clean[-2]["role"] == "assistant":
             raise ApiError(400, "Cannot have 2 or more assistant messages at the end of the list.",
                            code="invalid_parameter", param="messages")
@@ -59,7 +61,7 @@ def render_prompt_text(model: ServedModel, messages: list[dict[str, Any]]) -> st
     try:
         if tok.chat_template:
             text = render_chat(tok.chat_template, clean, add_generation_prompt=True,
-                               bos_token=tok.bos_token, eos_token=tok.eos_token)
+                               bos_token=tok.bos_token, eos_token=tok.eos_token, tools=tools, extra=extra)
         else:
             text = render_plain(clean)
     except TemplateError as e:
@@ -73,8 +75,11 @@ async def chat_completions(request: Request, app_state: AppState) -> Any:
     req = convert(body, ChatCompletionRequest)
     ignored = check_fields(body, ChatCompletionRequest, "/v1/chat/completions")
     model = g.served_model(app_state, req.model)
-    greq = g.build_request(req, model, render_prompt(model, req.messages))
+    prep = chat_surface.prepare(app_state, model, req)
+    greq = g.build_request(req, model, prep.prompt)
     handle = g.submit(model, greq)
+    out = chat_surface.ChatOutput(prep, parallel_tool_calls=req.parallel_tool_calls is not False,
+                                  echo=bool(req.echo))
     cid, created = g.new_id("chatcmpl"), g.now()
     base = {"id": cid, "created": created, "model": model.id}
     if req.stream:
@@ -87,11 +92,13 @@ async def chat_completions(request: Request, app_state: AppState) -> Any:
                 if ev.error is not None:
                     yield g.error_frame(ev)
                     return
-                if ev.text or ev.done:
+                deltas = out.feed(ev.text) + (out.finish() if ev.done else [])
+                for i, delta in enumerate(deltas if not ev.done else [*deltas, {}]):
+                    last = ev.done and i == len(deltas)
                     chunk = {**base, "object": "chat.completion.chunk", "system_fingerprint": g.fingerprint(model),
-                             "choices": [{"index": 0, "delta": {"content": ev.text} if ev.text else {},
-                                          "finish_reason": ev.finish_reason}]}
-                    if ev.done:
+                             "choices": [{"index": 0, "delta": delta,
+                                          "finish_reason": out.finish_reason(ev.finish_reason) if last else None}]}
+                    if last:
                         chunk["usage"] = g.usage([("", ev)])
                     yield g.sse(chunk)
                 if ev.done and include_usage:
@@ -103,7 +110,7 @@ async def chat_completions(request: Request, app_state: AppState) -> Any:
     g.raise_for_error(ev)
     return g.json_response({
         **base, "object": "chat.completion", "system_fingerprint": g.fingerprint(model),
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                     "logprobs": None, "finish_reason": ev.finish_reason}],
+        "choices": [{"index": 0, "message": chat_surface.message(out.feed(text) + out.finish()),
+                     "logprobs": None, "finish_reason": out.finish_reason(ev.finish_reason)}],
         "usage": g.usage(results),
     }, ignored)

@@ -31,6 +31,14 @@ class _Sampling(msgspec.Struct, kw_only=True):
 
 class ChatCompletionRequest(_Sampling, kw_only=True):
     messages: list[dict[str, Any]]
+    # the chat surface (api/openai/chat_surface.py)
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+    chat_template_kwargs: Any = None
+    reasoning_format: str | None = None
+    reasoning_effort: str | None = None
+    echo: bool | None = None
 
 
 class CompletionRequest(_Sampling, kw_only=True):
