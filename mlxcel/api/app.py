@@ -7,6 +7,7 @@ from litestar import Litestar
 from litestar.di import Provide
 from litestar.exceptions import HTTPException
 
+from mlxcel.api.anthropic.messages import MESSAGES_ROUTES
 from mlxcel.api.errors import ApiError, api_error_handler, http_exception_handler, internal_error_handler
 from mlxcel.api.llamacpp.health import health, health_alias
 from mlxcel.api.llamacpp.routes import NATIVE_ROUTES
@@ -16,7 +17,8 @@ from mlxcel.api.openai.completions import completions
 from mlxcel.api.openai.models import get_model, list_models
 from mlxcel.api.state import AppState
 
-ROUTES = [health, list_models, get_model, chat_completions, completions, *NATIVE_ROUTES, *FEATURE_DISABLED_HANDLERS]
+ROUTES = [health, list_models, get_model, chat_completions, completions, *NATIVE_ROUTES, *FEATURE_DISABLED_HANDLERS,
+          *MESSAGES_ROUTES]
 
 
 def registered_paths() -> list[str]:
