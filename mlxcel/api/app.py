@@ -15,10 +15,11 @@ from mlxcel.api.llamacpp.stubs import FEATURE_DISABLED_HANDLERS
 from mlxcel.api.openai.chat import chat_completions
 from mlxcel.api.openai.completions import completions
 from mlxcel.api.openai.models import get_model, list_models
+from mlxcel.api.openai.responses import RESPONSES_ROUTES
 from mlxcel.api.state import AppState
 
 ROUTES = [health, list_models, get_model, chat_completions, completions, *NATIVE_ROUTES, *FEATURE_DISABLED_HANDLERS,
-          *MESSAGES_ROUTES]
+          *MESSAGES_ROUTES, *RESPONSES_ROUTES]
 
 
 def registered_paths() -> list[str]:
