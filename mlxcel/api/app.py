@@ -7,6 +7,7 @@ from litestar import Litestar
 from litestar.di import Provide
 from litestar.exceptions import HTTPException
 
+from mlxcel.api.anthropic.messages import MESSAGES_ROUTES
 from mlxcel.api.errors import ApiError, api_error_handler, http_exception_handler, internal_error_handler
 from mlxcel.api.llamacpp.embedding import native_embeddings
 from mlxcel.api.llamacpp.health import health, health_alias
@@ -18,10 +19,11 @@ from mlxcel.api.openai.chat import chat_completions
 from mlxcel.api.openai.completions import completions
 from mlxcel.api.openai.embeddings import openai_embeddings
 from mlxcel.api.openai.models import get_model, list_models
+from mlxcel.api.openai.responses import RESPONSES_ROUTES
 from mlxcel.api.state import AppState
 
 ROUTES = [health, list_models, get_model, chat_completions, completions, *NATIVE_ROUTES, *FEATURE_DISABLED_HANDLERS,
-          *MANAGEMENT_ROUTES]
+          *MANAGEMENT_ROUTES, *MESSAGES_ROUTES, *RESPONSES_ROUTES]
 ROUTES += [native_embeddings, openai_embeddings, rerank]  # side workers (mlxcel/workers)
 
 

@@ -39,6 +39,8 @@ def is_openai_path(path: str) -> bool:
 
 
 def error_body(path: str, err: ApiError) -> dict[str, Any]:
+    if path.startswith("/v1/messages"):  # Anthropic's envelope, which its SDK parses
+        return {"type": "error", "error": {"type": err.type, "message": err.message}}
     if is_openai_path(path):
         return {"error": {"message": err.message, "type": err.type, "param": err.param, "code": err.code}}
     return {"error": {"code": err.status, "message": err.message,

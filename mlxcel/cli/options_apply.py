@@ -306,3 +306,42 @@ def apply_json_schema(from_file: bool):
         settings.default_grammar = ("json_schema", text)
 
     return apply
+# --- chat surface --------------------------------------------------------------------------
+
+REASONING_FORMATS = ("none", "deepseek", "deepseek-legacy", "auto")
+
+
+def apply_reasoning_format(settings: Any, value: str, spelling: str) -> None:
+    settings.reasoning_format = one_of(value, spelling, REASONING_FORMATS)
+
+
+def apply_chat_template_kwargs(settings: Any, value: str, spelling: str) -> None:
+    import json
+
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError:
+        parsed = None
+    if not isinstance(parsed, dict):
+        raise StartupRefusal(f"invalid value for {spelling}: {value!r} (expected a JSON object)")
+    # the dedicated --reasoning* flags may already have set their keys; they win (logged)
+    for key, v in parsed.items():
+        if key in settings.chat_template_kwargs:  # set by --reasoning* earlier
+            settings.notices.append(f"{spelling}: '{key}' is also set by a dedicated flag, which wins")
+            continue
+        settings.chat_template_kwargs[key] = v
+
+
+def apply_reasoning(settings: Any, value: str, spelling: str) -> None:
+    value = one_of(value, spelling, ("on", "off", "auto"))
+    if value != "auto":
+        settings.chat_template_kwargs["enable_thinking"] = value == "on"
+
+
+def apply_reasoning_effort(settings: Any, value: str, spelling: str) -> None:
+    if value != "default":
+        settings.chat_template_kwargs["reasoning_effort"] = value
+
+
+def apply_reasoning_preserve(settings: Any, value: Any, spelling: str) -> None:
+    settings.chat_template_kwargs["preserve_reasoning"] = bool(value)

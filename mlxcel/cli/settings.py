@@ -94,3 +94,8 @@ class ServerSettings:
     pooling: str | None = None  # --pooling mean|cls|last (None = env, then the checkpoint)
     pooling_env: str | None = None  # MLXCEL_EMBEDDING_POOLING, read by the CLI layer
     embd_normalize: int | None = None  # None = the checkpoint's own normalize flag
+    # chat surface (tool calls, reasoning placement, template kwargs)
+    reasoning_format: str = "auto"  # none | deepseek | deepseek-legacy | auto
+    chat_template_kwargs: dict = field(default_factory=dict)  # server-wide template context extras
+    skip_chat_parsing: bool = False
+    prefill_assistant: bool = True

@@ -12,12 +12,13 @@ from mlxcel.cli.settings import ServerSettings
 from mlxcel.runtime import select_backend
 
 
-def test_auto_picks_mlx_on_apple_silicon_and_torch_on_a_linux_cpu():
+def test_auto_picks_mlx_on_apple_silicon_and_on_a_linux_cpu():
     assert choose("auto", "auto", apple=True, has_torch=True).backend == "mlx"
     assert choose("auto", "auto", apple=True, has_torch=True).device == "metal"
     linux = choose("auto", "auto", apple=False, has_torch=True)  # this machine has no CUDA device
-    assert (linux.backend, linux.device) == ("torch", "cpu")
-    assert "faster" in linux.reason
+    # torch is faster here, but auto stays on MLX until torch carries every seam (select.py)
+    assert (linux.backend, linux.device) == ("mlx", "cpu")
+    assert "--backend torch" in linux.reason
     no_torch = choose("auto", "auto", apple=False, has_torch=False)
     assert (no_torch.backend, no_torch.device) == ("mlx", "cpu") and "not installed" in no_torch.reason
 

@@ -13,6 +13,7 @@ from litestar import Request, post
 
 from mlxcel.api.body import convert, read_json_object
 from mlxcel.api.errors import ApiError
+from mlxcel.api.openai import chat_surface
 from mlxcel.api.openai import generation as g
 from mlxcel.api.openai import scoring as sc
 from mlxcel.api.openai.fields import (
@@ -49,7 +50,8 @@ def render_prompt(model: ServedModel, messages: list[dict[str, Any]]) -> list[in
     return model.tokenizer.encode(render_prompt_text(model, messages), add_special_tokens=False)
 
 
-def render_prompt_text(model: ServedModel, messages: list[dict[str, Any]]) -> str:
+def render_prompt_text(model: ServedModel, messages: list[dict[str, Any]], *, tools: list[dict] | None = None,
+                       extra: dict[str, Any] | None = None, prefill_assistant: bool = True) -> str:
     """The text the chat template renders for these messages (plus a continued prefix)."""
     if not messages:
         raise ApiError(400, "messages must not be empty", code="invalid_parameter", param="messages")
@@ -60,7 +62,7 @@ def render_prompt_text(model: ServedModel, messages: list[dict[str, Any]]) -> st
         clean.append({**m, "content": _text_content(m.get("content"), f"messages[{i}]")})
     # A trailing assistant message is a prefix to continue, not a turn to answer.
     prefill = ""
-    if clean[-1]["role"] == "assistant":
+    if clean[-1]["role"] == "assistant" and prefill_assistant:
         if len(clean) > 1 and clean[-2]["role"] == "assistant":
             raise ApiError(400, "Cannot have 2 or more assistant messages at the end of the list.",
                            code="invalid_parameter", param="messages")
@@ -69,7 +71,7 @@ def render_prompt_text(model: ServedModel, messages: list[dict[str, Any]]) -> st
     try:
         if tok.chat_template:
             text = render_chat(tok.chat_template, clean, add_generation_prompt=True,
-                               bos_token=tok.bos_token, eos_token=tok.eos_token)
+                               bos_token=tok.bos_token, eos_token=tok.eos_token, tools=tools, extra=extra)
         else:
             text = render_plain(clean)
     except TemplateError as e:
@@ -141,11 +143,12 @@ async def chat_completions(request: Request, app_state: AppState) -> Any:
                        "extra_messages, no stream)", code="field_not_honoured", param="return_sae_activations")
     if constraint is not None:
         headers.update(constraint.header)
+    prep = chat_surface.prepare(app_state, model, req)  # tools, template kwargs, reasoning, prefill
     cid, created = g.new_id("chatcmpl"), g.now()
     base = {"id": cid, "created": created, "model": model.id}
     if spec is not None:
         return await _score(model, spec, convs, base, headers)
-    prompts = [(where, _render(model, where, msgs)) for where, msgs in convs]
+    prompts = [(where, prep.prompt if where == "messages" else _render(model, where, msgs)) for where, msgs in convs]
     if n > 1:
         prompts = prompts * n
     greqs = [g.build_request(req, model, p, row=row, param=where.split("[")[0])
@@ -163,8 +166,11 @@ async def chat_completions(request: Request, app_state: AppState) -> Any:
         for h in handles:
             h.cancel()
         raise
+    outputs = [chat_surface.ChatOutput(prep, parallel_tool_calls=req.parallel_tool_calls is not False,
+                                       echo=bool(req.echo)) for _ in handles]  # one output parser per choice
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        out = outputs[0]  # streaming has one choice
 
         async def frames(events):
             yield g.sse({**base, "object": "chat.completion.chunk", "system_fingerprint": g.fingerprint(model),
@@ -173,11 +179,13 @@ async def chat_completions(request: Request, app_state: AppState) -> Any:
                 if ev.error is not None:
                     yield g.error_frame(ev)
                     return
-                if ev.text or ev.done:
+                deltas = out.feed(ev.text) + (out.finish() if ev.done else [])
+                for i, delta in enumerate(deltas if not ev.done else [*deltas, {}]):
+                    last = ev.done and i == len(deltas)
                     chunk = {**base, "object": "chat.completion.chunk", "system_fingerprint": g.fingerprint(model),
-                             "choices": [{"index": 0, "delta": {"content": ev.text} if ev.text else {},
-                                          "finish_reason": ev.finish_reason}]}
-                    if ev.done:
+                             "choices": [{"index": 0, "delta": delta,
+                                          "finish_reason": out.finish_reason(ev.finish_reason) if last else None}]}
+                    if last:
                         chunk["usage"] = g.usage([("", ev)])
                     yield g.sse(chunk)
                 if ev.done and include_usage:
@@ -190,15 +198,16 @@ async def chat_completions(request: Request, app_state: AppState) -> Any:
     if constraint is not None:
         for text, ev in results:
             rf.check_output(constraint, text, ev.finish_reason)
-    out = {
+    response_body = {
         **base, "object": "chat.completion", "system_fingerprint": g.fingerprint(model),
-        "choices": [{"index": i, "message": {"role": "assistant", "content": text},
-                     "logprobs": None, "finish_reason": ev.finish_reason} for i, (text, ev) in enumerate(results)],
+        "choices": [{"index": i, "message": chat_surface.message(o.feed(text) + o.finish()),
+                     "logprobs": None, "finish_reason": o.finish_reason(ev.finish_reason)}
+                    for i, ((text, ev), o) in enumerate(zip(results, outputs))],
         "usage": g.usage(results),
     }
     if reader is not None:
-        out["millm"] = {"sae_activations": reader.render()}
-    return g.json_response(out, {**headers, **steer_headers})
+        response_body["millm"] = {"sae_activations": reader.render()}
+    return g.json_response(response_body, {**headers, **steer_headers})
 
 
 async def _score(model: ServedModel, spec: sc.ScoringSpec, convs: list[tuple[str, list[dict[str, Any]]]],

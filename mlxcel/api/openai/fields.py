@@ -50,17 +50,17 @@ FIELD_TABLE: dict[str, dict[str, str]] = {
     "steering_intensity":    {CHAT: H, COMPLETIONS: R, EMBEDDINGS: R},
     "steering":              {CHAT: R, COMPLETIONS: R, EMBEDDINGS: R},
     "dimensions":            {CHAT: R, COMPLETIONS: R, EMBEDDINGS: R},
-    "tools":                 {CHAT: R, COMPLETIONS: R, EMBEDDINGS: R},
-    "tool_choice":           {CHAT: R, COMPLETIONS: R, EMBEDDINGS: R},
+    "tools":                 {CHAT: H, COMPLETIONS: R, EMBEDDINGS: R},
+    "tool_choice":           {CHAT: H, COMPLETIONS: R, EMBEDDINGS: R},
     "logit_bias":            {CHAT: R, COMPLETIONS: R, EMBEDDINGS: R},
 
     "extra_messages":        {CHAT: H, COMPLETIONS: R, EMBEDDINGS: R},
     "return_sae_activations": {CHAT: H, COMPLETIONS: R, EMBEDDINGS: R},  # chat: non-streamed
     "cache_prompt":          {CHAT: H, COMPLETIONS: H, EMBEDDINGS: R},  # b10621's per-request switch
-    "parallel_tool_calls":   {CHAT: R, COMPLETIONS: R, EMBEDDINGS: R},
+    "parallel_tool_calls":   {CHAT: H, COMPLETIONS: R, EMBEDDINGS: R},
     "functions":             {CHAT: R, COMPLETIONS: R, EMBEDDINGS: R},
     "function_call":         {CHAT: R, COMPLETIONS: R, EMBEDDINGS: R},
-    "echo":                  {CHAT: R, COMPLETIONS: R, EMBEDDINGS: R},
+    "echo":                  {CHAT: H, COMPLETIONS: R, EMBEDDINGS: R},
     "best_of":               {CHAT: R, COMPLETIONS: R, EMBEDDINGS: R},
     "suffix":                {CHAT: R, COMPLETIONS: R, EMBEDDINGS: R},
 }
@@ -78,7 +78,7 @@ NO_CHANGE: dict[str, tuple[Any, ...]] = {
 }
 
 # Keys of a chat message (and of a content part) the prompt renderer reads.
-MESSAGE_KEYS = frozenset({"role", "content"})
+MESSAGE_KEYS = frozenset({"role", "content", "tool_calls", "tool_call_id"})
 CONTENT_PART_KEYS = frozenset({"type", "text"})
 
 

@@ -42,6 +42,14 @@ class ChatCompletionRequest(_Sampling, kw_only=True):
     logprobs: bool | None = None
     top_logprobs: int | None = None
     response_format: dict[str, Any] | None = None  # checked by openai/response_format.py
+    # the chat surface (api/openai/chat_surface.py)
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+    chat_template_kwargs: Any = None
+    reasoning_format: str | None = None
+    reasoning_effort: str | None = None
+    echo: bool | None = None
 
 
 class CompletionRequest(_Sampling, kw_only=True):

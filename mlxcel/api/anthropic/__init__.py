@@ -1,0 +1,1 @@
+"""Anthropic-compatible routes (the Messages API)."""

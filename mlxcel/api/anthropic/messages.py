@@ -1,0 +1,234 @@
+"""POST /v1/messages and /v1/messages/count_tokens: Anthropic's Messages API.
+
+A Messages request is translated into the chat request the OpenAI route serves (system
+prompt first, content blocks flattened, tool_use -> assistant tool_calls, tool_result ->
+`role: tool` messages, `thinking` -> the template's enable_thinking), rendered and parsed
+by the same chat surface, and the output is written back as content blocks: thinking,
+text and tool_use, in the order the model produced them. Streaming follows Anthropic's
+event sequence (message_start, content_block_start/delta/stop, message_delta,
+message_stop).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import msgspec
+from litestar import Request, Response, post
+from litestar.response import Stream
+
+from mlxcel.api.body import convert, read_json_object
+from mlxcel.api.errors import ApiError
+from mlxcel.api.openai import chat_surface
+from mlxcel.api.openai import generation as g
+from mlxcel.api.openai.schemas import ChatCompletionRequest
+from mlxcel.api.state import AppState
+
+_STOP = {"eos": "end_turn", "word": "stop_sequence", "limit": "max_tokens", "none": "end_turn"}
+
+
+class MessagesRequest(msgspec.Struct, kw_only=True):
+    model: str | None = None
+    messages: list[dict[str, Any]]
+    max_tokens: int | None = None
+    system: str | list[dict[str, Any]] | None = None
+    stop_sequences: list[str] | None = None
+    stream: bool = False
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: dict[str, Any] | None = None
+    thinking: dict[str, Any] | None = None
+    metadata: dict[str, Any] | None = None
+
+
+def _text(content: Any, where: str) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for b in content:
+            if not isinstance(b, dict) or b.get("type") != "text":
+                raise ApiError(400, f"{where}: only text blocks are supported here", code="invalid_parameter")
+            parts.append(b.get("text") or "")
+        return "".join(parts)
+    raise ApiError(400, f"{where}: content must be a string or a list of blocks", code="invalid_parameter")
+
+
+def _chat_messages(req: MessagesRequest) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    if req.system:
+        out.append({"role": "system", "content": _text(req.system, "system")})
+    for i, m in enumerate(req.messages):
+        role, content = m.get("role"), m.get("content")
+        if role not in ("user", "assistant"):
+            raise ApiError(400, f"messages[{i}].role must be 'user' or 'assistant'", code="invalid_parameter")
+        blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
+        if not isinstance(blocks, list):
+            raise ApiError(400, f"messages[{i}].content must be a string or a list of blocks", code="invalid_parameter")
+        text, thinking, calls = [], [], []
+        for j, b in enumerate(blocks):
+            kind = b.get("type") if isinstance(b, dict) else None
+            if kind == "text":
+                text.append(b.get("text") or "")
+            elif kind == "thinking" and role == "assistant":
+                thinking.append(b.get("thinking") or "")
+            elif kind == "redacted_thinking" and role == "assistant":
+                continue
+            elif kind == "tool_use" and role == "assistant":
+                calls.append({"id": b.get("id"), "type": "function",
+                              "function": {"name": b.get("name"), "arguments": json.dumps(b.get("input") or {})}})
+            elif kind == "tool_result" and role == "user":
+                if text:
+                    out.append({"role": "user", "content": "".join(text)})
+                    text = []
+                body = b.get("content")
+                out.append({"role": "tool", "tool_call_id": b.get("tool_use_id"),
+                            "content": _text(body, f"messages[{i}].content[{j}]") if body is not None else ""})
+            elif kind in ("image", "document"):
+                raise ApiError(501, f"{kind} input is not supported - hint: the loaded model has no media tower",
+                               code="not_supported", type="not_supported_error")
+            else:
+                raise ApiError(400, f"messages[{i}].content[{j}]: unsupported block type {kind!r}",
+                               code="invalid_parameter")
+        if role == "assistant":
+            msg: dict[str, Any] = {"role": "assistant", "content": "".join(text)}
+            if thinking:
+                msg["reasoning_content"] = "".join(thinking)
+            if calls:
+                msg["tool_calls"] = calls
+            out.append(msg)
+        elif text or not any(isinstance(b, dict) and b.get("type") == "tool_result" for b in blocks):
+            out.append({"role": "user", "content": "".join(text)})
+    return out
+
+
+def _chat_request(req: MessagesRequest, *, counting: bool = False) -> ChatCompletionRequest:
+    if not counting and (req.max_tokens is None or req.max_tokens < 1):
+        raise ApiError(400, "max_tokens: a positive integer is required", code="invalid_parameter", param="max_tokens")
+    tools = None
+    if req.tools:
+        tools = [{"type": "function", "function": {"name": t.get("name"), "description": t.get("description", ""),
+                                                   "parameters": t.get("input_schema") or {}}} for t in req.tools]
+    choice = (req.tool_choice or {}).get("type", "auto")
+    if choice not in ("auto", "none"):
+        raise ApiError(400, f"tool_choice '{choice}' needs grammar-constrained decoding, which this server does "
+                       "not have yet; use 'auto'", code="field_not_honoured", param="tool_choice")
+    kwargs = None
+    if req.thinking is not None:
+        kwargs = {"enable_thinking": req.thinking.get("type") == "enabled"}
+    return ChatCompletionRequest(
+        model=req.model, messages=_chat_messages(req), max_tokens=req.max_tokens, stop=req.stop_sequences,
+        temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, tools=tools, tool_choice=choice,
+        chat_template_kwargs=kwargs, parallel_tool_calls=not (req.tool_choice or {}).get("disable_parallel_tool_use"),
+    )
+
+
+def _blocks(deltas: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Content blocks, merging consecutive deltas of one kind."""
+    blocks: list[dict[str, Any]] = []
+    for d in deltas:
+        if "reasoning_content" in d:
+            if blocks and blocks[-1]["type"] == "thinking":
+                blocks[-1]["thinking"] += d["reasoning_content"]
+            else:
+                blocks.append({"type": "thinking", "thinking": d["reasoning_content"], "signature": ""})
+        elif "content" in d:
+            if blocks and blocks[-1]["type"] == "text":
+                blocks[-1]["text"] += d["content"]
+            else:
+                blocks.append({"type": "text", "text": d["content"]})
+        elif "tool_calls" in d:
+            tc = d["tool_calls"][0]
+            if "id" in tc:
+                blocks.append({"type": "tool_use", "id": tc["id"], "name": tc["function"]["name"], "input": ""})
+            else:
+                blocks[-1]["input"] += tc["function"]["arguments"]
+    for b in blocks:
+        if b["type"] == "tool_use":
+            b["input"] = json.loads(b["input"] or "{}")
+    return blocks
+
+
+def _stop(out: chat_surface.ChatOutput, ev) -> tuple[str, str | None]:
+    if out.n_calls and ev.stop_type != "limit":
+        return "tool_use", None
+    reason = _STOP.get(ev.stop_type, "end_turn")
+    return reason, (ev.stopping_word if reason == "stop_sequence" else None)
+
+
+def _event(kind: str, data: dict[str, Any]) -> bytes:
+    return f"event: {kind}\n".encode() + b"data: " + msgspec.json.encode({"type": kind, **data}) + b"\n\n"
+
+
+@post("/v1/messages", status_code=200)
+async def messages(request: Request, app_state: AppState) -> Any:
+    req = convert(await read_json_object(request), MessagesRequest)
+    model = g.served_model(app_state, req.model)
+    creq = _chat_request(req)
+    prep = chat_surface.prepare(app_state, model, creq)
+    handle = g.submit(model, g.build_request(creq, model, prep.prompt))
+    out = chat_surface.ChatOutput(prep, parallel_tool_calls=creq.parallel_tool_calls is not False)
+    mid = "msg_" + uuid.uuid4().hex[:24]
+    head = {"id": mid, "type": "message", "role": "assistant", "model": model.id}
+    if not req.stream:
+        text, ev = (await g.collect(request, [handle]))[0]
+        g.raise_for_error(ev)
+        blocks = _blocks(out.feed(text) + out.finish())
+        reason, seq = _stop(out, ev)
+        return Response({**head, "content": blocks, "stop_reason": reason, "stop_sequence": seq,
+                         "usage": {"input_tokens": ev.prompt_tokens, "output_tokens": ev.completion_tokens}})
+
+    async def body() -> AsyncIterator[bytes]:
+        yield _event("message_start", {"message": {**head, "content": [], "stop_reason": None, "stop_sequence": None,
+                                                   "usage": {"input_tokens": len(prep.prompt), "output_tokens": 0}}})
+        index, open_kind = -1, None
+        try:
+            async for ev in handle:
+                if ev.error is not None:
+                    yield _event("error", {"error": {"type": "api_error", "message": ev.error}})
+                    return
+                for d in out.feed(ev.text) + (out.finish() if ev.done else []):
+                    kind = "thinking" if "reasoning_content" in d else "text" if "content" in d else "tool_use"
+                    tc = d["tool_calls"][0] if kind == "tool_use" else None
+                    if kind != open_kind or (tc and "id" in tc):
+                        if open_kind is not None:
+                            yield _event("content_block_stop", {"index": index})
+                        index, open_kind = index + 1, kind
+                        start = {"thinking": {"type": "thinking", "thinking": "", "signature": ""},
+                                 "text": {"type": "text", "text": ""}}.get(kind) or \
+                            {"type": "tool_use", "id": tc["id"], "name": tc["function"]["name"], "input": {}}
+                        yield _event("content_block_start", {"index": index, "content_block": start})
+                        if tc:
+                            continue
+                    delta = ({"type": "thinking_delta", "thinking": d["reasoning_content"]} if kind == "thinking"
+                             else {"type": "text_delta", "text": d["content"]} if kind == "text"
+                             else {"type": "input_json_delta", "partial_json": tc["function"]["arguments"]})
+                    yield _event("content_block_delta", {"index": index, "delta": delta})
+                if ev.done:
+                    if open_kind is not None:
+                        yield _event("content_block_stop", {"index": index})
+                    reason, seq = _stop(out, ev)
+                    yield _event("message_delta", {"delta": {"stop_reason": reason, "stop_sequence": seq},
+                                                   "usage": {"output_tokens": ev.completion_tokens}})
+                    yield _event("message_stop", {})
+                    return
+        finally:
+            handle.cancel()
+
+    return Stream(body(), media_type="text/event-stream", headers=g.SSE_HEADERS)
+
+
+@post("/v1/messages/count_tokens", status_code=200)
+async def count_tokens(request: Request, app_state: AppState) -> dict[str, int]:
+    req = convert(await read_json_object(request), MessagesRequest)
+    model = g.served_model(app_state, req.model)
+    prep = chat_surface.prepare(app_state, model, _chat_request(req, counting=True))
+    return {"input_tokens": len(prep.prompt)}
+
+
+MESSAGES_ROUTES = [messages, count_tokens]

@@ -1,0 +1,176 @@
+"""What a chat request adds around plain generation: tools, template kwargs, reasoning and
+tool-call parsing of the output, as OpenAI message fields and stream deltas.
+
+`prepare` renders the prompt (tools only when the request carries some and tool_choice is
+not "none"; server and request template kwargs merged, the request winning) and decides how
+the output will be parsed. `ChatOutput` turns generated text into deltas; the non-streamed
+message is the merge of the same deltas, so both shapes agree byte for byte.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from mlxcel.api.errors import ApiError
+from mlxcel.api.state import AppState, ServedModel
+from mlxcel.engine.reasoning import FORMATS, ReasoningStream, primed
+from mlxcel.engine.tool_calls import ToolCallStream
+
+
+@dataclass
+class Prepared:
+    prompt: list[int]
+    prompt_text: str
+    prefill: str  # the continued assistant text ("" when not a continuation)
+    tools: list[dict] | None
+    reasoning_format: str
+    parse: bool  # False under --skip-chat-parsing
+
+
+def _check_tools(tools: Any) -> list[dict]:
+    if not isinstance(tools, list):
+        raise ApiError(400, "tools must be a list", code="invalid_parameter", param="tools")
+    for i, t in enumerate(tools):
+        fn = t.get("function") if isinstance(t, dict) else None
+        if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(fn, dict) \
+                or not isinstance(fn.get("name"), str):
+            raise ApiError(400, f"tools[{i}] must be {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}",
+                           code="invalid_parameter", param="tools")
+    return tools
+
+
+def _tool_choice(choice: Any, tools: list[dict]) -> str:
+    """'auto' or 'none'; 'required' and named functions need constrained decoding."""
+    if choice is None or choice in ("auto", "none"):
+        return choice or "auto"
+    if choice == "required" or isinstance(choice, dict):
+        if isinstance(choice, dict):
+            name = (choice.get("function") or {}).get("name") if choice.get("type") == "function" else None
+            if not any(t["function"]["name"] == name for t in tools):
+                raise ApiError(400, "tool_choice names no tool in 'tools'", code="invalid_parameter", param="tool_choice")
+        raise ApiError(400, "tool_choice 'required' or a named function needs grammar-constrained decoding, "
+                       "which this server does not have yet; use 'auto'", code="field_not_honoured", param="tool_choice")
+    raise ApiError(400, "tool_choice must be 'auto', 'none', 'required' or a named function",
+                   code="invalid_parameter", param="tool_choice")
+
+
+def _history(messages: list[Any]) -> list[Any]:
+    """Assistant tool_calls with their JSON-text arguments as objects, as templates expect."""
+    out = []
+    for m in messages:
+        if isinstance(m, dict) and isinstance(m.get("tool_calls"), list):
+            calls = []
+            for c in m["tool_calls"]:
+                fn = c.get("function") if isinstance(c, dict) else None
+                if isinstance(fn, dict) and isinstance(fn.get("arguments"), str):
+                    try:
+                        fn = {**fn, "arguments": json.loads(fn["arguments"])}
+                    except json.JSONDecodeError:
+                        pass
+                    c = {**c, "function": fn}
+                calls.append(c)
+            m = {**m, "tool_calls": calls}
+        out.append(m)
+    return out
+
+
+def prepare(state: AppState, model: ServedModel, req: Any) -> Prepared:
+    from mlxcel.api.openai.chat import render_prompt_text
+
+    settings = state.settings
+    tools = _check_tools(req.tools) if req.tools else None
+    if tools and _tool_choice(req.tool_choice, tools) == "none":
+        tools = None
+    kwargs = dict(settings.chat_template_kwargs)
+    if req.chat_template_kwargs is not None:
+        if not isinstance(req.chat_template_kwargs, dict):
+            raise ApiError(400, "chat_template_kwargs must be an object", code="invalid_parameter",
+                           param="chat_template_kwargs")
+        kwargs.update(req.chat_template_kwargs)
+    if req.reasoning_effort is not None:
+        kwargs["reasoning_effort"] = req.reasoning_effort
+    fmt = req.reasoning_format if req.reasoning_format is not None else settings.reasoning_format
+    if fmt not in FORMATS:
+        raise ApiError(400, f"reasoning_format must be one of {', '.join(FORMATS)}", code="invalid_parameter",
+                       param="reasoning_format")
+    messages = _history(req.messages)
+    prefill = ""
+    if settings.prefill_assistant and messages and isinstance(messages[-1], dict) \
+            and messages[-1].get("role") == "assistant":
+        prefill = messages[-1].get("content") or ""
+        prefill = prefill if isinstance(prefill, str) else ""
+    text = render_prompt_text(model, messages, tools=tools, extra=kwargs, prefill_assistant=settings.prefill_assistant)
+    prompt = model.tokenizer.encode(text, add_special_tokens=False)
+    return Prepared(prompt=prompt, prompt_text=text, prefill=prefill, tools=tools, reasoning_format=fmt,
+                    parse=not settings.skip_chat_parsing)
+
+
+class ChatOutput:
+    """Generated text in, OpenAI chat deltas out (reasoning, content, tool calls)."""
+
+    def __init__(self, prep: Prepared, *, parallel_tool_calls: bool = True, echo: bool = False) -> None:
+        self._parse = prep.parse
+        # echoed, the prefill is parsed as output, so the thinking state is the prompt's without it
+        context = prep.prompt_text[: len(prep.prompt_text) - len(prep.prefill)] if echo else prep.prompt_text
+        self._reason = ReasoningStream(prep.reasoning_format if prep.parse else "none", primed(context))
+        self._tools = ToolCallStream() if prep.parse and prep.tools else None
+        self._parallel = parallel_tool_calls
+        self._echo = prep.prefill if echo else ""
+        self.n_calls = 0
+
+    def feed(self, text: str) -> list[dict[str, Any]]:
+        if self._echo:
+            text, self._echo = self._echo + text, ""
+        return self._shape(self._reason.feed(text), final=False)
+
+    def finish(self) -> list[dict[str, Any]]:
+        deltas = self.feed("") if self._echo else []
+        return deltas + self._shape(self._reason.finish(), final=True)
+
+    def _shape(self, split, final: bool) -> list[dict[str, Any]]:
+        deltas: list[dict[str, Any]] = []
+        if split.reasoning:
+            deltas.append({"reasoning_content": split.reasoning})
+        if self._tools is None:
+            if split.content:
+                deltas.append({"content": split.content})
+            return deltas
+        pieces = self._tools.feed(split.content)
+        if final:
+            pieces += self._tools.finish()
+        for p in pieces:
+            if p.call is None:
+                if p.content:
+                    deltas.append({"content": p.content})
+            elif self._parallel or p.index == 0:
+                self.n_calls += 1
+                deltas.append({"tool_calls": [{"index": p.index, "id": p.call.id, "type": "function",
+                                               "function": {"name": p.call.name, "arguments": ""}}]})
+                deltas.append({"tool_calls": [{"index": p.index, "function": {"arguments": p.call.arguments}}]})
+        return deltas
+
+    def finish_reason(self, reason: str | None) -> str | None:
+        return "tool_calls" if self.n_calls and reason == "stop" else reason
+
+
+def message(deltas: list[dict[str, Any]]) -> dict[str, Any]:
+    """The non-streamed assistant message these deltas add up to."""
+    content: list[str] = []
+    reasoning: list[str] = []
+    calls: dict[int, dict[str, Any]] = {}
+    for d in deltas:
+        content.append(d.get("content", ""))
+        reasoning.append(d.get("reasoning_content", ""))
+        for tc in d.get("tool_calls", ()):
+            slot = calls.setdefault(tc["index"], {"id": None, "type": "function", "function": {"name": "", "arguments": ""}})
+            slot["id"] = tc.get("id", slot["id"])
+            slot["function"]["name"] += tc.get("function", {}).get("name", "")
+            slot["function"]["arguments"] += tc.get("function", {}).get("arguments", "")
+    msg: dict[str, Any] = {"role": "assistant", "content": "".join(content) or (None if calls else "")}
+    if any(reasoning):
+        msg["reasoning_content"] = "".join(reasoning)
+    if calls:
+        msg["tool_calls"] = [calls[i] for i in sorted(calls)]
+    return msg

@@ -1,0 +1,297 @@
+"""The OpenAI Responses API: POST /v1/responses (and /responses), retrieve, delete, cancel.
+
+A request's `input` (a string or a list of message / function_call / function_call_output
+items), its `instructions` and, with `previous_response_id`, the stored conversation before
+it become one chat request served by the chat surface; the parsed output comes back as
+output items (reasoning, message, function_call). Responses are kept in a bounded store
+(oldest evicted first) so a later turn can continue them; `store: false` keeps none.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import AsyncIterator
+from typing import Any
+
+import msgspec
+from litestar import Request, delete, get, post
+from litestar.response import Stream
+
+from mlxcel.api.body import convert, read_json_object
+from mlxcel.api.errors import ApiError
+from mlxcel.api.openai import chat_surface
+from mlxcel.api.openai import generation as g
+from mlxcel.api.openai.schemas import ChatCompletionRequest
+from mlxcel.api.state import AppState
+
+STORE_CAPACITY = 256
+
+
+class ResponsesRequest(msgspec.Struct, kw_only=True):
+    model: str | None = None
+    input: str | list[dict[str, Any]] = ""
+    instructions: str | None = None
+    previous_response_id: str | None = None
+    max_output_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    stream: bool = False
+    store: bool = True
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+    reasoning: dict[str, Any] | None = None
+    metadata: dict[str, Any] | None = None
+
+
+class ResponseStore:
+    """Finished responses with the conversation that produced them; live ones by handle."""
+
+    def __init__(self, capacity: int = STORE_CAPACITY) -> None:
+        self.capacity = capacity
+        self.done: OrderedDict[str, tuple[dict, list[dict]]] = OrderedDict()
+        self.live: dict[str, Any] = {}
+
+    def put(self, resp: dict, conversation: list[dict]) -> None:
+        self.done[resp["id"]] = (resp, conversation)
+        self.done.move_to_end(resp["id"])
+        while len(self.done) > self.capacity:
+            self.done.popitem(last=False)
+
+
+def _store(state: AppState) -> ResponseStore:
+    return state.__dict__.setdefault("_responses_store", ResponseStore())
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        out = []
+        for part in content:
+            if isinstance(part, dict) and part.get("type") in ("input_text", "output_text", "text"):
+                out.append(part.get("text") or "")
+            else:
+                raise ApiError(400, "input content parts must be input_text or output_text", code="invalid_parameter",
+                               param="input")
+        return "".join(out)
+    raise ApiError(400, "input content must be a string or a list of parts", code="invalid_parameter", param="input")
+
+
+def _messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
+    if isinstance(items, str):
+        return [{"role": "user", "content": items}]
+    out: list[dict[str, Any]] = []
+    for item in items:
+        kind = item.get("type", "message")
+        if kind == "message":
+            role = "system" if item.get("role") == "developer" else item.get("role")
+            out.append({"role": role, "content": _text(item.get("content"))})
+        elif kind == "function_call":
+            call = {"id": item.get("call_id"), "type": "function",
+                    "function": {"name": item.get("name"), "arguments": item.get("arguments") or "{}"}}
+            if out and out[-1]["role"] == "assistant" and not out[-1].get("content"):
+                out[-1].setdefault("tool_calls", []).append(call)
+            else:
+                out.append({"role": "assistant", "content": "", "tool_calls": [call]})
+        elif kind == "function_call_output":
+            out.append({"role": "tool", "tool_call_id": item.get("call_id"), "content": str(item.get("output", ""))})
+        elif kind == "reasoning":
+            continue
+        else:
+            raise ApiError(400, f"input item type {kind!r} is not supported", code="invalid_parameter", param="input")
+    return out
+
+
+def _conversation(state: AppState, req: ResponsesRequest) -> list[dict[str, Any]]:
+    before: list[dict[str, Any]] = []
+    if req.previous_response_id:
+        found = _store(state).done.get(req.previous_response_id)
+        if found is None:
+            raise ApiError(404, f"Previous response with id '{req.previous_response_id}' not found.",
+                           code="previous_response_not_found", param="previous_response_id")
+        before = list(found[1])
+    return before + _messages(req.input)
+
+
+def _chat_request(req: ResponsesRequest, conversation: list[dict[str, Any]]) -> ChatCompletionRequest:
+    tools = None
+    if req.tools:
+        for t in req.tools:
+            if t.get("type") != "function":
+                raise ApiError(400, f"tool type {t.get('type')!r} is not supported (function tools only)",
+                               code="invalid_parameter", param="tools")
+        tools = [{"type": "function", "function": {k: t[k] for k in ("name", "description", "parameters") if k in t}}
+                 for t in req.tools]
+    messages = list(conversation)
+    if req.instructions:
+        messages.insert(0, {"role": "system", "content": req.instructions})
+    return ChatCompletionRequest(
+        model=req.model, messages=messages, max_tokens=req.max_output_tokens, temperature=req.temperature,
+        top_p=req.top_p, tools=tools, tool_choice=req.tool_choice, parallel_tool_calls=req.parallel_tool_calls,
+        reasoning_effort=(req.reasoning or {}).get("effort"))
+
+
+def _items(deltas: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    msg = chat_surface.message(deltas)
+    items: list[dict[str, Any]] = []
+    if msg.get("reasoning_content"):
+        items.append({"type": "reasoning", "id": "rs_" + uuid.uuid4().hex[:24], "summary": [],
+                      "content": [{"type": "reasoning_text", "text": msg["reasoning_content"]}]})
+    if msg.get("content"):
+        items.append({"type": "message", "id": "msg_" + uuid.uuid4().hex[:24], "status": "completed",
+                      "role": "assistant",
+                      "content": [{"type": "output_text", "text": msg["content"], "annotations": []}]})
+    for c in msg.get("tool_calls", ()):
+        items.append({"type": "function_call", "id": "fc_" + uuid.uuid4().hex[:24], "call_id": c["id"],
+                      "name": c["function"]["name"], "arguments": c["function"]["arguments"], "status": "completed"})
+    return items
+
+
+def _response(rid: str, req: ResponsesRequest, model_id: str, status: str, output: list, ev=None) -> dict[str, Any]:
+    usage = None
+    if ev is not None:
+        usage = {"input_tokens": ev.prompt_tokens, "output_tokens": ev.completion_tokens,
+                 "total_tokens": ev.prompt_tokens + ev.completion_tokens,
+                 "input_tokens_details": {"cached_tokens": ev.timings.cache_n if ev.timings else 0},
+                 "output_tokens_details": {"reasoning_tokens": 0}}
+    return {"id": rid, "object": "response", "created_at": int(time.time()), "status": status, "model": model_id,
+            "output": output, "usage": usage, "error": None,
+            "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+            "instructions": req.instructions, "previous_response_id": req.previous_response_id,
+            "max_output_tokens": req.max_output_tokens, "metadata": req.metadata or {},
+            "parallel_tool_calls": req.parallel_tool_calls is not False, "temperature": req.temperature,
+            "top_p": req.top_p, "tool_choice": req.tool_choice or "auto", "tools": req.tools or [],
+            "store": req.store, "text": {"format": {"type": "text"}}}
+
+
+def _after(conversation: list[dict], output: list[dict]) -> list[dict]:
+    """The conversation a later turn continues: this turn's input plus its output."""
+    msg: dict[str, Any] = {"role": "assistant", "content": ""}
+    for item in output:
+        if item["type"] == "message":
+            msg["content"] = item["content"][0]["text"]
+        elif item["type"] == "function_call":
+            msg.setdefault("tool_calls", []).append({"id": item["call_id"], "type": "function", "function": {
+                "name": item["name"], "arguments": item["arguments"]}})
+    return [*conversation, msg]
+
+
+@post(["/v1/responses", "/responses"], status_code=200)
+async def create_response(request: Request, app_state: AppState) -> Any:
+    req = convert(await read_json_object(request), ResponsesRequest)
+    model = g.served_model(app_state, req.model)
+    conversation = _conversation(app_state, req)
+    creq = _chat_request(req, conversation)
+    prep = chat_surface.prepare(app_state, model, creq)
+    handle = g.submit(model, g.build_request(creq, model, prep.prompt))
+    out = chat_surface.ChatOutput(prep, parallel_tool_calls=req.parallel_tool_calls is not False)
+    rid = "resp_" + uuid.uuid4().hex[:24]
+    store = _store(app_state)
+
+    def finished(deltas: list[dict], ev) -> dict[str, Any]:
+        status = "cancelled" if ev is None else "incomplete" if ev.finish_reason == "length" else "completed"
+        resp = _response(rid, req, model.id, status, _items(deltas), ev)
+        if req.store:
+            store.put(resp, _after(conversation, resp["output"]))
+        return resp
+
+    if not req.stream:
+        store.live[rid] = handle
+        try:
+            text, ev = (await g.collect(request, [handle]))[0]
+        finally:
+            store.live.pop(rid, None)
+        g.raise_for_error(ev)
+        return g.json_response(finished(out.feed(text) + out.finish(), ev), [])
+
+    async def body() -> AsyncIterator[bytes]:
+        seq = 0
+
+        def event(kind: str, **data) -> bytes:
+            nonlocal seq
+            seq += 1
+            return f"event: {kind}\n".encode() + b"data: " + msgspec.json.encode(
+                {"type": kind, "sequence_number": seq - 1, **data}) + b"\n\n"
+
+        store.live[rid] = handle
+        started = _response(rid, req, model.id, "in_progress", [])
+        yield event("response.created", response=started)
+        yield event("response.in_progress", response=started)
+        deltas: list[dict] = []
+        msg_id = "msg_" + uuid.uuid4().hex[:24]
+        text_open = False
+        try:
+            async for ev in handle:
+                if ev.error is not None:
+                    yield event("error", code=ev.error_code, message=ev.error, param=None)
+                    return
+                new = out.feed(ev.text) + (out.finish() if ev.done else [])
+                deltas += new
+                for d in new:
+                    if "content" in d:
+                        if not text_open:
+                            text_open = True
+                            yield event("response.output_item.added", output_index=0, item={
+                                "type": "message", "id": msg_id, "status": "in_progress", "role": "assistant",
+                                "content": []})
+                            yield event("response.content_part.added", item_id=msg_id, output_index=0,
+                                        content_index=0, part={"type": "output_text", "text": "", "annotations": []})
+                        yield event("response.output_text.delta", item_id=msg_id, output_index=0, content_index=0,
+                                    delta=d["content"])
+                if ev.done:
+                    resp = finished(deltas, ev)
+                    for i, item in enumerate(resp["output"]):
+                        if item["type"] == "message":
+                            item["id"] = msg_id
+                            text = item["content"][0]["text"]
+                            yield event("response.output_text.done", item_id=msg_id, output_index=i,
+                                        content_index=0, text=text)
+                            yield event("response.content_part.done", item_id=msg_id, output_index=i,
+                                        content_index=0, part=item["content"][0])
+                        else:
+                            yield event("response.output_item.added", output_index=i, item=item)
+                        yield event("response.output_item.done", output_index=i, item=item)
+                    yield event("response.completed" if resp["status"] == "completed" else "response.incomplete",
+                                response=resp)
+                    return
+        finally:
+            store.live.pop(rid, None)
+            handle.cancel()
+
+    return Stream(body(), media_type="text/event-stream", headers=g.SSE_HEADERS)
+
+
+def _found(state: AppState, rid: str) -> dict[str, Any]:
+    found = _store(state).done.get(rid)
+    if found is None:
+        raise ApiError(404, f"Response with id '{rid}' not found.", code="not_found", param="response_id")
+    return found[0]
+
+
+@get(["/v1/responses/{rid:str}", "/responses/{rid:str}"])
+async def get_response(rid: str, app_state: AppState) -> dict[str, Any]:
+    return _found(app_state, rid)
+
+
+@delete(["/v1/responses/{rid:str}", "/responses/{rid:str}"], status_code=200)
+async def delete_response(rid: str, app_state: AppState) -> dict[str, Any]:
+    _found(app_state, rid)
+    del _store(app_state).done[rid]
+    return {"id": rid, "object": "response.deleted", "deleted": True}
+
+
+@post(["/v1/responses/{rid:str}/cancel", "/responses/{rid:str}/cancel"], status_code=200)
+async def cancel_response(rid: str, app_state: AppState) -> dict[str, Any]:
+    store = _store(app_state)
+    handle = store.live.get(rid)
+    if handle is not None:
+        handle.cancel()
+        return {"id": rid, "object": "response", "status": "cancelled", "output": []}
+    return _found(app_state, rid)
+
+
+# input_tokens is served by api/llamacpp/templates.py
+RESPONSES_ROUTES = [create_response, get_response, delete_response, cancel_response]

@@ -1,0 +1,263 @@
+"""Tool calls out of generated text: Hermes/Qwen, Llama 3.x, Mistral and plain JSON.
+
+One incremental machine (`ToolCallStream`) does all the parsing; the one-shot
+`parse_tool_calls` runs the same machine over the whole text, so a streamed response and
+a non-streamed one agree by construction, whatever the chunking. Recognised shapes:
+
+- Hermes / Qwen: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, repeated; a
+  call is released as soon as its closing tag arrives (an unclosed last one is tried at EOS).
+- Llama 3.x: `<|python_tag|>{"name": ..., "parameters": {...}}` (`;`-separated), or the whole
+  output being such a JSON object.
+- Mistral: `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]` and the newer
+  `[TOOL_CALLS]name[ARGS]{...}`.
+- Generic JSON: the whole output (optionally in a ```json fence) is one call object, a list
+  of them, or `{"tool_calls": [...]}`.
+
+Text that does not parse as a call stays content, never dropped. Whitespace that only
+separates content from calls is not reported as content.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass, field
+
+HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
+PYTHON_TAG = "<|python_tag|>"
+MISTRAL_TAG = "[TOOL_CALLS]"
+MISTRAL_ARGS = "[ARGS]"
+_MARKERS = (HERMES_OPEN, PYTHON_TAG, MISTRAL_TAG)
+_FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.S)
+
+
+@dataclass
+class ToolCall:
+    name: str
+    arguments: str  # the arguments object as JSON text
+    id: str = field(default_factory=lambda: "call_" + uuid.uuid4().hex[:24])
+
+    def openai(self) -> dict:
+        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+
+
+def _call_from(obj) -> ToolCall | None:
+    """A call object in any of the dialects' spellings, else None."""
+    if not isinstance(obj, dict):
+        return None
+    if isinstance(obj.get("function"), dict) and "name" in obj["function"]:
+        obj = obj["function"]
+    name = obj.get("name")
+    if not isinstance(name, str) or not name:
+        return None
+    args = obj.get("arguments", obj.get("parameters", {}))
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except json.JSONDecodeError:
+            return None
+    if not isinstance(args, dict):
+        return None
+    return ToolCall(name=name, arguments=json.dumps(args, ensure_ascii=False))
+
+
+def _json_values(text: str) -> list | None:
+    """Consecutive JSON values separated by whitespace, ';' or ','; None if anything else."""
+    dec = json.JSONDecoder()
+    out, i, n = [], 0, len(text)
+    while True:
+        while i < n and text[i] in " \t\r\n;,":
+            i += 1
+        if i >= n:
+            return out
+        try:
+            value, i = dec.raw_decode(text, i)
+        except json.JSONDecodeError:
+            return None
+        out.append(value)
+
+
+def _calls_from_values(values: list | None) -> list[ToolCall] | None:
+    if not values:
+        return None
+    flat: list = []
+    for v in values:
+        if isinstance(v, dict) and isinstance(v.get("tool_calls"), list):
+            flat.extend(v["tool_calls"])
+        elif isinstance(v, list):
+            flat.extend(v)
+        else:
+            flat.append(v)
+    calls = [_call_from(v) for v in flat]
+    return None if not calls or any(c is None for c in calls) else calls
+
+
+def parse_json_calls(text: str) -> list[ToolCall] | None:
+    """The whole text as plain-JSON call(s) (a ```json fence allowed), else None."""
+    body = text.strip()
+    m = _FENCE.match(body)
+    if m:
+        body = m.group(1)
+    return _calls_from_values(_json_values(body))
+
+
+def _mistral_calls(text: str) -> list[ToolCall] | None:
+    calls: list[ToolCall] = []
+    for part in text.split(MISTRAL_TAG):
+        if not part.strip():
+            continue
+        if MISTRAL_ARGS in part:  # name[ARGS]{...}
+            name, _, args = part.partition(MISTRAL_ARGS)
+            one = _call_from({"name": name.strip(), "arguments": args.strip()})
+            if one is None:
+                return None
+            calls.append(one)
+        else:
+            more = _calls_from_values(_json_values(part))
+            if more is None:
+                return None
+            calls.extend(more)
+    return calls or None
+
+
+@dataclass
+class Piece:
+    """One output of the stream: content text, or one complete call (with its index)."""
+
+    content: str = ""
+    call: ToolCall | None = None
+    index: int = -1
+
+
+class ToolCallStream:
+    """Feed generated text; get content and complete calls back, in order."""
+
+    def __init__(self) -> None:
+        self._buf = ""  # text not yet decided
+        self._mode = "start"  # start -> text | json (whole output) ; text -> calls
+        self._ws = ""  # whitespace held until we know whether calls follow
+        self._calls = 0
+        self._tail: list[str] = []  # non-call text met after the first call
+        self._tag = ""  # the marker that opened call mode
+
+    def feed(self, text: str) -> list[Piece]:
+        self._buf += text
+        return self._drain(final=False)
+
+    def finish(self) -> list[Piece]:
+        return self._drain(final=True)
+
+    @property
+    def n_calls(self) -> int:
+        return self._calls
+
+    def _call(self, call: ToolCall) -> Piece:
+        self._calls += 1
+        return Piece(call=call, index=self._calls - 1)
+
+    def _content(self, text: str) -> list[Piece]:
+        """Release content, holding back trailing whitespace."""
+        if not text:
+            return []
+        body = text.rstrip()
+        out = self._ws + body if body else ""
+        self._ws = text[len(body):] if body else self._ws + text
+        return [Piece(content=out)] if out else []
+
+    def _drain(self, final: bool) -> list[Piece]:
+        out: list[Piece] = []
+        if self._mode == "start":
+            stripped = self._buf.lstrip()
+            if not stripped and not final:
+                return out
+            self._mode = "json" if stripped[:1] in ("{", "[", "`") else "text"
+        if self._mode == "json":
+            if not final:
+                return out
+            calls = parse_json_calls(self._buf)
+            if calls:
+                return [self._call(c) for c in calls]
+            self._mode = "text"
+        if self._mode == "text":
+            hit = min(((self._buf.find(m), m) for m in _MARKERS if m in self._buf), default=None)
+            if hit is None:
+                keep = 0 if final else _partial_marker_len(self._buf)
+                out += self._content(self._buf[: len(self._buf) - keep])
+                self._buf = self._buf[len(self._buf) - keep:]
+                if final and self._ws:
+                    out.append(Piece(content=self._ws))
+                    self._ws = ""
+                return out
+            pos, self._tag = hit
+            out += self._content(self._buf[:pos])
+            self._buf = self._buf[pos:]
+            self._mode = "calls"
+        return out + self._drain_calls(final)
+
+    def _drain_calls(self, final: bool) -> list[Piece]:
+        out: list[Piece] = []
+        if self._tag == HERMES_OPEN:
+            while True:
+                start = self._buf.find(HERMES_OPEN)
+                end = self._buf.find(HERMES_CLOSE, start + 1) if start >= 0 else -1
+                if start < 0 or end < 0:
+                    break
+                self._note_tail(self._buf[:start])
+                body = self._buf[start + len(HERMES_OPEN): end]
+                calls = _calls_from_values(_json_values(body))
+                if calls:
+                    out += [self._call(c) for c in calls]
+                else:
+                    self._tail.append(self._buf[start: end + len(HERMES_CLOSE)])
+                self._buf = self._buf[end + len(HERMES_CLOSE):]
+            if final:
+                start = self._buf.find(HERMES_OPEN)
+                if start >= 0:
+                    self._note_tail(self._buf[:start])
+                    calls = _calls_from_values(_json_values(self._buf[start + len(HERMES_OPEN):]))
+                    if calls:
+                        out += [self._call(c) for c in calls]
+                    else:
+                        self._tail.append(self._buf[start:])
+                else:
+                    self._note_tail(self._buf)
+                self._buf = ""
+        elif final:
+            body = self._buf[len(self._tag):]
+            calls = _mistral_calls(self._buf) if self._tag == MISTRAL_TAG else _calls_from_values(_json_values(body))
+            if calls:
+                out += [self._call(c) for c in calls]
+            else:
+                self._tail.append(self._buf)
+            self._buf = ""
+        if final:
+            tail = "".join(self._tail)
+            if tail:
+                out.append(Piece(content=(self._ws if self._calls == 0 else "") + tail))
+            elif self._calls == 0 and self._ws:
+                out.append(Piece(content=self._ws))
+            self._ws, self._tail = "", []
+        return out
+
+    def _note_tail(self, text: str) -> None:
+        if text.strip():
+            self._tail.append(text)
+
+
+def _partial_marker_len(text: str) -> int:
+    """How many trailing characters could be the start of a marker."""
+    best = 0
+    for m in _MARKERS:
+        for k in range(min(len(m) - 1, len(text)), 0, -1):
+            if text.endswith(m[:k]):
+                best = max(best, k)
+                break
+    return best
+
+
+def parse_tool_calls(text: str) -> tuple[str, list[ToolCall]]:
+    """(content, calls) of a whole generation; the same answer the stream gives."""
+    s = ToolCallStream()
+    pieces = s.feed(text) + s.finish()
+    return "".join(p.content for p in pieces), [p.call for p in pieces if p.call is not None]

@@ -1,0 +1,86 @@
+"""/v1/messages and /v1/messages/count_tokens through the `anthropic` SDK, on qwen3-tiny.
+
+Random weights never call a tool on their own, so tool use is driven through a continued
+assistant prefix (Anthropic's prefill): the model's output after it must still parse, and
+a call in the prefix is what the parse of the previous turn would have produced.
+"""
+
+from __future__ import annotations
+
+import anthropic
+import httpx
+import pytest
+
+from tests.conftest import ServerProcess, fixture_path
+from tests.fixtures import QWEN3_TINY
+
+TOOLS = [{"name": "get_weather", "description": "Weather in a city",
+          "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]
+ASK = {"role": "user", "content": "Weather in Paris?"}
+GREEDY = {"temperature": 0}  # this SDK version no longer takes temperature as an argument
+
+
+@pytest.fixture(scope="module")
+def server():
+    fixture_path(QWEN3_TINY)
+    s = ServerProcess(["-m", QWEN3_TINY, "--offline"])
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return anthropic.Anthropic(base_url=server.base_url, api_key="x", max_retries=0, timeout=120)
+
+
+def test_text_message_and_stream_agree(client):
+    kw = dict(model=QWEN3_TINY, max_tokens=6, system="Be brief.", messages=[ASK], extra_body=GREEDY)
+    msg = client.messages.create(**kw)
+    assert msg.type == "message" and msg.role == "assistant"
+    assert msg.stop_reason in ("max_tokens", "end_turn")
+    assert msg.usage.input_tokens > 0 and 0 < msg.usage.output_tokens <= 6
+    with client.messages.stream(**kw) as stream:
+        events = [e.type for e in stream]
+        final = stream.get_final_message()
+    assert events[0] == "message_start" and events[-1] == "message_stop"
+    assert [b.model_dump() for b in final.content] == [b.model_dump() for b in msg.content]
+    assert final.stop_reason == msg.stop_reason
+
+
+def test_count_tokens_matches_usage(client):
+    counted = client.messages.count_tokens(model=QWEN3_TINY, messages=[ASK], system="Be brief.")
+    msg = client.messages.create(model=QWEN3_TINY, max_tokens=1, system="Be brief.", messages=[ASK])
+    assert counted.input_tokens == msg.usage.input_tokens
+    with_tools = client.messages.count_tokens(model=QWEN3_TINY, messages=[ASK], tools=TOOLS)
+    assert with_tools.input_tokens > client.messages.count_tokens(model=QWEN3_TINY, messages=[ASK]).input_tokens
+
+
+def test_tool_use_round_trip(client):
+    # the tool_use block of a previous turn plus its tool_result render and generate
+    history = [ASK,
+               {"role": "assistant", "content": [
+                   {"type": "text", "text": "Checking."},
+                   {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}}]},
+               {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "21C"}]}]
+    msg = client.messages.create(model=QWEN3_TINY, max_tokens=3, tools=TOOLS, messages=history, extra_body=GREEDY)
+    assert msg.stop_reason in ("max_tokens", "end_turn", "tool_use")
+    counted = client.messages.count_tokens(model=QWEN3_TINY, messages=history, tools=TOOLS)
+    assert counted.input_tokens == msg.usage.input_tokens
+
+
+def test_stop_sequence_reports_the_matched_string(client, server):
+    # find what greedy decoding writes, then stop on a piece of it
+    probe = client.messages.create(model=QWEN3_TINY, max_tokens=8, messages=[ASK], extra_body=GREEDY)
+    text = "".join(b.text for b in probe.content if b.type == "text")
+    word = text[1:3]  # greedy random weights may write only whitespace; any two characters do
+    assert len(word) == 2, text
+    msg = client.messages.create(model=QWEN3_TINY, max_tokens=8, messages=[ASK], extra_body=GREEDY,
+                                 stop_sequences=["\x00never", word])
+    assert msg.stop_reason == "stop_sequence" and msg.stop_sequence == word
+
+
+def test_bad_request_uses_anthropic_envelope(server):
+    r = httpx.post(server.base_url + "/v1/messages", json={"messages": [ASK]})
+    assert r.status_code == 400
+    body = r.json()
+    assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"

@@ -1,0 +1,70 @@
+"""/v1/responses through the `openai` SDK's responses client, on qwen3-tiny."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+from openai import OpenAI
+
+from tests.conftest import ServerProcess, fixture_path
+from tests.fixtures import QWEN3_TINY
+
+
+@pytest.fixture(scope="module")
+def server():
+    fixture_path(QWEN3_TINY)
+    s = ServerProcess(["-m", QWEN3_TINY, "--offline"])
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return OpenAI(base_url=server.base_url + "/v1", api_key="x", max_retries=0, timeout=120)
+
+
+def test_text_response_stream_and_retrieve(client):
+    kw = dict(model=QWEN3_TINY, input="Say hi.", instructions="Be brief.", max_output_tokens=5, temperature=0)
+    r = client.responses.create(**kw)
+    assert r.id.startswith("resp_") and r.status in ("completed", "incomplete")
+    assert r.usage.input_tokens > 0 and 0 < r.usage.output_tokens <= 5
+    events = list(client.responses.create(stream=True, **kw))
+    kinds = [e.type for e in events]
+    assert kinds[:2] == ["response.created", "response.in_progress"]
+    assert kinds[-1] in ("response.completed", "response.incomplete")
+    streamed = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert streamed == r.output_text == events[-1].response.output_text
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    got = client.responses.retrieve(r.id)
+    assert got.id == r.id and got.output_text == r.output_text
+
+
+def test_previous_response_id_continues_the_conversation(client):
+    first = client.responses.create(model=QWEN3_TINY, input="My name is Ada.", max_output_tokens=3)
+    second = client.responses.create(model=QWEN3_TINY, input="What is my name?", max_output_tokens=3,
+                                     previous_response_id=first.id)
+    alone = client.responses.create(model=QWEN3_TINY, input="What is my name?", max_output_tokens=3)
+    # the earlier turn (input and output) is part of the prompt
+    assert second.usage.input_tokens > alone.usage.input_tokens + first.usage.output_tokens
+    assert second.previous_response_id == first.id
+    with pytest.raises(openai.NotFoundError):
+        client.responses.create(model=QWEN3_TINY, input="x", max_output_tokens=1, previous_response_id="resp_nope")
+
+
+def test_delete_then_retrieve_is_404(client):
+    r = client.responses.create(model=QWEN3_TINY, input="x", max_output_tokens=1)
+    client.responses.delete(r.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(r.id)
+
+
+def test_store_false_keeps_nothing_and_input_tokens_counts(server, client):
+    r = client.responses.create(model=QWEN3_TINY, input="x", max_output_tokens=1, store=False)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(r.id)
+    n = httpx.post(server.base_url + "/v1/responses/input_tokens", json={"input": "x"}).json()
+    assert n["input_tokens"] == r.usage.input_tokens
+    # the unversioned path serves the same API
+    assert httpx.post(server.base_url + "/responses", timeout=120,
+                      json={"input": "x", "max_output_tokens": 1}).json()["object"] == "response"

@@ -1,0 +1,56 @@
+"""The thinking-block splitter on outputs recorded from real reasoning checkpoints."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from mlxcel.engine.reasoning import ReasoningStream, primed, split_reasoning
+
+QWEN3 = "<think>\nThe user asks 2+2. That is 4.\n</think>\n\n2 plus 2 equals 4."
+R1_PRIMED = "Okay, simple arithmetic: 2 + 2 = 4.\n</think>\n\n2 plus 2 equals 4."  # prompt ended in <think>\n
+UNCLOSED = "<think>\nLet me think about this carefully and"
+NO_THINK = "Paris is the capital."
+
+CASES = [
+    # (label, text, primed, fmt, content, reasoning)
+    ("qwen3 none", QWEN3, False, "none", QWEN3, ""),
+    ("qwen3 deepseek", QWEN3, False, "deepseek", "2 plus 2 equals 4.", "The user asks 2+2. That is 4."),
+    ("qwen3 auto", QWEN3, False, "auto", "2 plus 2 equals 4.", "The user asks 2+2. That is 4."),
+    ("qwen3 legacy", QWEN3, False, "deepseek-legacy", QWEN3, "The user asks 2+2. That is 4."),
+    ("r1 primed deepseek", R1_PRIMED, True, "deepseek", "2 plus 2 equals 4.", "Okay, simple arithmetic: 2 + 2 = 4."),
+    ("r1 primed legacy", R1_PRIMED, True, "deepseek-legacy", "<think>" + R1_PRIMED, "Okay, simple arithmetic: 2 + 2 = 4."),
+    ("r1 primed none", R1_PRIMED, True, "none", R1_PRIMED, ""),
+    ("unclosed at length", UNCLOSED, False, "deepseek", "", "Let me think about this carefully and"),
+    ("no think block", NO_THINK, False, "deepseek", NO_THINK, ""),
+    ("empty think (enable_thinking off)", "<think>\n\n</think>\n\nHi!", False, "deepseek", "Hi!", ""),
+]
+
+
+@pytest.mark.parametrize("label,text,is_primed,fmt,content,reasoning", CASES, ids=[c[0] for c in CASES])
+def test_split_and_stream_agree(label, text, is_primed, fmt, content, reasoning):
+    whole = split_reasoning(text, fmt, is_primed)
+    assert (whole.content, whole.reasoning) == (content, reasoning)
+    rng = random.Random(label)
+    for _ in range(20):
+        s = ReasoningStream(fmt, is_primed)
+        c = r = ""
+        i = 0
+        while i < len(text):
+            j = i + rng.randint(1, 5)
+            part = s.feed(text[i:j])
+            c, r, i = c + part.content, r + part.reasoning, j
+        part = s.finish()
+        assert (c + part.content, r + part.reasoning) == (content, reasoning)
+
+
+def test_primed_detection():
+    assert primed("<|im_start|>assistant\n<think>\n")
+    assert not primed("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert not primed("<|im_start|>assistant\n")
+
+
+def test_unknown_format_refused():
+    with pytest.raises(ValueError):
+        ReasoningStream("bogus")

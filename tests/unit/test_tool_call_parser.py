@@ -1,0 +1,85 @@
+"""The tool-call parser on outputs recorded from real checkpoints, whole and streamed."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from mlxcel.engine.tool_calls import ToolCallStream, parse_tool_calls
+
+# (label, generated text, expected content, expected [(name, args)])
+RECORDED = [
+    ("qwen2.5-7b hermes one call",
+     '<tool_call>\n{"name": "get_current_weather", "arguments": {"location": "Paris, France", "unit": "celsius"}}\n'
+     "</tool_call>",
+     "", [("get_current_weather", {"location": "Paris, France", "unit": "celsius"})]),
+    ("qwen3-8b hermes parallel calls after text",
+     "I'll check both cities.\n\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Tokyo\"}}\n"
+     "</tool_call>\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Berlin\"}}\n</tool_call>",
+     "I'll check both cities.", [("get_weather", {"city": "Tokyo"}), ("get_weather", {"city": "Berlin"})]),
+    ("hermes unclosed at EOS",
+     '<tool_call>\n{"name": "search", "arguments": {"q": "mlx"}}',
+     "", [("search", {"q": "mlx"})]),
+    ("llama-3.1-8b bare json",
+     '{"name": "get_current_conditions", "parameters": {"location": "San Francisco, CA", "unit": "Fahrenheit"}}',
+     "", [("get_current_conditions", {"location": "San Francisco, CA", "unit": "Fahrenheit"})]),
+    ("llama-3.2-3b python_tag",
+     '<|python_tag|>{"type": "function", "name": "calc", "parameters": {"expr": "2+2"}}',
+     "", [("calc", {"expr": "2+2"})]),
+    ("llama-3.3 python_tag two calls",
+     '<|python_tag|>{"name": "a", "parameters": {}}; {"name": "b", "parameters": {"x": 1}}',
+     "", [("a", {}), ("b", {"x": 1})]),
+    ("mistral-7b-v0.3",
+     '[TOOL_CALLS] [{"name": "get_current_weather", "arguments": {"location": "Paris, France", "format": "celsius"}}]',
+     "", [("get_current_weather", {"location": "Paris, France", "format": "celsius"})]),
+    ("mistral-small-2501 name[ARGS]",
+     '[TOOL_CALLS]get_weather[ARGS]{"city": "Rome"}',
+     "", [("get_weather", {"city": "Rome"})]),
+    ("generic fenced json",
+     '```json\n{"name": "lookup", "arguments": "{\\"id\\": 7}"}\n```',
+     "", [("lookup", {"id": 7})]),
+    ("generic tool_calls wrapper",
+     '{"tool_calls": [{"name": "x", "arguments": {"a": [1, 2]}}]}',
+     "", [("x", {"a": [1, 2]})]),
+    ("plain answer", "The capital of France is Paris.", "The capital of France is Paris.", []),
+    ("json answer that is not a call", '{"answer": 42}', '{"answer": 42}', []),
+    ("broken hermes stays content", "<tool_call>\n{not json}\n</tool_call>", "<tool_call>\n{not json}\n</tool_call>", []),
+    ("text mentioning a tag-like prefix", "Use <tool to go\n", "Use <tool to go\n", []),
+]
+
+
+@pytest.mark.parametrize("label,text,content,calls", RECORDED, ids=[r[0] for r in RECORDED])
+def test_parse_recorded_outputs(label, text, content, calls):
+    got_content, got_calls = parse_tool_calls(text)
+    assert got_content == content
+    assert [(c.name, json.loads(c.arguments)) for c in got_calls] == calls
+    assert len({c.id for c in got_calls}) == len(got_calls)
+
+
+@pytest.mark.parametrize("label,text,content,calls", RECORDED, ids=[r[0] for r in RECORDED])
+def test_streaming_in_random_chunks_equals_one_shot(label, text, content, calls):
+    rng = random.Random(label)
+    for _ in range(20):
+        s = ToolCallStream()
+        pieces, i = [], 0
+        while i < len(text):
+            j = i + rng.randint(1, 6)
+            pieces += s.feed(text[i:j])
+            i = j
+        pieces += s.finish()
+        assert "".join(p.content for p in pieces) == content
+        assert [(p.call.name, json.loads(p.call.arguments)) for p in pieces if p.call] == calls
+        assert [p.index for p in pieces if p.call] == list(range(len(calls)))
+
+
+def test_hermes_call_released_before_the_generation_ends():
+    s = ToolCallStream()
+    out = s.feed('<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>\n<tool_')
+    assert [p.call.name for p in out if p.call] == ["f"]
+
+
+def test_content_streams_before_any_marker():
+    s = ToolCallStream()
+    assert "".join(p.content for p in s.feed("Hello there, ")) == "Hello there,"
