@@ -113,7 +113,7 @@ def test_t_max_predict_ms_stops_at_a_newline(default_server):
 
 
 def test_native_refusals_use_the_native_envelope(default_server):
-    cases = [dict(prompt="x", n_predict=-2), dict(n_predict=2), dict(prompt="x", grammar="root ::= \"a\""),
+    cases = [dict(prompt="x", n_predict=-2), dict(n_predict=2),
              dict(prompt="x", n_cmpl=2), dict(prompt="x", top_k="many")]
     for body in cases:
         r = post(default_server, "/completion", **body)
