@@ -50,8 +50,10 @@ def add_parser(sub) -> None:
 
 
 def _load(args):
+    from mlxcel.cli.server import prepare_cpu_runtime
     from mlxcel.runtime import load_served_model
 
+    prepare_cpu_runtime(os.environ)
     try:
         path = resolve_model(args.model, root=store_root(args.store, os.environ),
                              default_org=os.environ.get("MLXCEL_DEFAULT_ORG", "mlx-community"),
