@@ -22,6 +22,9 @@ ensure_fast_blas(os.environ)
 
 REPO = fixtures.REPO_ROOT
 
+# In-process torch (the model tests) gets what mlxcel-server sets up: sleeping OpenMP workers.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 
 def fixture_path(ref: str) -> Path:
     """The fixture's checkpoint directory; a missing fixture fails loudly (never skips)."""

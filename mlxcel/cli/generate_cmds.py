@@ -49,11 +49,12 @@ def add_parser(sub) -> None:
 
 
 def _load(args):
-    from mlxcel.cli.server import enable_fast_blas
+    from mlxcel.cli.server import enable_fast_blas, prepare_cpu_runtime
 
     enable_fast_blas()  # before mlx.core is imported by the runtime
     from mlxcel.runtime import load_served_model
 
+    prepare_cpu_runtime(os.environ)
     try:
         path = resolve_model(args.model, root=store_root(args.store, os.environ),
                              default_org=os.environ.get("MLXCEL_DEFAULT_ORG", "mlx-community"),

@@ -68,9 +68,17 @@ def choose_backend(settings: ServerSettings, path: Path) -> None:
     settings.backend, settings.device = choice.backend, choice.device
 
 
+def prepare_cpu_runtime(environ) -> None:
+    """Before torch loads: idle OpenMP workers sleep instead of spinning. With spinning (the
+    default) a 2-thread pool sharing 2 cores with the HTTP loop, tokenizer or other processes
+    decoded 5x slower here (docs/benchmarks.md). An explicit OMP_WAIT_POLICY is kept."""
+    environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
 def main(argv: list[str] | None = None, prog: str = "mlxcel-server") -> int:
     argv = sys.argv[1:] if argv is None else argv
     settings = parse_server_args(argv, os.environ, prog=prog)  # refusals exit here
+    prepare_cpu_runtime(os.environ)
     from mlxcel.cli.logging_setup import configure_logging
 
     configure_logging(settings)
