@@ -21,7 +21,7 @@ from mlxcel.api.errors import ApiError
 from mlxcel.api.llamacpp import native_grammar, render
 from mlxcel.api.llamacpp.native_params import NativeRequest, parse_native, with_prompt
 from mlxcel.api.openai.fields import ignored_fields_header
-from mlxcel.api.openai.generation import SSE_HEADERS, merged, served_model, submit
+from mlxcel.api.openai.generation import SSE_HEADERS, merged, served_model, submit_all
 from mlxcel.api.state import AppState, ServedModel
 from mlxcel.engine.engine import RequestHandle
 from mlxcel.engine.types import GenerationRequest, TokenEvent
@@ -138,18 +138,6 @@ def final_object(model: ServedModel, nreq: NativeRequest, greq: GenerationReques
         tokens=res.tokens if (nreq.return_tokens and not stream) else [], stream=stream,
         timings_per_token=nreq.timings_per_token, probs=probs)
     return render.project(obj, nreq.response_fields)
-
-
-def submit_all(model: ServedModel, greqs: list[GenerationRequest]) -> list[RequestHandle]:
-    handles: list[RequestHandle] = []
-    try:
-        for greq in greqs:
-            handles.append(submit(model, greq))
-    except ApiError:
-        for h in handles:
-            h.cancel()
-        raise
-    return handles
 
 
 async def _watch_disconnect(request: Request, handles: list[RequestHandle]) -> None:

@@ -158,14 +158,7 @@ async def chat_completions(request: Request, app_state: AppState) -> Any:
         steer_headers, reader = steer.apply(steering, model.steering, app_state.steering_store, greq)
         if constraint is not None:
             greq.grammar = await rf.compile_grammar(constraint, model)
-    handles = []
-    try:
-        for greq in greqs:
-            handles.append(g.submit(model, greq))
-    except ApiError:
-        for h in handles:
-            h.cancel()
-        raise
+    handles = g.submit_all(model, greqs)
     outputs = [chat_surface.ChatOutput(prep, parallel_tool_calls=req.parallel_tool_calls is not False,
                                        echo=bool(req.echo)) for _ in handles]  # one output parser per choice
     if req.stream:

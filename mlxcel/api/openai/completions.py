@@ -91,14 +91,7 @@ async def completions(request: Request, app_state: AppState) -> Any:
     for greq in greqs:
         if not greq.prompt:
             raise ApiError(400, "the prompt tokenizes to nothing", code="invalid_parameter", param="prompt")
-    handles = []
-    try:
-        for greq in greqs:
-            handles.append(g.submit(model, greq))
-    except ApiError:
-        for h in handles:
-            h.cancel()
-        raise
+    handles = g.submit_all(model, greqs)
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
 

@@ -139,6 +139,19 @@ def submit(model: ServedModel, greq: GenerationRequest) -> RequestHandle:
         raise ApiError(e.status, e.message, code=e.code) from None
 
 
+def submit_all(model: ServedModel, greqs: list[GenerationRequest]) -> list[RequestHandle]:
+    """Submit every row of one request; if one is refused, cancel those already queued."""
+    handles: list[RequestHandle] = []
+    try:
+        for greq in greqs:
+            handles.append(submit(model, greq))
+    except ApiError:
+        for h in handles:
+            h.cancel()
+        raise
+    return handles
+
+
 async def _watch_disconnect(request: Request, handles: list[RequestHandle]) -> None:
     while True:
         message = await request.receive()
