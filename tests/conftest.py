@@ -82,6 +82,19 @@ class ServerProcess:
         self._log.close()
 
 
+def module_server(ref: str, *args: str):
+    """A module-scoped fixture serving `ref` (offline) with extra command-line `args`."""
+
+    @pytest.fixture(scope="module")
+    def server():
+        fixture_path(ref)
+        s = ServerProcess(["-m", ref, "--offline", *args])
+        yield s
+        s.stop()
+
+    return server
+
+
 @pytest.fixture(scope="session")
 def default_server():
     fixture_path(DEFAULT_MODEL)

@@ -53,3 +53,12 @@ class Backend(Protocol):
 
     def forward_all(self, tokens: list[int], cache: Any) -> np.ndarray:
         """Like forward for one row, but return logits for every position: [n, vocab]."""
+
+
+def kv_bytes_per_token(info: ModelInfo, dtype_bytes: int) -> int:
+    """Bytes one token's keys and values take across all layers, from the checkpoint config."""
+    c = info.config
+    heads = c.get("num_attention_heads") or 1
+    kv_heads = c.get("num_key_value_heads") or heads
+    head_dim = c.get("head_dim") or (c.get("hidden_size", 0) // heads)
+    return 2 * info.num_layers * kv_heads * head_dim * dtype_bytes

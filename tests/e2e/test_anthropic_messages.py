@@ -11,7 +11,7 @@ import anthropic
 import httpx
 import pytest
 
-from tests.conftest import ServerProcess, fixture_path
+from tests.conftest import module_server
 from tests.fixtures import QWEN3_TINY
 
 TOOLS = [{"name": "get_weather", "description": "Weather in a city",
@@ -20,12 +20,7 @@ ASK = {"role": "user", "content": "Weather in Paris?"}
 GREEDY = {"temperature": 0}  # this SDK version no longer takes temperature as an argument
 
 
-@pytest.fixture(scope="module")
-def server():
-    fixture_path(QWEN3_TINY)
-    s = ServerProcess(["-m", QWEN3_TINY, "--offline"])
-    yield s
-    s.stop()
+server = module_server(QWEN3_TINY)
 
 
 @pytest.fixture(scope="module")

@@ -7,16 +7,11 @@ import openai
 import pytest
 from openai import OpenAI
 
-from tests.conftest import ServerProcess, fixture_path
+from tests.conftest import module_server
 from tests.fixtures import QWEN3_TINY
 
 
-@pytest.fixture(scope="module")
-def server():
-    fixture_path(QWEN3_TINY)
-    s = ServerProcess(["-m", QWEN3_TINY, "--offline"])
-    yield s
-    s.stop()
+server = module_server(QWEN3_TINY)
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.utils import load_model
 
-from mlxcel.backends.base import ForwardRow, ModelInfo
+from mlxcel.backends.base import ForwardRow, ModelInfo, kv_bytes_per_token
 from mlxcel.backends.mlx.paged import PagedBatchView, PagedStorage, StepPlan
 from mlxcel.engine.kv_block_pool import BlockAllocator, SequenceKV
 from mlxcel.models.hooks import install_hooks
@@ -96,12 +96,7 @@ class MLXBackend:
 
     @property
     def kv_bytes_per_token(self) -> int:
-        """Bytes one token's keys and values take across all layers."""
-        c = self.info.config
-        heads = c.get("num_attention_heads") or 1
-        kv_heads = c.get("num_key_value_heads") or heads
-        head_dim = c.get("head_dim") or (c.get("hidden_size", 0) // heads)
-        return 2 * self.info.num_layers * kv_heads * head_dim * _DTYPES[self.info.dtype].size
+        return kv_bytes_per_token(self.info, _DTYPES[self.info.dtype].size)
 
     def new_sequence(self) -> SequenceKV:
         return SequenceKV(self.allocator)

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mlxcel.backends.base import ForwardRow, ModelInfo
+from mlxcel.backends.base import ForwardRow, ModelInfo, kv_bytes_per_token
 from mlxcel.backends.torch.paged import PagedStepCache, PagedStorage, StepPlan
 from mlxcel.engine.kv_block_pool import BlockAllocator, SequenceKV
 from mlxcel.models.hooks import LayerHooks
@@ -146,11 +146,7 @@ class TorchBackend:
 
     @property
     def kv_bytes_per_token(self) -> int:
-        c = self.info.config
-        heads = c.get("num_attention_heads") or 1
-        kv_heads = c.get("num_key_value_heads") or heads
-        head_dim = c.get("head_dim") or (c.get("hidden_size", 0) // heads)
-        return 2 * self.info.num_layers * kv_heads * head_dim * DTYPES[self.info.dtype].itemsize
+        return kv_bytes_per_token(self.info, DTYPES[self.info.dtype].itemsize)
 
     def new_sequence(self) -> SequenceKV:
         return SequenceKV(self.allocator)
