@@ -38,19 +38,19 @@ class Clip:
     container: str  # "wav", "mp3" or "flac"
     rate: int
     channels: int
-    frames: int | None  # what the header declares; None when it does not say (FLAC total 0)
+    frames: int  # what the header declares
 
     @property
-    def seconds(self) -> float | None:
-        return None if self.frames is None else self.frames / self.rate
+    def seconds(self) -> float:
+        return self.frames / self.rate
 
 
-def _bounds(container: str, rate: int, channels: int, frames: int | None) -> Clip:
+def _bounds(container: str, rate: int, channels: int, frames: int) -> Clip:
     if not 0 < rate <= MAX_RATE:
         raise UploadError(f"{container}: sample rate {rate} Hz is outside 1..{MAX_RATE} Hz", param="file")
     if not 0 < channels <= MAX_CHANNELS:
         raise UploadError(f"{container}: {channels} channels (at most {MAX_CHANNELS})", param="file")
-    if frames is not None and frames > MAX_SECONDS * rate:
+    if frames > MAX_SECONDS * rate:
         raise UploadError(f"{container}: the clip lasts {frames / rate:.1f} s, more than {MAX_SECONDS} s",
                           param="file")
     return Clip(container, rate, channels, frames)
@@ -214,7 +214,10 @@ def _flac(data: bytes, start: int) -> Clip:
     sample_bits, total = ((bits >> 36) & 31) + 1, bits & ((1 << 36) - 1)
     if sample_bits < 4:
         raise UploadError(f"FLAC: {sample_bits}-bit samples are invalid", param="file")
-    return _bounds("FLAC", rate, channels, total or None)
+    if total == 0:  # legal for a streamed encoder, but then nothing bounds the decode ahead of time
+        raise UploadError("FLAC: STREAMINFO does not state the clip's length (total samples 0); re-encode the "
+                          "file with its length", param="file")
+    return _bounds("FLAC", rate, channels, total)
 
 
 # --- decode ------------------------------------------------------------------------------
@@ -238,9 +241,7 @@ def decode(data: bytes, clip: Clip) -> np.ndarray:
     from scipy.signal import resample_poly
 
     up, down, block, context = _resample_plan(clip.rate)
-    cap = MAX_SECONDS * clip.rate
-    if clip.frames is not None:  # room for an mp3 decoder's priming and padding, not more
-        cap = min(cap, clip.frames + 4096)
+    cap = min(MAX_SECONDS * clip.rate, clip.frames + 4096)  # room for an mp3 decoder's priming, not more
     out: list[np.ndarray] = []
     pending = np.zeros(0, dtype=np.float32)  # source-rate mono samples not yet resampled
     left = 0  # context samples at the head of `pending` already resampled
