@@ -72,6 +72,12 @@ def _whisper_side(settings: ServerSettings, resolve: Callable[[str, str], Path],
     path = resolve(settings.model, "--hf-repo" if settings.hf_repo else "-m")
     if not is_whisper(path):
         return None
+    import importlib.util
+
+    missing = [m for m in ("mlx_whisper", "soundfile", "scipy") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise StartupRefusal(f"-m {settings.model} is a Whisper checkpoint, and serving it needs {', '.join(missing)}: "
+                             f"pip install 'mlxcel[audio]'")
     if settings.backend == "torch":
         raise StartupRefusal(f"--backend torch: {settings.model} is a Whisper checkpoint, which mlxcel serves on MLX "
                              f"(mlx-whisper) only; drop --backend torch")
