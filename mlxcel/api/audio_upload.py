@@ -166,6 +166,8 @@ def _mp3(data: bytes, start: int) -> Clip:
     while pos < end:
         head = _mp3_header(data, pos)
         if head is None:
+            if data[pos : pos + 8] == b"APETAGEX" or data[pos : pos + 11] == b"LYRICSBEGIN" or not any(data[pos:end]):
+                break  # trailing tags or zero padding after the last frame
             raise UploadError(f"mp3: corrupt stream, no frame header at byte {pos}", param="file")
         size, n, frame_rate, _ = head
         if frame_rate != rate:

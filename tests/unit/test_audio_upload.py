@@ -172,6 +172,9 @@ def test_mp3_frames_are_walked(genuine):
         au.inspect(mp3[: len(mp3) // 2 + 37])
     with pytest.raises(UploadError, match="no frame header"):
         au.inspect(mp3[:400] + b"garbage" * 50 + mp3[400:])
+    clip = au.inspect(mp3)
+    for tail in (b"APETAGEX" + bytes(24), bytes(300), b"TAG" + bytes(125)):  # tags and padding after the frames
+        assert au.inspect(mp3 + tail) == clip
 
 
 def _flac_total(flac: bytes, total: int) -> bytes:
