@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import httpx
+import numpy as np
 import pytest
 
 from tests.audio.clips import SENTENCE, encode, hostile_flac, overclaiming_wav, spoken, truncated_mp3, wer
@@ -28,7 +29,9 @@ def server():
 @pytest.fixture(scope="module")
 def clips(tmp_path_factory):
     audio, rate = spoken(tmp_path_factory.mktemp("speech"))
-    return {**{c: encode(audio, rate, c) for c in ("wav", "mp3", "flac")}, "short": encode(audio[: rate // 2], rate, "wav")}
+    gap = np.zeros(int(rate * 30.5) - len(audio), dtype=np.float32)  # the second sentence lands in window 2
+    return {**{c: encode(audio, rate, c) for c in ("wav", "mp3", "flac")}, "short": encode(audio[: rate // 2], rate, "wav"),
+            "two_windows": encode(np.concatenate([audio, gap, audio]), rate, "wav")}
 
 
 def _post(server, path, data: bytes, name="clip", **fields):
@@ -59,16 +62,28 @@ def test_compressed_containers_on_the_alias(server, clips, container):
 
 
 def test_stream_deltas_join_to_the_text(server, clips, wav_text):
-    frames = []
-    with httpx.stream("POST", server.base_url + "/v1/audio/transcriptions", files={"file": ("c.wav", clips["wav"])},
+    events = _stream(server, clips["wav"])
+    deltas = [e["delta"] for e in events if e["type"] == "transcript.text.delta"]
+    assert deltas and events[-1]["type"] == "transcript.text.done"
+    assert "".join(deltas) == events[-1]["text"] == wav_text
+
+
+def _stream(server, data: bytes) -> list[dict]:
+    with httpx.stream("POST", server.base_url + "/v1/audio/transcriptions", files={"file": ("c.wav", data)},
                       data={"stream": "true"}, timeout=TIMEOUT) as r:
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
         frames = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
     assert frames[-1] == "[DONE]"
-    events = [json.loads(f) for f in frames[:-1]]
+    return [json.loads(f) for f in frames[:-1]]
+
+
+def test_stream_sends_one_delta_per_window(server, clips):
+    events = _stream(server, clips["two_windows"])
     deltas = [e["delta"] for e in events if e["type"] == "transcript.text.delta"]
-    assert deltas and events[-1]["type"] == "transcript.text.done"
-    assert "".join(deltas) == events[-1]["text"] == wav_text
+    done = events[-1]
+    assert len(deltas) == 2 and done["type"] == "transcript.text.done" and "".join(deltas) == done["text"]
+    assert done["usage"]["input_tokens"] == 3000  # two 30-second windows of 1500 encoder positions
+    assert wer(SENTENCE + " " + SENTENCE, done["text"]) <= 0.2, done["text"]
 
 
 def test_translations_formats(server, clips, wav_text):

@@ -8,8 +8,8 @@ upstream's: the capability refusal (a chat model without an audio tower: 501 "Th
 does not support audio input.") comes before any field is read, `response_format` is json only,
 `temperature` / `max_tokens` arrive as strings and a value that does not parse is a 400, a text
 field sent twice falls back to its default, a repeated `file` keeps the last, unknown fields are
-ignored. The Whisper worker decodes a finished transcript, so the streamed deltas are its
-segments (one per 30-second window) sent after decoding, not tokens as they are produced.
+ignored. The Whisper worker decodes a 30-second window at a time, and each window's text is sent
+as one delta as soon as it is decoded (their concatenation is the non-streamed `text`).
 
 /v1/audio/translations answers OpenAI's `text` / `json` / `verbose_json`. On an English-only
 checkpoint (tiny.en and friends) the model hears English only, so its translation is its
@@ -101,22 +101,29 @@ def _count(form: Form, name: str) -> int | None:
     return int(raw)
 
 
-async def _transcribe(worker, form: Form, task: str):
+async def _prepare(worker, form: Form, task: str) -> tuple:
+    """Every refusal the request can earn, before decoding starts: (audio, transcription options)."""
     from mlxcel.workers.whisper import WhisperError
 
     if form.file is None:
         raise ApiError(400, "No input file found for transcription", code="invalid_request_error", param="file")
-    temperature, max_tokens = _float(form, "temperature", 0.0), _count(form, "max_tokens")
+    options = {"task": task, "language": form.text("language") or None, "prompt": form.text("prompt"),
+               "temperature": _float(form, "temperature", 0.0), "max_tokens": _count(form, "max_tokens")}
+    try:
+        worker.check(options["language"])
+    except WhisperError as e:
+        raise ApiError(400, str(e), code="invalid_parameter", param="language") from None
     try:
         clip = inspect(form.file.data)
         audio = await asyncio.to_thread(decode, form.file.data, clip)
     except UploadError as e:
         raise ApiError(e.status, str(e), code="invalid_audio", param=e.param) from None
-    try:
-        return await asyncio.to_thread(worker.transcribe, audio, task=task, language=form.text("language") or None,
-                                       prompt=form.text("prompt"), temperature=temperature, max_tokens=max_tokens)
-    except WhisperError as e:
-        raise ApiError(400, str(e), code="invalid_parameter", param="language") from None
+    return audio, options
+
+
+async def _transcribe(worker, form: Form, task: str):
+    audio, options = await _prepare(worker, form, task)
+    return await asyncio.wrap_future(worker.start(audio, **options))
 
 
 def _usage(t) -> dict:
@@ -138,19 +145,33 @@ async def transcriptions(request: Request, app_state: AppState) -> Response:
     if fmt != "json":
         raise ApiError(400, "Only 'json' response_format is supported for transcription", code="invalid_parameter",
                        param="response_format")
-    stream = form.text("stream") == "true"
-    t = await _transcribe(worker, form, "transcribe")
-    done = {"type": "transcript.text.done", "text": t.text, "usage": _usage(t)}
-    if not stream:
-        return Response(done)
+    if form.text("stream") != "true":
+        t = await _transcribe(worker, form, "transcribe")
+        return Response({"type": "transcript.text.done", "text": t.text, "usage": _usage(t)})
+    audio, options = await _prepare(worker, form, "transcribe")
+    return Stream(_frames(worker, audio, options), media_type="text/event-stream", headers=SSE_HEADERS)
 
-    async def frames():
-        for piece in t.pieces:
-            yield _sse({"type": "transcript.text.delta", "delta": piece})
-        yield _sse(done)
+
+async def _frames(worker, audio, options):
+    """One transcript.text.delta per window as the worker decodes it, then the done frame; a
+    client that goes away stops the worker at the next window."""
+    loop, queue = asyncio.get_running_loop(), asyncio.Queue()
+    stop = False
+    future = worker.start(audio, on_delta=lambda d: loop.call_soon_threadsafe(queue.put_nowait, d),
+                          cancelled=lambda: stop, **options)
+    future.add_done_callback(lambda _: loop.call_soon_threadsafe(queue.put_nowait, None))
+    try:
+        while (delta := await queue.get()) is not None:
+            yield _sse({"type": "transcript.text.delta", "delta": delta})
+        try:
+            t = future.result()
+        except Exception as e:  # the stream has started: the error goes out as a frame
+            yield _sse({"error": {"message": f"transcription failed: {e}", "type": "server_error"}})
+            return
+        yield _sse({"type": "transcript.text.done", "text": t.text, "usage": _usage(t)})
         yield b"data: [DONE]\n\n"
-
-    return Stream(frames(), media_type="text/event-stream", headers=SSE_HEADERS)
+    finally:
+        stop = True
 
 
 @post("/v1/audio/translations", status_code=200, request_max_body_size=BODY_LIMIT)
