@@ -133,6 +133,8 @@ class _Attachment:
                     await self.send({"type": "http.response.body", "body": chunk, "more_body": True})
             except OffsetLost:
                 log.warning("stream %s: the client fell more than the buffer behind", self.conv_id)
+            except OSError:  # a server that raises on a closed connection: the client is gone
+                self.client_gone.set()
             if not self.client_gone.is_set():
                 await self.send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:

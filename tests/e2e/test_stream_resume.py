@@ -35,8 +35,9 @@ def _client(server, key: str = ALPHA) -> httpx.Client:
     return httpx.Client(base_url=server.base_url, headers={"Authorization": f"Bearer {key}"}, timeout=120)
 
 
+# cache_prompt off: both runs compute the prompt the same way, so greedy decoding matches exactly
 CHAT = {"messages": [{"role": "user", "content": "Count slowly."}], "max_tokens": 200, "temperature": 0,
-        "seed": 7, "stream": True, "stream_options": {"include_usage": True}}
+        "seed": 7, "stream": True, "stream_options": {"include_usage": True}, "cache_prompt": False}
 
 
 def _frames(raw: bytes) -> list:
@@ -156,18 +157,22 @@ def test_delete_cancels_the_generation_and_frees_the_slot(server):
 
 
 def test_another_key_cannot_see_replay_or_stop_a_stream(server):
-    body = {"prompt": "Once", "n_predict": 8, "stream": True}
+    body = {"prompt": "Once", "n_predict": 200, "ignore_eos": True, "stream": True}
     with _client(server, ALPHA) as alpha, _client(server, BETA) as beta:
-        mine = alpha.post("/completion", json=body, headers={"X-Conversation-Id": "conv-private"})
-        assert mine.status_code == 200
-        theirs = beta.get("/v1/stream", params={"conv_id": "conv-private"})
-        assert theirs.status_code == 404
-        assert theirs.json() == {"error": {"code": 404, "message": "Stream not found or expired",
-                                           "type": "not_found_error"}}
-        assert beta.post("/v1/streams/lookup", json={"conversation_ids": ["conv-private"]}).json() == []
-        assert beta.delete("/v1/stream", params={"conv_id": "conv-private"}).status_code == 204
-        assert _replay(alpha, "conv-private") == mine.content  # untouched by the other key
+        with alpha.stream("POST", "/completion", json=body, headers={"X-Conversation-Id": "conv-private"}) as r:
+            frames = r.iter_raw()
+            mine = next(frames)
+            theirs = beta.get("/v1/stream", params={"conv_id": "conv-private"})
+            assert theirs.status_code == 404
+            assert theirs.json() == {"error": {"code": 404, "message": "Stream not found or expired",
+                                               "type": "not_found_error"}}
+            assert beta.post("/v1/streams/lookup", json={"conversation_ids": ["conv-private"]}).json() == []
+            assert beta.delete("/v1/stream", params={"conv_id": "conv-private"}).status_code == 204
+            mine += b"".join(frames)
+        final = json.loads(mine.rstrip(b"\n").rsplit(b"\n\n", 1)[-1].removeprefix(b"data: "))
+        assert final["stop"] is True and final["tokens_predicted"] == body["n_predict"]  # ran to its end
+        assert _replay(alpha, "conv-private") == mine  # untouched by the other key
         # the same id under the other key is that key's own, separate session
-        other = beta.post("/completion", json=body, headers={"X-Conversation-Id": "conv-private"})
+        other = beta.post("/completion", json={**body, "n_predict": 8}, headers={"X-Conversation-Id": "conv-private"})
         assert _replay(beta, "conv-private") == other.content
-        assert _replay(alpha, "conv-private") == mine.content
+        assert _replay(alpha, "conv-private") == mine
