@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from mlxcel.steering import circuits as circ
 from mlxcel.steering import intensity as dial
 from mlxcel.steering.sae import SAE, SAEError, check_compatible, load_sae
 from mlxcel.steering.store import Profile
@@ -58,6 +59,18 @@ class Resolved:
 
     steering: dict[int, np.ndarray] | None
     intensity: float | None = None  # the λ to echo (None: no echo)
+    rung: int | None = None  # a circuit genuinely steering this request (X-miLLM-Circuit-Rung)
+
+
+@dataclass
+class CircuitServe:
+    """How an active circuit serves against the attached SAEs right now."""
+
+    doc: circ.CircuitDocument | None  # None: the stored definition no longer parses
+    mode: str | None  # circ.FULL, circ.SLICE, or None (no member layer has an SAE)
+    bound: dict[int, SAE]  # layer -> the SAE its members steer through
+    unbound: list[int]
+    error: str | None = None
 
 
 class Monitor:
@@ -95,8 +108,12 @@ class Monitor:
 
 
 class SteeringManager:
-    def __init__(self, hidden_size: int, num_layers: int) -> None:
+    """`cluster_min` / `circuit_min`: CLUSTER_INTENSITY_MIN and CIRCUIT_INTENSITY_MIN."""
+
+    def __init__(self, hidden_size: int, num_layers: int, cluster_min: float = dial.CLUSTER_INTENSITY_MIN,
+                 circuit_min: float = circ.CIRCUIT_INTENSITY_MIN) -> None:
         self.hidden_size, self.num_layers = hidden_size, num_layers
+        self.cluster_min, self.circuit_min = cluster_min, circuit_min
         self.attached: dict[str, Attached] = {}
         self.monitor: Monitor | None = None
         self.lock = threading.RLock()
@@ -196,6 +213,51 @@ class SteeringManager:
             lam = dial.resolve(intensity, profile.intensity_min, profile.intensity_max)
             steering = self.profile_steering(profile, lam)
             return Resolved(steering, lam if profile.steering else None)
+
+    # -- circuits -------------------------------------------------------------------------
+    def bind_circuit(self, raw: bytes) -> CircuitServe:
+        """Each member layer binds to an enabled attached SAE at that layer whose width (and
+        d_model) match the document; the SAE the document names wins when several do."""
+        try:
+            doc = circ.parse_circuit(raw)
+        except circ.CircuitError as e:
+            return CircuitServe(None, None, {}, [], str(e))
+        with self.lock:
+            bound: dict[int, SAE] = {}
+            for layer in doc.layers:
+                ref = doc.sae_ref(layer)
+                top = max(doc.members[layer])
+                fits = [a.sae for a in self.attached.values() if a.enabled and a.sae.layer == layer
+                        and top < a.sae.d_sae and (ref is None or ref.n_features in (None, a.sae.d_sae))
+                        and (ref is None or ref.d_model in (None, a.sae.d_in))]
+                named = [s for s in fits if ref is not None and s.sae_id == ref.sae_id]
+                if named or len(fits) == 1:
+                    bound[layer] = (named or fits)[0]
+        unbound = [layer for layer in doc.layers if layer not in bound]
+        mode = None if not bound else (circ.FULL if not unbound else circ.SLICE)
+        return CircuitServe(doc, mode, bound, unbound)
+
+    def circuit_steering(self, raw: bytes, stored: float, intensity: float | str | None) -> Resolved:
+        """One λ over every bound layer, each member re-derived from its authored strength and
+        clamped to ±200. Full mode clamps λ at both ends and reports the rung; a slice
+        fallback is a cluster and takes the cluster rule (and no rung)."""
+        serve = self.bind_circuit(raw)
+        if serve.mode is None:
+            return Resolved(None)
+        doc = serve.doc
+        if serve.mode == circ.FULL:
+            lam = circ.resolve_circuit(intensity, stored, doc.intensity_min, doc.intensity_max, self.circuit_min)
+        elif intensity is None:
+            lam = stored
+        else:
+            lam = dial.resolve(intensity, doc.intensity_min, doc.intensity_max, self.cluster_min)
+        out = {}
+        for layer, sae in serve.bound.items():
+            d = delta_for(sae, doc.members[layer], lam)
+            if d is not None:
+                out[layer] = d
+        rung = doc.rung if out and serve.mode == circ.FULL else None
+        return Resolved(out or None, lam, rung)
 
     def _scaled_live(self, layer: int, lam: float) -> np.ndarray | None:
         total = None

@@ -1,5 +1,6 @@
 """The per-request steering surface of /v1/chat/completions: `profile`, `steering_intensity`,
-`return_sae_activations`, and the `X-miLLM-Steering-Intensity` echo.
+`return_sae_activations`, the `X-miLLM-Steering-Intensity` echo and the `X-miLLM-Circuit-Rung`
+header of a request an active circuit genuinely steers.
 
 `take_fields` removes these fields from the body before the field contract sees it (they are
 honoured here), `apply` resolves them against the served model's SAEs and the profile store
@@ -17,6 +18,7 @@ import numpy as np
 
 from mlxcel.api.errors import ApiError
 from mlxcel.engine.types import GenerationRequest
+from mlxcel.steering import circuits as circ
 from mlxcel.steering import intensity as dial
 from mlxcel.steering.manager import SteeringError, SteeringManager
 from mlxcel.steering.sae import SAE
@@ -172,25 +174,31 @@ def apply(fields: SteeringFields, manager: SteeringManager | None, store: Steeri
     """Resolve this request's steering into `greq`; returns the response headers and the
     activation reader (None when not asked)."""
     headers: dict[str, str] = {}
-    profile = None
+    profile, circuit = None, None
     if fields.profile is not None:
         profile = store.get(fields.profile) if store is not None else None
         if profile is None:
             raise ApiError(404, f"profile {fields.profile!r} not found", code="profile_not_found", param="profile")
     elif store is not None and manager is not None and manager.attached:
         profile = store.active()
+        circuit = store.active_circuit() if profile is None else None
     reader = None
     if fields.activations is not None:
         reader = activation_reader(manager, fields.activations, len(greq.prompt), greq.max_tokens)
     steering, lam = None, None
     if manager is not None:
         try:
-            resolved = manager.resolve(profile, fields.intensity)
+            if circuit is not None:
+                resolved = manager.circuit_steering(circuit.document, circuit.intensity, fields.intensity)
+            else:
+                resolved = manager.resolve(profile, fields.intensity)
         except SteeringError as e:
             raise ApiError(e.status, e.message, code=e.code, param="profile" if fields.profile else None) from None
         steering, lam = resolved.steering, resolved.intensity
+        if resolved.rung is not None:
+            headers[circ.RUNG_HEADER] = circ.rung_header(resolved.rung)
     if fields.intensity is not None and lam is not None:
-        headers[INTENSITY_HEADER] = f"{lam:.6g}" if lam != int(lam) else f"{lam:.1f}"
+        headers[INTENSITY_HEADER] = sf_decimal(lam)
     capture: dict = {}
     monitor = manager.monitor_capture() if manager is not None else None
     for source in (monitor, {reader.sae.layer: reader.read} if reader is not None else None):
@@ -201,6 +209,12 @@ def apply(fields: SteeringFields, manager: SteeringManager | None, store: Steeri
     if steering is not None or reader is not None:
         greq.cache_prompt = False  # steered KV must never be shared with another request's prefix
     return headers, reader
+
+
+def sf_decimal(x: float) -> str:
+    """An RFC 8941 decimal: at most three fractional digits, at least one."""
+    text = f"{round(float(x), 3):.3f}".rstrip("0")
+    return text + "0" if text.endswith(".") else text
 
 
 def _both(a, b):

@@ -10,40 +10,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import msgspec
 from litestar import Request, Response, delete, get, post, put
 
-from mlxcel.api.management.envelope import Refusal, fail, run
+from mlxcel.api.management.circuits import ROUTES as CIRCUIT_ROUTES
+from mlxcel.api.management.envelope import Refusal, fail, need_manager, need_store, read_body, run
 from mlxcel.api.state import AppState
 from mlxcel.steering import intensity as dial
 from mlxcel.steering.store import Profile
 
 DIAL = "/api"
-
-
-async def _json(request: Request) -> dict[str, Any]:
-    raw = await request.body()
-    if not raw.strip():
-        return {}
-    try:
-        body = msgspec.json.decode(raw)
-    except msgspec.DecodeError as e:
-        raise Refusal(400, "invalid_json", f"request body is not valid JSON: {e}") from None
-    if not isinstance(body, dict):
-        raise Refusal(400, "invalid_request", "request body must be a JSON object")
-    return body
-
-
-def _manager(state: AppState):
-    if state.model is None or state.model.steering is None:
-        raise Refusal(503, "model_not_loaded", "no model is loaded")
-    return state.model.steering
-
-
-def _store(state: AppState):
-    if state.steering_store is None:
-        raise Refusal(503, "state_unavailable", "the server has no state directory open")
-    return state.steering_store
 
 
 def _values(raw: Any) -> dict[int, float]:
@@ -64,12 +39,12 @@ def _values(raw: Any) -> dict[int, float]:
 # -- SAEs and steering ---------------------------------------------------------------------
 @get(f"{DIAL}/saes")
 async def list_saes(app_state: AppState) -> Response:
-    return run(lambda: [a.public() for a in _manager(app_state).attached.values()])
+    return run(lambda: [a.public() for a in need_manager(app_state).attached.values()])
 
 
 @post(f"{DIAL}/saes/attach")
 async def attach_sae(request: Request, app_state: AppState) -> Response:
-    body = await _json(request)
+    body = await read_body(request)
 
     def go():
         ref = body.get("path") or body.get("sae")
@@ -78,53 +53,53 @@ async def attach_sae(request: Request, app_state: AppState) -> Response:
         path = Path(ref).expanduser()
         if "sae" in body and not path.is_absolute() and app_state.store_root is not None:
             path = app_state.store_root / ref
-        return _manager(app_state).attach(str(path), body.get("sae_id")).public()
+        return need_manager(app_state).attach(str(path), body.get("sae_id")).public()
 
     return run(go, 201)
 
 
 @delete(f"{DIAL}/saes/{{sae_id:str}}", status_code=200)
 async def detach_sae(sae_id: str, app_state: AppState) -> Response:
-    return run(lambda: _manager(app_state).detach(sae_id) or {"sae_id": sae_id, "attached": False})
+    return run(lambda: need_manager(app_state).detach(sae_id) or {"sae_id": sae_id, "attached": False})
 
 
 @get(f"{DIAL}/saes/{{sae_id:str}}/steering")
 async def get_steering(sae_id: str, app_state: AppState) -> Response:
-    return run(lambda: _manager(app_state).get(sae_id).public())
+    return run(lambda: need_manager(app_state).get(sae_id).public())
 
 
 @put(f"{DIAL}/saes/{{sae_id:str}}/steering")
 async def set_steering(sae_id: str, request: Request, app_state: AppState) -> Response:
-    body = await _json(request)
-    return run(lambda: _manager(app_state).set_values(sae_id, _values(body.get("values", {})),
+    body = await read_body(request)
+    return run(lambda: need_manager(app_state).set_values(sae_id, _values(body.get("values", {})),
                                                       replace=bool(body.get("replace", False))).public())
 
 
 @post(f"{DIAL}/saes/{{sae_id:str}}/steering/{{feature:int}}")
 async def set_feature(sae_id: str, feature: int, request: Request, app_state: AppState) -> Response:
-    body = await _json(request)
-    return run(lambda: _manager(app_state).set_values(sae_id, _values({str(feature): body.get("strength")})).public())
+    body = await read_body(request)
+    return run(lambda: need_manager(app_state).set_values(sae_id, _values({str(feature): body.get("strength")})).public())
 
 
 @delete(f"{DIAL}/saes/{{sae_id:str}}/steering", status_code=200)
 async def clear_steering(sae_id: str, app_state: AppState) -> Response:
-    return run(lambda: _manager(app_state).set_values(sae_id, {}, replace=True).public())
+    return run(lambda: need_manager(app_state).set_values(sae_id, {}, replace=True).public())
 
 
 @post(f"{DIAL}/saes/{{sae_id:str}}/{{action:str}}")
 async def enable_sae(sae_id: str, action: str, app_state: AppState) -> Response:
     if action not in ("enable", "disable"):
         return fail(404, "not_found", f"unknown action {action!r}")
-    return run(lambda: _manager(app_state).set_enabled(sae_id, action == "enable").public())
+    return run(lambda: need_manager(app_state).set_enabled(sae_id, action == "enable").public())
 
 
 # -- monitoring ----------------------------------------------------------------------------
 @post(f"{DIAL}/monitoring/configure")
 async def configure_monitoring(request: Request, app_state: AppState) -> Response:
-    body = await _json(request)
+    body = await read_body(request)
 
     def go():
-        m = _manager(app_state).configure_monitor(body.get("sae_id"), int(body.get("top_k", 8)),
+        m = need_manager(app_state).configure_monitor(body.get("sae_id"), int(body.get("top_k", 8)),
                                                   body.get("read_point", "pre_steering"), int(body.get("history", 1000)))
         return {"enabled": m is not None, "sae_id": None if m is None else m.sae.sae_id,
                 "top_k": None if m is None else m.top_k, "read_point": None if m is None else m.read_point}
@@ -135,7 +110,7 @@ async def configure_monitoring(request: Request, app_state: AppState) -> Respons
 @get(f"{DIAL}/monitoring/history")
 async def monitoring_history(app_state: AppState, limit: int = 100) -> Response:
     def go():
-        m = _manager(app_state).monitor
+        m = need_manager(app_state).monitor
         if m is None:
             raise Refusal(409, "monitoring_disabled", "monitoring is not configured")
         with m.lock:
@@ -147,7 +122,7 @@ async def monitoring_history(app_state: AppState, limit: int = 100) -> Response:
 @get(f"{DIAL}/monitoring/statistics")
 async def monitoring_statistics(app_state: AppState, top: int = 20) -> Response:
     def go():
-        m = _manager(app_state).monitor
+        m = need_manager(app_state).monitor
         if m is None:
             raise Refusal(409, "monitoring_disabled", "monitoring is not configured")
         return m.statistics(top)
@@ -157,7 +132,7 @@ async def monitoring_statistics(app_state: AppState, top: int = 20) -> Response:
 
 # -- profiles ------------------------------------------------------------------------------
 def _need_profile(state: AppState, name: str, kind: str | None = None) -> Profile:
-    p = _store(state).get(name)
+    p = need_store(state).get(name)
     if p is None or (kind is not None and p.kind != kind):
         raise Refusal(404, f"{kind or 'profile'}_not_found", f"{kind or 'profile'} {name!r} not found")
     return p
@@ -177,24 +152,24 @@ def _profile_from(body: dict, state: AppState) -> Profile:
 
 @get(f"{DIAL}/profiles")
 async def list_profiles(app_state: AppState) -> Response:
-    return run(lambda: [p.public() for p in _store(app_state).list()])
+    return run(lambda: [p.public() for p in need_store(app_state).list()])
 
 
 @post(f"{DIAL}/profiles")
 async def create_profile(request: Request, app_state: AppState) -> Response:
-    body = await _json(request)
-    return run(lambda: _store(app_state).create(_profile_from(body, app_state)).public(), 201)
+    body = await read_body(request)
+    return run(lambda: need_store(app_state).create(_profile_from(body, app_state)).public(), 201)
 
 
 @post(f"{DIAL}/profiles/import")
 async def import_profile(request: Request, app_state: AppState) -> Response:
-    body = await _json(request)
-    return run(lambda: _store(app_state).create(_profile_from(body, app_state)).public(), 201)
+    body = await read_body(request)
+    return run(lambda: need_store(app_state).create(_profile_from(body, app_state)).public(), 201)
 
 
 @post(f"{DIAL}/profiles/deactivate")
 async def deactivate_profiles(app_state: AppState) -> Response:
-    return run(lambda: _store(app_state).activate(None) or {"active": None})
+    return run(lambda: need_store(app_state).activate(None) or {"active": None})
 
 
 @get(f"{DIAL}/profiles/{{name:str}}")
@@ -213,21 +188,21 @@ async def export_profile(name: str, app_state: AppState) -> Response:
 
 @put(f"{DIAL}/profiles/{{name:str}}")
 async def update_profile(name: str, request: Request, app_state: AppState) -> Response:
-    body = await _json(request)
+    body = await read_body(request)
 
     def go():
         _need_profile(app_state, name)
         changes = {k: v for k, v in body.items() if k in ("name", "description", "sae_id", "layer", "steering")}
         if "steering" in changes:
             changes["steering"] = _values(changes["steering"])
-        return _store(app_state).update(name, **changes).public()
+        return need_store(app_state).update(name, **changes).public()
 
     return run(go)
 
 
 @delete(f"{DIAL}/profiles/{{name:str}}", status_code=200)
 async def delete_profile(name: str, app_state: AppState) -> Response:
-    return run(lambda: _need_profile(app_state, name) and _store(app_state).delete(name) and {"deleted": name})
+    return run(lambda: _need_profile(app_state, name) and need_store(app_state).delete(name) and {"deleted": name})
 
 
 @post(f"{DIAL}/profiles/{{name:str}}/activate")
@@ -237,7 +212,7 @@ async def activate_profile(name: str, app_state: AppState) -> Response:
         m = app_state.model.steering if app_state.model else None
         if m is not None and m.attached:
             m.profile_steering(p, p.intensity if p.kind == "cluster" else 1.0)  # refuse one the SAEs cannot run
-        return _store(app_state).activate(name).public()
+        return need_store(app_state).activate(name).public()
 
     return run(go)
 
@@ -256,28 +231,28 @@ async def import_cluster(request: Request, app_state: AppState) -> Response:
                     model=app_state.model.id if app_state.model else None, description=doc.description,
                     kind="cluster", intensity=doc.intensity, intensity_min=doc.intensity_min,
                     intensity_max=doc.intensity_max, document=bytes(raw))
-        return _store(app_state).create(p).public()
+        return need_store(app_state).create(p).public()
 
     return run(go, 201)
 
 
 @get(f"{DIAL}/clusters")
 async def list_clusters(app_state: AppState) -> Response:
-    return run(lambda: [p.public() for p in _store(app_state).list("cluster")])
+    return run(lambda: [p.public() for p in need_store(app_state).list("cluster")])
 
 
 @post(f"{DIAL}/clusters/{{name:str}}/activate")
 async def activate_cluster(name: str, app_state: AppState) -> Response:
     def go():
         _need_profile(app_state, name, "cluster")
-        return _store(app_state).activate(name).public()
+        return need_store(app_state).activate(name).public()
 
     return run(go)
 
 
 @put(f"{DIAL}/clusters/{{name:str}}/intensity")
 async def set_cluster_intensity(name: str, request: Request, app_state: AppState) -> Response:
-    body = await _json(request)
+    body = await read_body(request)
 
     def go():
         p = _need_profile(app_state, name, "cluster")
@@ -291,14 +266,14 @@ async def set_cluster_intensity(name: str, request: Request, app_state: AppState
             if not 0 <= value <= top:
                 raise Refusal(400, "invalid_parameter", f"intensity {value} is outside [0, {top:g}] for {name!r}")
             lam = float(value)
-        return _store(app_state).update(name, intensity=lam).public()
+        return need_store(app_state).update(name, intensity=lam).public()
 
     return run(go)
 
 
 @get(f"{DIAL}/clusters/{{name:str}}/export")
 async def export_cluster(name: str, app_state: AppState) -> Response:
-    p = _store(app_state).get(name) if app_state.steering_store is not None else None
+    p = need_store(app_state).get(name) if app_state.steering_store is not None else None
     if p is None or p.kind != "cluster" or p.document is None:
         return fail(404, "cluster_not_found", f"cluster {name!r} not found")
     return Response(p.document, media_type="application/json")
@@ -322,4 +297,5 @@ ROUTES = [list_saes, attach_sae, detach_sae, get_steering, set_steering, set_fea
           configure_monitoring, monitoring_history, monitoring_statistics,
           list_profiles, create_profile, import_profile, deactivate_profiles, get_profile, export_profile,
           update_profile, delete_profile, activate_profile,
-          import_cluster, list_clusters, activate_cluster, set_cluster_intensity, export_cluster, health_inference]
+          import_cluster, list_clusters, activate_cluster, set_cluster_intensity, export_cluster, health_inference,
+          *CIRCUIT_ROUTES]
