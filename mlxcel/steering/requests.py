@@ -25,6 +25,8 @@ from mlxcel.steering.sae import SAE
 from mlxcel.steering.store import SteeringStore
 
 INTENSITY_HEADER = "X-miLLM-Steering-Intensity"
+STEERING_HEADER = "X-miLLM-Steering"  # "none" on scoring responses: every attached SAE was suppressed
+UNSTEERED = {STEERING_HEADER: "none"}
 SAE_ACTIVATIONS_MAX_TOP_K = 64
 SAE_ACTIVATIONS_MAX_ENTRIES = 65_536
 FIELDS = ("profile", "steering_intensity", "return_sae_activations")
@@ -32,7 +34,9 @@ _POSITIONS = ("last", "prompt", "completion", "all")
 _NOTE = {"post_steering": "post_steering is what the model computed at this layer for this request, after this "
                           "layer's steering delta; it is not an unsteered counterfactual",
          "pre_steering": "pre_steering removes only this layer's own delta; steering at earlier layers and tokens "
-                         "generated under steering still shape it"}
+                         "generated under steering still shape it",
+         "unsteered": "a scoring pass is never steered: every attached SAE was suppressed for it, so this is the "
+                      "unmodified model's activation at this layer"}
 
 
 @dataclass
@@ -59,12 +63,17 @@ def take_fields(body: dict[str, Any]) -> SteeringFields:
             f.intensity = dial.parse_intensity(raw)
         except dial.IntensityError as e:
             raise ApiError(400, str(e), code="invalid_parameter", param="steering_intensity") from None
+    f.activations = take_activations(body)
+    return f
+
+
+def take_activations(body: dict[str, Any]) -> dict | None:
+    """Pop `return_sae_activations` (chat and text completions); null means absent."""
     acts = body.pop("return_sae_activations", None)
     if acts is not None and not isinstance(acts, dict):
         raise ApiError(400, "return_sae_activations must be an object", code="invalid_parameter",
                        param="return_sae_activations")
-    f.activations = acts
-    return f
+    return acts
 
 
 def _bad(message: str, param: str = "return_sae_activations") -> ApiError:
@@ -81,6 +90,7 @@ class ActivationReader:
     top_k: int
     read_point: str
     n_prompt: int
+    unsteered: bool = False  # a scoring pass: reported as read_point "unsteered"
     rows: list[tuple[int, list[tuple[int, float]]]] = field(default_factory=list)  # (token, top features)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -112,8 +122,12 @@ class ActivationReader:
                 span = range(max(start, 0), min(end, total))
             out = [{"position": p, "token_id": self.rows[p][0],
                     "features": [{"index": i, "value": v} for i, v in self.rows[p][1]]} for p in span]
-        return {"sae_id": self.sae.sae_id, "layer": self.sae.layer, "read_point": self.read_point,
-                "positions": out, "note": _NOTE[self.read_point]}
+        point = "unsteered" if self.unsteered else self.read_point
+        return {"sae_id": self.sae.sae_id, "layer": self.sae.layer, "read_point": point,
+                "positions": out, "note": _NOTE[point]}
+
+    def capture(self) -> dict:
+        return {self.sae.layer: self.read}
 
 
 def activation_reader(manager: SteeringManager | None, spec: dict, n_prompt: int, max_tokens: int) -> ActivationReader:
@@ -167,6 +181,13 @@ def activation_reader(manager: SteeringManager | None, spec: dict, n_prompt: int
         raise _bad(f"return_sae_activations could return {n_pos} positions x {k} features = {n_pos * k} entries, "
                    f"over SAE_ACTIVATIONS_MAX_ENTRIES ({SAE_ACTIVATIONS_MAX_ENTRIES})")
     return ActivationReader(sae, positions, features, top_k, read_point, n_prompt)
+
+
+def scoring_reader(manager: SteeringManager | None, spec: dict, n_prompt: int) -> ActivationReader:
+    """The reader of a scoring pass: one forward over the prompt, nothing generated, unsteered."""
+    reader = activation_reader(manager, spec, n_prompt, 1)
+    reader.unsteered = True
+    return reader
 
 
 def apply(fields: SteeringFields, manager: SteeringManager | None, store: SteeringStore | None,
