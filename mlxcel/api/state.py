@@ -45,3 +45,4 @@ class AppState:
     reranker: Any = None  # workers.reranking.RerankWorker
     steering_store: Any = None  # the SQLite SteeringStore (mlxcel.steering.store), opened at serve time
     store_root: Path | None = None  # where SAE store entries are looked up
+    steering_lock: str | None = None  # the model id locked for steering: /v1/models lists only it

@@ -9,17 +9,16 @@ and the request path run on different threads.
 from __future__ import annotations
 
 import threading
-from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from mlxcel.steering import circuits as circ
 from mlxcel.steering import intensity as dial
+from mlxcel.steering.monitor import HISTORY_MAX, Monitor
 from mlxcel.steering.sae import SAE, SAEError, check_compatible, load_sae
 from mlxcel.steering.store import Profile
 
-HISTORY_MAX = 1000
 
 
 class SteeringError(ValueError):
@@ -71,40 +70,6 @@ class CircuitServe:
     bound: dict[int, SAE]  # layer -> the SAE its members steer through
     unbound: list[int]
     error: str | None = None
-
-
-class Monitor:
-    """Top-K feature reads of user traffic at one SAE, a bounded history and running stats."""
-
-    def __init__(self, sae: SAE, top_k: int = 8, read_point: str = "pre_steering", history: int = HISTORY_MAX):
-        self.sae, self.top_k, self.read_point = sae, top_k, read_point
-        self.history: deque = deque(maxlen=history)
-        self.count = 0
-        self.sums = np.zeros(sae.d_sae, np.float64)
-        self.maxes = np.zeros(sae.d_sae, np.float32)
-        self.fires = np.zeros(sae.d_sae, np.int64)
-        self.lock = threading.Lock()
-
-    def record(self, tokens: list[int], pre: np.ndarray, post: np.ndarray) -> None:
-        acts = self.sae.encode(pre if self.read_point == "pre_steering" else post)
-        k = min(self.top_k, acts.shape[1])
-        top = np.argsort(-acts, axis=1)[:, :k]
-        with self.lock:
-            self.count += acts.shape[0]
-            self.sums += acts.sum(axis=0)
-            self.maxes = np.maximum(self.maxes, acts.max(axis=0))
-            self.fires += (acts > 0).sum(axis=0)
-            for j, tok in enumerate(tokens):
-                self.history.append({"token_id": int(tok), "features": [
-                    {"index": int(i), "value": float(acts[j, i])} for i in top[j] if acts[j, i] > 0]})
-
-    def statistics(self, top: int = 20) -> dict:
-        with self.lock:
-            mean = self.sums / max(self.count, 1)
-            order = np.argsort(-mean)[:top]
-            return {"positions": self.count, "top_features": [
-                {"index": int(i), "mean": float(mean[i]), "max": float(self.maxes[i]),
-                 "fire_rate": float(self.fires[i] / max(self.count, 1))} for i in order if self.fires[i] > 0]}
 
 
 class SteeringManager:
@@ -285,4 +250,4 @@ class SteeringManager:
     def monitor_capture(self) -> dict | None:
         """The capture entry user requests carry while monitoring is on (never scoring/embeddings)."""
         m = self.monitor
-        return None if m is None else {m.sae.layer: m.record}
+        return None if m is None or not m.enabled else {m.sae.layer: m.record}

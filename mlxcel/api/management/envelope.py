@@ -75,3 +75,18 @@ def need_store(state):
     if state.steering_store is None:
         raise Refusal(503, "state_unavailable", "the server has no state directory open")
     return state.steering_store
+
+
+def values_of(raw: Any) -> dict[int, float]:
+    if not isinstance(raw, dict):
+        raise Refusal(400, "invalid_parameter", "steering values must be an object {feature index: strength}")
+    out: dict[int, float] = {}
+    for k, v in raw.items():
+        try:
+            i = int(k)
+        except ValueError:
+            raise Refusal(400, "invalid_feature_index", f"feature index {k!r} is not an integer") from None
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise Refusal(400, "invalid_parameter", f"strength of feature {k} must be a number")
+        out[i] = float(v)
+    return out
