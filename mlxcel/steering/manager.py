@@ -169,13 +169,13 @@ class SteeringManager:
                 live = self.live_steering()
                 if intensity is None or live is None:
                     return Resolved(live)
-                lam = dial.resolve(intensity, None, None)
+                lam = dial.resolve(intensity, None, None, self.cluster_min)
                 scaled = {li: self._scaled_live(li, lam) for li in live}
                 return Resolved({li: d for li, d in scaled.items() if d is not None} or None, lam)
             if intensity is None:
                 lam = profile.intensity if profile.kind == "cluster" else 1.0
                 return Resolved(self.profile_steering(profile, lam))
-            lam = dial.resolve(intensity, profile.intensity_min, profile.intensity_max)
+            lam = dial.resolve(intensity, profile.intensity_min, profile.intensity_max, self.cluster_min)
             steering = self.profile_steering(profile, lam)
             return Resolved(steering, lam if profile.steering else None)
 

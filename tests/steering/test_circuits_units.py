@@ -128,3 +128,20 @@ def test_circuits_persist_rename_on_conflict_and_one_row_is_active(tmp_path):
     assert row.id == a.id and row.active and row.intensity == 0.75 and row.document == circuit_doc()
     again.activate("P")
     assert again.active_circuit() is None and again.schema_version == 3
+
+
+def test_dial_floors_come_from_the_environment_and_reach_the_rules(tmp_path):
+    from mlxcel.cli.flags import StartupRefusal, parse_server_args
+
+    s = parse_server_args(["-m", "x"], {"CLUSTER_INTENSITY_MIN": "0.2", "CIRCUIT_INTENSITY_MIN": "0.4"})
+    assert (s.cluster_intensity_min, s.circuit_intensity_min) == (0.2, 0.4)
+    assert parse_server_args(["-m", "x"], {}).circuit_intensity_min == 0.0
+    with pytest.raises((StartupRefusal, SystemExit)):
+        parse_server_args(["-m", "x"], {"CIRCUIT_INTENSITY_MIN": "high"})
+    m = SteeringManager(64, 2, cluster_min=0.2, circuit_min=0.4)
+    m.attach(str(random_sae(tmp_path / "s0", d_in=64, d_sae=32, layer=0, seed=1)))
+    m.attach(str(random_sae(tmp_path / "s1", d_in=64, d_sae=32, layer=1, seed=2)))
+    assert m.circuit_steering(circuit_doc(rng=None), 1.0, "min").intensity == 0.4
+    assert m.circuit_steering(circuit_doc(rng=None), 1.0, 0.1).intensity == 0.4
+    cluster = Profile(name="c", steering={1: 2.0}, sae_id="s0", kind="cluster")
+    assert m.resolve(cluster, "min").intensity == 0.2

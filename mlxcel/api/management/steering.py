@@ -173,13 +173,15 @@ async def set_cluster_intensity(name: str, request: Request, app_state: AppState
 
     def go():
         p = _need_profile(app_state, name, "cluster")
+        manager = app_state.model.steering if app_state.model is not None else None
+        floor = manager.cluster_min if manager is not None else dial.CLUSTER_INTENSITY_MIN
         value = body.get("intensity")
         if isinstance(value, str) and value in ("min", "max", "off"):
-            lam = dial.resolve(value, p.intensity_min, p.intensity_max)
+            lam = dial.resolve(value, p.intensity_min, p.intensity_max, floor)
         else:
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise Refusal(400, "invalid_parameter", "intensity must be a number or one of off, min, max")
-            top = dial.resolve("max", p.intensity_min, p.intensity_max)
+            top = dial.resolve("max", p.intensity_min, p.intensity_max, floor)
             if not 0 <= value <= top:
                 raise Refusal(400, "invalid_parameter", f"intensity {value} is outside [0, {top:g}] for {name!r}")
             lam = float(value)
