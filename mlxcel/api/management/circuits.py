@@ -96,7 +96,13 @@ async def import_circuit(request: Request, app_state: AppState) -> Response:
         model = app_state.model.id if app_state.model else None
         row = need_store(app_state).create_circuit(doc.name, bytes(raw), doc.intensity, model,
                                                    rename=conflict == "rename")
-        return _activate(app_state, row, ack) if activate else view(row, app_state)
+        if not activate:
+            return view(row, app_state)
+        try:
+            return _activate(app_state, row, ack)
+        except Refusal:
+            need_store(app_state).delete_circuit(row.id)  # import-and-activate is one step: undo the import
+            raise
 
     return run(go, 201)
 
