@@ -83,6 +83,9 @@ def test_circuit_activations_suppression_and_headers(tmp_path):
         assert (c["rung"], c["rung_language"], c["serving_mode"], c["layers"]) == (
             2, "causally validated (edge)", "full", [0, 1])
         assert httpx.get(api + "/circuits/active").json() == {"success": True, "data": None, "error": None}
+        r = httpx.post(api + "/circuits/import?activate=true", content=circuit_doc(name="mined", edges=()))
+        assert r.status_code == 409 and r.json()["error"]["code"] == "unvalidated_circuit"  # and not imported
+        assert [c["name"] for c in httpx.get(api + "/circuits").json()["data"]] == ["loop"]
         low = httpx.post(api + "/circuits/import", content=circuit_doc(name="mined", edges=()))
         refused = httpx.post(api + f"/circuits/{low.json()['data']['id']}/activate")
         assert refused.status_code == 409 and refused.json()["error"]["code"] == "unvalidated_circuit"
