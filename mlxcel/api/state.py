@@ -47,3 +47,4 @@ class AppState:
     steering_store: Any = None  # the SQLite SteeringStore (mlxcel.steering.store), opened at serve time
     store_root: Path | None = None  # where SAE store entries are looked up
     streams: StreamStore = field(default_factory=StreamStore)  # resumable SSE sessions (api/stream_sessions)
+    steering_lock: str | None = None  # the model id locked for steering: /v1/models lists only it
