@@ -38,7 +38,9 @@ def _entries(app_state: AppState) -> list[tuple[dict, object]]:
 
 @get(["/v1/models", "/models"])
 async def list_models(app_state: AppState) -> dict:
-    return {"object": "list", "data": [entry for entry, _ in _entries(app_state)]}
+    """A steering-locked server lists only the locked model (/api/models/<id>/lock)."""
+    lock = app_state.steering_lock
+    return {"object": "list", "data": [entry for entry, _ in _entries(app_state) if lock is None or entry["id"] == lock]}
 
 
 @get("/v1/models/{model_id:path}")
