@@ -1,7 +1,7 @@
 """A bounded, streaming multipart/form-data reader for the audio upload routes.
 
 The body is consumed chunk by chunk as it arrives; nothing is held beyond the limits: at most
-`max_parts` parts, at most `max_part_bytes` per part, at most `max_header_bytes` of part
+`max_body_bytes` in all, at most `max_parts` parts, at most `max_part_bytes` per part, at most `max_header_bytes` of part
 headers, and only the last `file` part is kept (an earlier one is dropped the moment another
 begins). Breaking a limit raises `UploadError` at once, so a 30 MiB part is refused after
 25 MiB were read, not after it all arrived.
@@ -20,6 +20,7 @@ MAX_PART_BYTES = 25 << 20
 MAX_TEXT_BYTES = 1 << 20  # a text field (prompt, language, ...) larger than this is refused
 MAX_HEADER_BYTES = 16 << 10
 MAX_PREAMBLE_BYTES = 64 << 10
+MAX_BODY_BYTES = MAX_PART_BYTES + (1 << 20)  # one file at its limit plus the text fields and headers
 
 
 class UploadError(ValueError):
@@ -93,9 +94,10 @@ class MultipartReader:
     """Feed the body with `feed(chunk)`, then `finish()` for the parsed Form."""
 
     def __init__(self, boundary: bytes, *, max_parts: int = MAX_PARTS, max_part_bytes: int = MAX_PART_BYTES,
-                 max_text_bytes: int = MAX_TEXT_BYTES) -> None:
+                 max_text_bytes: int = MAX_TEXT_BYTES, max_body_bytes: int = MAX_BODY_BYTES) -> None:
         self.delim = b"\r\n--" + boundary
         self.max_parts, self.max_part_bytes, self.max_text_bytes = max_parts, max_part_bytes, max_text_bytes
+        self.max_body_bytes, self.seen = max_body_bytes, 0
         self.form = Form()
         self.buf = bytearray(b"\r\n")  # lets the first delimiter match like every later one
         self.state = "preamble"  # preamble -> delimiter -> headers -> body -> delimiter ... -> done
@@ -105,6 +107,9 @@ class MultipartReader:
         self.data = bytearray()
 
     def feed(self, chunk: bytes) -> None:
+        self.seen += len(chunk)
+        if self.seen > self.max_body_bytes:
+            raise UploadError(f"the request body is larger than {self.max_body_bytes >> 20} MiB", status=413)
         if self.state == "done":
             return  # an epilogue after the closing delimiter is ignored
         self.buf += chunk

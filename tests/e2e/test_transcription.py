@@ -160,3 +160,12 @@ def test_hostile_uploads_refused_with_bounded_memory(server, clips, record_prope
     print(f"\nresident memory over 20 hostile uploads: {growth_mib:+.1f} MiB "
           f"({from_cold_mib:+.1f} MiB counting the first 5 as well)")
     assert growth_mib < 50 and from_cold_mib < 50
+
+
+def test_chat_server_refuses_audio_before_reading_fields(default_server, clips):
+    """The default chat model has no audio tower: b10621's 501, whatever the form says."""
+    for path in ("/v1/audio/transcriptions", "/audio/transcriptions"):
+        r = httpx.post(default_server.base_url + path, files={"file": ("c.wav", clips["wav"])},
+                       data={"response_format": "srt", "temperature": "warm"}, timeout=TIMEOUT)
+        assert r.status_code == 501, r.text
+        assert r.json()["error"]["message"] == "The current model does not support audio input."

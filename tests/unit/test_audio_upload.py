@@ -60,6 +60,9 @@ def test_part_count_and_size_limits_stop_the_read():
     assert e.value.status == 413 and e.value.param == "file"
     with pytest.raises(UploadError):
         _parse(_body([("prompt", b"x" * 2000, None)]), max_text_bytes=1000)
+    many = _body([("file", b"x" * 900, "a.wav")] * 5)  # each file part within its limit, the body not
+    with pytest.raises(UploadError, match="request body is larger"):
+        _parse(many, 100, max_part_bytes=1000, max_body_bytes=3000)
 
 
 @pytest.mark.parametrize("body, needle", [

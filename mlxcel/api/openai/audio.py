@@ -30,14 +30,15 @@ from litestar.response import Stream
 
 from mlxcel.api.audio_upload import decode, inspect
 from mlxcel.api.errors import ApiError
-from mlxcel.api.multipart import MAX_PARTS, MAX_PART_BYTES, Form, MultipartReader, UploadError, boundary_of
+from mlxcel.api.multipart import MAX_BODY_BYTES, Form, MultipartReader, UploadError, boundary_of
 from mlxcel.api.state import AppState
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 DRAIN_LIMIT = 64 << 20  # after a refusal, read (and drop) this much more so the client sees the answer
 TRANSLATION_FORMATS = ("json", "text", "verbose_json")
-# the route's own ceiling: every part at its limit plus headers (the parser enforces the real limits)
-BODY_LIMIT = MAX_PARTS * (MAX_PART_BYTES + (64 << 10))
+# Litestar's backstop only: the reader refuses past MAX_BODY_BYTES and then drains, so the client
+# reads the 413 instead of a reset connection
+BODY_LIMIT = MAX_BODY_BYTES + DRAIN_LIMIT
 
 
 def transcriber(state: AppState):
