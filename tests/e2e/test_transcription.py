@@ -1,7 +1,8 @@
 """A real `mlxcel-server -m openai/whisper-tiny.en` process: espeak-ng's spoken sentence comes back
 in WAV, MP3 and FLAC with a word error rate of at most 20%; the streamed deltas join to the
-non-streamed text; translations answer text / verbose_json; hostile uploads are refused with a
-4xx and 20 of them leave the server's resident memory within 50 MiB."""
+non-streamed text (one delta per 30-second window); translations answer text / verbose_json;
+hostile uploads are refused with a 4xx and 20 of them leave the server's resident memory within
+50 MiB; a chat server (no audio tower) answers b10621's 501 before reading a field."""
 
 from __future__ import annotations
 
