@@ -15,6 +15,7 @@ from mlxcel.api.llamacpp.rerank import rerank
 from mlxcel.api.llamacpp.routes import NATIVE_ROUTES
 from mlxcel.api.llamacpp.stubs import FEATURE_DISABLED_HANDLERS
 from mlxcel.api.management.steering import ROUTES as MANAGEMENT_ROUTES
+from mlxcel.api.openai.audio import AUDIO_ROUTES
 from mlxcel.api.openai.chat import chat_completions
 from mlxcel.api.openai.completions import completions
 from mlxcel.api.openai.embeddings import openai_embeddings
@@ -25,7 +26,7 @@ from mlxcel.api.stream_resume import STREAM_ROUTES, wrap_streams
 
 ROUTES = [health, list_models, get_model, chat_completions, completions, *NATIVE_ROUTES, *FEATURE_DISABLED_HANDLERS,
           *MANAGEMENT_ROUTES, *MESSAGES_ROUTES, *RESPONSES_ROUTES, *STREAM_ROUTES]
-ROUTES += [native_embeddings, openai_embeddings, rerank]  # side workers (mlxcel/workers)
+ROUTES += [native_embeddings, openai_embeddings, rerank, *AUDIO_ROUTES]  # side workers (mlxcel/workers)
 
 
 def registered_paths() -> list[str]:
