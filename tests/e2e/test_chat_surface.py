@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 
 import httpx
+import jsonschema
 import pytest
 from openai import OpenAI
 
@@ -76,10 +77,60 @@ def test_tools_change_the_prompt_and_none_removes_them(client):
     assert with_tools.usage.prompt_tokens > base.usage.prompt_tokens == none.usage.prompt_tokens
 
 
-def test_required_tool_choice_is_refused_until_grammars_land(server):
-    r = httpx.post(server.base_url + "/v1/chat/completions", json={
-        "messages": [ASK], "tools": TOOLS, "tool_choice": "required", "max_tokens": 1})
-    assert r.status_code == 400 and r.json()["error"]["param"] == "tool_choice"
+BOUNDED = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8},
+                                             "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+           "required": ["city", "days"], "additionalProperties": False}
+FORCED_TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": BOUNDED}},
+                {"type": "function", "function": {"name": "get_time", "parameters": {
+                    "type": "object", "properties": {"tz": {"enum": ["UTC", "CET"]}}, "required": ["tz"],
+                    "additionalProperties": False}}}]
+
+
+def _valid(name, arguments):
+    schema = next(t["function"]["parameters"] for t in FORCED_TOOLS if t["function"]["name"] == name)
+    jsonschema.validate(json.loads(arguments), schema)
+
+
+def test_required_tool_choice_always_produces_valid_calls(client):
+    # 50 sampled runs of a random-weight model: 25 choices of one request, 25 streamed requests
+    kw = dict(model=QWEN3_TINY, messages=[ASK], tools=FORCED_TOOLS, tool_choice="required", max_tokens=300,
+              temperature=1.0)
+    full = client.chat.completions.create(n=25, seed=11, **kw)
+    for choice in full.choices:
+        assert choice.finish_reason == "tool_calls" and choice.message.tool_calls, choice.message
+        for call in choice.message.tool_calls:
+            _valid(call.function.name, call.function.arguments)
+    for seed in range(25):
+        chunks = list(client.chat.completions.create(stream=True, seed=seed, **kw))
+        calls = {}
+        for c in chunks:
+            for tc in (c.choices[0].delta.tool_calls or []) if c.choices else []:
+                slot = calls.setdefault(tc.index, {"name": tc.function.name, "arguments": ""})
+                slot["arguments"] += tc.function.arguments or ""
+        assert calls and chunks[-1].choices[0].finish_reason == "tool_calls"
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == ""
+        for call in calls.values():
+            _valid(call["name"], call["arguments"])
+
+
+def test_named_tool_choice_calls_that_function(client):
+    r = client.chat.completions.create(model=QWEN3_TINY, messages=[ASK], tools=FORCED_TOOLS, max_tokens=300,
+                                       tool_choice={"type": "function", "function": {"name": "get_time"}})
+    calls = r.choices[0].message.tool_calls
+    assert [c.function.name for c in calls] == ["get_time"]
+    _valid("get_time", calls[0].function.arguments)
+
+
+def test_forced_tool_choice_refusals(server):
+    url = server.base_url + "/v1/chat/completions"
+    unknown = httpx.post(url, json={"messages": [ASK], "tools": TOOLS, "max_tokens": 1,
+                                    "tool_choice": {"type": "function", "function": {"name": "nope"}}})
+    assert unknown.status_code == 400 and unknown.json()["error"]["param"] == "tool_choice"
+    no_tools = httpx.post(url, json={"messages": [ASK], "tool_choice": "required", "max_tokens": 1})
+    assert no_tools.status_code == 400 and no_tools.json()["error"]["param"] == "tool_choice"
+    both = httpx.post(url, json={"messages": [ASK], "tools": TOOLS, "tool_choice": "required", "max_tokens": 1,
+                                 "response_format": {"type": "json_object"}})
+    assert both.status_code == 400 and both.json()["error"]["param"] == "response_format"
 
 
 @pytest.mark.parametrize("fmt", ["none", "deepseek", "deepseek-legacy", "auto"])

@@ -63,3 +63,13 @@ def test_store_false_keeps_nothing_and_input_tokens_counts(server, client):
     # the unversioned path serves the same API
     assert httpx.post(server.base_url + "/responses", timeout=120,
                       json={"input": "x", "max_output_tokens": 1}).json()["object"] == "response"
+
+
+def test_named_function_tool_choice_is_forced(client):
+    tools = [{"type": "function", "name": "get_time", "parameters": {
+        "type": "object", "properties": {"tz": {"enum": ["UTC", "CET"]}}, "required": ["tz"],
+        "additionalProperties": False}}]
+    r = client.responses.create(model=QWEN3_TINY, input="Time?", tools=tools, max_output_tokens=100,
+                                tool_choice={"type": "function", "name": "get_time"})
+    calls = [o for o in r.output if o.type == "function_call"]
+    assert [c.name for c in calls] == ["get_time"] and '"tz"' in calls[0].arguments

@@ -114,10 +114,16 @@ def _chat_request(req: MessagesRequest, *, counting: bool = False) -> ChatComple
     if req.tools:
         tools = [{"type": "function", "function": {"name": t.get("name"), "description": t.get("description", ""),
                                                    "parameters": t.get("input_schema") or {}}} for t in req.tools]
-    choice = (req.tool_choice or {}).get("type", "auto")
-    if choice not in ("auto", "none"):
-        raise ApiError(400, f"tool_choice '{choice}' needs grammar-constrained decoding, which this server does "
-                       "not have yet; use 'auto'", code="field_not_honoured", param="tool_choice")
+    kind = (req.tool_choice or {}).get("type", "auto")
+    if kind == "any":
+        choice: Any = "required"
+    elif kind == "tool":
+        choice = {"type": "function", "function": {"name": req.tool_choice.get("name")}}
+    elif kind in ("auto", "none"):
+        choice = kind
+    else:
+        raise ApiError(400, f"tool_choice type '{kind}' must be auto, any, tool or none", code="invalid_parameter",
+                       param="tool_choice")
     kwargs = None
     if req.thinking is not None:
         kwargs = {"enable_thinking": req.thinking.get("type") == "enabled"}
@@ -171,7 +177,7 @@ async def messages(request: Request, app_state: AppState) -> Any:
     model = g.served_model(app_state, req.model)
     creq = _chat_request(req)
     prep = chat_surface.prepare(app_state, model, creq)
-    handle = g.submit(model, g.build_request(creq, model, prep.prompt))
+    handle = g.submit(model, await chat_surface.generation_request(model, creq, prep))
     out = chat_surface.ChatOutput(prep, parallel_tool_calls=creq.parallel_tool_calls is not False)
     mid = "msg_" + uuid.uuid4().hex[:24]
     head = {"id": mid, "type": "message", "role": "assistant", "model": model.id}

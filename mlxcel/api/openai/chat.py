@@ -153,11 +153,17 @@ async def chat_completions(request: Request, app_state: AppState) -> Any:
         prompts = prompts * n
     greqs = [g.build_request(req, model, p, row=row, param=where.split("[")[0])
              for row, (where, p) in enumerate(prompts)]
+    if constraint is not None and prep.forced is not None:
+        raise ApiError(400, "response_format cannot be combined with tool_choice 'required' or a named function",
+                       code="response_format_unsupported", param="response_format")
+    calls_grammar = await chat_surface.tool_grammar(prep, model)
     steer_headers, reader = {}, None
     for greq in greqs:  # each choice carries its own steering delta and grammar through the batch
         steer_headers, reader = steer.apply(steering, model.steering, app_state.steering_store, greq)
         if constraint is not None:
             greq.grammar = await rf.compile_grammar(constraint, model)
+        elif calls_grammar is not None:
+            greq.grammar = calls_grammar
     handles = g.submit_all(model, greqs)
     outputs = [chat_surface.ChatOutput(prep, parallel_tool_calls=req.parallel_tool_calls is not False,
                                        echo=bool(req.echo)) for _ in handles]  # one output parser per choice

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mlxcel.api.errors import ApiError
+from mlxcel.api.openai import tool_grammar as tg
 from mlxcel.api.state import AppState, ServedModel
 from mlxcel.engine.reasoning import FORMATS, ReasoningStream, primed
 from mlxcel.engine.tool_calls import ToolCallStream
@@ -27,6 +28,7 @@ class Prepared:
     tools: list[dict] | None
     reasoning_format: str
     parse: bool  # False under --skip-chat-parsing
+    forced: tg.ToolChoice | None = None  # tool_choice "required" or a named function
 
 
 def _check_tools(tools: Any) -> list[dict]:
@@ -41,19 +43,11 @@ def _check_tools(tools: Any) -> list[dict]:
     return tools
 
 
-def _tool_choice(choice: Any, tools: list[dict]) -> str:
-    """'auto' or 'none'; 'required' and named functions need constrained decoding."""
+def _tool_choice(choice: Any, tools: list[dict], parallel: bool) -> tuple[str, tg.ToolChoice | None]:
+    """('auto' | 'none' | 'forced', the forced choice)."""
     if choice is None or choice in ("auto", "none"):
-        return choice or "auto"
-    if choice == "required" or isinstance(choice, dict):
-        if isinstance(choice, dict):
-            name = (choice.get("function") or {}).get("name") if choice.get("type") == "function" else None
-            if not any(t["function"]["name"] == name for t in tools):
-                raise ApiError(400, "tool_choice names no tool in 'tools'", code="invalid_parameter", param="tool_choice")
-        raise ApiError(400, "tool_choice 'required' or a named function needs grammar-constrained decoding, "
-                       "which this server does not have yet; use 'auto'", code="field_not_honoured", param="tool_choice")
-    raise ApiError(400, "tool_choice must be 'auto', 'none', 'required' or a named function",
-                   code="invalid_parameter", param="tool_choice")
+        return choice or "auto", None
+    return "forced", tg.parse_choice(choice, tools, parallel)
 
 
 def _history(messages: list[Any]) -> list[Any]:
@@ -81,8 +75,17 @@ def prepare(state: AppState, model: ServedModel, req: Any) -> Prepared:
 
     settings = state.settings
     tools = _check_tools(req.tools) if req.tools else None
-    if tools and _tool_choice(req.tool_choice, tools) == "none":
-        tools = None
+    forced = None
+    if tools:
+        mode, forced = _tool_choice(req.tool_choice, tools, req.parallel_tool_calls is not False)
+        if mode == "none":
+            tools = None
+    elif req.tool_choice not in (None, "auto", "none"):
+        raise ApiError(400, "tool_choice 'required' or a named function needs 'tools'", code="invalid_parameter",
+                       param="tool_choice")
+    if forced is not None and settings.skip_chat_parsing:
+        raise ApiError(400, "tool_choice 'required' or a named function needs chat parsing, which "
+                       "--skip-chat-parsing turns off", code="field_not_honoured", param="tool_choice")
     kwargs = dict(settings.chat_template_kwargs)
     if req.chat_template_kwargs is not None:
         if not isinstance(req.chat_template_kwargs, dict):
@@ -104,7 +107,36 @@ def prepare(state: AppState, model: ServedModel, req: Any) -> Prepared:
     text = render_prompt_text(model, messages, tools=tools, extra=kwargs, prefill_assistant=settings.prefill_assistant)
     prompt = model.tokenizer.encode(text, add_special_tokens=False)
     return Prepared(prompt=prompt, prompt_text=text, prefill=prefill, tools=tools, reasoning_format=fmt,
-                    parse=not settings.skip_chat_parsing)
+                    parse=not settings.skip_chat_parsing, forced=forced)
+
+
+async def generation_request(model: ServedModel, req: Any, prep: Prepared) -> Any:
+    """The engine request of a translated chat request (/v1/messages, /v1/responses):
+    sampling from `req`, the prompt and any forced tool-call grammar from `prep`."""
+    from mlxcel.api.openai import generation as g
+
+    greq = g.build_request(req, model, prep.prompt)
+    greq.grammar = await tool_grammar(prep, model)
+    return greq
+
+
+async def tool_grammar(prep: Prepared, model: ServedModel) -> Any:
+    """The compiled grammar a forced tool_choice decodes under (None when nothing is forced)."""
+    if prep.forced is None:
+        return None
+    import asyncio
+
+    from mlxcel.engine.grammar import GrammarError
+
+    hf = model.tokenizer.hf
+    thinking_open = prep.reasoning_format != "none" and primed(prep.prompt_text)
+    text = tg.lark(prep.forced, tg.family_format(model.tokenizer.chat_template),
+                   lambda s: hf.encode(s, add_special_tokens=False), thinking_open)
+    try:
+        return await asyncio.to_thread(model.grammars.compile, "lark", text)
+    except GrammarError as e:
+        raise ApiError(400, f"the tools' parameter schemas cannot be compiled for tool_choice: {e}",
+                       code="field_not_honoured", param="tool_choice") from None
 
 
 class ChatOutput:

@@ -116,6 +116,13 @@ def _conversation(state: AppState, req: ResponsesRequest) -> list[dict[str, Any]
     return before + _messages(req.input)
 
 
+def _tool_choice(choice: Any) -> Any:
+    """The Responses spelling of a named function ({"type": "function", "name": ...}) in chat's."""
+    if isinstance(choice, dict) and choice.get("type") == "function" and "function" not in choice:
+        return {"type": "function", "function": {"name": choice.get("name")}}
+    return choice
+
+
 def _chat_request(req: ResponsesRequest, conversation: list[dict[str, Any]]) -> ChatCompletionRequest:
     tools = None
     if req.tools:
@@ -130,7 +137,7 @@ def _chat_request(req: ResponsesRequest, conversation: list[dict[str, Any]]) -> 
         messages.insert(0, {"role": "system", "content": req.instructions})
     return ChatCompletionRequest(
         model=req.model, messages=messages, max_tokens=req.max_output_tokens, temperature=req.temperature,
-        top_p=req.top_p, tools=tools, tool_choice=req.tool_choice, parallel_tool_calls=req.parallel_tool_calls,
+        top_p=req.top_p, tools=tools, tool_choice=_tool_choice(req.tool_choice), parallel_tool_calls=req.parallel_tool_calls,
         reasoning_effort=(req.reasoning or {}).get("effort"))
 
 
@@ -186,7 +193,7 @@ async def create_response(request: Request, app_state: AppState) -> Any:
     conversation = _conversation(app_state, req)
     creq = _chat_request(req, conversation)
     prep = chat_surface.prepare(app_state, model, creq)
-    handle = g.submit(model, g.build_request(creq, model, prep.prompt))
+    handle = g.submit(model, await chat_surface.generation_request(model, creq, prep))
     out = chat_surface.ChatOutput(prep, parallel_tool_calls=req.parallel_tool_calls is not False)
     rid = "resp_" + uuid.uuid4().hex[:24]
     store = _store(app_state)
