@@ -335,7 +335,7 @@ class Engine:
             self._rows.append(_Row(
                 handle=handle, cache=seq, pending=list(req.prompt[cached:]), n_cached=cached,
                 n_prompt_done=cached, sampler=self._sampler_state(req),
-                detok=IncrementalDetokenizer(self.tokenizer.decode),
+                detok=IncrementalDetokenizer(self.tokenizer.decoder(req.keep_tokens)),
                 stop=StopMatcher(req.stop), max_tokens=max_tokens,
                 grammar=req.grammar.matcher() if req.grammar is not None else None,
             ))

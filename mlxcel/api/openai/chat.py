@@ -164,6 +164,7 @@ async def chat_completions(request: Request, app_state: AppState) -> Any:
             greq.grammar = await rf.compile_grammar(constraint, model)
         elif calls_grammar is not None:
             greq.grammar = calls_grammar
+        greq.keep_tokens = prep.keep_tokens
     handles = g.submit_all(model, greqs)
     outputs = [chat_surface.ChatOutput(prep, parallel_tool_calls=req.parallel_tool_calls is not False,
                                        echo=bool(req.echo)) for _ in handles]  # one output parser per choice

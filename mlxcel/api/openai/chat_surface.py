@@ -10,14 +10,14 @@ message is the merge of the same deltas, so both shapes agree byte for byte.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from mlxcel.api.errors import ApiError
 from mlxcel.api.openai import tool_grammar as tg
 from mlxcel.api.state import AppState, ServedModel
 from mlxcel.engine.reasoning import FORMATS, ReasoningStream, primed
-from mlxcel.engine.tool_calls import ToolCallStream
+from mlxcel.engine.tool_calls import MARKERS, ToolCallStream
 
 
 @dataclass
@@ -29,6 +29,13 @@ class Prepared:
     reasoning_format: str
     parse: bool  # False under --skip-chat-parsing
     forced: tg.ToolChoice | None = None  # tool_choice "required" or a named function
+    # tool-call markers that are special tokens: kept in the engine's text for the parser,
+    # never shown to a client as content
+    markers: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def keep_tokens(self) -> frozenset[int]:
+        return frozenset(self.markers.values())
 
 
 def _check_tools(tools: Any) -> list[dict]:
@@ -106,8 +113,12 @@ def prepare(state: AppState, model: ServedModel, req: Any) -> Prepared:
         prefill = prefill if isinstance(prefill, str) else ""
     text = render_prompt_text(model, messages, tools=tools, extra=kwargs, prefill_assistant=settings.prefill_assistant)
     prompt = model.tokenizer.encode(text, add_special_tokens=False)
+    parse = not settings.skip_chat_parsing
+    markers = {}
+    if parse and tools:
+        markers = {m: i for m in MARKERS if (i := model.tokenizer.single_special(m)) is not None}
     return Prepared(prompt=prompt, prompt_text=text, prefill=prefill, tools=tools, reasoning_format=fmt,
-                    parse=not settings.skip_chat_parsing, forced=forced)
+                    parse=parse, forced=forced, markers=markers)
 
 
 async def generation_request(model: ServedModel, req: Any, prep: Prepared) -> Any:
@@ -117,6 +128,7 @@ async def generation_request(model: ServedModel, req: Any, prep: Prepared) -> An
 
     greq = g.build_request(req, model, prep.prompt)
     greq.grammar = await tool_grammar(prep, model)
+    greq.keep_tokens = prep.keep_tokens
     return greq
 
 
@@ -149,6 +161,7 @@ class ChatOutput:
         self._reason = ReasoningStream(prep.reasoning_format if prep.parse else "none", primed(context))
         self._tools = ToolCallStream() if prep.parse and prep.tools else None
         self._parallel = parallel_tool_calls
+        self._markers = tuple(prep.markers)
         self._echo = prep.prefill if echo else ""
         self.n_calls = 0
 
@@ -164,7 +177,11 @@ class ChatOutput:
     def _shape(self, split, final: bool) -> list[dict[str, Any]]:
         deltas: list[dict[str, Any]] = []
         if split.reasoning:
-            deltas.append({"reasoning_content": split.reasoning})
+            thought = split.reasoning
+            for m in self._markers:
+                thought = thought.replace(m, "")
+            if thought:
+                deltas.append({"reasoning_content": thought})
         if self._tools is None:
             if split.content:
                 deltas.append({"content": split.content})
@@ -174,8 +191,11 @@ class ChatOutput:
             pieces += self._tools.finish()
         for p in pieces:
             if p.call is None:
-                if p.content:
-                    deltas.append({"content": p.content})
+                text = p.content
+                for m in self._markers:  # a marker of text that did not parse as a call
+                    text = text.replace(m, "")
+                if text:
+                    deltas.append({"content": text})
             elif self._parallel or p.index == 0:
                 self.n_calls += 1
                 deltas.append({"tool_calls": [{"index": p.index, "id": p.call.id, "type": "function",
