@@ -45,3 +45,5 @@ class AppState:
     reranker: Any = None  # workers.reranking.RerankWorker
     steering_store: Any = None  # the SQLite SteeringStore (mlxcel.steering.store), opened at serve time
     store_root: Path | None = None  # where SAE store entries are looked up
+    # completion id -> (ReasoningControl, handles) of running requests armed with reasoning_control
+    reasoning_controls: dict = field(default_factory=dict)

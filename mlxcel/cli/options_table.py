@@ -481,8 +481,11 @@ _SERVER: tuple[Option, ...] = (
       apply=a.apply_reasoning, help="enable_thinking for the chat template (auto: the template's default)"),
     X("--reasoning-effort", VALUE, mv="LEVEL", env="LLAMA_ARG_REASONING_EFFORT", default="default", state=SUPPORTED,
       apply=a.apply_reasoning_effort, help="reasoning_effort for the chat template"),
-    X("--reasoning-budget", VALUE, mv="N", env="LLAMA_ARG_THINK_BUDGET", default="-1", state=DEFERRED, inert=eq("-1")),
-    X("--reasoning-budget-message", VALUE, mv="MESSAGE", env="LLAMA_ARG_THINK_BUDGET_MESSAGE", state=DEFERRED),
+    X("--reasoning-budget", VALUE, mv="N", env="LLAMA_ARG_THINK_BUDGET", default="-1", state=SUPPORTED,
+      apply=a.apply_reasoning_budget, help="thinking tokens allowed before the close tag is forced (-1: no limit, "
+      "0: close at once)"),
+    X("--reasoning-budget-message", VALUE, mv="MESSAGE", env="LLAMA_ARG_THINK_BUDGET_MESSAGE", state=SUPPORTED,
+      apply=a.setter("reasoning_budget_message"), help="text forced before the close tag when the budget runs out"),
     X("--reasoning-preserve, --no-reasoning-preserve", PAIR, env="LLAMA_ARG_REASONING_PRESERVE", state=SUPPORTED,
       apply=a.apply_reasoning_preserve, help="preserve_reasoning for the chat template"),
     X("--chat-template", VALUE, mv="JINJA_TEMPLATE", env="LLAMA_ARG_CHAT_TEMPLATE", state=DEFERRED,

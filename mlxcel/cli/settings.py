@@ -99,3 +99,5 @@ class ServerSettings:
     chat_template_kwargs: dict = field(default_factory=dict)  # server-wide template context extras
     skip_chat_parsing: bool = False
     prefill_assistant: bool = True
+    reasoning_budget: int = -1  # thinking tokens before the close is forced (-1: unlimited, 0: at once)
+    reasoning_budget_message: str = ""  # forced just before the close tag when the budget runs out

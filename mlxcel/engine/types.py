@@ -34,6 +34,7 @@ class GenerationRequest:
     grammar: object | None = None
     # special tokens whose text the detokenizer keeps (tool-call markers the chat parser reads)
     keep_tokens: frozenset = frozenset()
+    reasoning: object | None = None  # a ReasoningBudget (engine/reasoning_budget.py): the thinking budget
 
 
 @dataclass

@@ -97,3 +97,15 @@ def test_forced_tool_choice_always_uses_the_tool(client, choice):
     with client.messages.stream(**kw) as stream:
         final = stream.get_final_message()
     assert final.stop_reason == "tool_use" and any(b.type == "tool_use" for b in final.content)
+
+
+def test_thinking_budget_tokens_is_enforced(client):
+    # the prefill leaves a thinking block open; without a budget greedy random weights think on
+    kw = dict(model=QWEN3_TINY, max_tokens=16, extra_body=GREEDY,
+              messages=[ASK, {"role": "assistant", "content": "<think>\nThe user wants"}])
+    free = client.messages.create(**kw)
+    capped = client.messages.create(thinking={"type": "enabled", "budget_tokens": 3}, **kw)
+    thought = [b.thinking for b in free.content if b.type == "thinking"]
+    capped_thought = [b.thinking for b in capped.content if b.type == "thinking"]
+    assert thought and capped_thought and len(capped_thought[0]) < len(thought[0])
+    assert thought[0].startswith(capped_thought[0])

@@ -177,3 +177,58 @@ def test_skip_chat_parsing_reports_raw_text():
         assert both.status_code == 200
     finally:
         s.stop()
+
+
+MESSAGE = " Budget spent."
+PRIMED = [ASK, {"role": "assistant", "content": "<think>\n"}]  # the prefix leaves a thinking block open
+
+
+def _forced_len():
+    from mlxcel.engine.tokenizer import Tokenizer
+
+    tok = Tokenizer(fixture_path(QWEN3_TINY))
+    return sum(len(tok.encode(s, add_special_tokens=False)) for s in (MESSAGE, "</think>"))
+
+
+def test_reasoning_budget_ends_thinking_after_n_tokens(client):
+    n, forced = 6, _forced_len()
+    budget = {"reasoning_budget_tokens": n, "reasoning_budget_message": MESSAGE}
+    raw = dict(model=QWEN3_TINY, messages=PRIMED, max_tokens=n + forced, temperature=0)
+    budgeted = client.chat.completions.create(extra_body={"reasoning_format": "none", **budget}, **raw)
+    free = client.chat.completions.create(extra_body={"reasoning_format": "none"}, **raw)
+    text = budgeted.choices[0].message.content
+    # exactly n sampled thinking tokens, then the message and the close tag, forced
+    assert budgeted.usage.completion_tokens == n + forced
+    assert text.endswith(MESSAGE + "</think>")
+    assert free.choices[0].message.content.startswith(text[: -len(MESSAGE + "</think>")])
+    assert not free.choices[0].message.content.endswith(MESSAGE + "</think>")
+    # parsed: the message closes the thoughts, the answer follows; streamed == non-streamed
+    full, chunks = _both(client, messages=PRIMED, max_tokens=n + forced + 5, extra_body=budget)
+    msg = full.choices[0].message
+    assert msg.reasoning_content.endswith(MESSAGE.strip())
+    assert "".join(getattr(c.choices[0].delta, "reasoning_content", None) or "" for c in chunks if c.choices) == \
+        msg.reasoning_content
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == (msg.content or "")
+
+
+def test_reasoning_budget_zero_leaves_only_the_message(client):
+    r = client.chat.completions.create(model=QWEN3_TINY, messages=PRIMED, max_tokens=12, temperature=0,
+                                       extra_body={"reasoning_budget_tokens": 0, "reasoning_budget_message": MESSAGE})
+    assert r.choices[0].message.reasoning_content == MESSAGE.strip()
+
+
+def test_reasoning_control_ends_a_running_thought(client, server):
+    stream = client.chat.completions.create(
+        model=QWEN3_TINY, messages=PRIMED, max_tokens=300, temperature=0, stream=True,
+        extra_body={"reasoning_format": "none", "reasoning_control": True, "reasoning_budget_message": MESSAGE})
+    it = iter(stream)
+    first = next(it)
+    url = server.base_url + "/v1/chat/completions/control"
+    assert httpx.post(url, json={"id": first.id, "action": "reasoning_end"}).json() == {"success": True}
+    text = "".join(c.choices[0].delta.content or "" for c in it if c.choices)
+    assert MESSAGE + "</think>" in text
+    # the contract around it
+    assert httpx.post(url, json={"action": "reasoning_end"}).status_code == 400
+    assert httpx.post(url, json={"id": first.id, "action": "nap"}).status_code == 400
+    done = httpx.post(url, json={"id": first.id, "action": "reasoning_end"}).json()
+    assert done["success"] is False and done["message"]

@@ -124,13 +124,18 @@ def _chat_request(req: MessagesRequest, *, counting: bool = False) -> ChatComple
     else:
         raise ApiError(400, f"tool_choice type '{kind}' must be auto, any, tool or none", code="invalid_parameter",
                        param="tool_choice")
-    kwargs = None
+    kwargs, budget = None, None
     if req.thinking is not None:
         kwargs = {"enable_thinking": req.thinking.get("type") == "enabled"}
+        if kwargs["enable_thinking"] and req.thinking.get("budget_tokens") is not None:
+            budget = req.thinking["budget_tokens"]  # enforced as the thinking budget
+            if isinstance(budget, bool) or not isinstance(budget, int) or budget < 0:
+                raise ApiError(400, "thinking.budget_tokens must be a non-negative integer",
+                               code="invalid_parameter", param="thinking")
     return ChatCompletionRequest(
         model=req.model, messages=_chat_messages(req), max_tokens=req.max_tokens, stop=req.stop_sequences,
         temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, tools=tools, tool_choice=choice,
-        chat_template_kwargs=kwargs, parallel_tool_calls=not (req.tool_choice or {}).get("disable_parallel_tool_use"),
+        chat_template_kwargs=kwargs, reasoning_budget_tokens=budget, parallel_tool_calls=not (req.tool_choice or {}).get("disable_parallel_tool_use"),
     )
 
 

@@ -13,7 +13,7 @@ from litestar import Request, post
 
 from mlxcel.api.body import convert, read_json_object
 from mlxcel.api.errors import ApiError
-from mlxcel.api.openai import chat_surface
+from mlxcel.api.openai import chat_surface, reasoning_control
 from mlxcel.api.openai import generation as g
 from mlxcel.api.openai import scoring as sc
 from mlxcel.api.openai.fields import (
@@ -165,7 +165,10 @@ async def chat_completions(request: Request, app_state: AppState) -> Any:
         elif calls_grammar is not None:
             greq.grammar = calls_grammar
         greq.keep_tokens = prep.keep_tokens
+        greq.reasoning = prep.budget
     handles = g.submit_all(model, greqs)
+    if prep.budget is not None and prep.budget.control is not None:
+        reasoning_control.arm(app_state, cid, prep.budget.control, handles)
     outputs = [chat_surface.ChatOutput(prep, parallel_tool_calls=req.parallel_tool_calls is not False,
                                        echo=bool(req.echo)) for _ in handles]  # one output parser per choice
     if req.stream:

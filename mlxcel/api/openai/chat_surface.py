@@ -16,7 +16,8 @@ from typing import Any
 from mlxcel.api.errors import ApiError
 from mlxcel.api.openai import tool_grammar as tg
 from mlxcel.api.state import AppState, ServedModel
-from mlxcel.engine.reasoning import FORMATS, ReasoningStream, primed
+from mlxcel.engine.reasoning import CLOSE, FORMATS, OPEN, ReasoningStream, primed
+from mlxcel.engine.reasoning_budget import ReasoningBudget, ReasoningControl
 from mlxcel.engine.tool_calls import MARKERS, ToolCallStream
 
 
@@ -32,6 +33,7 @@ class Prepared:
     # tool-call markers that are special tokens: kept in the engine's text for the parser,
     # never shown to a client as content
     markers: dict[str, int] = field(default_factory=dict)
+    budget: ReasoningBudget | None = None  # the thinking budget / run-time control, when asked for
 
     @property
     def keep_tokens(self) -> frozenset[int]:
@@ -113,12 +115,40 @@ def prepare(state: AppState, model: ServedModel, req: Any) -> Prepared:
         prefill = prefill if isinstance(prefill, str) else ""
     text = render_prompt_text(model, messages, tools=tools, extra=kwargs, prefill_assistant=settings.prefill_assistant)
     prompt = model.tokenizer.encode(text, add_special_tokens=False)
+    budget = _budget(settings, model, req)
     parse = not settings.skip_chat_parsing
     markers = {}
     if parse and tools:
         markers = {m: i for m in MARKERS if (i := model.tokenizer.single_special(m)) is not None}
     return Prepared(prompt=prompt, prompt_text=text, prefill=prefill, tools=tools, reasoning_format=fmt,
-                    parse=parse, forced=forced, markers=markers)
+                    parse=parse, forced=forced, markers=markers, budget=budget)
+
+
+INT32_MAX = 2**31 - 1
+
+
+def _budget(settings: Any, model: ServedModel, req: Any) -> ReasoningBudget | None:
+    """The thinking budget of a request: its own fields over --reasoning-budget(-message)."""
+    n = req.reasoning_budget_tokens if req.reasoning_budget_tokens is not None else settings.reasoning_budget
+    if isinstance(n, bool) or not isinstance(n, int) or not -1 <= n <= INT32_MAX:
+        raise ApiError(400, f"Field 'reasoning_budget_tokens': Value must be between -1 <= value <= {INT32_MAX}, "
+                       f"but got {n}", code="invalid_parameter", param="reasoning_budget_tokens")
+    control = ReasoningControl() if req.reasoning_control else None
+    if n < 0 and control is None:
+        return None
+    ends = req.reasoning_budget_end_tags or ([req.reasoning_budget_end_tag] if req.reasoning_budget_end_tag else [])
+    start, end = req.reasoning_budget_start_tag or OPEN, (ends[0] if ends else CLOSE)
+    message = req.reasoning_budget_message
+    message = settings.reasoning_budget_message if message is None else message
+    if not isinstance(end, str) or not end:
+        raise ApiError(400, "reasoning_budget_end_tags must be non-empty strings", code="invalid_parameter",
+                       param="reasoning_budget_end_tags")
+
+    def ids(text: str) -> tuple[int, ...]:
+        return tuple(model.tokenizer.encode(text, add_special_tokens=False)) if text else ()
+
+    return ReasoningBudget(budget=n, open_ids=ids(start), close_ids=ids(end), message_ids=ids(message),
+                           control=control)
 
 
 async def generation_request(model: ServedModel, req: Any, prep: Prepared) -> Any:
@@ -129,6 +159,7 @@ async def generation_request(model: ServedModel, req: Any, prep: Prepared) -> An
     greq = g.build_request(req, model, prep.prompt)
     greq.grammar = await tool_grammar(prep, model)
     greq.keep_tokens = prep.keep_tokens
+    greq.reasoning = prep.budget
     return greq
 
 
