@@ -144,6 +144,9 @@ def test_reasoning_streamed_equals_non_streamed(client, fmt):
     reasoning = "".join(getattr(c.choices[0].delta, "reasoning_content", None) or "" for c in chunks if c.choices)
     assert content == (msg.content or "")
     assert reasoning == (getattr(msg, "reasoning_content", None) or "")
+    # --reasoning-alias-field defaults to reasoning: the same text under both names
+    assert getattr(msg, "reasoning", None) == getattr(msg, "reasoning_content", None)
+    assert "".join(getattr(c.choices[0].delta, "reasoning", None) or "" for c in chunks if c.choices) == reasoning
     if fmt == "none":
         assert reasoning == "" and content
     else:
@@ -232,3 +235,28 @@ def test_reasoning_control_ends_a_running_thought(client, server):
     assert httpx.post(url, json={"id": first.id, "action": "nap"}).status_code == 400
     done = httpx.post(url, json={"id": first.id, "action": "reasoning_end"}).json()
     assert done["success"] is False and done["message"]
+
+
+# a template that primes the thinking block itself (the checkpoint's does not)
+THINKING_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+                     "{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n{% endif %}")
+
+
+def test_template_file_budget_flags_and_no_alias(tmp_path):
+    fixture_path(QWEN3_TINY)
+    f = tmp_path / "thinking.jinja"
+    f.write_text(THINKING_TEMPLATE)
+    s = ServerProcess(["-m", QWEN3_TINY, "--offline", "--chat-template-file", str(f), "--reasoning-budget", "3",
+                       "--reasoning-budget-message", MESSAGE, "--reasoning-alias-field", "none"])
+    try:
+        applied = httpx.post(s.base_url + "/apply-template", json={"messages": [ASK]}).json()
+        assert applied["prompt"] == "<|im_start|>user\nWeather in Paris?<|im_end|>\n<|im_start|>assistant\n<think>\n"
+        body = httpx.post(s.base_url + "/v1/chat/completions", timeout=120, json={
+            "messages": [ASK], "max_tokens": 3 + _forced_len() + 3, "temperature": 0}).json()
+        msg = body["choices"][0]["message"]
+        # the server's budget closed the primed block after three tokens, with the server's message
+        assert msg["reasoning_content"].endswith(MESSAGE.strip()) and "reasoning" not in msg
+        props = httpx.get(s.base_url + "/props").json()
+        assert props["chat_template"] == THINKING_TEMPLATE
+    finally:
+        s.stop()

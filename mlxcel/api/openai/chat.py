@@ -145,6 +145,7 @@ async def chat_completions(request: Request, app_state: AppState) -> Any:
         headers.update(constraint.header)
     prep = chat_surface.prepare(app_state, model, req)  # tools, template kwargs, reasoning, prefill
     cid, created = g.new_id("chatcmpl"), g.now()
+    alias = app_state.settings.reasoning_alias_field
     base = {"id": cid, "created": created, "model": model.id}
     if spec is not None:
         return await _score(model, spec, convs, base, headers)
@@ -186,7 +187,7 @@ async def chat_completions(request: Request, app_state: AppState) -> Any:
                 for i, delta in enumerate(deltas if not ev.done else [*deltas, {}]):
                     last = ev.done and i == len(deltas)
                     chunk = {**base, "object": "chat.completion.chunk", "system_fingerprint": g.fingerprint(model),
-                             "choices": [{"index": 0, "delta": delta,
+                             "choices": [{"index": 0, "delta": chat_surface.with_alias(delta, alias),
                                           "finish_reason": out.finish_reason(ev.finish_reason) if last else None}]}
                     if last:
                         chunk["usage"] = g.usage([("", ev)])
@@ -203,7 +204,8 @@ async def chat_completions(request: Request, app_state: AppState) -> Any:
             rf.check_output(constraint, text, ev.finish_reason)
     response_body = {
         **base, "object": "chat.completion", "system_fingerprint": g.fingerprint(model),
-        "choices": [{"index": i, "message": chat_surface.message(o.feed(text) + o.finish()),
+        "choices": [{"index": i, "message": chat_surface.with_alias(chat_surface.message(o.feed(text) + o.finish()),
+                                                                    alias),
                      "logprobs": None, "finish_reason": o.finish_reason(ev.finish_reason)}
                     for i, ((text, ev), o) in enumerate(zip(results, outputs))],
         "usage": g.usage(results),

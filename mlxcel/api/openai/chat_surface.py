@@ -257,3 +257,11 @@ def message(deltas: list[dict[str, Any]]) -> dict[str, Any]:
     if calls:
         msg["tool_calls"] = [calls[i] for i in sorted(calls)]
     return msg
+
+
+def with_alias(shape: dict[str, Any], policy: str) -> dict[str, Any]:
+    """--reasoning-alias-field reasoning: a delta or message carrying reasoning_content also
+    carries the same text as `reasoning` (none: b10621's field alone)."""
+    if policy == "reasoning" and "reasoning_content" in shape:
+        return {**shape, "reasoning": shape["reasoning_content"]}
+    return shape
