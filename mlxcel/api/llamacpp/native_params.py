@@ -60,17 +60,22 @@ SAMPLING_FIELDS = (
 # (json_schema and grammar are resolved by native_grammar.py, in the route.)
 DEFERRED: dict[str, tuple[Any, ...]] = {
     "lora": ([],), "grammar_lazy": (False,), "grammar_type": (),
-    "chat_format": (), "reasoning_format": ("none",), "generation_prompt": ("",),
-    "parse_tool_calls": (False,), "chat_parser": ("",), "continue_final_message": (False,),
-    "echo": (False,), "preserved_tokens": ([],), "grammar_triggers": ([],),
+    "preserved_tokens": ([],), "grammar_triggers": ([],),
     # /completion has no completion id a control request could name (chat routes honour it)
     "reasoning_control": (False,),
     "backend_sampling": (False,), "n_cache_reuse": (0,), "message_delimiters": ([],),
     "id_slot": (-1,),  # slot pinning: the scheduler picks the lowest free slot for now
 }
-# Accepted and inert, as upstream: verbose only touches OpenAI-shaped bodies; the native
+# Chat-parser configuration: /completion renders no chat template and parses no output, so
+# these only configure the chat routes; anything but the no-op value is refused here.
+CHAT_ONLY: dict[str, tuple[Any, ...]] = {
+    "chat_format": (), "reasoning_format": ("none",), "generation_prompt": ("",),
+    "parse_tool_calls": (False,), "chat_parser": ("",), "continue_final_message": (False,),
+}
+# Accepted and inert, as upstream (echo only primes the chat parser of a continuation, and
+# a raw prompt is never one): verbose only touches OpenAI-shaped bodies; the native
 # final frame always carries counts and timings; speculative.* is compiled out upstream.
-INERT = ("verbose", "stream_options", "model", *(f"speculative.{k}" for k in (
+INERT = ("verbose", "echo", "stream_options", "model", *(f"speculative.{k}" for k in (
     "n_max", "n_min", "p_min", "type", "ngram_size_n", "ngram_size_m", "ngram_m_hits")))
 
 NATIVE_FIELDS = declared_names(NativeCompletionRequest)
@@ -120,6 +125,10 @@ def _check_limits(body: dict[str, Any], n_parallel: int) -> None:
 
 
 def _check_deferred(body: dict[str, Any]) -> None:
+    for name, no_ops in CHAT_ONLY.items():
+        if name in body and body[name] not in no_ops:
+            raise ApiError(400, f"'{name}' configures chat parsing, which /completion does not do (it renders no "
+                           f"chat template); use /v1/chat/completions", code="field_not_honoured", param=name)
     for name, no_ops in DEFERRED.items():
         if name in body and body[name] not in no_ops:
             raise ApiError(400, f"'{name}' is not supported by this server yet; send it only with "
