@@ -300,5 +300,16 @@ async def cancel_response(rid: str, app_state: AppState) -> dict[str, Any]:
     return _found(app_state, rid)
 
 
-# input_tokens is served by api/llamacpp/templates.py
+def count_input_tokens(app_state: AppState, body: dict[str, Any]) -> int:
+    """The prompt tokens a Responses request would prefill: the same translation
+    (previous_response_id rehydrated, tools rendered) and the same render as create_response.
+    Served on /v1/responses/input_tokens by api/llamacpp/templates.py."""
+    if body.get("conversation") is not None:
+        raise ApiError(400, "conversation is not supported by this server; chain turns with previous_response_id",
+                       code="field_not_honoured", param="conversation")
+    req = convert(body, ResponsesRequest)
+    model = g.served_model(app_state, req.model)
+    return len(chat_surface.prepare(app_state, model, _chat_request(req, _conversation(app_state, req))).prompt)
+
+
 RESPONSES_ROUTES = [create_response, get_response, delete_response, cancel_response]
