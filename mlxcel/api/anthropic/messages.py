@@ -135,7 +135,8 @@ def _chat_request(req: MessagesRequest, *, counting: bool = False) -> ChatComple
     return ChatCompletionRequest(
         model=req.model, messages=_chat_messages(req), max_tokens=req.max_tokens, stop=req.stop_sequences,
         temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, tools=tools, tool_choice=choice,
-        chat_template_kwargs=kwargs, reasoning_budget_tokens=budget, parallel_tool_calls=not (req.tool_choice or {}).get("disable_parallel_tool_use"),
+        chat_template_kwargs=kwargs, reasoning_budget_tokens=budget,
+        parallel_tool_calls=not (req.tool_choice or {}).get("disable_parallel_tool_use"),
     )
 
 
