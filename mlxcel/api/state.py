@@ -49,3 +49,5 @@ class AppState:
     store_root: Path | None = None  # where SAE store entries are looked up
     streams: StreamStore = field(default_factory=StreamStore)  # resumable SSE sessions (api/stream_sessions)
     steering_lock: str | None = None  # the model id locked for steering: /v1/models lists only it
+    # completion id -> (ReasoningControl, handles) of running requests armed with reasoning_control
+    reasoning_controls: dict = field(default_factory=dict)
