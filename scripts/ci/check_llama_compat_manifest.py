@@ -13,8 +13,11 @@ Checks, each reported with the file and entry it concerns:
   left in _unclassified.json;
 - the mlxcel claim block's nine keys, their types, and their fit to the entry;
 - test pointers `path::function` that resolve to a file and a test function in the repo;
-- canonical serialization (the file text is exactly what the canonical dump produces).
-Exit status 0 when clean, 1 with one line per problem otherwise.
+- canonical serialization (the file text is exactly what the canonical dump produces);
+- with --check-issues-open, that every aliased, not_applicable or deferred entry points at an
+  open issue (scripts/ci/open_issues.py: the set comes from --open-issues or `issues list`).
+Exit status 0 when clean, 1 with one line per problem otherwise, 2 when --check-issues-open
+cannot learn which issues are open.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 from mlxcel.compat import manifest as mf  # noqa: E402
+from scripts.ci import open_issues as oi  # noqa: E402
 
 # The frozen reference inventory; a pin bump has to change these on purpose.
 REFERENCE_COUNTS = {
@@ -233,7 +237,9 @@ def check_canonical(path: Path, doc: object, p: Problems) -> None:
                          "entries sorted by kind then id); rerun the extractor")
 
 
-def validate(manifest_dir: Path, repo_root: Path = REPO_ROOT) -> list[str]:
+def validate(manifest_dir: Path, repo_root: Path = REPO_ROOT,
+             open_issues: set[int] | None = None) -> list[str]:
+    """Problem lines; with `open_issues`, the --check-issues-open gate runs too."""
     p = Problems()
     pin_path = manifest_dir / mf.PIN_FILE
     try:
@@ -278,6 +284,10 @@ def validate(manifest_dir: Path, repo_root: Path = REPO_ROOT) -> list[str]:
             seen[str(eid)] = path.name
             check_entry(where, entry, owners, repo_root, p)
     check_counts(manifest, p)
+    if open_issues is not None:
+        p.lines += oi.closed_issue_problems(
+            ((f"{shard}.json", e) for shard, e in manifest.entries()
+             if shard != mf.UNCLASSIFIED and isinstance(e, dict)), open_issues)
     return p.lines
 
 
@@ -286,8 +296,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--manifest-dir", type=Path, default=mf.default_manifest_dir())
     ap.add_argument("--repo-root", type=Path, default=REPO_ROOT,
                     help="where test pointers resolve (default: this checkout)")
+    ap.add_argument("--check-issues-open", action="store_true",
+                    help="also require every aliased, not_applicable and deferred entry to "
+                         "point at an open issue")
+    ap.add_argument("--open-issues", metavar="N,N,...",
+                    help="the open issue numbers for --check-issues-open (default: ask the "
+                         "`issues list` command; with neither, the check fails)")
     args = ap.parse_args(argv)
-    problems = validate(args.manifest_dir, args.repo_root)
+    open_set = None
+    if args.open_issues is not None and not args.check_issues_open:
+        print("error: --open-issues only feeds --check-issues-open; add that flag",
+              file=sys.stderr)
+        return 2
+    if args.check_issues_open:
+        try:
+            open_set, source = oi.resolve_open_issues(args.open_issues)
+        except oi.OpenIssuesUnavailable as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        print(f"open issues (from {source}): "
+              + (", ".join(f"#{n}" for n in sorted(open_set)) or "none"), file=sys.stderr)
+    problems = validate(args.manifest_dir, args.repo_root, open_set)
     for line in problems:
         print(line, file=sys.stderr)
     if problems:

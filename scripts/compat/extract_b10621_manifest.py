@@ -93,6 +93,11 @@ def option_facts(help_text: str) -> list[dict]:
     facts = []
     for row in parse_help(help_text):
         facts.append({"kind": "option", "id": mf.option_id(row["long"], row["short"]), **row})
+    if facts and not any(f["id"] == "option:--rpc" for f in facts):
+        # llama-server lists --rpc only when ggml has the RPC backend, as release builds do.
+        print("warning: the help has no --rpc entry: this llama-server was built without the "
+              "RPC backend (cmake -DGGML_RPC=ON, as upstream's release builds are); "
+              "option:--rpc will be dropped", file=sys.stderr)
     return facts
 
 

@@ -3,17 +3,27 @@
 CI has no upstream binary or sources, so the round trip renders a help text and the two
 fact tables from the committed manifest's own facts, extracts from them into a copy of the
 manifest and expects no change. With MLXCEL_LLAMA_B10621_HELP (a saved `llama-server --help`)
-and MLXCEL_LLAMA_SOURCE_DIR (the pinned llama.cpp tree) set, the real inputs are checked too.
+and MLXCEL_LLAMA_SOURCE_DIR (the pinned llama.cpp tree) set, the real inputs are checked too;
+with MLXCEL_LLAMA_SERVER_BIN (a built llama-server), the binary's own --help is compared with
+the saved reference help and extracted against the manifest.
+
+One build variant is tolerated, and reported as a warning when it applies: llama-server lists
+`--rpc` only when ggml was built with the RPC backend (upstream's release builds are;
+`cmake -DGGML_RPC=ON`). A binary without it is compared with the reference minus the `--rpc`
+entry, and its extraction must equal the manifest minus `option:--rpc`. Nothing else is
+normalised: `--help` prints no version line, so the text is compared byte for byte.
 """
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import os
 import shutil
 import stat
 import tarfile
+import warnings
 from pathlib import Path
 
 import pytest
@@ -187,3 +197,76 @@ def test_real_upstream_inputs_reproduce_the_manifest(tmp_path):
                     "--source-dir", os.environ["MLXCEL_LLAMA_SOURCE_DIR"],
                     "--manifest-dir", str(copy), "--check"])
     assert code == 0
+
+
+LLAMA_BIN = os.environ.get("MLXCEL_LLAMA_SERVER_BIN")
+REFERENCE_HELP = os.environ.get("MLXCEL_LLAMA_B10621_HELP")
+needs_binary = pytest.mark.skipif(
+    not LLAMA_BIN, reason="set MLXCEL_LLAMA_SERVER_BIN to a llama-server b10621/b10622 binary "
+                          "to compare its --help and extraction with the manifest")
+RPC_ENTRY = "option:--rpc"
+NO_RPC_WARNING = ("llama-server was built without the RPC backend (GGML_RPC off), so its help "
+                  "has no --rpc entry; compared without it")
+
+
+def drop_help_entry(text: str, spelling: str) -> str:
+    """The help text without the entry whose first line starts with `spelling`."""
+    out, skipping = [], False
+    for line in text.splitlines(keepends=True):
+        if line.startswith(spelling + " ") or line.rstrip("\n") == spelling:
+            skipping = True
+            continue
+        if skipping and line.startswith(" ") and line.strip():
+            continue
+        skipping = False
+        out.append(line)
+    return "".join(out)
+
+
+def _has_rpc(help_text: str) -> bool:
+    return any(row["long"][:1] == ["--rpc"] for row in parse_help(help_text))
+
+
+def test_drop_help_entry():
+    text = "-a x                a\n--rpc SERVERS       r\n                    (env: R)\n--b  b\n"
+    assert drop_help_entry(text, "--rpc") == "-a x                a\n--b  b\n"
+
+
+@needs_binary
+@pytest.mark.skipif(not REFERENCE_HELP, reason="set MLXCEL_LLAMA_B10621_HELP to the saved "
+                                               "reference help.txt to compare the binary with")
+def test_binary_help_reproduces_the_reference_help():
+    actual = ex.help_from_binary(Path(LLAMA_BIN))
+    reference = Path(REFERENCE_HELP).read_text(encoding="utf-8")
+    if not _has_rpc(actual):
+        warnings.warn(NO_RPC_WARNING)
+        reference = drop_help_entry(reference, "--rpc")
+    if actual != reference:
+        diff = difflib.unified_diff(reference.splitlines(), actual.splitlines(),
+                                    "reference help.txt", LLAMA_BIN, lineterm="")
+        pytest.fail("llama-server --help differs from the reference:\n" + "\n".join(diff))
+
+
+@needs_binary
+def test_binary_extraction_reproduces_the_manifest(tmp_path):
+    copy = tmp_path / "b10621"
+    shutil.copytree(mf.default_manifest_dir(), copy)
+    if os.environ.get("MLXCEL_LLAMA_SOURCE_DIR"):
+        facts = ["--source-dir", os.environ["MLXCEL_LLAMA_SOURCE_DIR"]]
+    else:  # routes and fields from the manifest itself: only the options are under test
+        _, routes, fields = render_inputs(mf.load_manifest(copy), tmp_path)
+        facts = ["--routes-tsv", str(routes), "--native-fields-tsv", str(fields)]
+    assert ex.main(["--llama-server", LLAMA_BIN, *facts, "--manifest-dir", str(copy)]) == 0
+    committed = mf.load_manifest(mf.default_manifest_dir())
+    if _has_rpc(ex.help_from_binary(Path(LLAMA_BIN))):
+        for path in mf.default_manifest_dir().glob("*.json"):
+            assert (copy / path.name).read_text() == path.read_text(), path.name
+        assert sorted(p.name for p in copy.glob("*.json")) == sorted(
+            p.name for p in mf.default_manifest_dir().glob("*.json"))
+        return
+    warnings.warn(NO_RPC_WARNING)
+    extracted = mf.load_manifest(copy)
+    assert list(extracted.entries()) == [(shard, e) for shard, e in committed.entries()
+                                         if e["id"] != RPC_ENTRY]
+    assert {k: v for k, v in extracted.pin.items() if k != "counts"} == {
+        k: v for k, v in committed.pin.items() if k != "counts"}

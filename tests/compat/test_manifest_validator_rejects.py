@@ -17,6 +17,7 @@ import pytest
 
 from mlxcel.compat import manifest as mf
 from scripts.ci import check_llama_compat_manifest as check
+from scripts.ci import open_issues as oi
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCE = mf.default_manifest_dir()
@@ -163,3 +164,112 @@ def test_script_exit_status_on_a_broken_copy(copy):
         cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1
     assert "aliased, not_applicable, deferred or by_design" in proc.stderr
+
+
+# --check-issues-open: issue 2 is in these shards' owner sets, so pointing an entry at it passes
+# the ownership rule and only the open-issue gate can object.
+CLOSED = 2
+GATED = {
+    "deferred": ("routes", "route:GET /v1/models"),
+    "aliased": ("model-source", "option:--model"),
+    "not_applicable": ("runtime-and-context", "option:--kv-unified"),
+}
+UNGATED = {
+    "by_design": ("runtime-and-context", "option:--parallel"),
+    "supported": SUPPORTED,
+}
+
+
+def _open_set(d: Path) -> set[int]:
+    """Every issue the copy mentions, except the one these cases treat as closed."""
+    m = mf.load_manifest(d)
+    mentioned = {e["issue"] for _, e in m.entries() if isinstance(e["issue"], int)}
+    mentioned |= {n for spec in m.pin["shards"].values() for n in spec["owners"]}
+    return mentioned - {CLOSED}
+
+
+def test_committed_copy_passes_the_open_issue_gate(copy):
+    assert check.validate(copy, ROOT, _open_set(copy)) == []
+
+
+@pytest.mark.parametrize("state", sorted(GATED))
+def test_open_issue_gate_rejects_a_closed_issue(state, copy):
+    shard, eid = GATED[state]
+    assert _entry(_load(copy, shard), eid)["state"] == state
+    _edit(shard, eid, issue=CLOSED)(copy)
+    assert check.validate(copy, ROOT) == [], "the structural rules alone must accept this copy"
+    problems = check.validate(copy, ROOT, _open_set(copy))
+    assert problems == [f"{shard}.json: {eid}: {'an' if state[0] == 'a' else 'a'} {state} entry "
+                        f"points at issue #{CLOSED}, which is not open (open: "
+                        + ", ".join(f"#{n}" for n in sorted(_open_set(copy)))
+                        + "); re-home it to the open issue that owns the remaining work"]
+
+
+@pytest.mark.parametrize("state", sorted(UNGATED))
+def test_open_issue_gate_ignores_by_design_and_supported(state, copy):
+    shard, eid = UNGATED[state]
+    assert _entry(_load(copy, shard), eid)["state"] == state
+    _edit(shard, eid, issue=CLOSED)(copy)
+    assert check.validate(copy, ROOT, _open_set(copy)) == []
+
+
+def _script(copy: Path, *args: str, path: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "scripts/ci/check_llama_compat_manifest.py", "--manifest-dir",
+         str(copy), *args], cwd=ROOT, capture_output=True, text=True, timeout=120,
+        env={"PATH": path})
+
+
+def _fake_tracker(bin_dir: Path, body: str) -> str:
+    bin_dir.mkdir(exist_ok=True)
+    tool = bin_dir / "issues"
+    tool.write_text("#!/bin/sh\n" + body)
+    tool.chmod(0o755)
+    return str(bin_dir)
+
+
+def test_open_issue_gate_script_with_explicit_set(copy, tmp_path):
+    _edit(*GATED["deferred"], issue=CLOSED)(copy)
+    open_arg = ",".join(str(n) for n in sorted(_open_set(copy)))
+    proc = _script(copy, "--check-issues-open", "--open-issues", open_arg, path=str(tmp_path))
+    assert proc.returncode == 1
+    assert "route:GET /v1/models: a deferred entry points at issue #2" in proc.stderr
+    proc = _script(copy, "--check-issues-open", "--open-issues", open_arg + ",2",
+                   path=str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_open_issue_gate_reads_the_tracker_tool(copy, tmp_path):
+    listing = "".join(f"# issue {n}: filed by a session · open\\n> # a title\\n\\n"
+                      for n in sorted(_open_set(copy)))
+    path = _fake_tracker(tmp_path / "bin", f'[ "$1" = list ] || exit 9\nprintf "{listing}"\n')
+    assert _script(copy, "--check-issues-open", path=path).returncode == 0
+    _edit(*GATED["aliased"], issue=CLOSED)(copy)
+    proc = _script(copy, "--check-issues-open", path=path)
+    assert proc.returncode == 1
+    assert "option:--model: an aliased entry points at issue #2" in proc.stderr
+
+
+@pytest.mark.parametrize("args,tracker,message", [
+    (["--check-issues-open"], None, "pass --open-issues N,N,... or run where the `issues` "
+                                    "command is on PATH (it is not)"),
+    (["--check-issues-open"], "echo down >&2; exit 3", "`issues list` exited 3: down"),
+    (["--check-issues-open"], "echo something else", "output format is not understood"),
+    (["--check-issues-open", "--open-issues", "4,x"], None, "'x' is not an issue number"),
+    (["--open-issues", "4"], None, "only feeds --check-issues-open"),
+])
+def test_open_issue_gate_never_passes_without_an_open_set(args, tracker, message, copy,
+                                                          tmp_path):
+    path = _fake_tracker(tmp_path / "bin", tracker) if tracker else str(tmp_path)
+    proc = _script(copy, *args, path=path)
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr
+
+
+def test_tracker_listing_parse():
+    text = ("# issue 3: filed by a session · open\n> # issue 9: a quoted title\n\n"
+            "# issue 2: filed by a session · closed\n# issue 12: no state word\n")
+    assert oi.parse_tracker_listing(text) == {3, 12}
+    assert oi.parse_tracker_listing("") == set()
+    with pytest.raises(oi.OpenIssuesUnavailable):
+        oi.parse_tracker_listing("3 4 5\n")
