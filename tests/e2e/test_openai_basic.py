@@ -11,6 +11,16 @@ from tests.conftest import DEFAULT_MODEL
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
+def test_unprefixed_chat_route_is_the_same_handler(default_server, openai_client):
+    body = {"model": DEFAULT_MODEL, "messages": QUESTION, "temperature": 0, "max_tokens": 12}
+    bare = httpx.post(f"{default_server.base_url}/chat/completions", json=body, timeout=120)
+    assert bare.status_code == 200, bare.text
+    v1 = openai_client.chat.completions.create(**body)
+    assert bare.json()["choices"][0]["message"]["content"] == v1.choices[0].message.content
+    refused = httpx.post(f"{default_server.base_url}/chat/completions", json={**body, "n": 0}, timeout=60)
+    assert refused.status_code == 400 and "error" in refused.json()
+
+
 def test_chat_greedy_answers_paris(openai_client):
     r = openai_client.chat.completions.create(model=DEFAULT_MODEL, messages=QUESTION, temperature=0, max_tokens=40)
     assert "Paris" in r.choices[0].message.content

@@ -100,7 +100,8 @@ def _render(model: ServedModel, where: str, messages: list[dict[str, Any]]) -> l
         raise
 
 
-@post("/v1/chat/completions", status_code=200)
+# b10621 also mounts the unprefixed spelling; both are the same handler under the same contract
+@post(["/v1/chat/completions", "/chat/completions"], status_code=200)
 async def chat_completions(request: Request, app_state: AppState) -> Any:
     strict = strict_mode(request.headers)
     body = await read_json_object(request)
