@@ -1,11 +1,18 @@
-"""The per-request steering surface of /v1/chat/completions: `profile`, `steering_intensity`,
-`return_sae_activations`, the `X-miLLM-Steering-Intensity` echo and the `X-miLLM-Circuit-Rung`
-header of a request an active circuit genuinely steers.
+"""How a generation request is steered: the per-request surface of /v1/chat/completions
+(`profile`, `steering_intensity`, `return_sae_activations`, the `X-miLLM-Steering-Intensity`
+echo, the `X-miLLM-Circuit-Rung` header of a request an active circuit genuinely steers) and the
+server's steering that every other generation route carries.
 
 `take_fields` removes these fields from the body before the field contract sees it (they are
 honoured here), `apply` resolves them against the served model's SAEs and the profile store
 and writes the result into the engine request, and `ActivationReader` collects one request's
 SAE activations from the rows' residual reads and renders the `millm` object.
+
+`server_steering` is the one call a generation route without per-request fields makes (native
+/completion and /infill, /v1/responses, /v1/messages): the live values, the active profile or
+the active circuit reach its rows, monitoring reads them, and the rung header comes back.
+`refuse_fields` turns the /v1 per-request fields away on those routes (the seed gives them to
+chat, and activations to chat and text completions, only), so none is silently dropped.
 """
 
 from __future__ import annotations
@@ -230,6 +237,26 @@ def apply(fields: SteeringFields, manager: SteeringManager | None, store: Steeri
     if steering is not None or reader is not None:
         greq.cache_prompt = False  # steered KV must never be shared with another request's prefix
     return headers, reader
+
+
+def server_steering(app_state: Any, model: Any, greqs: list[GenerationRequest]) -> dict[str, str]:
+    """Write the server's steering into every row of a request that carries no steering fields
+    of its own; returns the response headers (the rung header when a circuit steers)."""
+    headers: dict[str, str] = {}
+    for greq in greqs:
+        row_headers, _ = apply(SteeringFields(), model.steering, app_state.steering_store, greq)
+        headers.update(row_headers)
+    return headers
+
+
+def refuse_fields(body: dict[str, Any], route: str) -> None:
+    """400 `field_not_honoured` for a per-request steering field on a route that does not take
+    one (null means absent)."""
+    for name in (*FIELDS, "steering"):
+        if body.get(name) is not None:
+            raise ApiError(400, f"'{name}' is not honoured on {route} by this server; per-request steering is "
+                           "taken by /v1/chat/completions (return_sae_activations also by /v1/completions)",
+                           code="field_not_honoured", param=name)
 
 
 def sf_decimal(x: float) -> str:

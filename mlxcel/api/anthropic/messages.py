@@ -26,6 +26,7 @@ from mlxcel.api.openai import chat_surface
 from mlxcel.api.openai import generation as g
 from mlxcel.api.openai.schemas import ChatCompletionRequest
 from mlxcel.api.state import AppState
+from mlxcel.steering import requests as steer
 
 _STOP = {"eos": "end_turn", "word": "stop_sequence", "limit": "max_tokens", "none": "end_turn"}
 
@@ -179,11 +180,15 @@ def _event(kind: str, data: dict[str, Any]) -> bytes:
 
 @post("/v1/messages", status_code=200)
 async def messages(request: Request, app_state: AppState) -> Any:
-    req = convert(await read_json_object(request), MessagesRequest)
+    raw = await read_json_object(request)
+    steer.refuse_fields(raw, "/v1/messages")  # per-request steering is chat's; the server's applies below
+    req = convert(raw, MessagesRequest)
     model = g.served_model(app_state, req.model)
     creq = _chat_request(req)
     prep = chat_surface.prepare(app_state, model, creq)
-    handle = g.submit(model, await chat_surface.generation_request(model, creq, prep))
+    greq = await chat_surface.generation_request(model, creq, prep)
+    steer_headers = steer.server_steering(app_state, model, [greq])  # live values, active profile or circuit
+    handle = g.submit(model, greq)
     out = chat_surface.ChatOutput(prep, parallel_tool_calls=creq.parallel_tool_calls is not False)
     mid = "msg_" + uuid.uuid4().hex[:24]
     head = {"id": mid, "type": "message", "role": "assistant", "model": model.id}
@@ -193,7 +198,8 @@ async def messages(request: Request, app_state: AppState) -> Any:
         blocks = _blocks(out.feed(text) + out.finish())
         reason, seq = _stop(out, ev)
         return Response({**head, "content": blocks, "stop_reason": reason, "stop_sequence": seq,
-                         "usage": {"input_tokens": ev.prompt_tokens, "output_tokens": ev.completion_tokens}})
+                         "usage": {"input_tokens": ev.prompt_tokens, "output_tokens": ev.completion_tokens}},
+                        headers=steer_headers)
 
     async def body() -> AsyncIterator[bytes]:
         yield _event("message_start", {"message": {**head, "content": [], "stop_reason": None, "stop_sequence": None,
@@ -232,7 +238,7 @@ async def messages(request: Request, app_state: AppState) -> Any:
         finally:
             handle.cancel()
 
-    return Stream(body(), media_type="text/event-stream", headers=g.SSE_HEADERS)
+    return Stream(body(), media_type="text/event-stream", headers={**g.SSE_HEADERS, **steer_headers})
 
 
 @post("/v1/messages/count_tokens", status_code=200)

@@ -3,7 +3,8 @@
 The prompt may be a string, a mixed array of strings and token ids (one prompt), or an
 array of those (several prompts, answered as a JSON array in prompt order). Streaming
 sends one frame per generated token (and prompt-progress frames when asked), then the
-final object itself; there is no `[DONE]` sentinel on native streams.
+final object itself; there is no `[DONE]` sentinel on native streams. The server's steering
+(live values, active profile or circuit) applies to every row, as on /v1.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from mlxcel.api.openai.generation import SSE_HEADERS, merged, served_model, subm
 from mlxcel.api.state import AppState, ServedModel
 from mlxcel.engine.engine import RequestHandle
 from mlxcel.engine.types import GenerationRequest, TokenEvent
+from mlxcel.steering.requests import server_steering
 
 PING = b": ping\n\n"
 
@@ -148,11 +150,11 @@ async def _watch_disconnect(request: Request, handles: list[RequestHandle]) -> N
             return
 
 
-async def respond(request: Request, model: ServedModel, nreq: NativeRequest,
+async def respond(request: Request, app_state: AppState, model: ServedModel, nreq: NativeRequest,
                   greqs: list[GenerationRequest]) -> Any:
     """Run the prompts and answer in the native shape (one object, an array, or a stream)."""
+    headers = {**ignored_fields_header(nreq.ignored), **server_steering(app_state, model, greqs)}
     handles = submit_all(model, greqs)
-    headers = ignored_fields_header(nreq.ignored)
     results = [_Result() for _ in handles]
     if nreq.stream:
         async def body() -> AsyncIterator[bytes]:
@@ -206,4 +208,4 @@ async def completion(request: Request, app_state: AppState) -> Any:
     nreq = parse_native(body, model, app_state.settings.parallel, app_state.settings.sse_ping_interval)
     nreq.template.grammar = await native_grammar.resolve(body, model)
     prompts = tokenize_native_prompts(model, body.get("prompt"))
-    return await respond(request, model, nreq, [with_prompt(nreq.template, p) for p in prompts])
+    return await respond(request, app_state, model, nreq, [with_prompt(nreq.template, p) for p in prompts])

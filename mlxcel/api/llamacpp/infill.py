@@ -127,4 +127,4 @@ async def infill(request: Request, app_state: AppState) -> Any:
     s = app_state.settings
     tokens = infill_prompt(model.tokenizer, fim, body, spm=s.spm_infill, n_ctx=model.n_ctx,
                            n_batch=s.batch_size, n_predict=nreq.template.max_tokens)
-    return await respond(request, model, nreq, [with_prompt(nreq.template, tokens)])
+    return await respond(request, app_state, model, nreq, [with_prompt(nreq.template, tokens)])

@@ -27,6 +27,7 @@ from mlxcel.engine.sampling_params import (
 from mlxcel.engine.reasoning import CLOSE, OPEN
 from mlxcel.engine.reasoning_budget import ReasoningBudget
 from mlxcel.engine.types import GenerationRequest
+from mlxcel.steering.requests import refuse_fields as refuse_steering_fields
 
 INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
@@ -143,6 +144,7 @@ def parse_native(body: dict[str, Any], model: ServedModel, n_parallel: int,
     req = convert(body, NativeCompletionRequest)
     _check_limits(body, n_parallel)
     _check_deferred(body)
+    refuse_steering_fields(body, "the native completion routes")  # the server's steering still applies
     n_cmpl = req.n_cmpl if req.n_cmpl is not None else (req.n if req.n is not None else 1)
     if n_cmpl > 1:
         raise ApiError(400, "n_cmpl above 1 is not supported: this server returns one completion per prompt",

@@ -25,6 +25,7 @@ from mlxcel.api.openai import chat_surface
 from mlxcel.api.openai import generation as g
 from mlxcel.api.openai.schemas import ChatCompletionRequest
 from mlxcel.api.state import AppState
+from mlxcel.steering import requests as steer
 
 STORE_CAPACITY = 256
 
@@ -188,12 +189,16 @@ def _after(conversation: list[dict], output: list[dict]) -> list[dict]:
 
 @post(["/v1/responses", "/responses"], status_code=200)
 async def create_response(request: Request, app_state: AppState) -> Any:
-    req = convert(await read_json_object(request), ResponsesRequest)
+    raw = await read_json_object(request)
+    steer.refuse_fields(raw, "/v1/responses")  # per-request steering is chat's; the server's applies below
+    req = convert(raw, ResponsesRequest)
     model = g.served_model(app_state, req.model)
     conversation = _conversation(app_state, req)
     creq = _chat_request(req, conversation)
     prep = chat_surface.prepare(app_state, model, creq)
-    handle = g.submit(model, await chat_surface.generation_request(model, creq, prep))
+    greq = await chat_surface.generation_request(model, creq, prep)
+    steer_headers = steer.server_steering(app_state, model, [greq])  # live values, active profile or circuit
+    handle = g.submit(model, greq)
     out = chat_surface.ChatOutput(prep, parallel_tool_calls=req.parallel_tool_calls is not False)
     rid = "resp_" + uuid.uuid4().hex[:24]
     store = _store(app_state)
@@ -212,7 +217,7 @@ async def create_response(request: Request, app_state: AppState) -> Any:
         finally:
             store.live.pop(rid, None)
         g.raise_for_error(ev)
-        return g.json_response(finished(out.feed(text) + out.finish(), ev), [])
+        return g.json_response(finished(out.feed(text) + out.finish(), ev), steer_headers)
 
     async def body() -> AsyncIterator[bytes]:
         seq = 0
@@ -268,7 +273,7 @@ async def create_response(request: Request, app_state: AppState) -> Any:
             store.live.pop(rid, None)
             handle.cancel()
 
-    return Stream(body(), media_type="text/event-stream", headers=g.SSE_HEADERS)
+    return Stream(body(), media_type="text/event-stream", headers={**g.SSE_HEADERS, **steer_headers})
 
 
 def _found(state: AppState, rid: str) -> dict[str, Any]:
