@@ -18,11 +18,11 @@ from mlxcel.api.management.steering import ROUTES as MANAGEMENT_ROUTES
 from mlxcel.api.openai.chat import chat_completions
 from mlxcel.api.openai.completions import completions
 from mlxcel.api.openai.embeddings import openai_embeddings
-from mlxcel.api.openai.models import get_model, list_models
+from mlxcel.api.openai.models import get_model, list_loaded_models, list_models
 from mlxcel.api.openai.responses import RESPONSES_ROUTES
 from mlxcel.api.state import AppState
 
-ROUTES = [health, list_models, get_model, chat_completions, completions, *NATIVE_ROUTES, *FEATURE_DISABLED_HANDLERS,
+ROUTES = [health, list_models, list_loaded_models, get_model, chat_completions, completions, *NATIVE_ROUTES, *FEATURE_DISABLED_HANDLERS,
           *MANAGEMENT_ROUTES, *MESSAGES_ROUTES, *RESPONSES_ROUTES]
 ROUTES += [native_embeddings, openai_embeddings, rerank]  # side workers (mlxcel/workers)
 

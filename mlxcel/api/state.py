@@ -35,6 +35,14 @@ class ServedModel:
 
 
 @dataclass
+class SwitchState:
+    """A model switch in progress (api/model_switch.py); every request gets model_busy meanwhile."""
+    phase: str | None = None  # None | "unloading" | "loading"
+    target: str | None = None  # the model being loaded
+    previous: str | None = None  # the model being unloaded
+
+
+@dataclass
 class AppState:
     settings: ServerSettings
     model: ServedModel | None = None
@@ -45,3 +53,6 @@ class AppState:
     reranker: Any = None  # workers.reranking.RerankWorker
     steering_store: Any = None  # the SQLite SteeringStore (mlxcel.steering.store), opened at serve time
     store_root: Path | None = None  # where SAE store entries are looked up
+    # set when /v1 requests may switch the generation model (a server started with one);
+    # None: the loaded model is the only one
+    switch: SwitchState | None = None

@@ -31,8 +31,10 @@ SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 def served_model(state: AppState, name: str | None) -> ServedModel:
+    from mlxcel.api.model_switch import check_not_busy
     from mlxcel.api.side_workers import generation_refusal
 
+    check_not_busy(state)  # a model switch is unloading or loading
     refusal = generation_refusal(state)  # --embeddings / --reranking: no chat model at all
     if refusal is not None:
         raise refusal

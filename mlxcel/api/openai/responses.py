@@ -21,6 +21,7 @@ from litestar.response import Stream
 
 from mlxcel.api.body import convert, read_json_object
 from mlxcel.api.errors import ApiError
+from mlxcel.api.model_switch import model_for
 from mlxcel.api.openai import chat_surface
 from mlxcel.api.openai import generation as g
 from mlxcel.api.openai.schemas import ChatCompletionRequest
@@ -182,7 +183,7 @@ def _after(conversation: list[dict], output: list[dict]) -> list[dict]:
 @post(["/v1/responses", "/responses"], status_code=200)
 async def create_response(request: Request, app_state: AppState) -> Any:
     req = convert(await read_json_object(request), ResponsesRequest)
-    model = g.served_model(app_state, req.model)
+    model = await model_for(app_state, req.model)  # may switch models (api/model_switch.py)
     conversation = _conversation(app_state, req)
     creq = _chat_request(req, conversation)
     prep = chat_surface.prepare(app_state, model, creq)
