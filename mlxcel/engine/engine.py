@@ -369,10 +369,17 @@ class Engine:
             self._rows.append(_Row(
                 handle=handle, cache=seq, pending=list(req.prompt[cached:]), n_cached=cached,
                 n_prompt_done=cached, sampler=self._sampler_state(req),
-                detok=IncrementalDetokenizer(self.tokenizer.decode),
+                detok=IncrementalDetokenizer(self._decoder(req)),
                 stop=StopMatcher(req.stop), max_tokens=max_tokens,
                 grammar=req.grammar.matcher() if req.grammar is not None else None,
             ))
+
+    def _decoder(self, req: GenerationRequest):
+        """Special tokens are left out of the text, except the request's preserved ones."""
+        if not req.preserved_tokens:
+            return self.tokenizer.decode
+        keep = req.preserved_tokens
+        return lambda ids: self.tokenizer.decode_keeping(ids, keep)
 
     def _sampler_state(self, req: GenerationRequest) -> SamplerState:
         p = req.params
@@ -496,8 +503,8 @@ class Engine:
         req = row.request
         mask = None
         if row.grammar is not None:
-            mask = row.grammar.allowed_mask(len(logits))
-            if not mask.any():
+            mask = row.grammar.allowed_mask(len(logits))  # None: a lazy grammar not triggered yet
+            if mask is not None and not mask.any():
                 self._finish(row, TokenEvent(error=f"the grammar allows no token here: {row.grammar.error()}",
                                              error_code="constrained_output_invalid"))
                 return

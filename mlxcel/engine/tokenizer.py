@@ -84,6 +84,16 @@ class Tokenizer:
             ids, skip_special_tokens=skip_special_tokens, clean_up_tokenization_spaces=False
         )
 
+    @cached_property
+    def special_ids(self) -> frozenset[int]:
+        """The ids `decode` leaves out: added tokens flagged special."""
+        return frozenset(i for i, t in self.hf.added_tokens_decoder.items() if t.special)
+
+    def decode_keeping(self, ids: list[int], keep: frozenset[int]) -> str:
+        """`decode`, except that the special tokens in `keep` are spelled out."""
+        special = self.special_ids
+        return self.decode([i for i in ids if i not in special or i in keep], skip_special_tokens=False)
+
     def token_bytes(self, token_id: int) -> bytes:
         """The raw bytes one token stands for (for byte-level reports)."""
         return self.decode_bytes([token_id])

@@ -32,6 +32,8 @@ class GenerationRequest:
     capture: dict | None = None  # layer -> residual reader; see ForwardRow
     # a CompiledGrammar (engine/grammar.py): every row gets its own matcher at admission
     grammar: object | None = None
+    # special tokens written into the text anyway (b10621's preserved_tokens); others are left out
+    preserved_tokens: frozenset[int] = frozenset()
 
 
 @dataclass

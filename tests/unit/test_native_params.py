@@ -117,7 +117,7 @@ def test_ignore_eos_bans_eos_and_logit_bias_resolves(model):
 
 
 @pytest.mark.parametrize("field,value", [
-    ("grammar_lazy", True), ("grammar_triggers", [{"type": 1, "value": "{"}]), ("lora", [{"id": 0, "scale": 1.0}]),
+    ("grammar_type", "tool_calls"), ("lora", [{"id": 0, "scale": 1.0}]),
     ("reasoning_budget_tokens", 10), ("chat_format", 1), ("backend_sampling", True), ("n_cache_reuse", 8),
 ])
 def test_missing_behaviour_refused_when_asked_for(model, field, value):

@@ -55,12 +55,13 @@ SAMPLING_FIELDS = (
     "adaptive_decay", "min_keep",
 )
 # Fields for behaviour this server does not have yet, with the values that ask for nothing.
-# (json_schema and grammar are resolved by native_grammar.py, in the route.)
+# (json_schema, grammar, grammar_lazy, grammar_triggers and preserved_tokens are resolved by
+# native_grammar.py, in the route.)
 DEFERRED: dict[str, tuple[Any, ...]] = {
-    "lora": ([],), "grammar_lazy": (False,), "grammar_type": (),
+    "lora": ([],), "grammar_type": (),
     "chat_format": (), "reasoning_format": ("none",), "generation_prompt": ("",),
     "parse_tool_calls": (False,), "chat_parser": ("",), "continue_final_message": (False,),
-    "echo": (False,), "preserved_tokens": ([],), "grammar_triggers": ([],), "reasoning_control": (False,),
+    "echo": (False,), "reasoning_control": (False,),
     "reasoning_budget_tokens": (-1,), "reasoning_budget_start_tag": ("",),
     "reasoning_budget_end_tags": ([],), "reasoning_budget_end_tag": ("",), "reasoning_budget_message": ("",),
     "backend_sampling": (False,), "n_cache_reuse": (0,), "message_delimiters": ([],),
