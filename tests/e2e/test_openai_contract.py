@@ -312,3 +312,17 @@ def test_seed_is_echoed_on_greedy_and_scoring_requests(openai_client):
     scored = openai_client.completions.with_raw_response.create(model=DEFAULT_MODEL, prompt="The capital of France is",
                                                                 max_tokens=1, logprobs=2, seed=12)
     assert raw_seed(scored) == '12;scope="request"' and scored.parse().choices[0].logprobs.top_logprobs
+
+
+def test_frequency_and_presence_penalties_are_applied_and_range_checked(openai_client):
+    kw = dict(model=DEFAULT_MODEL, prompt="la la la la la la la la la la", max_tokens=12, temperature=0)
+    plain = openai_client.completions.create(**kw).choices[0].text
+    for field in ("frequency_penalty", "presence_penalty"):
+        again = openai_client.completions.create(**kw, **{field: 0.0}).choices[0].text
+        assert again == plain  # 0 is the default: no change
+        penalised = openai_client.completions.create(**kw, **{field: 2.0}).choices[0].text
+        assert penalised != plain
+        for bad in (2.5, -2.5):
+            with pytest.raises(openai.BadRequestError) as e:
+                openai_client.completions.create(**kw, **{field: bad})
+            assert (e.value.code, e.value.param) == ("invalid_parameter", field)

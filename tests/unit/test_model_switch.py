@@ -44,3 +44,13 @@ def test_refusals_before_the_unload():
     assert (e.value.status, e.value.code) == (500, "model_load_failed") and "bert" in e.value.message
     assert check_loadable(ServerSettings(backend="mlx", model_memory_budget_mib=100), fixture_path(QWEN2_TINY),
                           None) > 0
+
+
+def test_switch_flags():
+    from mlxcel.cli.flags import parse_server_args
+
+    s = parse_server_args(["-m", "x"], {})
+    assert (s.graceful_unload_timeout, s.model_memory_budget_mib) == (30.0, None)
+    s = parse_server_args(["-m", "x", "--model-memory-budget", "800"], {"GRACEFUL_UNLOAD_TIMEOUT": "2.5"})
+    assert (s.graceful_unload_timeout, s.model_memory_budget_mib) == (2.5, 800)
+    assert parse_server_args(["-m", "x", "--graceful-unload-timeout", "0"], {}).graceful_unload_timeout == 0.0
