@@ -326,3 +326,16 @@ def test_frequency_and_presence_penalties_are_applied_and_range_checked(openai_c
             with pytest.raises(openai.BadRequestError) as e:
                 openai_client.completions.create(**kw, **{field: bad})
             assert (e.value.code, e.value.param) == ("invalid_parameter", field)
+
+
+@pytest.mark.parametrize("endpoint", [CHAT, COMPLETIONS])
+def test_context_length_exceeded_on_scoring_requests(openai_client, endpoint):
+    long = "word " * 3000  # past the 2,048-token slot window of the default server
+    with pytest.raises(openai.BadRequestError) as e:
+        if endpoint == CHAT:
+            openai_client.chat.completions.create(model=DEFAULT_MODEL, messages=[{"role": "user", "content": long}],
+                                                  max_tokens=1, logprobs=True)
+        else:
+            openai_client.completions.create(model=DEFAULT_MODEL, prompt=long, max_tokens=1, logprobs=2)
+    assert e.value.code == "context_length_exceeded"
+    assert "maximum context length is 2048 tokens" in e.value.message and "in the prompt, 1 for the completion" in e.value.message
