@@ -40,7 +40,8 @@ def served_model(state: AppState, name: str | None) -> ServedModel:
         raise refusal
     model = state.model
     if model is None:
-        raise ApiError(503, "the model is still loading", code="model_not_loaded", type="server_error")
+        why = f"no model is loaded: {state.load_error}" if state.load_error else "the model is still loading"
+        raise ApiError(503, why, code="model_not_loaded", type="server_error")
     if not model.answers_to(name):
         raise ApiError(404, f"The model '{name}' does not exist", code="model_not_found", param="model")
     return model
