@@ -111,7 +111,8 @@ def load_served_model(settings: ServerSettings, path: Path, served_id: str | Non
         defaults=resolve_sampling_defaults(settings, tokenizer.generation_defaults),
         n_ctx=engine.n_ctx_slot,
         n_predict=settings.n_predict,
-        steering=SteeringManager(int(backend.info.config.get("hidden_size") or 0), backend.info.num_layers),
+        steering=SteeringManager(int(backend.info.config.get("hidden_size") or 0), backend.info.num_layers,
+                                 settings.cluster_intensity_min, settings.circuit_intensity_min),
         grammars=for_tokenizer(tokenizer, backend.info.vocab_size),
     )
     load_default_grammar(settings, served)

@@ -15,8 +15,8 @@ second switch or running on a half-moved model:
    request that asked runs on it. A load that fails after the unload answers 500
    `model_load_failed`; the previous model is then loaded back so the server keeps serving.
 
-While SAEs are attached the server is locked to the loaded model for steering: /v1/models
-lists only that model and a request naming another one is refused with 404.
+While the server is locked to the loaded model for steering (/api/models/<id>/lock, or SAEs
+attached), /v1/models lists only that model and a request naming another one gets 404.
 """
 
 from __future__ import annotations
@@ -65,9 +65,12 @@ def store_checkpoint(state: AppState, name: str) -> Path | None:
     return path
 
 
-def steering_locked(model: ServedModel | None) -> bool:
+def steering_locked(state: AppState) -> bool:
+    """The server is pinned to its model for steering: locked through /api/models/<id>/lock,
+    or SAEs attached (a switch would drop them)."""
+    model = state.model
     steering = model.steering if model is not None else None
-    return bool(steering is not None and steering.attached)
+    return state.steering_lock is not None or bool(steering is not None and steering.attached)
 
 
 def store_models(state: AppState) -> list[tuple[str, Path]]:
@@ -102,9 +105,9 @@ async def model_for(state: AppState, name: str | None) -> ServedModel:
         if path is not None:  # another spelling of the loaded checkpoint
             return current
         raise ApiError(404, f"The model '{name}' does not exist", code="model_not_found", param="model")
-    if steering_locked(current):
-        raise ApiError(404, f"The model '{name}' is not available: the server is locked to '{current.id}' while "
-                       "SAEs are attached for steering (detach them to switch models)",
+    if steering_locked(state):
+        raise ApiError(404, f"The model '{name}' is not available: the server is locked to '{current.id}' for "
+                       "steering (unlock it and detach its SAEs to switch models)",
                        code="model_not_found", param="model")
     return await _switch(state, current, name, path)
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mlxcel.api.stream_sessions import StreamStore
 from mlxcel.backends.base import ModelInfo
 from mlxcel.cli.settings import ServerSettings
 from mlxcel.engine.engine import Engine
@@ -51,8 +52,11 @@ class AppState:
     plan: Any = None  # workers.plan.ServePlan; None = plain generation server
     embedder: Any = None  # workers.embedding.EmbeddingWorker
     reranker: Any = None  # workers.reranking.RerankWorker
+    transcriber: Any = None  # workers.whisper.WhisperWorker (-m naming a Whisper checkpoint)
     steering_store: Any = None  # the SQLite SteeringStore (mlxcel.steering.store), opened at serve time
     store_root: Path | None = None  # where SAE store entries are looked up
+    streams: StreamStore = field(default_factory=StreamStore)  # resumable SSE sessions (api/stream_sessions)
+    steering_lock: str | None = None  # the model id locked for steering: /v1/models lists only it
     # set when /v1 requests may switch the generation model (a server started with one);
     # None: the loaded model is the only one
     switch: SwitchState | None = None

@@ -16,6 +16,8 @@ class ServerSettings:
     model: str | None = None
     model_store_root: Path | None = None
     state_dir: Path | None = None  # SQLite steering state (profiles, clusters); None: <store root>/.mlxcel-state
+    cluster_intensity_min: float = 0.5  # CLUSTER_INTENSITY_MIN: a cluster's undeclared dial floor
+    circuit_intensity_min: float = 0.0  # CIRCUIT_INTENSITY_MIN: a circuit's dial floor
     default_org: str = "mlx-community"
     offline: bool = False
     hf_token: str | None = None

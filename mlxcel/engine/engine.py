@@ -102,6 +102,7 @@ class _ScoreJob:
 
     prompt: list[int]
     future: Future
+    capture: dict | None = None  # residual reads (per-request SAE activations); never steering
 
 
 # Token-block size of the paged KV pool and the prefix cache's sharing granularity.
@@ -217,7 +218,7 @@ class Engine:
     def _wake(self) -> None:
         self._inbox.put(None)
 
-    def submit_score(self, prompt: list[int]) -> Future:
+    def submit_score(self, prompt: list[int], capture: dict | None = None) -> Future:
         """Queue one scoring forward; the future resolves to the next-token logits
         ([vocab] fp32). It runs on the engine thread between steps, so it never races
         the step loop, and on its own sequence, so no other row's batch shape touches it."""
@@ -229,7 +230,7 @@ class Engine:
                 f"request ({n} tokens) exceeds the available context size ({self.n_ctx_slot} tokens), try increasing it",
                 "context_length_exceeded", 400, n_prompt_tokens=n, n_ctx=self.n_ctx_slot,
             )
-        job = _ScoreJob(list(prompt), Future())
+        job = _ScoreJob(list(prompt), Future(), capture)
         self._inbox.put(job)
         return job.future
 
@@ -337,7 +338,7 @@ class Engine:
             logits = None
             for start in range(0, len(job.prompt), self.batch_size):
                 chunk = job.prompt[start:start + self.batch_size]
-                logits = self.backend.forward([ForwardRow(chunk, seq)])
+                logits = self.backend.forward([ForwardRow(chunk, seq, None, job.capture)])
             job.future.set_result(np.array(logits[0], dtype=np.float32, copy=True))
         except OutOfBlocks as e:
             job.future.set_exception(EngineError(f"no KV memory left for the scoring pass: {e}",

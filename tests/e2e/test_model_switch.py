@@ -144,3 +144,14 @@ def test_steering_lock_pins_the_loaded_model(server, client):
     finally:
         httpx.delete(f"{api}/saes/{sae_id}")
     assert QWEN2_TINY in [m.id for m in client.models.list().data]
+    # the explicit lock of the management API pins the model the same way
+    r = httpx.post(f"{api}/models/{DEFAULT_MODEL}/lock")
+    assert r.status_code == 200, r.text
+    try:
+        assert [m.id for m in client.models.list().data] == [DEFAULT_MODEL]
+        with pytest.raises(openai.NotFoundError) as e:
+            client.completions.create(model=QWEN2_TINY, prompt="x", max_tokens=1)
+        assert "locked" in e.value.message
+    finally:
+        httpx.post(f"{api}/models/{DEFAULT_MODEL}/unlock")
+    assert QWEN2_TINY in [m.id for m in client.models.list().data]

@@ -95,3 +95,25 @@ def test_unsteered_rows_are_byte_identical_at_the_logits_while_a_hook_is_install
     assert not np.array_equal(base, steered)
     assert np.array_equal(logits(None), base)
     assert np.array_equal(logits({1: np.zeros(64, np.float32)}), base)
+
+
+def test_a_scoring_pass_is_unsteered_while_a_steered_generation_runs_beside_it(served, tmp_path):
+    store = SteeringStore(tmp_path / "state")
+    prompt = served.tokenizer.encode("Once upon a time there was")
+    if "sae" not in served.steering.attached:
+        served.steering.attach(str(random_sae(tmp_path / "sae", d_in=64, d_sae=32, layer=0)))
+    served.steering.set_values("sae", {}, replace=True)
+    unsteered_logits = served.engine.score(prompt)
+    served.steering.set_values("sae", {4: 80.0})
+    steered_alone = asyncio.run(run(served, request(served, store, prompt)[0]))
+    assert steered_alone != asyncio.run(run(served, request(served, store, prompt, steering_intensity="off")[0]))
+
+    async def together():
+        gen = asyncio.ensure_future(run(served, request(served, store, prompt)[0]))
+        scores = [await asyncio.wrap_future(served.engine.submit_score(prompt)) for _ in range(3)]
+        return await gen, scores
+
+    tokens, scores = asyncio.run(together())
+    assert tokens == steered_alone  # the generation beside the scoring passes is still steered
+    assert all(np.array_equal(s, unsteered_logits) for s in scores)  # each pass suppressed every SAE
+    served.steering.set_values("sae", {}, replace=True)

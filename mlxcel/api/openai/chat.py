@@ -133,22 +133,20 @@ async def chat_completions(request: Request, app_state: AppState) -> Any:
     model = await model_for(app_state, req.model)  # may switch models (api/model_switch.py)
     headers.update(g.seed_header(req.seed, "batch-shape" if req.extra_messages else "request"))
     convs = _conversations(req)
-    if spec is not None and (steering.profile is not None or steering.intensity is not None
-                             or steering.activations is not None):
-        field = "profile" if steering.profile is not None else (
-            "steering_intensity" if steering.intensity is not None else "return_sae_activations")
+    if spec is not None and (steering.profile is not None or steering.intensity is not None):
+        field = "profile" if steering.profile is not None else "steering_intensity"
         raise ApiError(400, f"'{field}' is not honoured on a scoring request: scoring is never steered",
                        code="field_not_honoured", param=field)
-    if steering.activations is not None and (req.stream or n > 1 or req.extra_messages):
-        raise ApiError(400, "return_sae_activations needs one non-streamed choice (no n above 1, no "
-                       "extra_messages, no stream)", code="field_not_honoured", param="return_sae_activations")
+    if steering.activations is not None and (n > 1 or req.extra_messages):
+        raise ApiError(400, "return_sae_activations reads one position axis: it is refused with n above 1 and "
+                       "with extra_messages", code="invalid_parameter", param="return_sae_activations")
     if constraint is not None:
         headers.update(constraint.header)
     prep = chat_surface.prepare(app_state, model, req)  # tools, template kwargs, reasoning, prefill
     cid, created = g.new_id("chatcmpl"), g.now()
     base = {"id": cid, "created": created, "model": model.id}
     if spec is not None:
-        return await _score(model, spec, convs, base, headers)
+        return await _score(model, spec, convs, base, headers, steering.activations)
     prompts = [(where, prep.prompt if where == "messages" else _render(model, where, msgs)) for where, msgs in convs]
     if n > 1:
         prompts = prompts * n
@@ -184,6 +182,9 @@ async def chat_completions(request: Request, app_state: AppState) -> Any:
                     yield g.sse(chunk)
                 if ev.done and include_usage:
                     yield g.sse({**base, "object": "chat.completion.chunk", "choices": [], "usage": g.usage([("", ev)])})
+                if ev.done and reader is not None:  # the activations: one last chunk before [DONE]
+                    yield g.sse({**base, "object": "chat.completion.chunk", "choices": [],
+                                 "millm": {"sae_activations": reader.render()}})
 
         return g.stream_response(handles, frames, {**headers, **steer_headers})
     results = await g.collect(request, handles)
@@ -205,18 +206,21 @@ async def chat_completions(request: Request, app_state: AppState) -> Any:
 
 
 async def _score(model: ServedModel, spec: sc.ScoringSpec, convs: list[tuple[str, list[dict[str, Any]]]],
-                 base: dict[str, Any], headers: dict[str, str]) -> Any:
+                 base: dict[str, Any], headers: dict[str, str], activations: dict | None = None) -> Any:
     """Each conversation rendered with the generation prompt and scored as completion scoring
-    of that text without special tokens, one at a time, one choice each."""
+    of that text without special tokens, one at a time, one choice each. Unsteered: the
+    response says so in `X-miLLM-Steering: none`."""
     if not model.tokenizer.chat_template:
         raise ApiError(400, "chat scoring needs the model's chat template and this model has none; score the "
                        "prompt on /v1/completions instead", code="no_chat_template", param="messages")
-    choices, n_prompt = [], 0
+    choices, n_prompt, reader = [], 0, None
     for i, (where, msgs) in enumerate(convs):
         prompt = _render(model, where, msgs)
         try:
             sc.check_prompt(model, spec, prompt, where)
-            scored = await sc.score_prompt(model, prompt, spec)
+            if activations is not None:  # one conversation (extra_messages was refused)
+                reader = steer.scoring_reader(model.steering, activations, len(prompt))
+            scored = await sc.score_prompt(model, prompt, spec, reader.capture() if reader else None)
         except ApiError as e:
             if where != "messages":
                 e.message = f"{where}: {e.message}"
@@ -224,8 +228,11 @@ async def _score(model: ServedModel, spec: sc.ScoringSpec, convs: list[tuple[str
         n_prompt += len(prompt)
         choices.append({"index": i, "message": {"role": "assistant", "content": sc.token_text(model, scored.token)},
                         "logprobs": sc.chat_logprobs(model, spec, scored), "finish_reason": "length"})
-    return g.json_response({
+    body = {
         **base, "object": "chat.completion", "system_fingerprint": g.fingerprint(model), "choices": choices,
         "usage": {"prompt_tokens": n_prompt, "completion_tokens": len(convs), "total_tokens": n_prompt + len(convs),
                   "prompt_tokens_details": {"cached_tokens": 0}},
-    }, headers)
+    }
+    if reader is not None:
+        body["millm"] = {"sae_activations": reader.render()}
+    return g.json_response(body, {**headers, **steer.UNSTEERED})

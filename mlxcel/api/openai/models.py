@@ -2,9 +2,10 @@
 
 Beside the chat model, a loaded embedding or reranking worker is listed under its own id.
 /v1/models then lists the other generation checkpoints of the model store, which a request
-may name to switch to (api/model_switch.py), unless SAEs lock the server to the loaded
-model for steering; /models keeps b10621's list of what is loaded.
-Each entry carries `capabilities` (completion, embedding, rerank) so a client can tell which id
+may name to switch to (api/model_switch.py). A steering-locked server (the lock of
+/api/models/<id>/lock, or SAEs attached) lists only the locked model; /models keeps b10621's
+list of what is loaded.
+Each entry carries `capabilities` (completion, embedding, rerank, transcription) so a client can tell which id
 to send where; on a plain generation server the array is empty and omitted, keeping the OpenAI
 object shape.
 """
@@ -28,7 +29,8 @@ def _entries(app_state: AppState, store: bool = False) -> list[tuple[dict, objec
     if m is not None:
         entry = {"id": m.id, "object": "model", "created": m.created, "owned_by": "llamacpp", "aliases": m.aliases}
         out.append((entry, "chat", m.answers_to))
-    for worker, kind in ((app_state.embedder, "embedding"), (app_state.reranker, "rerank")):
+    for worker, kind in ((app_state.embedder, "embedding"), (app_state.reranker, "rerank"),
+                         (app_state.transcriber, "transcription")):
         if worker is not None:
             entry = {"id": worker.id, "object": "model", "created": worker.created, "owned_by": "llamacpp", "aliases": []}
             out.append((entry, kind, lambda name, w=worker: name in (w.id, str(w.path))))
@@ -38,7 +40,7 @@ def _entries(app_state: AppState, store: bool = False) -> list[tuple[dict, objec
         if caps:
             entry["capabilities"] = caps
         result.append((entry, answers))
-    if store and app_state.switch is not None and not steering_locked(m):
+    if store and app_state.switch is not None and not steering_locked(app_state):
         loaded = Path(m.info.path).resolve() if m is not None else None
         for repo_id, path in store_models(app_state):
             if path.resolve() != loaded:
@@ -48,14 +50,21 @@ def _entries(app_state: AppState, store: bool = False) -> list[tuple[dict, objec
     return result
 
 
+def _listing(app_state: AppState, store: bool) -> dict:
+    lock = app_state.steering_lock
+    return {"object": "list",
+            "data": [entry for entry, _ in _entries(app_state, store) if lock is None or entry["id"] == lock]}
+
+
 @get("/models")
 async def list_loaded_models(app_state: AppState) -> dict:
-    return {"object": "list", "data": [entry for entry, _ in _entries(app_state)]}
+    return _listing(app_state, store=False)
 
 
 @get("/v1/models")
 async def list_models(app_state: AppState) -> dict:
-    return {"object": "list", "data": [entry for entry, _ in _entries(app_state, store=True)]}
+    """A steering-locked server lists only the locked model (/api/models/<id>/lock)."""
+    return _listing(app_state, store=True)
 
 
 @get("/v1/models/{model_id:path}")
