@@ -92,6 +92,9 @@ def load_served_model(settings: ServerSettings, path: Path, served_id: str | Non
 
     backend, _ = load_backend(settings, path)
     tokenizer = Tokenizer(path)
+    template = settings.chat_template or settings.chat_template_file
+    if template:  # --chat-template(-file) replaces the checkpoint's own template everywhere
+        tokenizer.chat_template = template
     n_ctx = settings.ctx_size if settings.ctx_size > 0 else backend.info.context_length
     engine = Engine(backend, tokenizer, n_ctx=n_ctx, parallel=settings.parallel, batch_size=settings.batch_size,
                     cache_prompt=settings.cache_prompt, cache_budget_bytes=cache_budget_bytes(settings),

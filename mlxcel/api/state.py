@@ -60,3 +60,5 @@ class AppState:
     # set when /v1 requests may switch the generation model (a server started with one);
     # None: the loaded model is the only one
     switch: SwitchState | None = None
+    # completion id -> (ReasoningControl, handles) of running requests armed with reasoning_control
+    reasoning_controls: dict = field(default_factory=dict)

@@ -90,6 +90,7 @@ class _Row:
     last_nl_pos: int = 0  # where the line n_indent checks next begins in `text`
     has_new_line: bool = False
     grammar: object | None = None  # this row's GrammarMatcher (engine/grammar.py), if constrained
+    budget: object | None = None  # this row's BudgetTracker (engine/reasoning_budget.py), if budgeted
 
     @property
     def request(self) -> GenerationRequest:
@@ -370,17 +371,11 @@ class Engine:
             self._rows.append(_Row(
                 handle=handle, cache=seq, pending=list(req.prompt[cached:]), n_cached=cached,
                 n_prompt_done=cached, sampler=self._sampler_state(req),
-                detok=IncrementalDetokenizer(self._decoder(req)),
+                detok=IncrementalDetokenizer(self.tokenizer.decoder(req.keep_tokens)),
                 stop=StopMatcher(req.stop), max_tokens=max_tokens,
                 grammar=req.grammar.matcher() if req.grammar is not None else None,
+                budget=req.reasoning.tracker(req.prompt) if req.reasoning is not None else None,
             ))
-
-    def _decoder(self, req: GenerationRequest):
-        """Special tokens are left out of the text, except the request's preserved ones."""
-        if not req.preserved_tokens:
-            return self.tokenizer.decode
-        keep = req.preserved_tokens
-        return lambda ids: self.tokenizer.decode_keeping(ids, keep)
 
     def _sampler_state(self, req: GenerationRequest) -> SamplerState:
         p = req.params
@@ -502,15 +497,22 @@ class Engine:
 
     def _sample(self, row: _Row, logits) -> None:
         req = row.request
-        mask = None
-        if row.grammar is not None:
-            mask = row.grammar.allowed_mask(len(logits))  # None: a lazy grammar not triggered yet
-            if mask is not None and not mask.any():
-                self._finish(row, TokenEvent(error=f"the grammar allows no token here: {row.grammar.error()}",
-                                             error_code="constrained_output_invalid"))
-                return
-        sampled = sample_row(logits, req.params, row.sampler, history=req.prompt + row.generated, mask=mask)
-        token, probs = sampled.token, sampled.probs
+        # a spent thinking budget (or a reasoning_end) injects its forced run in place of sampling
+        forced = row.budget.forced() if row.budget is not None else None
+        if forced is not None:
+            token, probs = forced, None
+        else:
+            mask = None
+            if row.grammar is not None:
+                mask = row.grammar.allowed_mask(len(logits))  # None: a lazy grammar not triggered yet
+                if mask is not None and not mask.any():
+                    self._finish(row, TokenEvent(error=f"the grammar allows no token here: {row.grammar.error()}",
+                                                 error_code="constrained_output_invalid"))
+                    return
+            sampled = sample_row(logits, req.params, row.sampler, history=req.prompt + row.generated, mask=mask)
+            token, probs = sampled.token, sampled.probs
+        if row.budget is not None:
+            row.budget.observe(token)
         row.generated.append(token)
         # the grammar ended the document: this token is its last (EOS was only allowed at an end)
         ended = (row.grammar is not None and token not in self.tokenizer.eos_token_ids

@@ -32,8 +32,9 @@ class GenerationRequest:
     capture: dict | None = None  # layer -> residual reader; see ForwardRow
     # a CompiledGrammar (engine/grammar.py): every row gets its own matcher at admission
     grammar: object | None = None
-    # special tokens written into the text anyway (b10621's preserved_tokens); others are left out
-    preserved_tokens: frozenset[int] = frozenset()
+    # special tokens whose text the detokenizer keeps (tool-call markers the chat parser reads)
+    keep_tokens: frozenset = frozenset()
+    reasoning: object | None = None  # a ReasoningBudget (engine/reasoning_budget.py): the thinking budget
 
 
 @dataclass

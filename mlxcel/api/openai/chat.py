@@ -14,7 +14,7 @@ from litestar import Request, post
 from mlxcel.api.body import convert, read_json_object
 from mlxcel.api.errors import ApiError
 from mlxcel.api.model_switch import model_for
-from mlxcel.api.openai import chat_surface
+from mlxcel.api.openai import chat_surface, reasoning_control
 from mlxcel.api.openai import generation as g
 from mlxcel.api.openai import scoring as sc
 from mlxcel.api.openai.fields import (
@@ -144,6 +144,7 @@ async def chat_completions(request: Request, app_state: AppState) -> Any:
         headers.update(constraint.header)
     prep = chat_surface.prepare(app_state, model, req)  # tools, template kwargs, reasoning, prefill
     cid, created = g.new_id("chatcmpl"), g.now()
+    alias = app_state.settings.reasoning_alias_field
     base = {"id": cid, "created": created, "model": model.id}
     if spec is not None:
         return await _score(model, spec, convs, base, headers, steering.activations)
@@ -152,12 +153,22 @@ async def chat_completions(request: Request, app_state: AppState) -> Any:
         prompts = prompts * n
     greqs = [g.build_request(req, model, p, row=row, param=where.split("[")[0])
              for row, (where, p) in enumerate(prompts)]
+    if constraint is not None and prep.forced is not None:
+        raise ApiError(400, "response_format cannot be combined with tool_choice 'required' or a named function",
+                       code="response_format_unsupported", param="response_format")
+    calls_grammar = await chat_surface.tool_grammar(prep, model)
     steer_headers, reader = {}, None
     for greq in greqs:  # each choice carries its own steering delta and grammar through the batch
         steer_headers, reader = steer.apply(steering, model.steering, app_state.steering_store, greq)
         if constraint is not None:
             greq.grammar = await rf.compile_grammar(constraint, model)
+        elif calls_grammar is not None:
+            greq.grammar = calls_grammar
+        greq.keep_tokens = prep.keep_tokens
+        greq.reasoning = prep.budget
     handles = g.submit_all(model, greqs)
+    if prep.budget is not None and prep.budget.control is not None:
+        reasoning_control.arm(app_state, cid, prep.budget.control, handles)
     outputs = [chat_surface.ChatOutput(prep, parallel_tool_calls=req.parallel_tool_calls is not False,
                                        echo=bool(req.echo)) for _ in handles]  # one output parser per choice
     if req.stream:
@@ -175,7 +186,7 @@ async def chat_completions(request: Request, app_state: AppState) -> Any:
                 for i, delta in enumerate(deltas if not ev.done else [*deltas, {}]):
                     last = ev.done and i == len(deltas)
                     chunk = {**base, "object": "chat.completion.chunk", "system_fingerprint": g.fingerprint(model),
-                             "choices": [{"index": 0, "delta": delta,
+                             "choices": [{"index": 0, "delta": chat_surface.with_alias(delta, alias),
                                           "finish_reason": out.finish_reason(ev.finish_reason) if last else None}]}
                     if last:
                         chunk["usage"] = g.usage([("", ev)])
@@ -195,7 +206,8 @@ async def chat_completions(request: Request, app_state: AppState) -> Any:
             rf.check_output(constraint, text, ev.finish_reason)
     response_body = {
         **base, "object": "chat.completion", "system_fingerprint": g.fingerprint(model),
-        "choices": [{"index": i, "message": chat_surface.message(o.feed(text) + o.finish()),
+        "choices": [{"index": i, "message": chat_surface.with_alias(chat_surface.message(o.feed(text) + o.finish()),
+                                                                    alias),
                      "logprobs": None, "finish_reason": o.finish_reason(ev.finish_reason)}
                     for i, ((text, ev), o) in enumerate(zip(results, outputs))],
         "usage": g.usage(results),
