@@ -24,7 +24,7 @@ def test_table_matches_the_request_structs():
     from mlxcel.steering.requests import STEERING_FIELDS
 
     structs = {f.CHAT: ChatCompletionRequest, f.COMPLETIONS: CompletionRequest}
-    taken = {f.CHAT: set(STEERING_FIELDS), f.COMPLETIONS: set()}  # read by the steering surface
+    taken = {f.CHAT: set(STEERING_FIELDS), f.COMPLETIONS: {"return_sae_activations"}}  # read by the steering surface
     for name, row in f.FIELD_TABLE.items():
         for endpoint, struct in structs.items():
             declared = name in struct.__struct_fields__ or name in taken[endpoint]
