@@ -20,12 +20,12 @@ from mlxcel.api.openai.chat import chat_completions
 from mlxcel.api.openai.reasoning_control import control as chat_control
 from mlxcel.api.openai.completions import completions
 from mlxcel.api.openai.embeddings import openai_embeddings
-from mlxcel.api.openai.models import get_model, list_models
+from mlxcel.api.openai.models import get_model, list_loaded_models, list_models
 from mlxcel.api.openai.responses import RESPONSES_ROUTES
 from mlxcel.api.state import AppState
 from mlxcel.api.stream_resume import STREAM_ROUTES, wrap_streams
 
-ROUTES = [health, list_models, get_model, chat_completions, chat_control, completions, *NATIVE_ROUTES,
+ROUTES = [health, list_models, list_loaded_models, get_model, chat_completions, chat_control, completions, *NATIVE_ROUTES,
           *FEATURE_DISABLED_HANDLERS, *MANAGEMENT_ROUTES, *MESSAGES_ROUTES, *RESPONSES_ROUTES, *STREAM_ROUTES]
 ROUTES += [native_embeddings, openai_embeddings, rerank, *AUDIO_ROUTES]  # side workers (mlxcel/workers)
 

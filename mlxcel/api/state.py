@@ -36,6 +36,14 @@ class ServedModel:
 
 
 @dataclass
+class SwitchState:
+    """A model switch in progress (api/model_switch.py); every request gets model_busy meanwhile."""
+    phase: str | None = None  # None | "unloading" | "loading"
+    target: str | None = None  # the model being loaded
+    previous: str | None = None  # the model being unloaded
+
+
+@dataclass
 class AppState:
     settings: ServerSettings
     model: ServedModel | None = None
@@ -49,5 +57,8 @@ class AppState:
     store_root: Path | None = None  # where SAE store entries are looked up
     streams: StreamStore = field(default_factory=StreamStore)  # resumable SSE sessions (api/stream_sessions)
     steering_lock: str | None = None  # the model id locked for steering: /v1/models lists only it
+    # set when /v1 requests may switch the generation model (a server started with one);
+    # None: the loaded model is the only one
+    switch: SwitchState | None = None
     # completion id -> (ReasoningControl, handles) of running requests armed with reasoning_control
     reasoning_controls: dict = field(default_factory=dict)

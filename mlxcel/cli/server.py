@@ -103,7 +103,7 @@ def serve(settings: ServerSettings, path: Path | None, plan=None) -> None:
     import uvicorn
 
     from mlxcel.api.app import build_app
-    from mlxcel.api.state import AppState
+    from mlxcel.api.state import AppState, SwitchState
     from mlxcel.runtime import load_served_model
     from mlxcel.steering.store import SteeringStore
     from mlxcel.store.paths import store_root
@@ -111,7 +111,8 @@ def serve(settings: ServerSettings, path: Path | None, plan=None) -> None:
 
     root = store_root(settings.model_store_root, os.environ)
     state = AppState(settings=settings, plan=plan if plan is not None and plan.sides else None, store_root=root,
-                     steering_store=SteeringStore(settings.state_dir or root / ".mlxcel-state"))
+                     steering_store=SteeringStore(settings.state_dir or root / ".mlxcel-state"),
+                     switch=SwitchState() if path is not None else None)
     app = build_app(state)
 
     def load() -> None:

@@ -30,6 +30,10 @@ class ServerSettings:
     parallel: int = 4
     batch_size: int = 512
     max_queue_depth: int = 64  # waiting requests beyond the free slots; -1 unbounded
+    # model switching (a /v1 request naming another store model): how long an unload waits for
+    # running requests, and the weight budget a switch is checked against (None: free memory)
+    graceful_unload_timeout: float = 30.0
+    model_memory_budget_mib: int | None = None
     context_shift: bool = False
     keep: int = 0  # default n_keep for a context shift
     dtype: str = "auto"

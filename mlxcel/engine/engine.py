@@ -170,6 +170,22 @@ class Engine:
         self._wake()
         self._thread.join(timeout=10)
 
+    @property
+    def outstanding(self) -> int:
+        """Requests accepted and not yet finished (queued or holding a slot)."""
+        return self._outstanding
+
+    def drain(self, timeout: float, poll: float = 0.05) -> bool:
+        """Wait (blocking; not on the event loop) until every accepted request has finished,
+        at most `timeout` seconds; whether the engine is idle. New requests are the caller's
+        to keep out (a model switch refuses them with model_busy before draining)."""
+        deadline = time.monotonic() + max(timeout, 0)
+        while self._outstanding > 0:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(poll)
+        return True
+
     def _queued(self) -> int:
         """Requests accepted but not yet holding a slot."""
         return max(self._outstanding - len(self._rows), 0)
@@ -272,6 +288,24 @@ class Engine:
 
     # -- engine thread -------------------------------------------------------------
     def _run(self) -> None:
+        try:
+            self._loop()
+        finally:
+            self._fail_leftovers()
+
+    def _fail_leftovers(self) -> None:
+        """On shutdown, every request still held ends with an error event rather than hanging
+        its client (a model switch whose graceful timeout ran out)."""
+        self._drain(block=False)
+        for row in list(self._rows):
+            self._finish(row, TokenEvent(error="the model was unloaded before this request finished",
+                                         error_code="model_busy"))
+        for h in self._waiting:
+            self._retire(h)
+            h._push(TokenEvent(error="the model was unloaded before this request started", error_code="model_busy"))
+        self._waiting.clear()
+
+    def _loop(self) -> None:
         while not self._stopping:
             self._drain(block=not self._rows and not self._waiting)
             self._admit()
@@ -470,8 +504,8 @@ class Engine:
         else:
             mask = None
             if row.grammar is not None:
-                mask = row.grammar.allowed_mask(len(logits))
-                if not mask.any():
+                mask = row.grammar.allowed_mask(len(logits))  # None: a lazy grammar not triggered yet
+                if mask is not None and not mask.any():
                     self._finish(row, TokenEvent(error=f"the grammar allows no token here: {row.grammar.error()}",
                                                  error_code="constrained_output_invalid"))
                     return

@@ -7,7 +7,8 @@ that uses it; the engine asks it for a fresh `GrammarMatcher` when a row is admi
 each row carries its own parse state through the batch.
 
 The matcher's contract with the engine: `allowed_mask(n)` gives the tokens that keep the
-output parsable (end-of-generation tokens only once the document may end), `accept(t)`
+output parsable (end-of-generation tokens only once the document may end; None: nothing is
+masked yet, a lazy grammar waiting for its trigger, engine/lazy_grammar.py), `accept(t)`
 advances it, `is_terminated()` says the document ended itself (nothing more can follow),
 `is_accepting()` says it could end here. The implementation is llguidance's.
 """
@@ -31,7 +32,7 @@ class GrammarError(ValueError):
 
 
 class GrammarMatcher(Protocol):
-    def allowed_mask(self, n_vocab: int) -> np.ndarray: ...
+    def allowed_mask(self, n_vocab: int) -> np.ndarray | None: ...
     def accept(self, token: int) -> bool: ...
     def is_terminated(self) -> bool: ...
     def is_accepting(self) -> bool: ...
@@ -73,6 +74,10 @@ class LLGuidanceMatcher:
 
     def accept(self, token: int) -> bool:
         return bool(self._m.consume_token(token))
+
+    def validate(self, tokens: list[int]) -> int:
+        """How many of `tokens`, in order, the grammar would accept (nothing is consumed)."""
+        return int(self._m.validate_tokens(tokens))
 
     def is_terminated(self) -> bool:
         return bool(self._m.is_stopped())

@@ -287,3 +287,55 @@ def test_each_prompt_of_a_list_is_seeded_separately(openai_client):
     both = openai_client.completions.create(prompt=prompts, **kw)
     for i, p in enumerate(prompts):
         assert openai_client.completions.create(prompt=p, **kw).choices[0].text == both.choices[i].text
+
+
+def test_ignored_fields_header_is_capped_with_plus_n_more(openai_client):
+    extra = {f"unused_field_number_{i:03d}": i for i in range(80)}  # ~2.4 KB of locations
+    raw = openai_client.chat.completions.with_raw_response.create(model=DEFAULT_MODEL, messages=Q, max_tokens=1,
+                                                                  temperature=0, extra_body=extra)
+    header = raw.headers["x-millm-ignored-fields"]
+    assert len(header.encode()) <= 1024
+    items = [item.strip() for item in header.split(",")]
+    kept = items[:-1]
+    assert kept == [f'"unused_field_number_{i:03d}"' for i in range(len(kept))]
+    assert items[-1] == f'"+{80 - len(kept)} more"' and len(kept) < 80
+    with openai_client.completions.with_streaming_response.create(
+            model=DEFAULT_MODEL, prompt="Hi", max_tokens=1, stream=True, extra_body=extra) as s:
+        assert s.headers["x-millm-ignored-fields"] == header
+        list(s.parse())
+
+
+def test_seed_is_echoed_on_greedy_and_scoring_requests(openai_client):
+    greedy = openai_client.chat.completions.with_raw_response.create(model=DEFAULT_MODEL, messages=Q, max_tokens=2,
+                                                                     temperature=0, seed=12)
+    assert raw_seed(greedy) == '12;scope="request"'
+    scored = openai_client.completions.with_raw_response.create(model=DEFAULT_MODEL, prompt="The capital of France is",
+                                                                max_tokens=1, logprobs=2, seed=12)
+    assert raw_seed(scored) == '12;scope="request"' and scored.parse().choices[0].logprobs.top_logprobs
+
+
+def test_frequency_and_presence_penalties_are_applied_and_range_checked(openai_client):
+    kw = dict(model=DEFAULT_MODEL, prompt="la la la la la la la la la la", max_tokens=12, temperature=0)
+    plain = openai_client.completions.create(**kw).choices[0].text
+    for field in ("frequency_penalty", "presence_penalty"):
+        again = openai_client.completions.create(**kw, **{field: 0.0}).choices[0].text
+        assert again == plain  # 0 is the default: no change
+        penalised = openai_client.completions.create(**kw, **{field: 2.0}).choices[0].text
+        assert penalised != plain
+        for bad in (2.5, -2.5):
+            with pytest.raises(openai.BadRequestError) as e:
+                openai_client.completions.create(**kw, **{field: bad})
+            assert (e.value.code, e.value.param) == ("invalid_parameter", field)
+
+
+@pytest.mark.parametrize("endpoint", [CHAT, COMPLETIONS])
+def test_context_length_exceeded_on_scoring_requests(openai_client, endpoint):
+    long = "word " * 3000  # past the 2,048-token slot window of the default server
+    with pytest.raises(openai.BadRequestError) as e:
+        if endpoint == CHAT:
+            openai_client.chat.completions.create(model=DEFAULT_MODEL, messages=[{"role": "user", "content": long}],
+                                                  max_tokens=1, logprobs=True)
+        else:
+            openai_client.completions.create(model=DEFAULT_MODEL, prompt=long, max_tokens=1, logprobs=2)
+    assert e.value.code == "context_length_exceeded"
+    assert "maximum context length is 2048 tokens" in e.value.message and "in the prompt, 1 for the completion" in e.value.message

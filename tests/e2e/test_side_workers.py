@@ -4,6 +4,8 @@ and the generation 501, end to end over HTTP."""
 
 from __future__ import annotations
 
+import base64
+
 import httpx
 import numpy as np
 import pytest
@@ -31,6 +33,24 @@ def test_openai_sdk_embeddings(server):
         assert abs(np.linalg.norm(b.embedding) - 1.0) < 1e-5
     native = httpx.post(server.base_url + "/embeddings", json={"content": "The cat sits."}).json()
     np.testing.assert_allclose(native[0]["embedding"][0], floats.data[0].embedding, atol=1e-6)
+
+
+def test_openai_sdk_embeddings_contract(server):
+    """Through the SDK: the context limit with its figures, refused fields, the ignored-fields header."""
+    import openai
+
+    client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="x", max_retries=0)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.embeddings.create(model=MINILM, input=["short", "word " * 300])
+    assert e.value.code == "context_length_exceeded" and "302 tokens" in e.value.message and "256" in e.value.message
+    with pytest.raises(openai.BadRequestError) as e:
+        client.embeddings.create(model=MINILM, input="x", dimensions=8)
+    assert (e.value.code, e.value.param) == ("field_not_honoured", "dimensions")
+    raw = client.embeddings.with_raw_response.create(model=MINILM, input="x", user="u", encoding_format="base64")
+    assert raw.headers["x-millm-ignored-fields"] == '"user"'
+    vec = np.frombuffer(base64.b64decode(raw.http_response.json()["data"][0]["embedding"]), dtype="<f4")
+    floats = client.embeddings.create(model=MINILM, input="x", encoding_format="float").data[0].embedding
+    np.testing.assert_allclose(vec, floats, atol=1e-6)
 
 
 def test_rerank_health_and_generation_refusal(server):

@@ -124,3 +124,54 @@ def test_malformed_grammar_file_refuses_each_constrained_request(tmp_path):
         assert r.status_code == 200 and r.json()["content"] in ("true", "false")
     finally:
         server.stop()
+
+
+COUNT = "1, 2, 3, 4, 5,"
+
+
+def native(server, **body):
+    r = httpx.post(server.base_url + "/completion", json={"prompt": COUNT, "n_predict": 16, "temperature": 0, **body},
+                   timeout=120)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+@pytest.mark.parametrize("triggers,preserved,grammar,cut", [
+    ([{"type": 1, "value": ", 9"}], [], 'root ::= ", 9, nine!"', ", 9"),  # a word (two tokens)
+    ([{"type": 2, "value": r",\s9"}], [], 'root ::= ", 9, nine!"', ", 9"),  # a pattern anywhere
+    ([{"type": 3, "value": r"[\s\S]*?(, 9)[\s\S]*"}], [], 'root ::= ", 9, nine!"', ", 9"),  # whole buffer, group 1
+    ([{"type": 1, "value": ","}], [","], 'root ::= ", and so on!"', ","),  # one preserved token: a token trigger
+])
+def test_lazy_grammar_runs_free_until_its_trigger(default_server, triggers, preserved, grammar, cut):
+    free = native(default_server)["content"]
+    assert cut in free  # greedy counting goes on past 9
+    out = native(default_server, grammar=grammar, grammar_lazy=True, grammar_triggers=triggers,
+                 preserved_tokens=preserved)
+    literal = grammar.split('"')[1]
+    assert out["content"] == free[: free.index(cut) + len(cut)] + literal[len(cut):]
+    assert out["stop_type"] == "eos"
+    settings = out["generation_settings"]
+    assert settings["grammar_lazy"] is True and settings["grammar"] == grammar
+    if preserved:
+        token = httpx.post(default_server.base_url + "/tokenize", json={"content": ","}).json()["tokens"]
+        assert settings["grammar_triggers"] == [{"type": 0, "value": ",", "token": token[0]}]
+        assert settings["preserved_tokens"] == token
+
+
+def test_preserved_tokens_are_written_into_the_text(default_server):
+    grammar = 'root ::= "a" <|im_start|> "b"'
+    assert native(default_server, grammar=grammar)["content"] == "ab"  # a special token is left out
+    out = native(default_server, grammar=grammar, preserved_tokens=["<|im_start|>"])
+    assert out["content"] == "a<|im_start|>b"
+
+
+@pytest.mark.parametrize("body,needle", [
+    ({"grammar": 'root ::= "x"', "grammar_lazy": True}, "no triggers set for lazy grammar"),
+    ({"grammar": 'root ::= "x"', "grammar_lazy": True, "grammar_triggers": [{"type": 1, "value": ","}]},
+     "Grammar trigger word should be marked as preserved token: ,"),
+    ({"grammar_lazy": True, "grammar_triggers": [{"type": 2, "value": "(x"}]}, "does not compile"),
+    ({"grammar_type": "tool_calls"}, "grammar_type"),
+])
+def test_lazy_grammar_refusals(default_server, body, needle):
+    r = httpx.post(default_server.base_url + "/completion", json={"prompt": COUNT, "n_predict": 2, **body})
+    assert r.status_code == 400 and needle in r.json()["error"]["message"], r.text

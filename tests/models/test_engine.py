@@ -153,3 +153,34 @@ def test_context_bound_stops_truncated_or_shifts_on():
         assert usage["used_blocks"] == usage["cached_blocks"]  # the shifted sequence gave every block back
     finally:
         shift.engine.shutdown()
+
+
+def test_drain_waits_for_running_requests_and_shutdown_ends_the_rest():
+    """What a model switch relies on: drain() reports idle once running requests finish
+    (or not, at its timeout); shutdown() ends a request still running with an error event
+    instead of leaving its client waiting."""
+    from mlxcel.runtime import load_served_model
+    from tests.fixtures import QWEN2_TINY
+
+    settings = ServerSettings(model=QWEN2_TINY, backend="mlx", ctx_size=2048, parallel=2, warmup=False)
+    m = load_served_model(settings, fixture_path(QWEN2_TINY))
+    engine = m.engine
+    prompt = m.tokenizer.encode("a b c")
+
+    async def scenario():
+        short = engine.submit(GenerationRequest(prompt=prompt, params=GREEDY, max_tokens=4, ignore_eos=True))
+        idle = await asyncio.to_thread(engine.drain, 600)
+        events = [ev async for ev in short]
+        long = engine.submit(GenerationRequest(prompt=prompt, params=GREEDY, max_tokens=900, ignore_eos=True))
+        async for ev in long:
+            if ev.token is not None:
+                break
+        not_idle = await asyncio.to_thread(engine.drain, 0)
+        await asyncio.to_thread(engine.shutdown)
+        rest = [ev async for ev in long]
+        return idle, events, not_idle, rest
+
+    idle, events, not_idle, rest = asyncio.run(scenario())
+    assert idle and events[-1].finish_reason == "length" and events[-1].completion_tokens == 4
+    assert not_idle is False
+    assert rest[-1].error and rest[-1].error_code == "model_busy" and engine.outstanding == 0

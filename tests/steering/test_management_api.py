@@ -114,7 +114,8 @@ def test_compatibility_batch_steering_and_live(srv, tmp_path):
 
 def test_models_list_lock_and_refused_switching(srv):
     listed = lambda: [m["id"] for m in httpx.get(srv.base_url + "/v1/models", headers=KEY).json()["data"]]  # noqa: E731
-    assert len(listed()) == 2  # the chat model and the embedder
+    unlocked = listed()  # the chat model and the embedder, then the store's switchable checkpoints
+    assert unlocked[0] == QWEN2_TINY and QWEN3_TINY in unlocked
     r, body = call(srv, "GET", "/api/models")
     models = {m["id"]: m for m in body["data"]}
     assert models[QWEN2_TINY]["status"] == "loaded" and models[QWEN3_TINY]["status"] == "ready"
@@ -129,5 +130,5 @@ def test_models_list_lock_and_refused_switching(srv):
     r, body = call(srv, "POST", f"/api/models/{QWEN2_TINY}/unload")
     assert r.status_code == 501 and body["error"]["code"] == "model_unload_unsupported"
     assert call(srv, "POST", f"/api/models/{QWEN2_TINY}/unlock")[1]["data"]["locked"] is False
-    assert len(listed()) == 2
+    assert listed() == unlocked
     assert call(srv, "GET", "/api/health/inference")[1]["data"]["locked_model"] is None

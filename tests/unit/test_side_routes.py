@@ -92,7 +92,7 @@ def test_per_request_embd_normalize(client, state, mode):
 @pytest.mark.parametrize("path, body, status, message", [
     ("/embedding", {}, 400, '"input" or "content" must be provided'),
     ("/v1/embeddings", {"model": "x"}, 400, '"input" or "content" must be provided'),
-    ("/v1/embeddings", {"input": "x", "dimensions": 8}, 400, "'dimensions' is not supported"),
+    ("/v1/embeddings", {"input": "x", "dimensions": 8}, 400, "'dimensions' is not honoured on /v1/embeddings"),
     ("/v1/embeddings", {"input": "x", "encoding_format": "int8"}, 400, "float or base64"),
     ("/embedding", {"content": []}, 400, "Input content cannot be empty"),
     ("/embedding", {"content": "x", "embd_normalize": "2"}, 400, "'embd_normalize' must be an integer"),
@@ -187,3 +187,39 @@ def test_health_waits_for_the_worker_and_plain_server_501s_side_routes():
         r = c.post("/v1/rerank", json={"query": "x", "documents": ["a"]})
         assert r.status_code == 501 and "Start it with `--reranking`" in r.text
         assert c.get("/v1/models").json()["data"] == []
+
+
+def test_embeddings_field_contract_column():
+    """The embeddings column of fields.FIELD_TABLE: every field it refuses is a 400
+    field_not_honoured naming it (a no-change value passes), before the worker is looked at;
+    an unused field is reported, or refused under X-miLLM-Strict."""
+    from mlxcel.api.openai.fields import EMBEDDINGS, FIELD_TABLE, NO_CHANGE, REFUSED
+    from tests.e2e.test_openai_contract import CHANGING
+
+    plain = AppState(settings=parse_server_args(["-m", MINILM], {}))  # no worker: refusals come first
+    with TestClient(build_litestar(plain)) as c:
+        for field, row in FIELD_TABLE.items():
+            assert row[EMBEDDINGS] == REFUSED, field
+            values = CHANGING[field][0]
+            value = next(iter(values.values())) if isinstance(values, dict) and "/v1/chat/completions" in values \
+                else values
+            r = c.post("/v1/embeddings", json={"input": "x", field: value})
+            err = r.json()["error"]
+            assert r.status_code == 400 and (err["code"], err["param"]) == ("field_not_honoured", field), (field, r.text)
+            for ok in NO_CHANGE.get(field, ()) + (None,):  # no change: on to the (absent) worker's 501
+                assert c.post("/v1/embeddings", json={"input": "x", field: ok}).status_code == 501, (field, ok)
+
+
+def test_embeddings_report_unused_fields_and_strict_refuses(client):
+    r = client.post("/v1/embeddings", json={"input": "x", "user": "u", "foo": 1})
+    assert r.status_code == 200 and r.headers["x-millm-ignored-fields"] == '"user", "foo"'
+    r = client.post("/v1/embeddings", json={"input": "x", "user": "u"}, headers={"X-miLLM-Strict": "true"})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "unused_fields_refused"
+    assert "x-millm-ignored-fields" not in client.post("/v1/embeddings", json={"input": "x", "model": "m"}).headers
+
+
+def test_embeddings_context_limit_names_the_figures(client):
+    r = client.post("/v1/embeddings", json={"input": ["short", "word " * 300]})
+    err = r.json()["error"]
+    assert r.status_code == 400 and err["code"] == "context_length_exceeded"
+    assert "input 1 has 302 tokens" in err["message"] and "context of 256 tokens" in err["message"]

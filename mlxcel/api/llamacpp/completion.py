@@ -207,5 +207,7 @@ async def completion(request: Request, app_state: AppState) -> Any:
     model = served_model(app_state, None)
     nreq = parse_native(body, model, app_state.settings.parallel, app_state.settings.sse_ping_interval)
     nreq.template.grammar = await native_grammar.resolve(body, model)
+    nreq.template.keep_tokens = native_grammar.preserved_tokens(body, model)  # written into the text
+    nreq.template.grammar = native_grammar.lazy(body, model, nreq.template.grammar, nreq.template.keep_tokens)
     prompts = tokenize_native_prompts(model, body.get("prompt"))
     return await respond(request, app_state, model, nreq, [with_prompt(nreq.template, p) for p in prompts])

@@ -124,6 +124,8 @@ async def infill(request: Request, app_state: AppState) -> Any:
     nreq = parse_native({k: v for k, v in body.items() if k not in INFILL_FIELDS}, model, app_state.settings.parallel,
                         app_state.settings.sse_ping_interval)
     nreq.template.grammar = await native_grammar.resolve(body, model)
+    nreq.template.keep_tokens = native_grammar.preserved_tokens(body, model)  # written into the text
+    nreq.template.grammar = native_grammar.lazy(body, model, nreq.template.grammar, nreq.template.keep_tokens)
     s = app_state.settings
     tokens = infill_prompt(model.tokenizer, fim, body, spm=s.spm_infill, n_ctx=model.n_ctx,
                            n_batch=s.batch_size, n_predict=nreq.template.max_tokens)

@@ -58,10 +58,10 @@ SAMPLING_FIELDS = (
     "adaptive_decay", "min_keep",
 )
 # Fields for behaviour this server does not have yet, with the values that ask for nothing.
-# (json_schema and grammar are resolved by native_grammar.py, in the route.)
+# (json_schema, grammar, grammar_lazy, grammar_triggers and preserved_tokens are resolved by
+# native_grammar.py, in the route.)
 DEFERRED: dict[str, tuple[Any, ...]] = {
-    "lora": ([],), "grammar_lazy": (False,), "grammar_type": (),
-    "preserved_tokens": ([],), "grammar_triggers": ([],),
+    "lora": ([],), "grammar_type": (),
     # /completion has no completion id a control request could name (chat routes honour it)
     "reasoning_control": (False,),
     "backend_sampling": (False,), "n_cache_reuse": (0,), "message_delimiters": ([],),

@@ -86,7 +86,9 @@ def generation_settings(req: GenerationRequest, *, stream: bool, timings_per_tok
     if not metrics_only:
         # a GBNF grammar is reported as sent; a schema is not converted to GBNF here
         gbnf = req.grammar.source if getattr(req.grammar, "kind", None) == "gbnf" else ""
-        out.update({"grammar": gbnf, "grammar_lazy": False, "grammar_triggers": [], "preserved_tokens": []})
+        triggers = list(getattr(req.grammar, "reported", ()))  # a LazyGrammar (engine/lazy_grammar.py)
+        out.update({"grammar": gbnf, "grammar_lazy": bool(triggers), "grammar_triggers": triggers,
+                    "preserved_tokens": sorted(req.keep_tokens)})
     out.update({
         "chat_format": "Content-only", "generation_prompt": "", "reasoning_format": "none",
         "reasoning_in_content": False, "samplers": list(p.samplers),

@@ -13,6 +13,7 @@ from litestar import Request, post
 
 from mlxcel.api.body import convert, read_json_object
 from mlxcel.api.errors import ApiError
+from mlxcel.api.model_switch import model_for
 from mlxcel.api.openai import chat_surface, reasoning_control
 from mlxcel.api.openai import generation as g
 from mlxcel.api.openai import scoring as sc
@@ -130,7 +131,7 @@ async def chat_completions(request: Request, app_state: AppState) -> Any:
                        param="extra_messages")
     headers = settle_unused(unused, strict, CHAT)
     g.validate_sampling(req)
-    model = g.served_model(app_state, req.model)
+    model = await model_for(app_state, req.model)  # may switch models (api/model_switch.py)
     headers.update(g.seed_header(req.seed, "batch-shape" if req.extra_messages else "request"))
     convs = _conversations(req)
     if spec is not None and (steering.profile is not None or steering.intensity is not None):

@@ -13,6 +13,7 @@ from litestar import Request, post
 
 from mlxcel.api.body import convert, read_json_object
 from mlxcel.api.errors import ApiError
+from mlxcel.api.model_switch import model_for
 from mlxcel.api.openai import generation as g
 from mlxcel.api.openai import scoring as sc
 from mlxcel.api.openai.fields import COMPLETIONS, check_fields, object_locations, settle_unused, strict_mode
@@ -82,7 +83,7 @@ async def completions(request: Request, app_state: AppState) -> Any:
         unused.append("add_special_tokens")
     headers = settle_unused(unused, strict, COMPLETIONS)
     g.validate_sampling(req)
-    model = g.served_model(app_state, req.model)
+    model = await model_for(app_state, req.model)  # may switch models (api/model_switch.py)
     headers.update(g.seed_header(req.seed))
     prompts = tokenize_prompts(model, req.prompt, add_special_tokens=req.add_special_tokens is not False)
     if activations is not None and (len(prompts) > 1 or (req.n or 1) > 1):

@@ -32,14 +32,17 @@ SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "Content-
 
 
 def served_model(state: AppState, name: str | None) -> ServedModel:
+    from mlxcel.api.model_switch import check_not_busy
     from mlxcel.api.side_workers import generation_refusal
 
+    check_not_busy(state)  # a model switch is unloading or loading
     refusal = generation_refusal(state)  # --embeddings / --reranking: no chat model at all
     if refusal is not None:
         raise refusal
     model = state.model
     if model is None:
-        raise ApiError(503, "the model is still loading", code="model_not_loaded", type="server_error")
+        why = f"no model is loaded: {state.load_error}" if state.load_error else "the model is still loading"
+        raise ApiError(503, why, code="model_not_loaded", type="server_error")
     if not model.answers_to(name):
         raise ApiError(404, f"The model '{name}' does not exist", code="model_not_found", param="model")
     return model

@@ -21,6 +21,7 @@ from litestar.response import Stream
 
 from mlxcel.api.body import convert, read_json_object
 from mlxcel.api.errors import ApiError
+from mlxcel.api.model_switch import model_for
 from mlxcel.api.openai import chat_surface
 from mlxcel.api.openai import generation as g
 from mlxcel.api.openai.schemas import ChatCompletionRequest
@@ -192,7 +193,7 @@ async def create_response(request: Request, app_state: AppState) -> Any:
     raw = await read_json_object(request)
     steer.refuse_fields(raw, "/v1/responses")  # per-request steering is chat's; the server's applies below
     req = convert(raw, ResponsesRequest)
-    model = g.served_model(app_state, req.model)
+    model = await model_for(app_state, req.model)  # may switch models (api/model_switch.py)
     conversation = _conversation(app_state, req)
     creq = _chat_request(req, conversation)
     prep = chat_surface.prepare(app_state, model, creq)

@@ -68,3 +68,14 @@ class CompletionRequest(_Sampling, kw_only=True):
 
 # Sampling fields that have no effect in scoring mode (reported when sent).
 SCORING_UNUSED = ("top_p", "top_k", "min_p", "stop", "frequency_penalty", "presence_penalty")
+
+
+class EmbeddingRequest(msgspec.Struct, kw_only=True):
+    """What /v1/embeddings reads (the route parses the body itself; this names the fields the
+    field contract counts as used). `content` and `embd_normalize` are b10621's spellings."""
+
+    input: Any = None
+    content: Any = None
+    model: str | None = None
+    encoding_format: str | None = None
+    embd_normalize: int | None = None

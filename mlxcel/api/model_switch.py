@@ -1,0 +1,178 @@
+"""Model switching: a /v1 request naming another model of the store loads it first.
+
+The server holds one generation model. A request that names a different checkpoint of the
+model store (never a download, never a filesystem path) is checked while the loaded model
+still serves (`runtime.check_loadable`: not a checkpoint, a quantization the backend cannot
+run, weights over the memory budget), and a refusal answers with its own status and the
+loaded model stays. Otherwise the switch runs in two phases, during both of which every
+request is refused with 503 `model_busy` (retry once it finishes) rather than starting a
+second switch or running on a half-moved model:
+
+1. unloading: the requests already running finish first, for up to
+   --graceful-unload-timeout seconds; whatever is left then ends with an error event; the
+   engine stops and the weights are dropped;
+2. loading: the named checkpoint loads through the composition root (`runtime`), and the
+   request that asked runs on it. A load that fails after the unload answers 500
+   `model_load_failed`; the previous model is then loaded back so the server keeps serving.
+
+While the server is locked to the loaded model for steering (/api/models/<id>/lock, or SAEs
+attached), /v1/models lists only that model and a request naming another one gets 404.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+import logging
+from pathlib import Path
+
+from mlxcel.api.errors import ApiError
+from mlxcel.api.state import AppState, ServedModel, SwitchState
+
+log = logging.getLogger("mlxcel.switch")
+
+
+def busy_error(sw: SwitchState) -> ApiError:
+    what = (f"the model {sw.previous!r} is being unloaded to load {sw.target!r}" if sw.phase == "unloading"
+            else f"the model {sw.target!r} is being loaded")
+    return ApiError(503, f"{what}; retry once it finishes", code="model_busy", type="server_error")
+
+
+def check_not_busy(state: AppState) -> None:
+    sw = state.switch
+    if sw is not None and sw.phase is not None:
+        raise busy_error(sw)
+
+
+def store_checkpoint(state: AppState, name: str) -> Path | None:
+    """The store directory `name` names (`owner/name`, or a bare name under the default
+    organisation) when it holds a checkpoint; paths, URLs and GGUF spellings never resolve."""
+    from mlxcel.store.repo_id import InvalidRepoId, expand, parse_repo_id
+    from mlxcel.store.resolve import refusal
+
+    root = state.store_root
+    if root is None or not name or refusal(name) is not None or name.startswith((".", "/", "~")):
+        return None
+    repo_id = expand(name, state.settings.default_org)
+    try:
+        owner, repo = parse_repo_id(repo_id)
+    except InvalidRepoId:
+        return None
+    path = Path(root) / owner / repo
+    if not (path / "config.json").is_file():
+        return None
+    return path
+
+
+def steering_locked(state: AppState) -> bool:
+    """The server is pinned to its model for steering: locked through /api/models/<id>/lock,
+    or SAEs attached (a switch would drop them)."""
+    model = state.model
+    steering = model.steering if model is not None else None
+    return state.steering_lock is not None or bool(steering is not None and steering.attached)
+
+
+def store_models(state: AppState) -> list[tuple[str, Path]]:
+    """The generation checkpoints of the store a request may switch to, by repository id."""
+    from mlxcel.models.registry import UnsupportedModelType, family_for
+    from mlxcel.store.store import list_models
+
+    if state.store_root is None:
+        return []
+    out = []
+    for entry in list_models(Path(state.store_root)):
+        try:
+            family_for(json.loads((entry.path / "config.json").read_text()))
+        except (OSError, ValueError, UnsupportedModelType):
+            continue
+        out.append((entry.repo_id, entry.path))
+    return out
+
+
+async def model_for(state: AppState, name: str | None) -> ServedModel:
+    """The served model for a /v1 request naming `name`, switching to it when it is another
+    checkpoint of the store."""
+    from mlxcel.api.openai.generation import served_model
+
+    check_not_busy(state)
+    current = state.model
+    if current is None or current.answers_to(name) or state.switch is None:
+        return served_model(state, name)
+    served_model(state, None)  # side-worker-only servers refuse here
+    path = store_checkpoint(state, name)
+    if path is None or path.resolve() == Path(current.info.path).resolve():
+        if path is not None:  # another spelling of the loaded checkpoint
+            return current
+        raise ApiError(404, f"The model '{name}' does not exist", code="model_not_found", param="model")
+    if steering_locked(state):
+        raise ApiError(404, f"The model '{name}' is not available: the server is locked to '{current.id}' for "
+                       "steering (unlock it and detach its SAEs to switch models)",
+                       code="model_not_found", param="model")
+    return await _switch(state, current, name, path)
+
+
+async def _switch(state: AppState, current: ServedModel, name: str, path: Path) -> ServedModel:
+    from mlxcel.runtime import LoadRefused, check_loadable, load_served_model
+
+    settings = state.settings
+    sw = state.switch
+    try:
+        check_loadable(settings, path, current)  # quick file reads: the loaded model still serves
+    except LoadRefused as e:
+        raise ApiError(e.status, e.message, code=e.code, param="model",
+                       type="invalid_request_error" if e.status < 500 else "server_error") from None
+    check_not_busy(state)  # nothing awaited since the first check, but say it where it matters
+    sw.phase, sw.target, sw.previous = "unloading", name, current.id
+    try:
+        log.info("switching models: unloading %s to load %s", current.id, name)
+        idle = await asyncio.to_thread(current.engine.drain, settings.graceful_unload_timeout)
+        if not idle:
+            log.warning("graceful unload timeout (%ss) reached with %d requests running; they end with an error",
+                        settings.graceful_unload_timeout, current.engine.outstanding)
+        await asyncio.to_thread(current.engine.shutdown)
+        state.model = None
+        previous_path, previous_id, previous_aliases = current.info.path, current.id, current.aliases
+        del current
+        _release_memory()
+        sw.phase = "loading"
+        try:
+            model = await asyncio.to_thread(load_served_model, settings, path, name)
+        except Exception as e:  # noqa: BLE001 - any load failure is this request's 500
+            log.exception("loading %s failed", name)
+            _release_memory()
+            await asyncio.to_thread(_restore, state, previous_path, previous_id, previous_aliases)
+            raise ApiError(500, f"loading the model '{name}' failed: {e}", code="model_load_failed",
+                           type="server_error", param="model") from None
+        state.model = model
+        log.info("model %s loaded (switch)", name)
+        return model
+    finally:
+        sw.phase = sw.target = sw.previous = None
+
+
+def _restore(state: AppState, path: Path, served_id: str, aliases: list[str]) -> None:
+    """Load the previous model back after a failed switch, so the server keeps serving."""
+    from mlxcel.runtime import load_served_model
+
+    try:
+        model = load_served_model(state.settings, path, served_id)
+        model.aliases = list(aliases)
+        state.model = model
+    except Exception as e:  # noqa: BLE001 - the server stays up and says why
+        state.load_error = f"reloading {served_id} after a failed switch failed: {e}"
+        log.exception("reloading %s failed", served_id)
+
+
+def _release_memory() -> None:
+    gc.collect()
+    try:
+        import sys
+
+        if "mlx.core" in sys.modules:
+            sys.modules["mlx.core"].clear_cache()
+        if "torch" in sys.modules and sys.modules["torch"].cuda.is_available():
+            sys.modules["torch"].cuda.empty_cache()
+    except Exception:  # noqa: BLE001 - freeing caches is best effort
+        pass
+
