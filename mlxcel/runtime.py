@@ -21,18 +21,28 @@ DEFAULT_CACHE_RAM_MIB = 2048  # mlxcel's --cache-ram default (b10621's is 8192)
 B10621_SAMPLING = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05)
 
 
-def resolve_sampling_defaults(settings: ServerSettings, gen_defaults) -> SamplingParams:
-    """Flag > checkpoint generation_config.json > b10621 default."""
+def resolve_sampling_defaults(settings: ServerSettings, gen_defaults, n_vocab: int | None = None) -> SamplingParams:
+    """Flag > checkpoint generation_config.json > b10621 default for the four knobs a checkpoint
+    declares; every other sampler flag (`settings.sampling`, `-l`) over b10621's default."""
     def pick(flag, ckpt, default):
         return flag if flag is not None else (ckpt if ckpt is not None else default)
 
     b = B10621_SAMPLING
+    bias: dict[int, float] = {}
+    for tok, value in settings.logit_bias:
+        if n_vocab is not None and not 0 <= tok < n_vocab:
+            from mlxcel.cli.refusal import StartupRefusal
+
+            raise StartupRefusal(f"--logit-bias {tok}: token id outside the model's vocabulary (0..{n_vocab - 1})")
+        bias[tok] = bias.get(tok, 0.0) + value
     return SamplingParams(
         temperature=pick(settings.temperature, gen_defaults.temperature, b.temperature),
         top_k=pick(settings.top_k, gen_defaults.top_k, b.top_k),
         top_p=pick(settings.top_p, gen_defaults.top_p, b.top_p),
         min_p=pick(settings.min_p, gen_defaults.min_p, b.min_p),
         seed=settings.seed if settings.seed >= 0 else None,
+        logit_bias=bias,
+        **settings.sampling,
     )
 
 
@@ -106,7 +116,8 @@ def load_served_model(settings: ServerSettings, path: Path) -> ServedModel:
         info=backend.info,
         tokenizer=tokenizer,
         engine=engine,
-        defaults=resolve_sampling_defaults(settings, tokenizer.generation_defaults),
+        defaults=resolve_sampling_defaults(settings, tokenizer.generation_defaults, backend.info.vocab_size),
+        ignore_eos=settings.ignore_eos,
         n_ctx=engine.n_ctx_slot,
         n_predict=settings.n_predict,
         steering=SteeringManager(int(backend.info.config.get("hidden_size") or 0), backend.info.num_layers),

@@ -41,6 +41,12 @@ class ServerSettings:
     top_p: float | None = None
     min_p: float | None = None
     seed: int = -1
+    # every other b10621 sampler default given on the command line: SamplingParams field -> value
+    sampling: dict = field(default_factory=dict)
+    dry_sequence_breakers_raw: list[str] | None = None  # --dry-sequence-breaker, escapes unprocessed
+    escape: bool = True  # -e / --no-escape: process escapes in the breakers
+    ignore_eos: bool = False  # --ignore-eos: every end-of-generation token banned by default
+    logit_bias: list[tuple[int, float]] = field(default_factory=list)  # -l TOKEN_ID(+/-)BIAS
     # --grammar / --grammar-file ("gbnf", text) or --json-schema / --json-schema-file
     # ("json_schema", text): the native routes' default constraint
     default_grammar: tuple[str, str] | None = None

@@ -63,12 +63,14 @@ DEFERRED: dict[str, tuple[Any, ...]] = {
     "echo": (False,), "preserved_tokens": ([],), "grammar_triggers": ([],), "reasoning_control": (False,),
     "reasoning_budget_tokens": (-1,), "reasoning_budget_start_tag": ("",),
     "reasoning_budget_end_tags": ([],), "reasoning_budget_end_tag": ("",), "reasoning_budget_message": ("",),
-    "backend_sampling": (False,), "n_cache_reuse": (0,), "message_delimiters": ([],),
+    "n_cache_reuse": (0,), "message_delimiters": ([],),
     "id_slot": (-1,),  # slot pinning: the scheduler picks the lowest free slot for now
 }
 # Accepted and inert, as upstream: verbose only touches OpenAI-shaped bodies; the native
-# final frame always carries counts and timings; speculative.* is compiled out upstream.
-INERT = ("verbose", "stream_options", "model", *(f"speculative.{k}" for k in (
+# final frame always carries counts and timings; speculative.* is compiled out upstream;
+# backend_sampling moves upstream's chain into the compute graph, where mlxcel's already is
+# (the same chain either way, as -bs is inert).
+INERT = ("verbose", "stream_options", "model", "backend_sampling", *(f"speculative.{k}" for k in (
     "n_max", "n_min", "p_min", "type", "ngram_size_n", "ngram_size_m", "ngram_m_hits")))
 
 NATIVE_FIELDS = declared_names(NativeCompletionRequest)
@@ -174,15 +176,13 @@ def parse_native(body: dict[str, Any], model: ServedModel, n_parallel: int,
         raise ApiError(400, "n_probs must be >= 0", code="invalid_parameter", param="n_probs")
     over["n_probs"] = n_probs
     over["post_sampling_probs"] = bool(req.post_sampling_probs)
-    bias: dict[int, float] = {}
+    bias = None  # absent: the server's -l set
     if req.logit_bias is not None:
         bias = resolve_logit_bias(req.logit_bias, lambda s: tok.encode(s, add_special_tokens=False),
                                   n_vocab=model.info.vocab_size)
-    ignore_eos = bool(req.ignore_eos)
-    if ignore_eos:  # upstream bans every end-of-generation token rather than skipping it
-        for t in tok.eos_token_ids:
-            bias[t] = -math.inf
-    over["logit_bias"] = bias
+    # absent: --ignore-eos; upstream bans every end-of-generation token rather than skipping it
+    ignore_eos = model.ignore_eos if req.ignore_eos is None else bool(req.ignore_eos)
+    over["logit_bias"] = model.request_bias(bias, ignore_eos)
     try:
         params = replace(model.defaults, **over)
         if req.seed is not None:

@@ -41,7 +41,8 @@ async def get_slots(request: Request, app_state: AppState) -> list:
     flag = request.query_params.get("fail_on_no_slot", "")
     if flag not in ("", "0", "false") and not any(not s.is_processing for s in infos):
         raise ApiError(503, "no slot available", code="unavailable", type="unavailable_error")
-    defaults = GenerationRequest(prompt=[], params=model.defaults, max_tokens=model.n_predict)
+    defaults = GenerationRequest(prompt=[], params=model.defaults, max_tokens=model.n_predict,
+                                 ignore_eos=model.ignore_eos)
     return [slot_json(s, defaults) for s in infos]
 
 
