@@ -90,6 +90,7 @@ class ServerSettings:
     notices: list[str] = field(default_factory=list)
     # native llama-server routes (b10621 --spm-infill, --slot-save-path; added by the native branch)
     spm_infill: bool = False
+    special: bool = False  # --special: generated special tokens are output as their text
     slot_save_path: Path | None = None
     # side workers (issue 9): --embeddings / --reranking select a dedicated encoder worker and
     # turn generation off; --embedding-model / --reranker-model name the side checkpoints

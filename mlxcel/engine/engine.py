@@ -116,7 +116,8 @@ class Engine:
     def __init__(self, backend: Backend, tokenizer: Tokenizer, *, n_ctx: int,
                  parallel: int = 4, batch_size: int = 512, cache_prompt: bool = True,
                  cache_budget_bytes: int | None = 2048 << 20, cont_batching: bool = True,
-                 max_queue_depth: int = 64, context_shift: bool = False, keep: int = 0) -> None:
+                 max_queue_depth: int = 64, context_shift: bool = False, keep: int = 0,
+                 special: bool = False) -> None:
         self.backend = backend
         self.tokenizer = tokenizer
         self.parallel = max(1, parallel)
@@ -127,6 +128,7 @@ class Engine:
         self.max_queue_depth = max_queue_depth  # waiting requests beyond the free slots; -1: unbounded
         self.context_shift = context_shift  # at the bound: drop tokens after n_keep instead of stopping
         self.keep = keep  # the server's default n_keep (--keep)
+        self.special = special  # --special: special tokens are rendered as their text
         self._outstanding = 0  # submitted and not yet retired (queued or holding a slot)
         self._count_lock = threading.Lock()
         self.prefix_cache = self._configure_kv(cache_prompt, cache_budget_bytes)
@@ -335,10 +337,13 @@ class Engine:
             self._rows.append(_Row(
                 handle=handle, cache=seq, pending=list(req.prompt[cached:]), n_cached=cached,
                 n_prompt_done=cached, sampler=self._sampler_state(req),
-                detok=IncrementalDetokenizer(self.tokenizer.decode),
+                detok=IncrementalDetokenizer(self._decode),
                 stop=StopMatcher(req.stop), max_tokens=max_tokens,
                 grammar=req.grammar.matcher() if req.grammar is not None else None,
             ))
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=not self.special)
 
     def _sampler_state(self, req: GenerationRequest) -> SamplerState:
         p = req.params
@@ -475,7 +480,9 @@ class Engine:
                  and row.grammar.accept(token) and row.grammar.is_terminated())
         self._stats.n_tokens_max = max(self._stats.n_tokens_max, len(req.prompt) + len(row.generated))
         if token in self.tokenizer.eos_token_ids and not req.ignore_eos:
-            tail = row.stop.feed(row.detok.flush())
+            # upstream appends the end token's piece before it stops: its text under --special
+            eos_text = row.detok.add(token) if self.special else ""
+            tail = row.stop.feed(eos_text + row.detok.flush())
             if tail.matched is not None:
                 self._finish(row, TokenEvent(text=tail.text, token=token, finish_reason="stop",
                                              stop_type="word", stopping_word=tail.matched, probs=probs))

@@ -4,7 +4,8 @@ One server carries every sampling flag at once: /props and /slots report them, a
 request without the fields inherits them (and reports them in generation_settings), a
 request's own fields win, and /v1 inherits them too. The values' effect on sampling is
 shown where it is observable on a random-weight model: -l forces a token, --ignore-eos is
-reported and bans EOS, and --sampler-seq leaves top_k out of the chain.
+reported and bans EOS, and --sampler-seq leaves top_k out of the chain. The same server carries
+the output flags --special and --spm-infill (their off state is tests/e2e/test_native_flags.py).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from tests.conftest import module_server
 from tests.fixtures import QWEN2_TINY
 
 FORCED = 1000  # -l 1000+1000: every sampled token is this one
-FLAGS = ("--parallel", "1", "--no-warmup", "--slots",
+FLAGS = ("--parallel", "1", "--no-warmup", "--slots", "-sp", "--spm-infill",
          "--top-nsigma", "1.5", "--typical", "0.9", "--repeat-last-n", "32", "--repeat-penalty", "1.1",
          "--presence-penalty", "0.2", "--frequency-penalty", "0.3", "--dry-multiplier", "0.5", "--dry-base", "2",
          "--dry-allowed-length", "3", "--dry-penalty-last-n", "16", "--dry-sequence-breaker", "\\n",
@@ -86,3 +87,25 @@ def test_v1_inherits_the_defaults(server):
     assert r.status_code == 200, r.text
     choice = r.json()["choices"][0]
     assert choice["text"] == native and choice["finish_reason"] == "length"
+
+
+def _special_id(server, text: str) -> int:
+    r = httpx.post(server.base_url + "/tokenize", json={"content": text, "parse_special": True}).json()
+    assert len(r["tokens"]) == 1
+    return r["tokens"][0]
+
+
+def test_special_outputs_special_tokens_as_text(server):
+    fim = _special_id(server, "<|fim_prefix|>")
+    body = completion(server, logit_bias=[[fim, 1000]], n_predict=3)
+    assert body["tokens"] == [fim] * 3 and body["content"] == "<|fim_prefix|>" * 3
+    eos = _special_id(server, "<|endoftext|>")
+    body = completion(server, logit_bias=[[eos, 1000]], ignore_eos=False)
+    assert body["stop_type"] == "eos" and body["content"] == "<|endoftext|>"
+
+
+def test_spm_infill_flag_puts_the_suffix_first(server):
+    body = {"input_prefix": "def f():\n    return ", "input_suffix": "\nprint(f())\n", "n_predict": 1}
+    r = httpx.post(server.base_url + "/infill", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    assert r.json()["prompt"].endswith("<|fim_suffix|>\nprint(f())\n<|fim_prefix|>def f():\n    return <|fim_middle|>")
