@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mlxcel.models.rope_overrides import RopeOverrides
+
 
 @dataclass
 class ServerSettings:
@@ -31,6 +33,7 @@ class ServerSettings:
     context_shift: bool = False
     keep: int = 0  # default n_keep for a context shift
     dtype: str = "auto"
+    rope: RopeOverrides = field(default_factory=RopeOverrides)  # --rope-* / --yarn-* (models/rope_overrides.py)
     backend: str = "auto"  # auto | mlx | torch; the CLI resolves it (backends/select.py) before loading
     device: str = "auto"  # auto | cpu | cuda[:N] | mps | metal
     threads: int = -1  # torch CPU threads; <= 0 keeps torch's default (all cores)
