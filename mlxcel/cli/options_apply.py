@@ -374,3 +374,11 @@ def apply_rope_scaling(settings: Any, value: str, spelling: str) -> None:
     from mlxcel.models.rope_overrides import SCALING_TYPES
 
     settings.rope = replace(settings.rope, scaling=one_of(value, spelling, SCALING_TYPES))
+
+
+def apply_slot_save_path(settings: Any, value: str, spelling: str) -> None:
+    """An existing directory, as b10621 requires (it never creates one)."""
+    path = Path(value).expanduser()
+    if not path.is_dir():
+        raise StartupRefusal(f"invalid value for {spelling}: not a directory: {value}")
+    settings.slot_save_path = path.resolve()

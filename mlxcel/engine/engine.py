@@ -25,6 +25,7 @@ import numpy as np
 from mlxcel.backends.base import Backend, ForwardRow
 from mlxcel.engine.detokenize import IncrementalDetokenizer
 from mlxcel.engine.kv_block_pool import RESERVED, OutOfBlocks
+from mlxcel.engine.slot_actions import SlotJob, run_slot_job
 from mlxcel.engine.kv_prefix_cache import PrefixCache
 from mlxcel.engine.sampling import SamplerState, sample_row
 from mlxcel.engine.stop import StopMatcher
@@ -139,6 +140,9 @@ class Engine:
         self._dry_vocab: DryVocab | None = None
         self._stats = EngineStats(t_start=time.time(), kv_cache_capacity=self.n_ctx_slot * self.parallel)
         self._last_by_slot: dict[int, SlotInfo] = {}
+        # each slot's token stream: what its last request left in its KV (save / restore / erase)
+        self.slot_tokens: dict[int, list[int]] = {}
+        self._slot_jobs: list[SlotJob] = []  # waiting for their slot to be idle, as upstream defers them
         self._thread = threading.Thread(target=self._run, name="mlxcel-engine", daemon=True)
 
     def _configure_kv(self, cache_prompt: bool, budget_bytes: int | None) -> PrefixCache:
@@ -219,6 +223,16 @@ class Engine:
         self._inbox.put(job)
         return job.future
 
+    def submit_slot_action(self, action: str, slot: int, tokens: list[int] | None = None) -> Future:
+        """Queue a slot save / restore / erase; it runs on the engine thread once the slot is
+        idle. The future resolves to the slot's tokens (save), the restored count (restore) or
+        the erased count (erase)."""
+        if not 0 <= slot < self.parallel:
+            raise EngineError("Invalid slot ID", "invalid_request", 400)
+        job = SlotJob(action, slot, tokens, Future())
+        self._inbox.put(job)
+        return job.future
+
     def score(self, prompt: list[int]) -> np.ndarray:
         """Blocking form of `submit_score` (not for the event loop's thread)."""
         return self.submit_score(prompt).result()
@@ -274,6 +288,7 @@ class Engine:
     def _run(self) -> None:
         while not self._stopping:
             self._drain(block=not self._rows and not self._waiting)
+            self._slot_actions()
             self._admit()
             self._reap_cancelled()
             if self._rows:
@@ -290,6 +305,8 @@ class Engine:
             while True:
                 if isinstance(item, _ScoreJob):
                     self._score(item)
+                elif isinstance(item, SlotJob):
+                    self._slot_jobs.append(item)
                 elif item is not None:
                     self._waiting.append(item)
                 item = self._inbox.get_nowait()
@@ -316,9 +333,31 @@ class Engine:
         finally:
             seq.release()
 
+    def _slot_actions(self) -> None:
+        busy = self._claimed_slots()
+        for job in [j for j in self._slot_jobs if j.slot not in busy]:
+            self._slot_jobs.remove(job)
+            run_slot_job(self, job)
+
+    def _claimed_slots(self) -> set[int]:
+        """Slots a row holds, or that a pinned row (id_slot) will take at its first token."""
+        return {r.slot if r.slot >= 0 else r.request.id_slot for r in self._rows} - {-1}
+
+    def _next_admissible(self) -> RequestHandle | None:
+        """FIFO, except that a request pinned to a busy slot waits without blocking the rest."""
+        claimed = self._claimed_slots()
+        for handle in self._waiting:
+            pin = handle.request.id_slot
+            if handle.cancelled or pin < 0 or pin not in claimed:
+                self._waiting.remove(handle)
+                return handle
+        return None
+
     def _admit(self) -> None:
         while self._waiting and len(self._rows) < self.parallel:
-            handle = self._waiting.pop(0)
+            handle = self._next_admissible()
+            if handle is None:
+                return
             if handle.cancelled:
                 handle.finished = True
                 self._retire(handle)
@@ -362,8 +401,10 @@ class Engine:
             self._waiting.remove(h)
             self._retire(h)
 
-    def _free_slot(self) -> int:
-        used = {r.slot for r in self._rows}
+    def _free_slot(self, row: _Row) -> int:
+        if row.request.id_slot >= 0:
+            return row.request.id_slot  # admission kept it free for this row
+        used = self._claimed_slots()
         return next(i for i in range(self.parallel) if i not in used)
 
     def _shift_context(self, row: _Row) -> None:
@@ -383,6 +424,8 @@ class Engine:
 
     def _release(self, row: _Row) -> None:
         """Give the row's KV back, offering its full blocks to the prefix cache first."""
+        if row.slot >= 0:
+            self.slot_tokens[row.slot] = list(row.cache.tokens)
         if row.request.cache_prompt and not row.shifted:
             self.prefix_cache.insert(row.cache.tokens, row.cache.blocks)
         row.cache.release()
@@ -413,7 +456,7 @@ class Engine:
         now = time.perf_counter()
         for row, _ in plan:
             if row.slot < 0:
-                row.slot, row.t_start = self._free_slot(), now
+                row.slot, row.t_start = self._free_slot(row), now
                 self._progress(row)
         logits = self.backend.forward([ForwardRow(toks, row.cache, row.request.steering, row.request.capture)
                                         for row, toks in plan])

@@ -148,7 +148,9 @@ def test_response_fields_and_carried_knobs(model):
     assert r.response_fields == ["content"]
     assert (t.n_indent, t.t_max_predict_ms, t.cache_prompt, t.n_keep, t.n_discard, t.id_slot, t.return_progress) == \
         (4, 100, False, -1, 8, -1, True)
-    refused(model, id_slot=2)  # slot pinning is not built: refused, never ignored
+    assert parse(model, id_slot=3).template.id_slot == 3  # pinned to the last of the 4 slots
+    for bad in (4, -2):  # a slot that does not exist: refused (upstream would wait forever)
+        assert refused(model, id_slot=bad).message == "Invalid slot ID"
     assert parse(model, response_fields="content").response_fields is None  # not a list: whole object
     assert parse(model, return_progress=True).template.return_progress is False  # inert without stream
 

@@ -64,7 +64,6 @@ DEFERRED: dict[str, tuple[Any, ...]] = {
     "reasoning_budget_tokens": (-1,), "reasoning_budget_start_tag": ("",),
     "reasoning_budget_end_tags": ([],), "reasoning_budget_end_tag": ("",), "reasoning_budget_message": ("",),
     "n_cache_reuse": (0,), "message_delimiters": ([],),
-    "id_slot": (-1,),  # slot pinning: the scheduler picks the lowest free slot for now
 }
 # Accepted and inert, as upstream: verbose only touches OpenAI-shaped bodies; the native
 # final frame always carries counts and timings; speculative.* is compiled out upstream;
@@ -138,6 +137,9 @@ def parse_native(body: dict[str, Any], model: ServedModel, n_parallel: int,
     if n_cmpl > 1:
         raise ApiError(400, "n_cmpl above 1 is not supported: this server returns one completion per prompt",
                        code="field_not_honoured", param="n_cmpl")
+    if req.id_slot is not None and not -1 <= req.id_slot < n_parallel:
+        # b10621 defers a task pinned to a slot that does not exist, forever; refused here
+        raise ApiError(400, "Invalid slot ID", code="invalid_request", param="id_slot")
     if req.model is not None and not model.answers_to(req.model):
         raise ApiError(404, f"model '{req.model}' not found", code="model_not_found", param="model")
 
