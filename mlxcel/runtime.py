@@ -113,7 +113,8 @@ def load_served_model(settings: ServerSettings, path: Path) -> ServedModel:
     engine = Engine(backend, tokenizer, n_ctx=n_ctx, parallel=settings.parallel, batch_size=settings.batch_size,
                     cache_prompt=settings.cache_prompt, cache_budget_bytes=cache_budget_bytes(settings),
                     cont_batching=settings.cont_batching, max_queue_depth=settings.max_queue_depth,
-                    context_shift=settings.context_shift, keep=settings.keep, special=settings.special)
+                    context_shift=settings.context_shift, keep=settings.keep, special=settings.special,
+                    sleep_idle_seconds=settings.sleep_idle_seconds, reload=lambda: load_backend(settings, path)[0])
     if settings.warmup:
         seq = backend.new_sequence()
         backend.forward([ForwardRow([0], seq)])  # first-call costs off the request path

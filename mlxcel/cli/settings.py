@@ -94,6 +94,7 @@ class ServerSettings:
     # native llama-server routes (b10621 --spm-infill, --slot-save-path; added by the native branch)
     spm_infill: bool = False
     special: bool = False  # --special: generated special tokens are output as their text
+    sleep_idle_seconds: int = -1  # --sleep-idle-seconds: unload the model after this idle time (< 0: never)
     slot_save_path: Path | None = None
     # side workers (issue 9): --embeddings / --reranking select a dedicated encoder worker and
     # turn generation off; --embedding-model / --reranker-model name the side checkpoints

@@ -17,6 +17,7 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
@@ -24,12 +25,13 @@ import numpy as np
 
 from mlxcel.backends.base import Backend, ForwardRow
 from mlxcel.engine.detokenize import IncrementalDetokenizer
-from mlxcel.engine.kv_block_pool import RESERVED, OutOfBlocks
-from mlxcel.engine.slot_actions import SlotJob, run_slot_job
+from mlxcel.engine.kv_block_pool import RESERVED, BlockAllocator, OutOfBlocks
 from mlxcel.engine.kv_prefix_cache import PrefixCache
 from mlxcel.engine.sampling import SamplerState, sample_row
 from mlxcel.engine.stop import StopMatcher
 from mlxcel.engine.sampling_dry import DryVocab
+from mlxcel.engine.sleep import IdleSleeper
+from mlxcel.engine.slot_actions import SlotJob, run_slot_job
 from mlxcel.engine.tokenizer import Tokenizer
 from mlxcel.engine.types import (
     EngineError, EngineStats, GenerationRequest, PromptProgress, SlotInfo, Timings, TokenEvent,
@@ -118,7 +120,8 @@ class Engine:
                  parallel: int = 4, batch_size: int = 512, cache_prompt: bool = True,
                  cache_budget_bytes: int | None = 2048 << 20, cont_batching: bool = True,
                  max_queue_depth: int = 64, context_shift: bool = False, keep: int = 0,
-                 special: bool = False) -> None:
+                 special: bool = False, sleep_idle_seconds: int = -1,
+                 reload: Callable[[], Backend] | None = None) -> None:
         self.backend = backend
         self.tokenizer = tokenizer
         self.parallel = max(1, parallel)
@@ -132,7 +135,10 @@ class Engine:
         self.special = special  # --special: special tokens are rendered as their text
         self._outstanding = 0  # submitted and not yet retired (queued or holding a slot)
         self._count_lock = threading.Lock()
+        self._cache_prompt, self._cache_budget = cache_prompt, cache_budget_bytes
         self.prefix_cache = self._configure_kv(cache_prompt, cache_budget_bytes)
+        # --sleep-idle-seconds: free the model when idle, reload it on the next work (engine/sleep.py)
+        self.sleeper = IdleSleeper(sleep_idle_seconds, reload) if sleep_idle_seconds >= 0 and reload else None
         self._inbox: queue.Queue = queue.Queue()
         self._waiting: list[RequestHandle] = []
         self._rows: list[_Row] = []
@@ -159,8 +165,25 @@ class Engine:
         self.backend.configure_kv(num_blocks=RESERVED + per_slot * self.parallel + extra, block_size=BLOCK_SIZE)
         return PrefixCache(self.backend.allocator, budget_blocks)
 
+    @property
+    def is_sleeping(self) -> bool:
+        return self.sleeper is not None and self.sleeper.asleep
+
+    def drop_backend(self) -> None:
+        """Sleep: let go of the weights, the KV pool and the prompt cache that lived in it."""
+        self.backend = None
+        self.prefix_cache = PrefixCache(BlockAllocator(RESERVED + 1, BLOCK_SIZE), 0)
+
+    def adopt_backend(self, backend: Backend) -> None:
+        """Wake: a freshly loaded backend, its KV pool sized as at start."""
+        self.backend = backend
+        self.prefix_cache = self._configure_kv(self._cache_prompt, self._cache_budget)
+
     def kv_usage(self) -> dict[str, int]:
-        """Block pool occupancy, for /metrics and /props."""
+        """Block pool occupancy, for /metrics and /props (all zero while asleep)."""
+        if self.backend is None:
+            return {"block_size": BLOCK_SIZE, "total_blocks": 0, "used_blocks": 0, "cached_blocks": 0,
+                    "free_blocks": 0}
         a = self.backend.allocator
         return {"block_size": a.block_size, "total_blocks": a.num_blocks - RESERVED, "used_blocks": a.used_blocks,
                 "cached_blocks": self.prefix_cache.cached_blocks, "free_blocks": a.free_blocks}
@@ -288,6 +311,10 @@ class Engine:
     def _run(self) -> None:
         while not self._stopping:
             self._drain(block=not self._rows and not self._waiting)
+            if self.sleeper is not None:
+                if self._waiting or self._slot_jobs:
+                    self._wake_up()
+                self.sleeper.tick(self, idle=not (self._rows or self._waiting or self._slot_jobs))
             self._slot_actions()
             self._admit()
             self._reap_cancelled()
@@ -304,6 +331,7 @@ class Engine:
             item = self._inbox.get(timeout=0.5) if block else self._inbox.get_nowait()
             while True:
                 if isinstance(item, _ScoreJob):
+                    self._wake_up()
                     self._score(item)
                 elif isinstance(item, SlotJob):
                     self._slot_jobs.append(item)
@@ -312,6 +340,14 @@ class Engine:
                 item = self._inbox.get_nowait()
         except queue.Empty:
             pass
+
+    def _wake_up(self) -> None:
+        if self.sleeper is None:
+            return
+        try:
+            self.sleeper.ensure_awake(self)
+        except Exception:  # stay asleep; the work that needed the model fails on its own
+            log.exception("reloading the model after sleep failed")
 
     def _score(self, job: _ScoreJob) -> None:
         """Prefill the prompt in `batch_size` chunks on a fresh sequence; keep the last logits."""

@@ -68,7 +68,7 @@ def props_json(app_state: AppState, model: ServedModel) -> dict:
         "bos_token": tok.bos_token or "",
         "eos_token": tok.eos_token or "",
         "build_info": f"mlxcel-{__version__}",
-        "is_sleeping": False,
+        "is_sleeping": model.engine.is_sleeping,
         "cors_proxy_enabled": False,
         # mlxcel's own resolved configuration (extensions; b10621 has no such keys)
         "backend": {"name": model.info.backend, "device": model.info.device,
