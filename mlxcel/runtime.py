@@ -77,20 +77,12 @@ def select_backend(settings: ServerSettings, path: Path | None = None):
 
 
 def load_backend(settings: ServerSettings, path: Path):
-    import json
-
     choice = select_backend(settings, path)
     if choice.backend == "torch":
-        from mlxcel.models.rope_overrides import config_overrides
-
-        if config_overrides(json.loads((path / "config.json").read_text()), settings.rope):
-            from mlxcel.cli.refusal import StartupRefusal
-
-            raise StartupRefusal("--rope-* / --yarn-* overrides are applied to the MLX families only; "
-                                 "the torch backend builds its rotation from the checkpoint (use --backend mlx)")
         from mlxcel.backends.torch.backend import TorchBackend
 
-        return TorchBackend(path, dtype=settings.dtype, device=choice.device, threads=settings.threads), choice
+        return TorchBackend(path, dtype=settings.dtype, device=choice.device, threads=settings.threads,
+                            rope=settings.rope), choice
     import mlx.core as mx
 
     from mlxcel.backends.mlx.backend import MLXBackend

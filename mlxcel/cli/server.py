@@ -51,16 +51,13 @@ def resolve(settings: ServerSettings) -> Path:
 
 def check_model_overrides(settings: ServerSettings, config: dict) -> None:
     """Refuse, before the load thread starts, what the checkpoint cannot take: a RoPE override
-    its scheme cannot compose with (or on the torch backend), a -l token outside its vocabulary."""
+    its scheme cannot compose with, a -l token outside its vocabulary."""
     from mlxcel.models.rope_overrides import RopeRefused, config_overrides
 
     try:
-        rope = config_overrides(config, settings.rope)
+        config_overrides(config, settings.rope)
     except RopeRefused as e:
         raise StartupRefusal(str(e)) from None
-    if rope and settings.backend == "torch":
-        raise StartupRefusal("--rope-* / --yarn-* overrides are applied to the MLX families only; the torch "
-                             "backend builds its rotation from the checkpoint (use --backend mlx)")
     n_vocab = config.get("vocab_size")
     for tok, _ in settings.logit_bias:
         if isinstance(n_vocab, int) and not 0 <= tok < n_vocab:

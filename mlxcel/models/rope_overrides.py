@@ -1,16 +1,18 @@
 """b10621's RoPE overrides (--rope-scaling, --rope-scale / --rope-freq-scale, --rope-freq-base,
---yarn-*) turned into the config entries an MLX family builds its rotation from.
+--yarn-*) turned into the config entries a family builds its rotation from.
 
 The overrides rewrite `rope_theta` and the `rope_scaling` block before the model is
 constructed, which is where llama.cpp applies them (at model load, before any KV exists).
-Every family in `registry.FAMILIES` whose `rope_overrides` is set builds its rotation through
-mlx-lm's `initialize_rope` from exactly these two entries, so the rewrite reaches it; after the
-load, `verify` reads the built rotation back and refuses if it is not the one asked for, so a
-family that computes its frequencies some other way is reported rather than silently ignored.
+On MLX every family in `registry.FAMILIES` builds its rotation through mlx-lm's
+`initialize_rope` from exactly these two entries (`config_overrides`); after the load,
+`verify` reads the built rotation back and refuses if it is not the one asked for, so a family
+that computes its frequencies some other way is reported rather than silently ignored. On torch
+the same override becomes transformers' `rope_parameters` (`hf_rope_parameters`), checked on
+the loaded model's config.
 
 What cannot be honoured is refused with the reason: a bare scale against a checkpoint's
 banded (llama3) or other non-linear scheme (the two cannot be composed), and the YaRN
-extrapolation mix / attention factor at values mlx-lm's YaRN table has no parameter for.
+extrapolation mix / attention factor at values neither YaRN table has a parameter for.
 The --yarn-* knobs against a rotation that is not YaRN configure nothing, as in b10621.
 """
 
@@ -100,8 +102,8 @@ def config_overrides(config: dict, o: RopeOverrides) -> dict[str, Any]:
 def _yarn_block(config: dict, block: dict, o: RopeOverrides) -> dict[str, Any]:
     for name, value in (("--yarn-ext-factor", o.yarn_ext_factor), ("--yarn-attn-factor", o.yarn_attn_factor)):
         if value >= 0 and value != 1.0:
-            raise RopeRefused(f"{name} {value:g}: mlx-lm's YaRN table always mixes fully (1.0) and has no "
-                              f"parameter for another value; pass 1.0 or leave it at -1")
+            raise RopeRefused(f"{name} {value:g}: the YaRN tables here (mlx-lm's, transformers') always use 1.0 "
+                              f"and have no parameter for another value; pass 1.0 or leave it at -1")
     factor = 1.0 / o.freq_scale if o.freq_scale > 0 else float(block.get("factor", 1.0))
     orig = (o.yarn_orig_ctx if o.yarn_orig_ctx > 0 else block.get("original_max_position_embeddings")
             or config.get("max_position_embeddings") or 4096)
@@ -140,3 +142,17 @@ def verify(model: Any, overrides: dict[str, Any], model_type: str) -> None:
     if not ok:
         raise RopeRefused(f"the {model_type} family did not build the requested RoPE override "
                           f"({', '.join(f'{k}={v}' for k, v in overrides.items())}); it cannot be honoured here")
+
+
+def hf_rope_parameters(current: dict, overrides: dict[str, Any]) -> dict:
+    """The same override as transformers' `rope_parameters` (the torch backend). A config keyed
+    by layer type (Gemma 3) takes it on its full-attention layers only, as on MLX."""
+    nested = isinstance(current.get("full_attention"), dict)
+    block = dict(current["full_attention"] if nested else current)
+    theta = block.get("rope_theta")
+    scaling = overrides.get("rope_scaling")
+    if scaling is not None:
+        block = {"rope_theta": theta, **{k: v for k, v in scaling.items() if k != "type"}}
+    if "rope_theta" in overrides:
+        block["rope_theta"] = overrides["rope_theta"]
+    return {**current, "full_attention": block} if nested else block

@@ -79,8 +79,17 @@ def test_startup_check_refuses_before_the_load():
     settings = parse_server_args(["-m", "x", "--rope-scale", "2"], {})
     with pytest.raises(StartupRefusal, match="llama3 RoPE scheme"):
         check_model_overrides(settings, LLAMA3)
-    settings.backend = "torch"
-    with pytest.raises(StartupRefusal, match="MLX families only"):
-        check_model_overrides(settings, PLAIN)
     with pytest.raises(StartupRefusal, match="outside the model's vocabulary"):
         check_model_overrides(parse_server_args(["-m", "x", "-l", "50+1"], {}), {**PLAIN, "vocab_size": 10})
+
+
+def test_transformers_rope_parameters():
+    from mlxcel.models.rope_overrides import hf_rope_parameters
+
+    plain = {"rope_theta": 1e6, "rope_type": "default"}
+    assert hf_rope_parameters(plain, {"rope_theta": 1e4}) == {"rope_theta": 1e4, "rope_type": "default"}
+    assert hf_rope_parameters(plain, {"rope_scaling": {"rope_type": "linear", "factor": 4.0}}) == \
+        {"rope_theta": 1e6, "rope_type": "linear", "factor": 4.0}
+    gemma = {"sliding_attention": {"rope_type": "default", "rope_theta": 1e4}, "full_attention": dict(plain)}
+    got = hf_rope_parameters(gemma, {"rope_theta": 5e5})
+    assert got["sliding_attention"]["rope_theta"] == 1e4 and got["full_attention"]["rope_theta"] == 5e5
