@@ -55,7 +55,7 @@ def test_yarn_forced_and_tuned():
 
 @pytest.mark.parametrize(("config", "argv", "needle"), [
     (LLAMA3, ["--rope-scale", "2"], "llama3 RoPE scheme"),
-    (YARN, ["--yarn-ext-factor", "0.5"], "always mixes fully"),
+    (YARN, ["--yarn-ext-factor", "0.5"], "always use 1.0"),
     (YARN, ["--yarn-attn-factor", "2"], "no parameter for another value"),
 ])
 def test_refusals(config, argv, needle):
