@@ -21,18 +21,28 @@ DEFAULT_CACHE_RAM_MIB = 2048  # mlxcel's --cache-ram default (b10621's is 8192)
 B10621_SAMPLING = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05)
 
 
-def resolve_sampling_defaults(settings: ServerSettings, gen_defaults) -> SamplingParams:
-    """Flag > checkpoint generation_config.json > b10621 default."""
+def resolve_sampling_defaults(settings: ServerSettings, gen_defaults, n_vocab: int | None = None) -> SamplingParams:
+    """Flag > checkpoint generation_config.json > b10621 default for the four knobs a checkpoint
+    declares; every other sampler flag (`settings.sampling`, `-l`) over b10621's default."""
     def pick(flag, ckpt, default):
         return flag if flag is not None else (ckpt if ckpt is not None else default)
 
     b = B10621_SAMPLING
+    bias: dict[int, float] = {}
+    for tok, value in settings.logit_bias:
+        if n_vocab is not None and not 0 <= tok < n_vocab:
+            from mlxcel.cli.refusal import StartupRefusal
+
+            raise StartupRefusal(f"--logit-bias {tok}: token id outside the model's vocabulary (0..{n_vocab - 1})")
+        bias[tok] = bias.get(tok, 0.0) + value
     return SamplingParams(
         temperature=pick(settings.temperature, gen_defaults.temperature, b.temperature),
         top_k=pick(settings.top_k, gen_defaults.top_k, b.top_k),
         top_p=pick(settings.top_p, gen_defaults.top_p, b.top_p),
         min_p=pick(settings.min_p, gen_defaults.min_p, b.min_p),
         seed=settings.seed if settings.seed >= 0 else None,
+        logit_bias=bias,
+        **settings.sampling,
     )
 
 
@@ -71,14 +81,15 @@ def load_backend(settings: ServerSettings, path: Path):
     if choice.backend == "torch":
         from mlxcel.backends.torch.backend import TorchBackend
 
-        return TorchBackend(path, dtype=settings.dtype, device=choice.device, threads=settings.threads), choice
+        return TorchBackend(path, dtype=settings.dtype, device=choice.device, threads=settings.threads,
+                            rope=settings.rope), choice
     import mlx.core as mx
 
     from mlxcel.backends.mlx.backend import MLXBackend
 
     if choice.device == "cpu":
         mx.set_default_device(mx.cpu)
-    return MLXBackend(path, dtype=settings.dtype), choice
+    return MLXBackend(path, dtype=settings.dtype, rope=settings.rope), choice
 
 
 def load_served_model(settings: ServerSettings, path: Path, served_id: str | None = None) -> ServedModel:
@@ -99,7 +110,8 @@ def load_served_model(settings: ServerSettings, path: Path, served_id: str | Non
     engine = Engine(backend, tokenizer, n_ctx=n_ctx, parallel=settings.parallel, batch_size=settings.batch_size,
                     cache_prompt=settings.cache_prompt, cache_budget_bytes=cache_budget_bytes(settings),
                     cont_batching=settings.cont_batching, max_queue_depth=settings.max_queue_depth,
-                    context_shift=settings.context_shift, keep=settings.keep)
+                    context_shift=settings.context_shift, keep=settings.keep, special=settings.special,
+                    sleep_idle_seconds=settings.sleep_idle_seconds, reload=lambda: load_backend(settings, path)[0])
     if settings.warmup:
         seq = backend.new_sequence()
         backend.forward([ForwardRow([0], seq)])  # first-call costs off the request path
@@ -111,7 +123,8 @@ def load_served_model(settings: ServerSettings, path: Path, served_id: str | Non
         info=backend.info,
         tokenizer=tokenizer,
         engine=engine,
-        defaults=resolve_sampling_defaults(settings, tokenizer.generation_defaults),
+        defaults=resolve_sampling_defaults(settings, tokenizer.generation_defaults, backend.info.vocab_size),
+        ignore_eos=settings.ignore_eos,
         n_ctx=engine.n_ctx_slot,
         n_predict=settings.n_predict,
         steering=SteeringManager(int(backend.info.config.get("hidden_size") or 0), backend.info.num_layers,

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,11 +27,21 @@ class ServedModel:
     defaults: SamplingParams  # server-wide sampling defaults, already resolved
     n_ctx: int
     n_predict: int
+    ignore_eos: bool = False  # --ignore-eos: a request that does not say inherits it
     steering: Any = None  # the SteeringManager of this model's SAEs (mlxcel.steering.manager)
     created: int = field(default_factory=lambda: int(time.time()))
     grammars: Any = None  # engine.grammar.GrammarCompiler for this tokenizer
     default_grammar: Any = None  # the --grammar / --json-schema default (a CompiledGrammar)
     default_grammar_error: str | None = None  # why the --grammar default failed to parse
+
+    def request_bias(self, bias: Mapping[int, float] | None, ignore_eos: bool) -> dict[int, float]:
+        """A request's logit bias: its own set, else the server's -l set; ignore_eos bans
+        every end-of-generation token on top, as b10621 appends its EOG biases."""
+        out = dict(self.defaults.logit_bias if bias is None else bias)
+        if ignore_eos:
+            for t in self.tokenizer.eos_token_ids:
+                out[t] = -math.inf
+        return out
 
     def answers_to(self, name: str | None) -> bool:
         return name is None or name == "" or name == self.id or name in self.aliases or name == str(self.info.path)

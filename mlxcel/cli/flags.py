@@ -80,6 +80,15 @@ class _Record(argparse.Action):
         setattr(namespace, self.dest, Given(value, option_string or self.dest))
 
 
+class _Append(argparse.Action):
+    """A repeatable option (-l, --dry-sequence-breaker): Given holds every value, in order."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        prev = getattr(namespace, self.dest, None)
+        seen = prev.value if isinstance(prev, Given) else []
+        setattr(namespace, self.dest, Given([*seen, values], option_string or self.dest))
+
+
 def _help_text(o: Option) -> str:
     if o.hidden:
         return argparse.SUPPRESS
@@ -110,7 +119,7 @@ def build_parser(prog: str = "mlxcel-server") -> argparse.ArgumentParser:
                            default=argparse.SUPPRESS, help=argparse.SUPPRESS)
         else:
             metavar = tuple(o.metavar.split()) if o.kind == VALUE2 else o.metavar
-            g.add_argument(*o.shorts, *o.longs, dest=o.key, action=_Record, nargs=2 if o.kind == VALUE2 else None,
+            g.add_argument(*o.shorts, *o.longs, dest=o.key, action=_Append if o.repeatable else _Record, nargs=2 if o.kind == VALUE2 else None,
                            metavar=metavar, default=argparse.SUPPRESS, help=help_)
     return p
 
@@ -301,7 +310,10 @@ def _dial_floor(var: str, raw: str) -> float:
 
 def _finish(settings: ServerSettings, environ: Mapping[str, str]) -> None:
     from mlxcel.cli.logging_setup import prepare_log_file
+    from mlxcel.cli.options_sampling import finish_sampling
     from mlxcel.cli.vertex_env import apply_vertex_env
+
+    finish_sampling(settings)
 
     if settings.hf_repo:
         if settings.model and settings.model != settings.hf_repo:

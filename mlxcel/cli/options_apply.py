@@ -352,3 +352,40 @@ def apply_reasoning_budget(settings: Any, value: str, spelling: str) -> None:
 
 def apply_reasoning_preserve(settings: Any, value: Any, spelling: str) -> None:
     settings.chat_template_kwargs["preserve_reasoning"] = bool(value)
+
+
+# --- RoPE overrides (--rope-*, --yarn-*): semantics in mlxcel/models/rope_overrides.py ----------
+
+
+def rope(field: str, conv: str = "float", *, inverse: bool = False, positive: bool = False):
+    """One RopeOverrides field. `inverse`: --rope-scale N is a frequency scale of 1/N.
+    `positive`: 0 and below mean nothing b10621 can honour (a scale of 0 divides by zero)."""
+    from dataclasses import replace
+
+    def apply(settings: Any, value: str, spelling: str) -> None:
+        v = as_int(value, spelling) if conv == "int" else as_float(value, spelling)
+        if positive and not v > 0:
+            raise StartupRefusal(f"invalid value for {spelling}: {value!r} (expected a number > 0)")
+        if inverse:
+            v = 1.0 / v
+        if field == "freq_scale" and settings.rope.freq_scale > 0:
+            raise StartupRefusal(f"{spelling}: --rope-scale and --rope-freq-scale set the same factor; give one")
+        settings.rope = replace(settings.rope, **{field: v})
+
+    return apply
+
+
+def apply_rope_scaling(settings: Any, value: str, spelling: str) -> None:
+    from dataclasses import replace
+
+    from mlxcel.models.rope_overrides import SCALING_TYPES
+
+    settings.rope = replace(settings.rope, scaling=one_of(value, spelling, SCALING_TYPES))
+
+
+def apply_slot_save_path(settings: Any, value: str, spelling: str) -> None:
+    """An existing directory, as b10621 requires (it never creates one)."""
+    path = Path(value).expanduser()
+    if not path.is_dir():
+        raise StartupRefusal(f"invalid value for {spelling}: not a directory: {value}")
+    settings.slot_save_path = path.resolve()

@@ -59,6 +59,7 @@ class Option:
     inert: Inert | None = None
     why: str | None = None
     path_value: bool = False  # completes as a file name in --completion-bash
+    repeatable: bool = False  # every occurrence counts (apply receives the list of values)
 
     @property
     def takes_value(self) -> bool:
@@ -101,6 +102,7 @@ def make(
     hidden: bool | None = None,
     native: bool = False,
     path_value: bool = False,
+    repeatable: bool = False,
 ) -> Option:
     """Build a record from a help-style spelling list such as "-kvo, --kv-offload, -nkvo, --no-kv-offload"."""
     names = [s.strip() for s in spellings.split(",") if s.strip()]
@@ -138,6 +140,7 @@ def make(
         inert=inert,
         why=why,
         path_value=path_value,
+        repeatable=repeatable,
     )
 
 

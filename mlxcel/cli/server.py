@@ -45,7 +45,23 @@ def resolve(settings: ServerSettings) -> Path:
     if layers:
         check_gpu_layers(settings, int(layers))
     choose_backend(settings, path)
+    check_model_overrides(settings, config)
     return path
+
+
+def check_model_overrides(settings: ServerSettings, config: dict) -> None:
+    """Refuse, before the load thread starts, what the checkpoint cannot take: a RoPE override
+    its scheme cannot compose with, a -l token outside its vocabulary."""
+    from mlxcel.models.rope_overrides import RopeRefused, config_overrides
+
+    try:
+        config_overrides(config, settings.rope)
+    except RopeRefused as e:
+        raise StartupRefusal(str(e)) from None
+    n_vocab = config.get("vocab_size")
+    for tok, _ in settings.logit_bias:
+        if isinstance(n_vocab, int) and not 0 <= tok < n_vocab:
+            raise StartupRefusal(f"--logit-bias {tok}: token id outside the model's vocabulary (0..{n_vocab - 1})")
 
 
 def enable_fast_blas() -> None:

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mlxcel.models.rope_overrides import RopeOverrides
+
 
 @dataclass
 class ServerSettings:
@@ -37,6 +39,7 @@ class ServerSettings:
     context_shift: bool = False
     keep: int = 0  # default n_keep for a context shift
     dtype: str = "auto"
+    rope: RopeOverrides = field(default_factory=RopeOverrides)  # --rope-* / --yarn-* (models/rope_overrides.py)
     backend: str = "auto"  # auto | mlx | torch; the CLI resolves it (backends/select.py) before loading
     device: str = "auto"  # auto | cpu | cuda[:N] | mps | metal
     threads: int = -1  # torch CPU threads; <= 0 keeps torch's default (all cores)
@@ -47,6 +50,12 @@ class ServerSettings:
     top_p: float | None = None
     min_p: float | None = None
     seed: int = -1
+    # every other b10621 sampler default given on the command line: SamplingParams field -> value
+    sampling: dict = field(default_factory=dict)
+    dry_sequence_breakers_raw: list[str] | None = None  # --dry-sequence-breaker, escapes unprocessed
+    escape: bool = True  # -e / --no-escape: process escapes in the breakers
+    ignore_eos: bool = False  # --ignore-eos: every end-of-generation token banned by default
+    logit_bias: list[tuple[int, float]] = field(default_factory=list)  # -l TOKEN_ID(+/-)BIAS
     # --grammar / --grammar-file ("gbnf", text) or --json-schema / --json-schema-file
     # ("json_schema", text): the native routes' default constraint
     default_grammar: tuple[str, str] | None = None
@@ -90,6 +99,8 @@ class ServerSettings:
     notices: list[str] = field(default_factory=list)
     # native llama-server routes (b10621 --spm-infill, --slot-save-path; added by the native branch)
     spm_infill: bool = False
+    special: bool = False  # --special: generated special tokens are output as their text
+    sleep_idle_seconds: int = -1  # --sleep-idle-seconds: unload the model after this idle time (< 0: never)
     slot_save_path: Path | None = None
     # side workers (issue 9): --embeddings / --reranking select a dedicated encoder worker and
     # turn generation off; --embedding-model / --reranker-model name the side checkpoints

@@ -17,6 +17,7 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
@@ -24,11 +25,13 @@ import numpy as np
 
 from mlxcel.backends.base import Backend, ForwardRow
 from mlxcel.engine.detokenize import IncrementalDetokenizer
-from mlxcel.engine.kv_block_pool import RESERVED, OutOfBlocks
+from mlxcel.engine.kv_block_pool import RESERVED, BlockAllocator, OutOfBlocks
 from mlxcel.engine.kv_prefix_cache import PrefixCache
 from mlxcel.engine.sampling import SamplerState, sample_row
 from mlxcel.engine.stop import StopMatcher
 from mlxcel.engine.sampling_dry import DryVocab
+from mlxcel.engine.sleep import IdleSleeper
+from mlxcel.engine.slot_actions import SlotJob, run_slot_job
 from mlxcel.engine.tokenizer import Tokenizer
 from mlxcel.engine.types import (
     EngineError, EngineStats, GenerationRequest, PromptProgress, SlotInfo, Timings, TokenEvent,
@@ -118,7 +121,9 @@ class Engine:
     def __init__(self, backend: Backend, tokenizer: Tokenizer, *, n_ctx: int,
                  parallel: int = 4, batch_size: int = 512, cache_prompt: bool = True,
                  cache_budget_bytes: int | None = 2048 << 20, cont_batching: bool = True,
-                 max_queue_depth: int = 64, context_shift: bool = False, keep: int = 0) -> None:
+                 max_queue_depth: int = 64, context_shift: bool = False, keep: int = 0,
+                 special: bool = False, sleep_idle_seconds: int = -1,
+                 reload: Callable[[], Backend] | None = None) -> None:
         self.backend = backend
         self.tokenizer = tokenizer
         self.parallel = max(1, parallel)
@@ -129,9 +134,13 @@ class Engine:
         self.max_queue_depth = max_queue_depth  # waiting requests beyond the free slots; -1: unbounded
         self.context_shift = context_shift  # at the bound: drop tokens after n_keep instead of stopping
         self.keep = keep  # the server's default n_keep (--keep)
+        self.special = special  # --special: special tokens are rendered as their text
         self._outstanding = 0  # submitted and not yet retired (queued or holding a slot)
         self._count_lock = threading.Lock()
+        self._cache_prompt, self._cache_budget = cache_prompt, cache_budget_bytes
         self.prefix_cache = self._configure_kv(cache_prompt, cache_budget_bytes)
+        # --sleep-idle-seconds: free the model when idle, reload it on the next work (engine/sleep.py)
+        self.sleeper = IdleSleeper(sleep_idle_seconds, reload) if sleep_idle_seconds >= 0 and reload else None
         self._inbox: queue.Queue = queue.Queue()
         self._waiting: list[RequestHandle] = []
         self._rows: list[_Row] = []
@@ -139,6 +148,9 @@ class Engine:
         self._dry_vocab: DryVocab | None = None
         self._stats = EngineStats(t_start=time.time(), kv_cache_capacity=self.n_ctx_slot * self.parallel)
         self._last_by_slot: dict[int, SlotInfo] = {}
+        # each slot's token stream: what its last request left in its KV (save / restore / erase)
+        self.slot_tokens: dict[int, list[int]] = {}
+        self._slot_jobs: list[SlotJob] = []  # waiting for their slot to be idle, as upstream defers them
         self._thread = threading.Thread(target=self._run, name="mlxcel-engine", daemon=True)
 
     def _configure_kv(self, cache_prompt: bool, budget_bytes: int | None) -> PrefixCache:
@@ -155,8 +167,25 @@ class Engine:
         self.backend.configure_kv(num_blocks=RESERVED + per_slot * self.parallel + extra, block_size=BLOCK_SIZE)
         return PrefixCache(self.backend.allocator, budget_blocks)
 
+    @property
+    def is_sleeping(self) -> bool:
+        return self.sleeper is not None and self.sleeper.asleep
+
+    def drop_backend(self) -> None:
+        """Sleep: let go of the weights, the KV pool and the prompt cache that lived in it."""
+        self.backend = None
+        self.prefix_cache = PrefixCache(BlockAllocator(RESERVED + 1, BLOCK_SIZE), 0)
+
+    def adopt_backend(self, backend: Backend) -> None:
+        """Wake: a freshly loaded backend, its KV pool sized as at start."""
+        self.backend = backend
+        self.prefix_cache = self._configure_kv(self._cache_prompt, self._cache_budget)
+
     def kv_usage(self) -> dict[str, int]:
-        """Block pool occupancy, for /metrics and /props."""
+        """Block pool occupancy, for /metrics and /props (all zero while asleep)."""
+        if self.backend is None:
+            return {"block_size": BLOCK_SIZE, "total_blocks": 0, "used_blocks": 0, "cached_blocks": 0,
+                    "free_blocks": 0}
         a = self.backend.allocator
         return {"block_size": a.block_size, "total_blocks": a.num_blocks - RESERVED, "used_blocks": a.used_blocks,
                 "cached_blocks": self.prefix_cache.cached_blocks, "free_blocks": a.free_blocks}
@@ -235,6 +264,16 @@ class Engine:
         self._inbox.put(job)
         return job.future
 
+    def submit_slot_action(self, action: str, slot: int, tokens: list[int] | None = None) -> Future:
+        """Queue a slot save / restore / erase; it runs on the engine thread once the slot is
+        idle. The future resolves to the slot's tokens (save), the restored count (restore) or
+        the erased count (erase)."""
+        if not 0 <= slot < self.parallel:
+            raise EngineError("Invalid slot ID", "invalid_request", 400)
+        job = SlotJob(action, slot, tokens, Future())
+        self._inbox.put(job)
+        return job.future
+
     def score(self, prompt: list[int]) -> np.ndarray:
         """Blocking form of `submit_score` (not for the event loop's thread)."""
         return self.submit_score(prompt).result()
@@ -308,6 +347,11 @@ class Engine:
     def _loop(self) -> None:
         while not self._stopping:
             self._drain(block=not self._rows and not self._waiting)
+            if self.sleeper is not None:
+                if self._waiting or self._slot_jobs:
+                    self._wake_up()
+                self.sleeper.tick(self, idle=not (self._rows or self._waiting or self._slot_jobs))
+            self._slot_actions()
             self._admit()
             self._reap_cancelled()
             if self._rows:
@@ -323,12 +367,23 @@ class Engine:
             item = self._inbox.get(timeout=0.5) if block else self._inbox.get_nowait()
             while True:
                 if isinstance(item, _ScoreJob):
+                    self._wake_up()
                     self._score(item)
+                elif isinstance(item, SlotJob):
+                    self._slot_jobs.append(item)
                 elif item is not None:
                     self._waiting.append(item)
                 item = self._inbox.get_nowait()
         except queue.Empty:
             pass
+
+    def _wake_up(self) -> None:
+        if self.sleeper is None:
+            return
+        try:
+            self.sleeper.ensure_awake(self)
+        except Exception:  # stay asleep; the work that needed the model fails on its own
+            log.exception("reloading the model after sleep failed")
 
     def _score(self, job: _ScoreJob) -> None:
         """Prefill the prompt in `batch_size` chunks on a fresh sequence; keep the last logits."""
@@ -350,9 +405,31 @@ class Engine:
         finally:
             seq.release()
 
+    def _slot_actions(self) -> None:
+        busy = self._claimed_slots()
+        for job in [j for j in self._slot_jobs if j.slot not in busy]:
+            self._slot_jobs.remove(job)
+            run_slot_job(self, job)
+
+    def _claimed_slots(self) -> set[int]:
+        """Slots a row holds, or that a pinned row (id_slot) will take at its first token."""
+        return {r.slot if r.slot >= 0 else r.request.id_slot for r in self._rows} - {-1}
+
+    def _next_admissible(self) -> RequestHandle | None:
+        """FIFO, except that a request pinned to a busy slot waits without blocking the rest."""
+        claimed = self._claimed_slots()
+        for handle in self._waiting:
+            pin = handle.request.id_slot
+            if handle.cancelled or pin < 0 or pin not in claimed:
+                self._waiting.remove(handle)
+                return handle
+        return None
+
     def _admit(self) -> None:
         while self._waiting and len(self._rows) < self.parallel:
-            handle = self._waiting.pop(0)
+            handle = self._next_admissible()
+            if handle is None:
+                return
             if handle.cancelled:
                 handle.finished = True
                 self._retire(handle)
@@ -371,11 +448,18 @@ class Engine:
             self._rows.append(_Row(
                 handle=handle, cache=seq, pending=list(req.prompt[cached:]), n_cached=cached,
                 n_prompt_done=cached, sampler=self._sampler_state(req),
-                detok=IncrementalDetokenizer(self.tokenizer.decoder(req.keep_tokens)),
+                detok=IncrementalDetokenizer(self._decoder(req.keep_tokens)),
                 stop=StopMatcher(req.stop), max_tokens=max_tokens,
                 grammar=req.grammar.matcher() if req.grammar is not None else None,
                 budget=req.reasoning.tracker(req.prompt) if req.reasoning is not None else None,
             ))
+
+    def _decoder(self, keep: frozenset[int]):
+        """--special shows every special token as text; otherwise only the row's kept markers
+        (tool-call markers its output parser needs) survive decoding."""
+        if self.special:
+            return lambda ids: self.tokenizer.decode(ids, skip_special_tokens=False)
+        return self.tokenizer.decoder(keep)
 
     def _sampler_state(self, req: GenerationRequest) -> SamplerState:
         p = req.params
@@ -394,8 +478,10 @@ class Engine:
             self._waiting.remove(h)
             self._retire(h)
 
-    def _free_slot(self) -> int:
-        used = {r.slot for r in self._rows}
+    def _free_slot(self, row: _Row) -> int:
+        if row.request.id_slot >= 0:
+            return row.request.id_slot  # admission kept it free for this row
+        used = self._claimed_slots()
         return next(i for i in range(self.parallel) if i not in used)
 
     def _shift_context(self, row: _Row) -> None:
@@ -415,6 +501,8 @@ class Engine:
 
     def _release(self, row: _Row) -> None:
         """Give the row's KV back, offering its full blocks to the prefix cache first."""
+        if row.slot >= 0:
+            self.slot_tokens[row.slot] = list(row.cache.tokens)
         if row.request.cache_prompt and not row.shifted:
             self.prefix_cache.insert(row.cache.tokens, row.cache.blocks)
         row.cache.release()
@@ -445,7 +533,7 @@ class Engine:
         now = time.perf_counter()
         for row, _ in plan:
             if row.slot < 0:
-                row.slot, row.t_start = self._free_slot(), now
+                row.slot, row.t_start = self._free_slot(row), now
                 self._progress(row)
         logits = self.backend.forward([ForwardRow(toks, row.cache, row.request.steering, row.request.capture)
                                         for row, toks in plan])
@@ -519,7 +607,9 @@ class Engine:
                  and row.grammar.accept(token) and row.grammar.is_terminated())
         self._stats.n_tokens_max = max(self._stats.n_tokens_max, len(req.prompt) + len(row.generated))
         if token in self.tokenizer.eos_token_ids and not req.ignore_eos:
-            tail = row.stop.feed(row.detok.flush())
+            # upstream appends the end token's piece before it stops: its text under --special
+            eos_text = row.detok.add(token) if self.special else ""
+            tail = row.stop.feed(eos_text + row.detok.flush())
             if tail.matched is not None:
                 self._finish(row, TokenEvent(text=tail.text, token=token, finish_reason="stop",
                                              stop_type="word", stopping_word=tail.matched, probs=probs))

@@ -79,7 +79,21 @@ class Tokenizer:
 
         return vocabulary_pieces(self.hf)
 
+    @cached_property
+    def control_ids(self) -> frozenset[int]:
+        """Added tokens llama.cpp treats as control tokens: the checkpoint's special ones plus
+        those that look special (`<|...|>`, `<｜...｜>`, `<unused...>`, a few named ones), as its
+        GGUF conversion marks them. Without --special their text is never output."""
+        out = set(self.hf.all_special_ids)
+        for tid, tok in getattr(self.hf, "added_tokens_decoder", {}).items():
+            if getattr(tok, "special", False) or _looks_control(str(tok)):
+                out.add(int(tid))
+        return frozenset(out)
+
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        if skip_special_tokens:
+            ctrl = self.control_ids
+            ids = [i for i in ids if i not in ctrl]
         return self.hf.decode(
             ids, skip_special_tokens=skip_special_tokens, clean_up_tokenization_spaces=False
         )
@@ -114,3 +128,10 @@ class Tokenizer:
 
     def decode_bytes(self, ids: list[int]) -> bytes:
         return self.decode(ids, skip_special_tokens=False).encode("utf-8", "surrogatepass")
+
+
+def _looks_control(text: str) -> bool:
+    return (text in ("<pad>", "<mask>", "<2mass>", "[@BOS@]")
+            or (text.startswith("<|") and text.endswith("|>"))
+            or (text.startswith("<｜") and text.endswith("｜>"))
+            or (text.startswith("<unused") and text.endswith(">")))

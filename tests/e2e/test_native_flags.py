@@ -158,3 +158,11 @@ def test_infill_refused_without_fim_markers(smol):
     assert r.status_code == 501
     assert r.json()["error"]["message"] == ("Infill is not supported by this model: prefix token is missing. "
                                             "suffix token is missing. middle token is missing. ")
+
+
+def test_special_tokens_are_not_text_without_special(qwen):
+    psm, _ = qwen
+    fim = httpx.post(psm.base_url + "/tokenize", json={"content": "<|fim_prefix|>", "parse_special": True}).json()
+    body = {"prompt": "x", "n_predict": 2, "logit_bias": [[fim["tokens"][0], 1000]], "return_tokens": True}
+    r = httpx.post(psm.base_url + "/completion", json=body, timeout=60).json()
+    assert r["tokens"] == fim["tokens"] * 2 and r["content"] == ""

@@ -120,7 +120,7 @@ def test_ignore_eos_bans_eos_and_logit_bias_resolves(model):
     ("grammar_type", "tool_calls"), ("lora", [{"id": 0, "scale": 1.0}]),
     ("reasoning_control", True), ("chat_format", 1), ("parse_tool_calls", True), ("reasoning_format", "deepseek"),
     ("chat_parser", "x"), ("generation_prompt", "<|im_start|>assistant"), ("continue_final_message", True),
-    ("backend_sampling", True), ("n_cache_reuse", 8),
+    ("n_cache_reuse", 8),
 ])
 def test_missing_behaviour_refused_when_asked_for(model, field, value):
     assert refused(model, **{field: value}).code == "field_not_honoured"
@@ -128,7 +128,7 @@ def test_missing_behaviour_refused_when_asked_for(model, field, value):
 
 def test_no_op_values_and_inert_fields_accepted(model):
     r = parse(model, grammar="", lora=[], echo=True, reasoning_budget_tokens=-1, verbose=True, chat_format=None,
-              reasoning_format="none", parse_tool_calls=False,
+              reasoning_format="none", parse_tool_calls=False, backend_sampling=True,
               stream_options=[1, 2], **{"speculative.n_max": 8, "speculative.type": "draft"})
     assert r.ignored == []
 
@@ -165,6 +165,23 @@ def test_response_fields_and_carried_knobs(model):
     assert r.response_fields == ["content"]
     assert (t.n_indent, t.t_max_predict_ms, t.cache_prompt, t.n_keep, t.n_discard, t.id_slot, t.return_progress) == \
         (4, 100, False, -1, 8, -1, True)
-    refused(model, id_slot=2)  # slot pinning is not built: refused, never ignored
+    assert parse(model, id_slot=3).template.id_slot == 3  # pinned to the last of the 4 slots
+    for bad in (4, -2):  # a slot that does not exist: refused (upstream would wait forever)
+        assert refused(model, id_slot=bad).message == "Invalid slot ID"
     assert parse(model, response_fields="content").response_fields is None  # not a list: whole object
     assert parse(model, return_progress=True).template.return_progress is False  # inert without stream
+
+
+def test_server_sampling_defaults_are_inherited_unless_the_request_says(model):
+    """-l and --ignore-eos (ServedModel) reach a body without the fields; a body's own
+    logit_bias replaces the -l set, and its ignore_eos: false drops the EOS ban."""
+    from dataclasses import replace
+
+    served = replace(model, defaults=SamplingParams(logit_bias={5: 2.0}, mirostat=2, top_n_sigma=1.5),
+                     ignore_eos=True)
+    t = parse(served).template
+    assert t.ignore_eos is True and t.params.mirostat == 2 and t.params.top_n_sigma == 1.5
+    assert t.params.logit_bias[5] == 2.0
+    assert all(t.params.logit_bias[e] == -math.inf for e in model.tokenizer.eos_token_ids)
+    t = parse(served, ignore_eos=False, logit_bias=[[7, 1.0]]).template
+    assert t.ignore_eos is False and dict(t.params.logit_bias) == {7: 1.0}

@@ -64,8 +64,7 @@ DEFERRED: dict[str, tuple[Any, ...]] = {
     "lora": ([],), "grammar_type": (),
     # /completion has no completion id a control request could name (chat routes honour it)
     "reasoning_control": (False,),
-    "backend_sampling": (False,), "n_cache_reuse": (0,), "message_delimiters": ([],),
-    "id_slot": (-1,),  # slot pinning: the scheduler picks the lowest free slot for now
+    "n_cache_reuse": (0,), "message_delimiters": ([],),
 }
 # Chat-parser configuration: /completion renders no chat template and parses no output, so
 # these only configure the chat routes; anything but the no-op value is refused here.
@@ -75,8 +74,10 @@ CHAT_ONLY: dict[str, tuple[Any, ...]] = {
 }
 # Accepted and inert, as upstream (echo only primes the chat parser of a continuation, and
 # a raw prompt is never one): verbose only touches OpenAI-shaped bodies; the native
-# final frame always carries counts and timings; speculative.* is compiled out upstream.
-INERT = ("verbose", "echo", "stream_options", "model", *(f"speculative.{k}" for k in (
+# final frame always carries counts and timings; speculative.* is compiled out upstream;
+# backend_sampling moves upstream's chain into the compute graph, where mlxcel's already is
+# (the same chain either way, as -bs is inert).
+INERT = ("verbose", "echo", "stream_options", "model", "backend_sampling", *(f"speculative.{k}" for k in (
     "n_max", "n_min", "p_min", "type", "ngram_size_n", "ngram_size_m", "ngram_m_hits")))
 
 NATIVE_FIELDS = declared_names(NativeCompletionRequest)
@@ -149,6 +150,9 @@ def parse_native(body: dict[str, Any], model: ServedModel, n_parallel: int,
     if n_cmpl > 1:
         raise ApiError(400, "n_cmpl above 1 is not supported: this server returns one completion per prompt",
                        code="field_not_honoured", param="n_cmpl")
+    if req.id_slot is not None and not -1 <= req.id_slot < n_parallel:
+        # b10621 defers a task pinned to a slot that does not exist, forever; refused here
+        raise ApiError(400, "Invalid slot ID", code="invalid_request", param="id_slot")
     if req.model is not None and not model.answers_to(req.model):
         raise ApiError(404, f"model '{req.model}' not found", code="model_not_found", param="model")
 
@@ -187,15 +191,13 @@ def parse_native(body: dict[str, Any], model: ServedModel, n_parallel: int,
         raise ApiError(400, "n_probs must be >= 0", code="invalid_parameter", param="n_probs")
     over["n_probs"] = n_probs
     over["post_sampling_probs"] = bool(req.post_sampling_probs)
-    bias: dict[int, float] = {}
+    bias = None  # absent: the server's -l set
     if req.logit_bias is not None:
         bias = resolve_logit_bias(req.logit_bias, lambda s: tok.encode(s, add_special_tokens=False),
                                   n_vocab=model.info.vocab_size)
-    ignore_eos = bool(req.ignore_eos)
-    if ignore_eos:  # upstream bans every end-of-generation token rather than skipping it
-        for t in tok.eos_token_ids:
-            bias[t] = -math.inf
-    over["logit_bias"] = bias
+    # absent: --ignore-eos; upstream bans every end-of-generation token rather than skipping it
+    ignore_eos = model.ignore_eos if req.ignore_eos is None else bool(req.ignore_eos)
+    over["logit_bias"] = model.request_bias(bias, ignore_eos)
     try:
         params = replace(model.defaults, **over)
         if req.seed is not None:

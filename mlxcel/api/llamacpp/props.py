@@ -45,7 +45,8 @@ def chat_template_caps(template: str | None) -> dict[str, bool]:
 def props_json(app_state: AppState, model: ServedModel) -> dict:
     s = app_state.settings
     tok = model.tokenizer
-    defaults = GenerationRequest(prompt=[], params=model.defaults, max_tokens=model.n_predict)
+    defaults = GenerationRequest(prompt=[], params=model.defaults, max_tokens=model.n_predict,
+                                 ignore_eos=model.ignore_eos)
     return {
         "default_generation_settings": {
             "params": generation_settings(defaults, stream=False, timings_per_token=False, metrics_only=True),
@@ -67,7 +68,7 @@ def props_json(app_state: AppState, model: ServedModel) -> dict:
         "bos_token": tok.bos_token or "",
         "eos_token": tok.eos_token or "",
         "build_info": f"mlxcel-{__version__}",
-        "is_sleeping": False,
+        "is_sleeping": model.engine.is_sleeping,
         "cors_proxy_enabled": False,
         # mlxcel's own resolved configuration (extensions; b10621 has no such keys)
         "backend": {"name": model.info.backend, "device": model.info.device,

@@ -105,13 +105,15 @@ def build_request(req: _Sampling, model: ServedModel, prompt: list[int], *, row:
         value = getattr(req, field)
         if value is not None:
             overrides[field] = value
+    if model.ignore_eos:  # --ignore-eos reaches /v1 too: the OpenAI bodies have no field for it
+        overrides["logit_bias"] = model.request_bias(None, True)
     params = replace(model.defaults, **overrides)
     if req.seed is not None:
         params = replace(params, seed=fold_seed(row_seed(req.seed, row)))
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     check_context(model, len(prompt), max_tokens, param)
     return GenerationRequest(prompt=prompt, params=params, max_tokens=max_tokens, stop=stop,
-                             cache_prompt=req.cache_prompt is not False)
+                             ignore_eos=model.ignore_eos, cache_prompt=req.cache_prompt is not False)
 
 
 def seed_header(seed: int | None, scope: str = "request") -> dict[str, str]:

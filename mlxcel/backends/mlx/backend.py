@@ -18,6 +18,8 @@ from mlxcel.backends.mlx.paged import PagedBatchView, PagedStorage, StepPlan
 from mlxcel.engine.kv_block_pool import BlockAllocator, SequenceKV
 from mlxcel.models.hooks import install_hooks
 from mlxcel.models.registry import family_for, mlx_module
+from mlxcel.models.rope_overrides import RopeOverrides, config_overrides
+from mlxcel.models.rope_overrides import verify as verify_rope
 
 _DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
 
@@ -58,11 +60,14 @@ def quantization_label(config: dict) -> str | None:
 class MLXBackend:
     name = "mlx"
 
-    def __init__(self, path: str | Path, dtype: str = "auto") -> None:
+    def __init__(self, path: str | Path, dtype: str = "auto", rope: RopeOverrides | None = None) -> None:
         path = Path(path)
         config = json.loads((path / "config.json").read_text())
         family_for(config)  # refuse an unknown model_type before reading weights
-        model, config = load_model(path, get_model_classes=_get_classes)
+        # --rope-* / --yarn-*: rewrite the rotation's config before the model is built
+        rope_config = config_overrides(config, rope) if rope is not None else {}
+        model, config = load_model(path, get_model_classes=_get_classes, model_config=rope_config or None)
+        verify_rope(model, rope_config, config["model_type"])
         ckpt_dtype = str(config.get("torch_dtype") or config.get("dtype") or "bfloat16")
         compute = resolve_dtype(dtype, ckpt_dtype)
         model.set_dtype(_DTYPES[compute])

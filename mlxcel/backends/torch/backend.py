@@ -26,6 +26,7 @@ from mlxcel.backends.torch.paged import PagedStepCache, PagedStorage, StepPlan
 from mlxcel.engine.kv_block_pool import BlockAllocator, SequenceKV
 from mlxcel.models.hooks import LayerHooks
 from mlxcel.models.registry import family_for
+from mlxcel.models.rope_overrides import RopeOverrides, RopeRefused, config_overrides, hf_rope_parameters
 
 log = logging.getLogger("mlxcel.backend.torch")
 
@@ -101,7 +102,8 @@ def install_torch_hooks(layers) -> LayerHooks:
 class TorchBackend:
     name = "torch"
 
-    def __init__(self, path: str | Path, dtype: str = "auto", device: str = "cpu", threads: int = -1) -> None:
+    def __init__(self, path: str | Path, dtype: str = "auto", device: str = "cpu", threads: int = -1,
+                 rope: RopeOverrides | None = None) -> None:
         import transformers
 
         path = Path(path)
@@ -113,8 +115,19 @@ class TorchBackend:
             torch.set_num_threads(threads)
         ckpt_dtype = str(config.get("torch_dtype") or config.get("dtype") or "float32")
         compute = resolve_dtype(dtype, ckpt_dtype, self.device)
+        # --rope-* / --yarn-*: transformers builds its rotation from config.rope_parameters
+        rope_config = config_overrides(config, rope) if rope is not None else {}
+        extra = {}
+        if rope_config:
+            hf_config = transformers.AutoConfig.from_pretrained(str(path), local_files_only=True)
+            want = hf_rope_parameters(hf_config.rope_parameters, rope_config)
+            hf_config.rope_parameters = want
+            extra["config"] = hf_config
         model = transformers.AutoModelForCausalLM.from_pretrained(
-            str(path), dtype=DTYPES[compute], local_files_only=True, attn_implementation="sdpa")
+            str(path), dtype=DTYPES[compute], local_files_only=True, attn_implementation="sdpa", **extra)
+        if rope_config and model.config.get_text_config().rope_parameters != want:
+            raise RopeRefused(f"the {config['model_type']} family did not take the requested RoPE override "
+                              f"({want}); it cannot be honoured here")
         self.model = model.to(self.device).eval()
         self.base = getattr(model, model.base_model_prefix)
         self.lm_head = model.get_output_embeddings()
