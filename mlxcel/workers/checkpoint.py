@@ -9,7 +9,6 @@ checkpoint's own `normalize` flag in config.json: false means none (-1), anythin
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
 from mlxcel.models.bert import ENCODER_TYPES

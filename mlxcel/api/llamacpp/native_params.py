@@ -22,7 +22,7 @@ from mlxcel.api.errors import ApiError
 from mlxcel.api.llamacpp.schemas import NativeCompletionRequest, declared_names
 from mlxcel.api.state import ServedModel
 from mlxcel.engine.sampling_params import (
-    SamplingParams, fold_seed, resolve_logit_bias, samplers_from_chars, samplers_from_names,
+    fold_seed, resolve_logit_bias, samplers_from_chars, samplers_from_names,
 )
 from mlxcel.engine.reasoning import CLOSE, OPEN
 from mlxcel.engine.reasoning_budget import ReasoningBudget
