@@ -42,9 +42,11 @@ def free_port() -> int:
 class ServerProcess:
     """`mlxcel-server` in a subprocess, as a user would start it."""
 
-    def __init__(self, args: list[str], env: dict[str, str] | None = None, ready_timeout: float = 180) -> None:
-        self.port = free_port()
+    def __init__(self, args: list[str], env: dict[str, str] | None = None, ready_timeout: float = 180,
+                 port: int | None = None, health_path: str = "/health") -> None:
+        self.port = port or free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
+        self.health_path = health_path
         full_env = {**os.environ, "MLXCEL_MODELS_DIR": str(models_dir()), **(env or {})}
         self.log_path = Path(os.environ.get("PYTEST_TMP", "/tmp")) / f"mlxcel-server-{self.port}.log"
         self._log = open(self.log_path, "wb")
@@ -60,7 +62,7 @@ class ServerProcess:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
             try:
-                if httpx.get(self.base_url + "/health", timeout=2).status_code == 200:
+                if httpx.get(self.base_url + self.health_path, timeout=2).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass

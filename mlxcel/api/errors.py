@@ -58,7 +58,10 @@ def http_exception_handler(request: Request, exc: HTTPException) -> Response:
     status = exc.status_code
     phrase = HTTPStatus(status).phrase if status in HTTPStatus._value2member_map_ else "error"
     code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(status)
-    err = ApiError(status, exc.detail or phrase, code=code,
+    message = exc.detail or phrase
+    if status == 404 and message == phrase:  # no route matched: b10621's wording for that case
+        message = "File Not Found"
+    err = ApiError(status, message, code=code,
                    type="invalid_request_error" if status < 500 else "server_error")
     return Response(error_body(request.url.path, err), status_code=status, headers=exc.headers or None)
 

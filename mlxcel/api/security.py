@@ -11,7 +11,11 @@ This mirrors b10621's pre-routing handler, which runs before any route is matche
    before routing (browsers send no Authorization header on a preflight).
 3. With API keys configured, every other path except the public ones (/health, /v1/health, /)
    needs `Authorization: Bearer KEY` (or `X-Api-Key: KEY`); otherwise 401 with b10621's body.
-   Keys are compared in constant time and never logged.
+   Keys are compared in constant time and never logged. As in b10621 the public set is matched
+   against the path as sent, so under --api-prefix the prefixed /health needs a key.
+4. --api-prefix. b10621 registers every route at prefix + route, so the prefix is removed here,
+   once, and a path outside it answers b10621's 404 before any route is matched. The routes
+   below never see the prefix (error envelopes and the /predict fan-out stay as they are).
 
 Entry point: `wrap_app(asgi_app, settings)` returns the ASGI app to hand to uvicorn.
 """
@@ -26,9 +30,12 @@ from urllib.parse import urlsplit
 
 log = logging.getLogger("mlxcel.api.security")
 
-PUBLIC_PATHS = frozenset({"/health", "/v1/health", "/"})
+PUBLIC_PATHS = frozenset({"/health", "/v1/health", "/", "/index.html"})
 UNAUTHORIZED_BODY = json.dumps(
     {"error": {"message": "Invalid API Key", "type": "authentication_error", "code": 401}}, separators=(",", ":")
+).encode()
+NOT_FOUND_BODY = json.dumps(
+    {"error": {"message": "File Not Found", "type": "not_found_error", "code": 404}}, separators=(",", ":")
 ).encode()
 JSON_TYPE = b"application/json; charset=utf-8"
 LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
@@ -84,6 +91,7 @@ class LlamaGate:
         self.keys = [k.encode() for k in settings.api_keys]
         self.cors = CorsPolicy(settings.cors_origins, settings.cors_methods, settings.cors_headers,
                                settings.cors_credentials)
+        self.prefix = settings.api_prefix
 
     def key_ok(self, scope: dict) -> bool:
         given = presented_key(scope).encode()
@@ -106,6 +114,11 @@ class LlamaGate:
             log.warning("unauthorized: Invalid API Key (%s %s)", scope["method"], scope["path"])
             await _respond(send, 401, UNAUTHORIZED_BODY, JSON_TYPE, cors)
             return
+        if self.prefix:
+            scope = strip_prefix(scope, self.prefix)
+            if scope is None:
+                await _respond(send, 404, NOT_FOUND_BODY, JSON_TYPE, cors)
+                return
         if not cors:
             await self.app(scope, receive, send)
             return
@@ -118,6 +131,22 @@ class LlamaGate:
             await send(message)
 
         await self.app(scope, receive, send_with_cors)
+
+
+def strip_prefix(scope: dict, prefix: str) -> dict | None:
+    """The scope as the routes see it (path without the prefix), or None when the path lies
+    outside the prefix: b10621 matches prefix + route literally, so the rest must start a route."""
+    path = scope["path"]
+    rest = path[len(prefix):] if path.startswith(prefix) else ""
+    if not rest.startswith("/"):
+        return None
+    raw = scope.get("raw_path")
+    raw_prefix = prefix.encode("latin-1", "replace")
+    if raw is not None and raw.startswith(raw_prefix):
+        raw = raw[len(raw_prefix):]
+    else:
+        raw = rest.encode("utf-8")
+    return {**scope, "path": rest, "raw_path": raw}
 
 
 async def _respond(send: Any, status: int, body: bytes, content_type: bytes,

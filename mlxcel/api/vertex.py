@@ -1,15 +1,18 @@
 """POST /predict for Google Cloud Vertex AI custom containers (AIP_MODE=PREDICTION).
 
 The body is {"instances": [...]} (at most 128). Each instance names its target in
-`@requestFormat`: either the camelCase alias of a registered POST route (chatCompletions,
-embeddings, applyTemplate, ...) or a registered path verbatim. The field is removed, a `stream`
-field is forced off (with a warning), and the rest is dispatched in-process through the same
-app with the predict request's own headers, so API-key checks, validation and queueing apply as
-for a direct call. The answer is {"predictions": [...]} in request order; an instance that fails
-holds an error object in its slot. At most eight instances run at once.
+`@requestFormat`: either the camelCase alias of a registered route (chatCompletions,
+embeddings, applyTemplate, props, ...) or a registered path verbatim. The field is removed, a
+`stream` field is forced off (with a warning), and the rest is dispatched in-process through the
+same app with the predict request's own headers, so API-key checks, validation and queueing apply
+as for a direct call. The answer is {"predictions": [...]} in request order; an instance that
+fails holds an error object in its slot. At most eight instances run at once. Error wordings are
+b10621's.
 
 Aliases come from the app's own route table: the path without a leading /v1, camelCased on its
 separators; when two paths share an alias the /v1 one wins (b10621 leaves that unspecified).
+b10621 keeps one handler per path, the first registered, which for every path served under two
+methods is the GET one; so a path is dispatched as GET when it has one, else POST, else DELETE.
 
 Entry points: `make_predict_handler(path)` (a Litestar route handler for the app) and
 `check_predict_route(path, registered_paths)` (startup refusal on a collision).
@@ -57,19 +60,26 @@ def check_predict_route(path: str, registered_paths: list[str]) -> None:
         raise StartupRefusal(f"AIP_PREDICT_ROUTE={path}: collides with a route the server already registers")
 
 
-def _post_paths(app: Any) -> list[str]:
-    paths = []
+def _route_methods(app: Any) -> dict[str, str]:
+    """path -> the method b10621's one-handler-per-path table would dispatch it with."""
+    methods: dict[str, set[str]] = {}
     for r in app.routes:
-        if "POST" in getattr(r, "methods", ()) and "{" not in r.path:
-            paths.append(r.path)
-    return paths
+        if "{" not in r.path:
+            methods.setdefault(r.path, set()).update(getattr(r, "methods", ()))
+    chosen = {}
+    for path, ms in methods.items():
+        for m in ("GET", "POST", "DELETE"):
+            if m in ms:
+                chosen[path] = m
+                break
+    return chosen
 
 
-async def _dispatch(app: Any, scope: dict, path: str, body: bytes) -> tuple[int, bytes]:
+async def _dispatch(app: Any, scope: dict, method: str, path: str, body: bytes) -> tuple[int, bytes]:
     headers = [(k, v) for k, v in scope.get("headers", ()) if k.lower() not in (b"content-length", b"content-type")]
     headers += [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     sub = {
-        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method,
         "scheme": scope.get("scheme", "http"), "path": path, "raw_path": path.encode(), "query_string": b"",
         "root_path": "", "headers": headers, "client": scope.get("client"), "server": scope.get("server"),
     }
@@ -96,43 +106,55 @@ async def _dispatch(app: Any, scope: dict, path: str, body: bytes) -> tuple[int,
     return status, b"".join(chunks)
 
 
+def _result(status: int, body: bytes) -> Any:
+    """An instance's answer as b10621 reads it: JSON when it parses, else the text; empty is null."""
+    if not body:
+        return None
+    try:
+        return json.loads(body)
+    except ValueError:
+        return body.decode("utf-8", "replace")
+
+
 def make_predict_handler(path: str = "/predict"):
+    routes: dict[str, str] = {}
     aliases: dict[str, str] = {}
 
     async def predict(request: Request) -> Response:
         try:
             payload = json.loads(await request.body())
-        except ValueError:
-            return Response(_error(400, "request body is not valid JSON"), status_code=400)
-        instances = payload.get("instances") if isinstance(payload, dict) else None
+        except ValueError as e:
+            return Response(_error(400, f"request body is not valid JSON: {e}"), status_code=400)
+        if not isinstance(payload, dict):
+            return Response(_error(400, "request body must be a JSON object"), status_code=400)
+        instances = payload.get("instances")
         if not isinstance(instances, list):
-            return Response(_error(400, '"instances" must be an array'), status_code=400)
+            return Response(_error(400, "request body must include an array field named instances"), status_code=400)
         if len(instances) > MAX_INSTANCES:
-            return Response(_error(400, f"at most {MAX_INSTANCES} instances per request"), status_code=400)
-        if not aliases:
-            aliases.update(alias_table(_post_paths(request.app)))
-        known_paths = set(aliases.values())
+            return Response(_error(400, f"instances array exceeds maximum size of {MAX_INSTANCES}"), status_code=400)
+        if not routes:
+            routes.update(_route_methods(request.app))
+            routes.pop(path, None)  # b10621 builds its alias table before mounting the predict route
+            aliases.update(alias_table(list(routes)))
         gate = asyncio.Semaphore(MAX_CONCURRENT)
 
         async def one(inst: Any) -> Any:
             if not isinstance(inst, dict):
-                return _error(400, "each instance must be an object")
+                return _error(400, "each instance must be a JSON object")
             inst = dict(inst)
             fmt = inst.pop("@requestFormat", None)
-            target = aliases.get(fmt) if isinstance(fmt, str) else None
-            if target is None and isinstance(fmt, str) and fmt in known_paths:
-                target = fmt
+            if not isinstance(fmt, str):
+                return _error(400, "each instance must include a string @requestFormat")
+            target = aliases.get(fmt) or (fmt if fmt in routes else None)
             if target is None:
-                return _error(400, f"unknown @requestFormat: {fmt!r}")
-            if inst.get("stream"):
+                return _error(400, f"no handler registered for @requestFormat: {fmt}")
+            if "stream" in inst:
                 log.warning("predict: streaming is not available through %s; answering non-streamed", path)
                 inst["stream"] = False
             async with gate:
-                status, body = await _dispatch(request.app, request.scope, target, json.dumps(inst).encode())
-            try:
-                return json.loads(body)
-            except ValueError:
-                return _error(status, body.decode("utf-8", "replace"), "server_error")
+                status, body = await _dispatch(request.app, request.scope, routes[target], target,
+                                               json.dumps(inst).encode())
+            return _result(status, body)
 
         predictions = await asyncio.gather(*(one(i) for i in instances))
         return Response({"predictions": list(predictions)})

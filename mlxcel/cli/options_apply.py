@@ -161,6 +161,15 @@ def apply_port(settings: Any, value: str, spelling: str) -> None:
     settings.port = port
 
 
+def apply_api_prefix(settings: Any, value: str, spelling: str) -> None:
+    """Taken verbatim, as b10621 does (it concatenates prefix and route). A value that cannot
+    match a request path is still accepted there, so it is accepted here with a warning."""
+    settings.api_prefix = value
+    if value and (not value.startswith("/") or value.endswith("/")):
+        settings.notices.append(f"{spelling} {value!r}: routes are served at {value}<route>, e.g. {value}/health; "
+                                f"a prefix normally starts with '/' and has no trailing '/'")
+
+
 def apply_timeout(settings: Any, value: str, spelling: str) -> None:
     t = as_int(value, spelling)
     if t < 0:

@@ -125,6 +125,13 @@ def serve(settings: ServerSettings, path: Path | None, plan=None) -> None:
     from mlxcel.store.paths import store_root
     from mlxcel.workers.load import load_side_workers
 
+    kwargs = uvicorn_kwargs(settings)
+    sock = None
+    if "uds" not in kwargs:  # bound before the load starts, so a busy port stops startup cleanly
+        from mlxcel.cli.listen import bind_listener, bound_port
+
+        sock = bind_listener(kwargs["host"], kwargs["port"], settings.reuse_port)
+        kwargs["port"] = bound_port(sock)
     root = store_root(settings.model_store_root, os.environ)
     state = AppState(settings=settings, plan=plan if plan is not None and plan.sides else None, store_root=root,
                      steering_store=SteeringStore(settings.state_dir or root / ".mlxcel-state"),
@@ -145,9 +152,13 @@ def serve(settings: ServerSettings, path: Path | None, plan=None) -> None:
             log.exception("model load failed")
 
     threading.Thread(target=load, name="mlxcel-load", daemon=True).start()
-    kwargs = uvicorn_kwargs(settings)
-    log.info("listening on %s", kwargs.get("uds") or f"http://{kwargs['host']}:{kwargs['port']}")
-    uvicorn.run(app, log_level="warning", **kwargs)
+    scheme = "https" if "ssl_keyfile" in kwargs else "http"
+    log.info("listening on %s", kwargs.get("uds") or f"{scheme}://{kwargs['host']}:{kwargs['port']}"
+             + (" (SO_REUSEPORT)" if settings.reuse_port and sock is not None else ""))
+    if sock is None:
+        uvicorn.run(app, log_level="warning", **kwargs)
+    else:
+        uvicorn.Server(uvicorn.Config(app, log_level="warning", **kwargs)).run(sockets=[sock])
     if state.model is not None:
         state.model.engine.shutdown()
 

@@ -83,6 +83,8 @@ class ServerSettings:
     cors_methods: str = "GET, POST, DELETE, OPTIONS"
     cors_headers: str = "*"
     cors_credentials: bool = True
+    api_prefix: str = ""  # every route is served under it (the ASGI gate strips it)
+    reuse_port: bool = False  # bind the TCP listener with SO_REUSEPORT
     # logging
     verbose: bool = False
     log_disable: bool = False

@@ -165,3 +165,60 @@ def test_predict_carries_the_api_key_check():
     assert r.json()["predictions"] == [{"echo": {}}]
     assert call(c(), "POST", "/predict", json={"instances": [{}] * 129},
                 headers={"Authorization": "Bearer k"}).status_code == 400
+
+
+NOT_FOUND = {"error": {"message": "File Not Found", "type": "not_found_error", "code": 404}}
+
+
+def test_api_prefix_moves_every_route_and_404s_outside_it():
+    c = lambda: make_client("--api-prefix", "/api")  # noqa: E731
+    assert call(c(), "GET", "/api/health").json() == {"status": "ok"}
+    assert call(c(), "POST", "/api/v1/chat/completions", json={"a": 1}).json() == {"echo": {"a": 1}}
+    assert call(c(), "POST", "/api/tools", json={}).status_code == 403
+    for path in ("/health", "/v1/models", "/api", "/apihealth", "/x/api/health"):
+        r = call(c(), "GET", path)
+        assert (r.status_code, r.json()) == (404, NOT_FOUND), path
+    assert call(c(), "OPTIONS", "/anything").status_code == 200  # preflights stay ahead of routing
+
+
+def test_api_prefix_from_environment_and_reuse_port_flag():
+    s = parse_server_args([], {"LLAMA_ARG_API_PREFIX": "/v2", "LLAMA_ARG_REUSE_PORT": "true"})
+    assert (s.api_prefix, s.reuse_port) == ("/v2", True)
+    s = parse_server_args(["--api-prefix", "/cli"], {"LLAMA_ARG_API_PREFIX": "/env"})
+    assert (s.api_prefix, s.reuse_port) == ("/cli", False)
+    assert any("--api-prefix 'api/'" in n for n in parse_server_args(["--api-prefix", "api/"], {}).notices)
+
+
+def test_api_prefix_public_paths_are_matched_as_sent():
+    # b10621 checks its public set against the path as received, so the prefixed /health
+    # needs the key and the bare one is public (and then not found).
+    c = lambda: make_client("--api-prefix", "/api", "--api-key", "k")  # noqa: E731
+    assert call(c(), "GET", "/api/health").status_code == 401
+    assert call(c(), "GET", "/api/health", headers={"Authorization": "Bearer k"}).status_code == 200
+    assert call(c(), "GET", "/health").status_code == 404
+    assert call(c(), "GET", "/index.html").status_code == 404
+    assert call(c(), "GET", "/v1/models").status_code == 401
+
+
+def test_predict_under_prefix_and_b10621_dispatch_rules():
+    c = lambda: make_client("--api-prefix", "/api", predict=True, AIP_MODE="PREDICTION")  # noqa: E731
+    body = {"instances": [
+        {"@requestFormat": "health"},  # a GET-only path: dispatched as GET
+        {"@requestFormat": "/v1/models"},
+        {"@requestFormat": 7},
+        "text",
+        {"@requestFormat": "predict"},
+        {"@requestFormat": "applyTemplate", "messages": ["x"], "stream": "yes"},
+    ]}
+    p = call(c(), "POST", "/api/predict", json=body).json()["predictions"]
+    assert p[0] == {"status": "ok"} and p[1] == {"data": []}
+    assert p[2]["error"]["message"] == "each instance must include a string @requestFormat"
+    assert p[3]["error"]["message"] == "each instance must be a JSON object"
+    assert p[4]["error"]["message"] == "no handler registered for @requestFormat: predict"
+    assert p[5] == {"prompt": "['x']"}
+    assert call(c(), "POST", "/predict", json=body).status_code == 404
+    for bad, message in (([], "request body must be a JSON object"),
+                         ({}, "request body must include an array field named instances"),
+                         ({"instances": [{}] * 129}, "instances array exceeds maximum size of 128")):
+        r = call(c(), "POST", "/api/predict", json=bad)
+        assert r.status_code == 400 and r.json()["error"]["message"] == message
