@@ -202,7 +202,7 @@ REFUSALS = [
     (["--swa-full"], "--swa-full"),
     # deferred and removed options are refused, never silently accepted
     (["--json-schema", "{not json"], "--json-schema: invalid JSON schema"),
-    (["--reuse-port"], "not yet supported"),
+    (["--lora", "adapter.safetensors"], "not yet supported"),
     (["--draft", "5"], "the argument has been removed"),
     # usage errors
     (["--bogus"], "unrecognized arguments: --bogus"),
