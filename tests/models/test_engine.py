@@ -127,13 +127,14 @@ def test_eviction_under_a_tiny_budget_stays_correct():
         m.engine.shutdown()
 
 
-def test_context_bound_stops_truncated_or_shifts_on():
+@pytest.mark.parametrize("backend", ["mlx", "torch"])
+def test_context_bound_stops_truncated_or_shifts_on(backend):
     prompt_text = "Count slowly from one to one thousand, one number per line:"
 
     async def go(m, max_tokens):
         return await run(m, encode(m, prompt_text), max_tokens)
 
-    stop = make_model(ctx_size=256, parallel=2)  # 128 tokens per slot
+    stop = make_model(ctx_size=256, parallel=2, backend=backend)  # 128 tokens per slot
     try:
         tokens, last = asyncio.run(go(stop, 400))
         n_prompt = len(encode(stop, prompt_text))
@@ -142,10 +143,11 @@ def test_context_bound_stops_truncated_or_shifts_on():
     finally:
         stop.engine.shutdown()
 
-    shift = make_model(ctx_size=256, parallel=2, context_shift=True, keep=-1)
+    shift = make_model(ctx_size=256, parallel=2, context_shift=True, keep=-1, backend=backend)
     try:
         # greedy on a counting prompt keeps going past the bound: the shift makes room
         handle_tokens, last = asyncio.run(go(shift, 160))
+        assert len(handle_tokens) > 128 - n_prompt, (len(handle_tokens), last.finish_reason)  # it did shift
         assert len(handle_tokens) == 160 or last.finish_reason == "stop"
         if len(handle_tokens) == 160:
             assert last.truncated and last.stop_type == "limit"
