@@ -88,7 +88,7 @@ def load_served_model(settings: ServerSettings, path: Path) -> ServedModel:
     from mlxcel.engine.tokenizer import Tokenizer
     from mlxcel.steering.manager import SteeringManager
 
-    backend, _ = load_backend(settings, path)
+    backend, choice = load_backend(settings, path)
     tokenizer = Tokenizer(path)
     n_ctx = settings.ctx_size if settings.ctx_size > 0 else backend.info.context_length
     engine = Engine(backend, tokenizer, n_ctx=n_ctx, parallel=settings.parallel, batch_size=settings.batch_size,
@@ -109,6 +109,7 @@ def load_served_model(settings: ServerSettings, path: Path) -> ServedModel:
         defaults=resolve_sampling_defaults(settings, tokenizer.generation_defaults),
         n_ctx=engine.n_ctx_slot,
         n_predict=settings.n_predict,
+        backend_reason=settings.backend_reason or choice.reason,
         steering=SteeringManager(int(backend.info.config.get("hidden_size") or 0), backend.info.num_layers),
         grammars=for_tokenizer(tokenizer, backend.info.vocab_size),
     )

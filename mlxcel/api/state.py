@@ -24,6 +24,7 @@ class ServedModel:
     defaults: SamplingParams  # server-wide sampling defaults, already resolved
     n_ctx: int
     n_predict: int
+    backend_reason: str = ""  # why this backend and device were chosen ("requested", "auto: ...")
     steering: Any = None  # the SteeringManager of this model's SAEs (mlxcel.steering.manager)
     created: int = field(default_factory=lambda: int(time.time()))
     grammars: Any = None  # engine.grammar.GrammarCompiler for this tokenizer

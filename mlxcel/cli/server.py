@@ -65,7 +65,7 @@ def choose_backend(settings: ServerSettings, path: Path) -> None:
 
     choice = select_backend(settings, path)
     log.info("backend %s on %s (%s)", choice.backend, choice.device, choice.reason)
-    settings.backend, settings.device = choice.backend, choice.device
+    settings.backend, settings.device, settings.backend_reason = choice.backend, choice.device, choice.reason
 
 
 def prepare_cpu_runtime(environ) -> None:
