@@ -59,7 +59,7 @@ def enable_fast_blas() -> None:
     (log.warning if blas.warn else log.info)("%s", blas.detail)
 
 
-def choose_backend(settings: ServerSettings, path: Path) -> None:
+def choose_backend(settings: ServerSettings, path: Path | None) -> None:
     """Settle --backend/--device before the load thread starts, so a refusal stops startup."""
     from mlxcel.runtime import select_backend
 
@@ -95,6 +95,8 @@ def main(argv: list[str] | None = None, prog: str = "mlxcel-server") -> int:
     # mode switch: --embeddings / --reranking serve a side worker and no chat model
     plan = plan_workers(settings, lambda ref, flag: resolve_ref(settings, ref, flag))
     path = resolve(settings) if plan.generation else None
+    if path is None and plan.sides:
+        choose_backend(settings, None)  # the side workers' encoder runs on the same choice
     serve(settings, path, plan)
     return 0
 

@@ -1,7 +1,8 @@
 """The engine on a real checkpoint: batch invariance, the prefix cache, cancellation.
 
-Greedy outputs are compared token for token. The MLX CPU backend computes each row of a
-batched matmul the same way whatever the batch holds, so no tolerance is needed here.
+Greedy outputs are compared token for token, on both backends (the `model` fixture runs each
+scenario once on MLX and once on torch at its CPU default dtype). Each backend computes a row
+of a batched matmul the same way whatever else the batch holds, so no tolerance is needed.
 """
 
 from __future__ import annotations
@@ -23,14 +24,15 @@ LONG_TEXT = " ".join(f"Item {i}: the {['red', 'green', 'blue', 'amber'][i % 4]} 
 def make_model(**overrides):
     from mlxcel.runtime import load_served_model
 
-    overrides = {"backend": "mlx", **overrides}  # the torch variants live in test_torch_parity.py
+    overrides = {"backend": "mlx", **overrides}
     settings = ServerSettings(**{"model": DEFAULT_MODEL, "ctx_size": 8192, "parallel": 4, "warmup": False, **overrides})
     return load_served_model(settings, fixture_path(DEFAULT_MODEL))
 
 
-@pytest.fixture(scope="module")
-def model():
-    m = make_model()
+@pytest.fixture(scope="module", params=["mlx", "torch"])
+def model(request):
+    m = make_model(backend=request.param)
+    assert m.info.backend == request.param
     yield m
     m.engine.shutdown()
 
