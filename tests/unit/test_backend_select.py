@@ -87,3 +87,16 @@ def test_torch_backend_refuses_an_mlx_quantized_checkpoint(tmp_path):
     (tmp_path / "config.json").write_text('{"model_type": "llama", "quantization": {"bits": 4, "group_size": 64}}')
     with pytest.raises(CheckpointRefused, match="4-bit, group 64.*--backend mlx"):
         TorchBackend(tmp_path)
+
+
+def test_auto_reads_the_checkpoint_and_keeps_an_mlx_quantized_one_on_mlx():
+    from tests.fixtures import DEFAULT_MODEL, SMOLLM2_4BIT, available, fixture_path
+
+    if not (available(SMOLLM2_4BIT) and available(DEFAULT_MODEL)):
+        pytest.skip("run scripts/fixtures/build_all.py")
+    quantized = select_backend(ServerSettings(), fixture_path(SMOLLM2_4BIT))
+    assert (quantized.backend, quantized.device) == ("mlx", "cpu") and "quantized" in quantized.reason
+    plain = select_backend(ServerSettings(), fixture_path(DEFAULT_MODEL))
+    assert plain.backend == choose("auto", "auto").backend
+    with pytest.raises(StartupRefusal, match="MLX-quantized"):
+        select_backend(ServerSettings(backend="torch", device="cpu"), fixture_path(SMOLLM2_4BIT))
