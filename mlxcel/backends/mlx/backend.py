@@ -13,7 +13,7 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.utils import load_model
 
-from mlxcel.backends.base import ForwardRow, ModelInfo, kv_bytes_per_token, read_layers, steering_blocks
+from mlxcel.backends.base import ForwardRow, ModelInfo, compacted, kv_bytes_per_token, read_layers, steering_blocks
 from mlxcel.backends.mlx.paged import PagedBatchView, PagedStorage, StepPlan
 from mlxcel.engine.kv_block_pool import BlockAllocator, SequenceKV
 from mlxcel.models.hooks import install_hooks
@@ -104,13 +104,7 @@ class MLXBackend:
     def compact(self, seq: SequenceKV, keep: int, discard: int) -> SequenceKV:
         """A new sequence holding seq's tokens without [keep, keep + discard); the kept keys keep
         their rotation and the new sequence continues at seq's logical position."""
-        kept = list(range(keep)) + list(range(keep + discard, seq.length))
-        out = SequenceKV(self.allocator)
-        out.reserve(len(kept))
-        self.storage.copy_slots(seq.slots(0, seq.length)[kept], out.slots(0, len(kept)))
-        out.tokens = [seq.tokens[i] for i in kept]
-        out.shift = seq.position - len(kept)
-        return out
+        return compacted(seq, keep, discard, self.storage.copy_slots)
 
     def _run(self, rows: list[ForwardRow]) -> tuple[mx.array, StepPlan]:
         for r in rows:

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mlxcel.backends.base import ForwardRow, ModelInfo, kv_bytes_per_token, read_layers, steering_blocks
+from mlxcel.backends.base import ForwardRow, ModelInfo, compacted, kv_bytes_per_token, read_layers, steering_blocks
 from mlxcel.backends.torch.paged import PagedStepCache, PagedStorage, StepPlan
 from mlxcel.engine.kv_block_pool import BlockAllocator, SequenceKV
 from mlxcel.models.hooks import LayerHooks
@@ -158,13 +158,7 @@ class TorchBackend:
     def compact(self, seq: SequenceKV, keep: int, discard: int) -> SequenceKV:
         """A new sequence holding seq's tokens without [keep, keep + discard); the kept keys keep
         their rotation and the new sequence continues at seq's logical position."""
-        kept = list(range(keep)) + list(range(keep + discard, seq.length))
-        out = SequenceKV(self.allocator)
-        out.reserve(len(kept))
-        self.storage.copy_slots(seq.slots(0, seq.length)[kept], out.slots(0, len(kept)))
-        out.tokens = [seq.tokens[i] for i in kept]
-        out.shift = seq.position - len(kept)
-        return out
+        return compacted(seq, keep, discard, self.storage.copy_slots)
 
     def _masks(self, plan: StepPlan):
         """A 4-D mask for uniform families; one per layer type where the config names them."""
