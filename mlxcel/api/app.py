@@ -15,16 +15,19 @@ from mlxcel.api.llamacpp.rerank import rerank
 from mlxcel.api.llamacpp.routes import NATIVE_ROUTES
 from mlxcel.api.llamacpp.stubs import FEATURE_DISABLED_HANDLERS
 from mlxcel.api.management.steering import ROUTES as MANAGEMENT_ROUTES
+from mlxcel.api.openai.audio import AUDIO_ROUTES
 from mlxcel.api.openai.chat import chat_completions
+from mlxcel.api.openai.reasoning_control import control as chat_control
 from mlxcel.api.openai.completions import completions
 from mlxcel.api.openai.embeddings import openai_embeddings
 from mlxcel.api.openai.models import get_model, list_models
 from mlxcel.api.openai.responses import RESPONSES_ROUTES
 from mlxcel.api.state import AppState
+from mlxcel.api.stream_resume import STREAM_ROUTES, wrap_streams
 
-ROUTES = [health, list_models, get_model, chat_completions, completions, *NATIVE_ROUTES, *FEATURE_DISABLED_HANDLERS,
-          *MANAGEMENT_ROUTES, *MESSAGES_ROUTES, *RESPONSES_ROUTES]
-ROUTES += [native_embeddings, openai_embeddings, rerank]  # side workers (mlxcel/workers)
+ROUTES = [health, list_models, get_model, chat_completions, chat_control, completions, *NATIVE_ROUTES,
+          *FEATURE_DISABLED_HANDLERS, *MANAGEMENT_ROUTES, *MESSAGES_ROUTES, *RESPONSES_ROUTES, *STREAM_ROUTES]
+ROUTES += [native_embeddings, openai_embeddings, rerank, *AUDIO_ROUTES]  # side workers (mlxcel/workers)
 
 
 def registered_paths() -> list[str]:
@@ -59,7 +62,8 @@ def build_litestar(state: AppState) -> Litestar:
 
 
 def build_app(state: AppState):
-    """The served ASGI app: Litestar behind the API-key and CORS gate."""
+    """The served ASGI app: Litestar, its streaming answers recorded for resumption
+    (api/stream_resume), behind the API-key and CORS gate."""
     from mlxcel.api.security import wrap_app
 
-    return wrap_app(build_litestar(state), state.settings)
+    return wrap_app(wrap_streams(build_litestar(state), state), state.settings)

@@ -1,7 +1,7 @@
 """Errors in each route family's own format.
 
 `/v1/*` answers OpenAI's `{"error": {message, type, param, code}}` so SDK exception
-classes map; native llama-server routes answer b10621's `{"error": {code, message, type}}`.
+classes map; `/api/*` the management envelope `{success, data, error}`; native llama-server routes answer b10621's `{"error": {code, message, type}}`.
 Which one is decided by the request path, so a handler raises one `ApiError` and the
 exception handler renders it for its caller.
 """
@@ -43,6 +43,9 @@ def error_body(path: str, err: ApiError) -> dict[str, Any]:
         return {"type": "error", "error": {"type": err.type, "message": err.message}}
     if is_openai_path(path):
         return {"error": {"message": err.message, "type": err.type, "param": err.param, "code": err.code}}
+    if path.startswith("/api/"):  # the management envelope (api/management/envelope.py)
+        return {"success": False, "data": None,
+                "error": {"code": err.code or err.type, "message": err.message, "details": None}}
     return {"error": {"code": err.status, "message": err.message,
                       "type": _NATIVE_TYPES.get(err.status) or err.type}}
 

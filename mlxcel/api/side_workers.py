@@ -27,9 +27,13 @@ def side_worker(state: AppState, attr: str):
 
 
 def generation_refusal(state: AppState) -> ApiError | None:
-    """In --embeddings / --reranking mode every generation route answers this 501."""
+    """In --embeddings / --reranking mode (or serving a Whisper checkpoint) every generation route
+    answers this 501."""
     flag = state.plan.restricted_by if state.plan is not None else None
     if flag is None:
         return None
+    if flag == "-m":
+        return ApiError(501, "This server does not support completions: -m names a Whisper (speech-to-text) "
+                        "checkpoint", code="not_supported", type="not_supported_error")
     return ApiError(501, f"This server does not support completions. Start it without `{flag}`",
                     code="not_supported", type="not_supported_error")

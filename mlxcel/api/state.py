@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mlxcel.api.stream_sessions import StreamStore
 from mlxcel.backends.base import ModelInfo
 from mlxcel.cli.settings import ServerSettings
 from mlxcel.engine.engine import Engine
@@ -44,5 +45,10 @@ class AppState:
     plan: Any = None  # workers.plan.ServePlan; None = plain generation server
     embedder: Any = None  # workers.embedding.EmbeddingWorker
     reranker: Any = None  # workers.reranking.RerankWorker
+    transcriber: Any = None  # workers.whisper.WhisperWorker (-m naming a Whisper checkpoint)
     steering_store: Any = None  # the SQLite SteeringStore (mlxcel.steering.store), opened at serve time
     store_root: Path | None = None  # where SAE store entries are looked up
+    streams: StreamStore = field(default_factory=StreamStore)  # resumable SSE sessions (api/stream_sessions)
+    steering_lock: str | None = None  # the model id locked for steering: /v1/models lists only it
+    # completion id -> (ReasoningControl, handles) of running requests armed with reasoning_control
+    reasoning_controls: dict = field(default_factory=dict)

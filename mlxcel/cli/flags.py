@@ -276,12 +276,27 @@ def parse_server_args(
             _classify(o, g, settings)
 
     settings.pooling_env = environ.get("MLXCEL_EMBEDDING_POOLING") or None
+    for var, attr in (("CLUSTER_INTENSITY_MIN", "cluster_intensity_min"),
+                      ("CIRCUIT_INTENSITY_MIN", "circuit_intensity_min")):
+        if environ.get(var):
+            setattr(settings, attr, _dial_floor(var, environ[var]))
     if "device" not in given and environ.get("MLXCEL_DEVICE"):  # mlxcel's own variable, below LLAMA_ARG_DEVICE
         from mlxcel.cli.options_apply import apply_device
 
         apply_device(settings, environ["MLXCEL_DEVICE"], "MLXCEL_DEVICE")
     _finish(settings, environ)
     return settings
+
+
+def _dial_floor(var: str, raw: str) -> float:
+    """A steering dial floor (mlxcel/steering/intensity.py): a number in 0-2."""
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not 0 <= value <= 2:
+        raise StartupRefusal(f"{var}={raw!r}: the steering dial floor must be a number in 0-2")
+    return value
 
 
 def _finish(settings: ServerSettings, environ: Mapping[str, str]) -> None:

@@ -343,5 +343,12 @@ def apply_reasoning_effort(settings: Any, value: str, spelling: str) -> None:
         settings.chat_template_kwargs["reasoning_effort"] = value
 
 
+def apply_reasoning_budget(settings: Any, value: str, spelling: str) -> None:
+    n = as_int(value, spelling)
+    if n < -1:
+        raise StartupRefusal(f"{spelling} {value}: the budget is a token count, or -1 for no limit")
+    settings.reasoning_budget = n
+
+
 def apply_reasoning_preserve(settings: Any, value: Any, spelling: str) -> None:
     settings.chat_template_kwargs["preserve_reasoning"] = bool(value)

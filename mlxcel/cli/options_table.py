@@ -98,13 +98,29 @@ CHAT_TEMPLATE_NAMES = frozenset(
 )
 
 
-def _chat_template(settings, value: str, spelling: str) -> None:
-    if value.strip() in CHAT_TEMPLATE_NAMES:
-        raise a.StartupRefusal(
-            f"{spelling} {value}: mlxcel has no built-in template library; an MLX checkpoint carries its own "
-            f"template (tokenizer_config.json), used by default, or pass the Jinja text itself"
-        )
-    raise a.StartupRefusal(f"{spelling}: not yet supported by mlxcel (the checkpoint's own chat template is used)")
+def _chat_template(from_file: bool):
+    """Jinja text inline or from a file; a bare built-in template name is refused (mlxcel has
+    no template library: it would render every prompt as that literal word)."""
+
+    def apply(settings, value: str, spelling: str) -> None:
+        text = a._read_text(value, spelling) if from_file else value
+        if text.strip() in CHAT_TEMPLATE_NAMES:
+            raise a.StartupRefusal(
+                f"{spelling} {value}: mlxcel has no built-in template library; an MLX checkpoint carries its own "
+                f"template (tokenizer_config.json), used by default, or pass the Jinja text itself"
+            )
+        if not text.strip():
+            raise a.StartupRefusal(f"{spelling}: the chat template is empty")
+        import jinja2
+
+        try:
+            jinja2.Environment(extensions=["jinja2.ext.loopcontrols"]).parse(text)
+        except jinja2.TemplateSyntaxError as e:
+            raise a.StartupRefusal(f"{spelling}: the chat template is not valid Jinja (line {e.lineno}: "
+                                   f"{e.message})") from None
+        setattr(settings, "chat_template_file" if from_file else "chat_template", text)
+
+    return apply
 
 
 def _log_prompts_dir(settings, value: str, spelling: str) -> None:
@@ -481,14 +497,19 @@ _SERVER: tuple[Option, ...] = (
       apply=a.apply_reasoning, help="enable_thinking for the chat template (auto: the template's default)"),
     X("--reasoning-effort", VALUE, mv="LEVEL", env="LLAMA_ARG_REASONING_EFFORT", default="default", state=SUPPORTED,
       apply=a.apply_reasoning_effort, help="reasoning_effort for the chat template"),
-    X("--reasoning-budget", VALUE, mv="N", env="LLAMA_ARG_THINK_BUDGET", default="-1", state=DEFERRED, inert=eq("-1")),
-    X("--reasoning-budget-message", VALUE, mv="MESSAGE", env="LLAMA_ARG_THINK_BUDGET_MESSAGE", state=DEFERRED),
+    X("--reasoning-budget", VALUE, mv="N", env="LLAMA_ARG_THINK_BUDGET", default="-1", state=SUPPORTED,
+      apply=a.apply_reasoning_budget, help="thinking tokens allowed before the close tag is forced (-1: no limit, "
+      "0: close at once)"),
+    X("--reasoning-budget-message", VALUE, mv="MESSAGE", env="LLAMA_ARG_THINK_BUDGET_MESSAGE", state=SUPPORTED,
+      apply=a.setter("reasoning_budget_message"), help="text forced before the close tag when the budget runs out"),
     X("--reasoning-preserve, --no-reasoning-preserve", PAIR, env="LLAMA_ARG_REASONING_PRESERVE", state=SUPPORTED,
       apply=a.apply_reasoning_preserve, help="preserve_reasoning for the chat template"),
-    X("--chat-template", VALUE, mv="JINJA_TEMPLATE", env="LLAMA_ARG_CHAT_TEMPLATE", state=DEFERRED,
-      apply=_chat_template),
-    X("--chat-template-file", VALUE, mv="JINJA_TEMPLATE_FILE", env="LLAMA_ARG_CHAT_TEMPLATE_FILE", state=DEFERRED,
-      path_value=True),
+    X("--chat-template", VALUE, mv="JINJA_TEMPLATE", env="LLAMA_ARG_CHAT_TEMPLATE", state=SUPPORTED,
+      apply=_chat_template(False), help="Jinja chat template used instead of the checkpoint's (wins over "
+      "--chat-template-file; built-in template names are refused)"),
+    X("--chat-template-file", VALUE, mv="JINJA_TEMPLATE_FILE", env="LLAMA_ARG_CHAT_TEMPLATE_FILE", state=SUPPORTED,
+      apply=_chat_template(True), path_value=True, help="file holding a Jinja chat template used instead of "
+      "the checkpoint's"),
     X("--skip-chat-parsing, --no-skip-chat-parsing", PAIR, env="LLAMA_ARG_SKIP_CHAT_PARSING", default="false",
       state=SUPPORTED, apply=a.flag_to("skip_chat_parsing"),
       help="report the raw generation as content (no reasoning or tool-call parsing)"),
@@ -527,6 +548,10 @@ _NATIVE: tuple[Option, ...] = (
          apply=a.setter("embedding_model"), help="embedding checkpoint served on the embedding routes"),
     make("--reranker-model", VALUE, section=NATIVE, state=SUPPORTED, native=True, mv="MODEL",
          apply=a.setter("reranker_model"), help="cross-encoder checkpoint served on the rerank routes"),
+    make("--reasoning-alias-field", VALUE, section=NATIVE, state=SUPPORTED, native=True, mv="{none,reasoning}",
+         apply=lambda s, v, sp: setattr(s, "reasoning_alias_field", a.one_of(v, sp, ("none", "reasoning"))),
+         help="also report reasoning_content as 'reasoning' on chat messages and deltas (OpenRouter-style "
+              "clients; default: reasoning), or none for b10621's field alone"),
     make("--dump-flag-surface", FLAG, section=NATIVE, state=SUPPORTED, native=True, hidden=True,
          apply=lambda *_: None),
 )

@@ -16,6 +16,8 @@ class ServerSettings:
     model: str | None = None
     model_store_root: Path | None = None
     state_dir: Path | None = None  # SQLite steering state (profiles, clusters); None: <store root>/.mlxcel-state
+    cluster_intensity_min: float = 0.5  # CLUSTER_INTENSITY_MIN: a cluster's undeclared dial floor
+    circuit_intensity_min: float = 0.0  # CIRCUIT_INTENSITY_MIN: a circuit's dial floor
     default_org: str = "mlx-community"
     offline: bool = False
     hf_token: str | None = None
@@ -100,3 +102,8 @@ class ServerSettings:
     chat_template_kwargs: dict = field(default_factory=dict)  # server-wide template context extras
     skip_chat_parsing: bool = False
     prefill_assistant: bool = True
+    chat_template: str | None = None  # --chat-template: Jinja text replacing the checkpoint's template
+    chat_template_file: str | None = None  # --chat-template-file's text (the inline template wins)
+    reasoning_alias_field: str = "reasoning"  # none | reasoning: reasoning_content also reported as `reasoning`
+    reasoning_budget: int = -1  # thinking tokens before the close is forced (-1: unlimited, 0: at once)
+    reasoning_budget_message: str = ""  # forced just before the close tag when the budget runs out

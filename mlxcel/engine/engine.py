@@ -90,6 +90,7 @@ class _Row:
     last_nl_pos: int = 0  # where the line n_indent checks next begins in `text`
     has_new_line: bool = False
     grammar: object | None = None  # this row's GrammarMatcher (engine/grammar.py), if constrained
+    budget: object | None = None  # this row's BudgetTracker (engine/reasoning_budget.py), if budgeted
 
     @property
     def request(self) -> GenerationRequest:
@@ -102,6 +103,7 @@ class _ScoreJob:
 
     prompt: list[int]
     future: Future
+    capture: dict | None = None  # residual reads (per-request SAE activations); never steering
 
 
 # Token-block size of the paged KV pool and the prefix cache's sharing granularity.
@@ -201,7 +203,7 @@ class Engine:
     def _wake(self) -> None:
         self._inbox.put(None)
 
-    def submit_score(self, prompt: list[int]) -> Future:
+    def submit_score(self, prompt: list[int], capture: dict | None = None) -> Future:
         """Queue one scoring forward; the future resolves to the next-token logits
         ([vocab] fp32). It runs on the engine thread between steps, so it never races
         the step loop, and on its own sequence, so no other row's batch shape touches it."""
@@ -213,7 +215,7 @@ class Engine:
                 f"request ({n} tokens) exceeds the available context size ({self.n_ctx_slot} tokens), try increasing it",
                 "context_length_exceeded", 400, n_prompt_tokens=n, n_ctx=self.n_ctx_slot,
             )
-        job = _ScoreJob(list(prompt), Future())
+        job = _ScoreJob(list(prompt), Future(), capture)
         self._inbox.put(job)
         return job.future
 
@@ -303,7 +305,7 @@ class Engine:
             logits = None
             for start in range(0, len(job.prompt), self.batch_size):
                 chunk = job.prompt[start:start + self.batch_size]
-                logits = self.backend.forward([ForwardRow(chunk, seq)])
+                logits = self.backend.forward([ForwardRow(chunk, seq, None, job.capture)])
             job.future.set_result(np.array(logits[0], dtype=np.float32, copy=True))
         except OutOfBlocks as e:
             job.future.set_exception(EngineError(f"no KV memory left for the scoring pass: {e}",
@@ -335,9 +337,10 @@ class Engine:
             self._rows.append(_Row(
                 handle=handle, cache=seq, pending=list(req.prompt[cached:]), n_cached=cached,
                 n_prompt_done=cached, sampler=self._sampler_state(req),
-                detok=IncrementalDetokenizer(self.tokenizer.decode),
+                detok=IncrementalDetokenizer(self.tokenizer.decoder(req.keep_tokens)),
                 stop=StopMatcher(req.stop), max_tokens=max_tokens,
                 grammar=req.grammar.matcher() if req.grammar is not None else None,
+                budget=req.reasoning.tracker(req.prompt) if req.reasoning is not None else None,
             ))
 
     def _sampler_state(self, req: GenerationRequest) -> SamplerState:
@@ -460,15 +463,22 @@ class Engine:
 
     def _sample(self, row: _Row, logits) -> None:
         req = row.request
-        mask = None
-        if row.grammar is not None:
-            mask = row.grammar.allowed_mask(len(logits))
-            if not mask.any():
-                self._finish(row, TokenEvent(error=f"the grammar allows no token here: {row.grammar.error()}",
-                                             error_code="constrained_output_invalid"))
-                return
-        sampled = sample_row(logits, req.params, row.sampler, history=req.prompt + row.generated, mask=mask)
-        token, probs = sampled.token, sampled.probs
+        # a spent thinking budget (or a reasoning_end) injects its forced run in place of sampling
+        forced = row.budget.forced() if row.budget is not None else None
+        if forced is not None:
+            token, probs = forced, None
+        else:
+            mask = None
+            if row.grammar is not None:
+                mask = row.grammar.allowed_mask(len(logits))
+                if not mask.any():
+                    self._finish(row, TokenEvent(error=f"the grammar allows no token here: {row.grammar.error()}",
+                                                 error_code="constrained_output_invalid"))
+                    return
+            sampled = sample_row(logits, req.params, row.sampler, history=req.prompt + row.generated, mask=mask)
+            token, probs = sampled.token, sampled.probs
+        if row.budget is not None:
+            row.budget.observe(token)
         row.generated.append(token)
         # the grammar ended the document: this token is its last (EOS was only allowed at an end)
         ended = (row.grammar is not None and token not in self.tokenizer.eos_token_ids

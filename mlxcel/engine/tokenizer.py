@@ -84,6 +84,30 @@ class Tokenizer:
             ids, skip_special_tokens=skip_special_tokens, clean_up_tokenization_spaces=False
         )
 
+    @cached_property
+    def special_ids(self) -> frozenset[int]:
+        """The ids a skip-special decode drops."""
+        ids = set(self.hf.all_special_ids)
+        ids.update(i for i, t in self.hf.added_tokens_decoder.items() if t.special)
+        return frozenset(ids)
+
+    def decoder(self, keep: frozenset[int] = frozenset()):
+        """A decode function that drops special tokens except the `keep` ones, whose text stays
+        (tool-call markers such as `<|python_tag|>` that the output parser must see)."""
+        if not keep:
+            return self.decode
+        drop = self.special_ids - keep
+
+        def decode(ids: list[int]) -> str:
+            return self.decode([i for i in ids if i not in drop], skip_special_tokens=False)
+
+        return decode
+
+    def single_special(self, text: str) -> int | None:
+        """The id of `text` when it is one special token of this vocabulary, else None."""
+        ids = self.hf.encode(text, add_special_tokens=False)
+        return ids[0] if len(ids) == 1 and ids[0] in self.special_ids else None
+
     def token_bytes(self, token_id: int) -> bytes:
         """The raw bytes one token stands for (for byte-level reports)."""
         return self.decode_bytes([token_id])

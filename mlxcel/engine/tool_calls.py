@@ -29,6 +29,8 @@ PYTHON_TAG = "<|python_tag|>"
 MISTRAL_TAG = "[TOOL_CALLS]"
 MISTRAL_ARGS = "[ARGS]"
 _MARKERS = (HERMES_OPEN, PYTHON_TAG, MISTRAL_TAG)
+# every marker a family writes; those that are special tokens must reach the parser as text
+MARKERS = (HERMES_OPEN, HERMES_CLOSE, PYTHON_TAG, MISTRAL_TAG, MISTRAL_ARGS)
 _FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.S)
 
 

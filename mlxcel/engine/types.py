@@ -32,6 +32,9 @@ class GenerationRequest:
     capture: dict | None = None  # layer -> residual reader; see ForwardRow
     # a CompiledGrammar (engine/grammar.py): every row gets its own matcher at admission
     grammar: object | None = None
+    # special tokens whose text the detokenizer keeps (tool-call markers the chat parser reads)
+    keep_tokens: frozenset = frozenset()
+    reasoning: object | None = None  # a ReasoningBudget (engine/reasoning_budget.py): the thinking budget
 
 
 @dataclass

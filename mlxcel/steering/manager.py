@@ -9,16 +9,16 @@ and the request path run on different threads.
 from __future__ import annotations
 
 import threading
-from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from mlxcel.steering import circuits as circ
 from mlxcel.steering import intensity as dial
+from mlxcel.steering.monitor import HISTORY_MAX, Monitor
 from mlxcel.steering.sae import SAE, SAEError, check_compatible, load_sae
 from mlxcel.steering.store import Profile
 
-HISTORY_MAX = 1000
 
 
 class SteeringError(ValueError):
@@ -58,45 +58,27 @@ class Resolved:
 
     steering: dict[int, np.ndarray] | None
     intensity: float | None = None  # the λ to echo (None: no echo)
+    rung: int | None = None  # a circuit genuinely steering this request (X-miLLM-Circuit-Rung)
 
 
-class Monitor:
-    """Top-K feature reads of user traffic at one SAE, a bounded history and running stats."""
+@dataclass
+class CircuitServe:
+    """How an active circuit serves against the attached SAEs right now."""
 
-    def __init__(self, sae: SAE, top_k: int = 8, read_point: str = "pre_steering", history: int = HISTORY_MAX):
-        self.sae, self.top_k, self.read_point = sae, top_k, read_point
-        self.history: deque = deque(maxlen=history)
-        self.count = 0
-        self.sums = np.zeros(sae.d_sae, np.float64)
-        self.maxes = np.zeros(sae.d_sae, np.float32)
-        self.fires = np.zeros(sae.d_sae, np.int64)
-        self.lock = threading.Lock()
-
-    def record(self, tokens: list[int], pre: np.ndarray, post: np.ndarray) -> None:
-        acts = self.sae.encode(pre if self.read_point == "pre_steering" else post)
-        k = min(self.top_k, acts.shape[1])
-        top = np.argsort(-acts, axis=1)[:, :k]
-        with self.lock:
-            self.count += acts.shape[0]
-            self.sums += acts.sum(axis=0)
-            self.maxes = np.maximum(self.maxes, acts.max(axis=0))
-            self.fires += (acts > 0).sum(axis=0)
-            for j, tok in enumerate(tokens):
-                self.history.append({"token_id": int(tok), "features": [
-                    {"index": int(i), "value": float(acts[j, i])} for i in top[j] if acts[j, i] > 0]})
-
-    def statistics(self, top: int = 20) -> dict:
-        with self.lock:
-            mean = self.sums / max(self.count, 1)
-            order = np.argsort(-mean)[:top]
-            return {"positions": self.count, "top_features": [
-                {"index": int(i), "mean": float(mean[i]), "max": float(self.maxes[i]),
-                 "fire_rate": float(self.fires[i] / max(self.count, 1))} for i in order if self.fires[i] > 0]}
+    doc: circ.CircuitDocument | None  # None: the stored definition no longer parses
+    mode: str | None  # circ.FULL, circ.SLICE, or None (no member layer has an SAE)
+    bound: dict[int, SAE]  # layer -> the SAE its members steer through
+    unbound: list[int]
+    error: str | None = None
 
 
 class SteeringManager:
-    def __init__(self, hidden_size: int, num_layers: int) -> None:
+    """`cluster_min` / `circuit_min`: CLUSTER_INTENSITY_MIN and CIRCUIT_INTENSITY_MIN."""
+
+    def __init__(self, hidden_size: int, num_layers: int, cluster_min: float = dial.CLUSTER_INTENSITY_MIN,
+                 circuit_min: float = circ.CIRCUIT_INTENSITY_MIN) -> None:
         self.hidden_size, self.num_layers = hidden_size, num_layers
+        self.cluster_min, self.circuit_min = cluster_min, circuit_min
         self.attached: dict[str, Attached] = {}
         self.monitor: Monitor | None = None
         self.lock = threading.RLock()
@@ -187,15 +169,60 @@ class SteeringManager:
                 live = self.live_steering()
                 if intensity is None or live is None:
                     return Resolved(live)
-                lam = dial.resolve(intensity, None, None)
+                lam = dial.resolve(intensity, None, None, self.cluster_min)
                 scaled = {li: self._scaled_live(li, lam) for li in live}
                 return Resolved({li: d for li, d in scaled.items() if d is not None} or None, lam)
             if intensity is None:
                 lam = profile.intensity if profile.kind == "cluster" else 1.0
                 return Resolved(self.profile_steering(profile, lam))
-            lam = dial.resolve(intensity, profile.intensity_min, profile.intensity_max)
+            lam = dial.resolve(intensity, profile.intensity_min, profile.intensity_max, self.cluster_min)
             steering = self.profile_steering(profile, lam)
             return Resolved(steering, lam if profile.steering else None)
+
+    # -- circuits -------------------------------------------------------------------------
+    def bind_circuit(self, raw: bytes) -> CircuitServe:
+        """Each member layer binds to an enabled attached SAE at that layer whose width (and
+        d_model) match the document; the SAE the document names wins when several do."""
+        try:
+            doc = circ.parse_circuit(raw)
+        except circ.CircuitError as e:
+            return CircuitServe(None, None, {}, [], str(e))
+        with self.lock:
+            bound: dict[int, SAE] = {}
+            for layer in doc.layers:
+                ref = doc.sae_ref(layer)
+                top = max(doc.members[layer])
+                fits = [a.sae for a in self.attached.values() if a.enabled and a.sae.layer == layer
+                        and top < a.sae.d_sae and (ref is None or ref.n_features in (None, a.sae.d_sae))
+                        and (ref is None or ref.d_model in (None, a.sae.d_in))]
+                named = [s for s in fits if ref is not None and s.sae_id == ref.sae_id]
+                if named or len(fits) == 1:
+                    bound[layer] = (named or fits)[0]
+        unbound = [layer for layer in doc.layers if layer not in bound]
+        mode = None if not bound else (circ.FULL if not unbound else circ.SLICE)
+        return CircuitServe(doc, mode, bound, unbound)
+
+    def circuit_steering(self, raw: bytes, stored: float, intensity: float | str | None) -> Resolved:
+        """One λ over every bound layer, each member re-derived from its authored strength and
+        clamped to ±200. Full mode clamps λ at both ends and reports the rung; a slice
+        fallback is a cluster and takes the cluster rule (and no rung)."""
+        serve = self.bind_circuit(raw)
+        if serve.mode is None:
+            return Resolved(None)
+        doc = serve.doc
+        if serve.mode == circ.FULL:
+            lam = circ.resolve_circuit(intensity, stored, doc.intensity_min, doc.intensity_max, self.circuit_min)
+        elif intensity is None:
+            lam = stored
+        else:
+            lam = dial.resolve(intensity, doc.intensity_min, doc.intensity_max, self.cluster_min)
+        out = {}
+        for layer, sae in serve.bound.items():
+            d = delta_for(sae, doc.members[layer], lam)
+            if d is not None:
+                out[layer] = d
+        rung = doc.rung if out and serve.mode == circ.FULL else None
+        return Resolved(out or None, lam, rung)
 
     def _scaled_live(self, layer: int, lam: float) -> np.ndarray | None:
         total = None
@@ -223,4 +250,4 @@ class SteeringManager:
     def monitor_capture(self) -> dict | None:
         """The capture entry user requests carry while monitoring is on (never scoring/embeddings)."""
         m = self.monitor
-        return None if m is None else {m.sae.layer: m.record}
+        return None if m is None or not m.enabled else {m.sae.layer: m.record}

@@ -1,5 +1,6 @@
 """The per-request steering surface of /v1/chat/completions: `profile`, `steering_intensity`,
-`return_sae_activations`, and the `X-miLLM-Steering-Intensity` echo.
+`return_sae_activations`, the `X-miLLM-Steering-Intensity` echo and the `X-miLLM-Circuit-Rung`
+header of a request an active circuit genuinely steers.
 
 `take_fields` removes these fields from the body before the field contract sees it (they are
 honoured here), `apply` resolves them against the served model's SAEs and the profile store
@@ -17,12 +18,15 @@ import numpy as np
 
 from mlxcel.api.errors import ApiError
 from mlxcel.engine.types import GenerationRequest
+from mlxcel.steering import circuits as circ
 from mlxcel.steering import intensity as dial
 from mlxcel.steering.manager import SteeringError, SteeringManager
 from mlxcel.steering.sae import SAE
 from mlxcel.steering.store import SteeringStore
 
 INTENSITY_HEADER = "X-miLLM-Steering-Intensity"
+STEERING_HEADER = "X-miLLM-Steering"  # "none" on scoring responses: every attached SAE was suppressed
+UNSTEERED = {STEERING_HEADER: "none"}
 SAE_ACTIVATIONS_MAX_TOP_K = 64
 SAE_ACTIVATIONS_MAX_ENTRIES = 65_536
 FIELDS = ("profile", "steering_intensity", "return_sae_activations")
@@ -30,7 +34,9 @@ _POSITIONS = ("last", "prompt", "completion", "all")
 _NOTE = {"post_steering": "post_steering is what the model computed at this layer for this request, after this "
                           "layer's steering delta; it is not an unsteered counterfactual",
          "pre_steering": "pre_steering removes only this layer's own delta; steering at earlier layers and tokens "
-                         "generated under steering still shape it"}
+                         "generated under steering still shape it",
+         "unsteered": "a scoring pass is never steered: every attached SAE was suppressed for it, so this is the "
+                      "unmodified model's activation at this layer"}
 
 
 @dataclass
@@ -57,12 +63,17 @@ def take_fields(body: dict[str, Any]) -> SteeringFields:
             f.intensity = dial.parse_intensity(raw)
         except dial.IntensityError as e:
             raise ApiError(400, str(e), code="invalid_parameter", param="steering_intensity") from None
+    f.activations = take_activations(body)
+    return f
+
+
+def take_activations(body: dict[str, Any]) -> dict | None:
+    """Pop `return_sae_activations` (chat and text completions); null means absent."""
     acts = body.pop("return_sae_activations", None)
     if acts is not None and not isinstance(acts, dict):
         raise ApiError(400, "return_sae_activations must be an object", code="invalid_parameter",
                        param="return_sae_activations")
-    f.activations = acts
-    return f
+    return acts
 
 
 def _bad(message: str, param: str = "return_sae_activations") -> ApiError:
@@ -79,6 +90,7 @@ class ActivationReader:
     top_k: int
     read_point: str
     n_prompt: int
+    unsteered: bool = False  # a scoring pass: reported as read_point "unsteered"
     rows: list[tuple[int, list[tuple[int, float]]]] = field(default_factory=list)  # (token, top features)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -110,8 +122,12 @@ class ActivationReader:
                 span = range(max(start, 0), min(end, total))
             out = [{"position": p, "token_id": self.rows[p][0],
                     "features": [{"index": i, "value": v} for i, v in self.rows[p][1]]} for p in span]
-        return {"sae_id": self.sae.sae_id, "layer": self.sae.layer, "read_point": self.read_point,
-                "positions": out, "note": _NOTE[self.read_point]}
+        point = "unsteered" if self.unsteered else self.read_point
+        return {"sae_id": self.sae.sae_id, "layer": self.sae.layer, "read_point": point,
+                "positions": out, "note": _NOTE[point]}
+
+    def capture(self) -> dict:
+        return {self.sae.layer: self.read}
 
 
 def activation_reader(manager: SteeringManager | None, spec: dict, n_prompt: int, max_tokens: int) -> ActivationReader:
@@ -167,30 +183,43 @@ def activation_reader(manager: SteeringManager | None, spec: dict, n_prompt: int
     return ActivationReader(sae, positions, features, top_k, read_point, n_prompt)
 
 
+def scoring_reader(manager: SteeringManager | None, spec: dict, n_prompt: int) -> ActivationReader:
+    """The reader of a scoring pass: one forward over the prompt, nothing generated, unsteered."""
+    reader = activation_reader(manager, spec, n_prompt, 1)
+    reader.unsteered = True
+    return reader
+
+
 def apply(fields: SteeringFields, manager: SteeringManager | None, store: SteeringStore | None,
           greq: GenerationRequest) -> tuple[dict[str, str], ActivationReader | None]:
     """Resolve this request's steering into `greq`; returns the response headers and the
     activation reader (None when not asked)."""
     headers: dict[str, str] = {}
-    profile = None
+    profile, circuit = None, None
     if fields.profile is not None:
         profile = store.get(fields.profile) if store is not None else None
         if profile is None:
             raise ApiError(404, f"profile {fields.profile!r} not found", code="profile_not_found", param="profile")
     elif store is not None and manager is not None and manager.attached:
         profile = store.active()
+        circuit = store.active_circuit() if profile is None else None
     reader = None
     if fields.activations is not None:
         reader = activation_reader(manager, fields.activations, len(greq.prompt), greq.max_tokens)
     steering, lam = None, None
     if manager is not None:
         try:
-            resolved = manager.resolve(profile, fields.intensity)
+            if circuit is not None:
+                resolved = manager.circuit_steering(circuit.document, circuit.intensity, fields.intensity)
+            else:
+                resolved = manager.resolve(profile, fields.intensity)
         except SteeringError as e:
             raise ApiError(e.status, e.message, code=e.code, param="profile" if fields.profile else None) from None
         steering, lam = resolved.steering, resolved.intensity
+        if resolved.rung is not None:
+            headers[circ.RUNG_HEADER] = circ.rung_header(resolved.rung)
     if fields.intensity is not None and lam is not None:
-        headers[INTENSITY_HEADER] = f"{lam:.6g}" if lam != int(lam) else f"{lam:.1f}"
+        headers[INTENSITY_HEADER] = sf_decimal(lam)
     capture: dict = {}
     monitor = manager.monitor_capture() if manager is not None else None
     for source in (monitor, {reader.sae.layer: reader.read} if reader is not None else None):
@@ -201,6 +230,12 @@ def apply(fields: SteeringFields, manager: SteeringManager | None, store: Steeri
     if steering is not None or reader is not None:
         greq.cache_prompt = False  # steered KV must never be shared with another request's prefix
     return headers, reader
+
+
+def sf_decimal(x: float) -> str:
+    """An RFC 8941 decimal: at most three fractional digits, at least one."""
+    text = f"{round(float(x), 3):.3f}".rstrip("0")
+    return text + "0" if text.endswith(".") else text
 
 
 def _both(a, b):

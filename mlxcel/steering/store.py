@@ -1,15 +1,18 @@
-"""Profiles and clusters persisted in SQLite under the server's state directory.
+"""Profiles, clusters and circuits persisted in SQLite under the server's state directory.
 
 A profile is a named set of steering values {feature: strength} for one SAE (by id) at one
 layer. A cluster is a profile imported from a miStudio cluster document: it keeps the raw
 document bytes (exported back byte for byte), its declared intensity_range and a persistent
-intensity dial. Schema changes are numbered migrations applied in order at open, so a state
+intensity dial. A circuit (circuits.py) keeps its raw document, the name it is served under
+and its persistent dial; everything else is re-derived from the document. One row, profile or
+circuit, is active at a time. Schema changes are numbered migrations applied in order at open, so a state
 directory written by an older mlxcel opens under a newer one.
 """
 
 from __future__ import annotations
 
 import json
+import secrets
 import sqlite3
 import threading
 import time
@@ -35,6 +38,15 @@ MIGRATIONS: tuple[str, ...] = (
        ALTER TABLE profiles ADD COLUMN intensity_min REAL;
        ALTER TABLE profiles ADD COLUMN intensity_max REAL;
        ALTER TABLE profiles ADD COLUMN document BLOB""",
+    """CREATE TABLE circuits (
+        id TEXT PRIMARY KEY,
+        name TEXT NOT NULL UNIQUE,
+        document BLOB NOT NULL,
+        intensity REAL NOT NULL DEFAULT 1.0,
+        active INTEGER NOT NULL DEFAULT 0,
+        model TEXT,
+        created REAL NOT NULL,
+        updated REAL NOT NULL)""",
 )
 
 
@@ -74,6 +86,21 @@ _COLUMNS = ("id", "name", "description", "model", "sae_id", "layer", "steering",
 
 class ProfileExists(ValueError):
     pass
+
+
+@dataclass
+class CircuitRow:
+    id: str
+    name: str
+    document: bytes = field(repr=False)
+    intensity: float = 1.0  # the persistent dial
+    active: bool = False
+    model: str | None = None
+    created: float = 0.0
+    updated: float = 0.0
+
+
+_CIRCUIT_COLUMNS = ("id", "name", "document", "intensity", "active", "model", "created", "updated")
 
 
 class SteeringStore:
@@ -167,9 +194,74 @@ class SteeringStore:
             self._db.execute("BEGIN")
             self._db.execute("UPDATE profiles SET active = 0 WHERE active = 1")
             if name is not None:
+                self._db.execute("UPDATE circuits SET active = 0 WHERE active = 1")
                 self._db.execute("UPDATE profiles SET active = 1 WHERE name = ?", (name,))
             self._db.execute("COMMIT")
         return None if name is None else self.get(name)
+
+    # -- circuits -------------------------------------------------------------------------
+    @staticmethod
+    def _circuit(r: tuple) -> CircuitRow:
+        d = dict(zip(_CIRCUIT_COLUMNS, r))
+        d["document"], d["active"] = bytes(d["document"]), bool(d["active"])
+        return CircuitRow(**d)
+
+    def circuits(self) -> list[CircuitRow]:
+        with self._lock:
+            rows = self._db.execute(f"SELECT {', '.join(_CIRCUIT_COLUMNS)} FROM circuits ORDER BY created, id")
+            return [self._circuit(r) for r in rows]
+
+    def circuit(self, ref: str) -> CircuitRow | None:
+        """By id, else by name."""
+        with self._lock:
+            r = self._db.execute(f"SELECT {', '.join(_CIRCUIT_COLUMNS)} FROM circuits WHERE id = ? OR name = ? "
+                                 "ORDER BY id = ? DESC", (ref, ref, ref)).fetchone()
+        return None if r is None else self._circuit(r)
+
+    def active_circuit(self) -> CircuitRow | None:
+        with self._lock:
+            r = self._db.execute(f"SELECT {', '.join(_CIRCUIT_COLUMNS)} FROM circuits WHERE active = 1").fetchone()
+        return None if r is None else self._circuit(r)
+
+    def create_circuit(self, name: str, document: bytes, intensity: float, model: str | None,
+                       rename: bool = True) -> CircuitRow:
+        """Insert under `name`, or `name (2)`, `name (3)`... when taken and `rename`."""
+        now = time.time()
+        for n in range(1, 1000):
+            candidate = name if n == 1 else f"{name} ({n})"
+            row = CircuitRow(id="circ_" + secrets.token_hex(8), name=candidate, document=document,
+                             intensity=intensity, model=model, created=now, updated=now)
+            try:
+                with self._lock:
+                    self._db.execute("INSERT INTO circuits (id, name, document, intensity, active, model, created,"
+                                     " updated) VALUES (?, ?, ?, ?, 0, ?, ?, ?)",
+                                     (row.id, row.name, document, intensity, model, now, now))
+                return row
+            except sqlite3.IntegrityError:
+                if not rename:
+                    raise ProfileExists(f"a circuit named {name!r} exists") from None
+        raise ProfileExists(f"too many circuits named {name!r}")
+
+    def set_circuit_intensity(self, circuit_id: str, intensity: float) -> CircuitRow | None:
+        with self._lock:
+            self._db.execute("UPDATE circuits SET intensity = ?, updated = ? WHERE id = ?",
+                             (intensity, time.time(), circuit_id))
+        return self.circuit(circuit_id)
+
+    def delete_circuit(self, circuit_id: str) -> bool:
+        with self._lock:
+            return self._db.execute("DELETE FROM circuits WHERE id = ?", (circuit_id,)).rowcount > 0
+
+    def activate_circuit(self, circuit_id: str | None) -> CircuitRow | None:
+        """Make this circuit the one active row (deactivating any profile); None: no circuit."""
+        with self._lock:
+            self._db.execute("BEGIN")
+            self._db.execute("UPDATE circuits SET active = 0 WHERE active = 1")
+            if circuit_id is not None:
+                self._db.execute("UPDATE profiles SET active = 0 WHERE active = 1")
+                self._db.execute("UPDATE circuits SET active = 1 WHERE id = ?", (circuit_id,))
+            self._db.execute("COMMIT")
+        return None if circuit_id is None else self.circuit(circuit_id)
 
 
 def _values_json(values: dict[int, float]) -> str:

@@ -12,10 +12,15 @@ log = logging.getLogger("mlxcel.server")
 def load_side_workers(state, settings) -> None:
     from mlxcel.workers.embedding import EmbeddingWorker
     from mlxcel.workers.reranking import RerankWorker
+    from mlxcel.workers.whisper import TRANSCRIPTION, WhisperWorker
 
     backend = settings.backend if settings.backend in ("mlx", "torch") else "mlx"
     for side in state.plan.sides:
-        if side.kind == ck.EMBEDDING:
+        if side.kind == TRANSCRIPTION:
+            state.transcriber = WhisperWorker.load(side.model_id, side.path)
+            log.info("Whisper model %s loaded (%s)", side.model_id,
+                     "English-only" if state.transcriber.english_only else "multilingual")
+        elif side.kind == ck.EMBEDDING:
             state.embedder = EmbeddingWorker.load(side.model_id, side.path, pooling=side.pooling,
                                                   normalize=settings.embd_normalize, backend=backend)
             log.info("embedding model %s loaded: pooling %s, embd_normalize %d, context %d", side.model_id,
@@ -31,4 +36,5 @@ def side_workers_ready(state) -> bool:
         return True
     want = {s.kind for s in plan.sides}
     return (ck.EMBEDDING not in want or state.embedder is not None) and \
-        (ck.RERANKER not in want or state.reranker is not None)
+        (ck.RERANKER not in want or state.reranker is not None) and \
+        ("transcription" not in want or state.transcriber is not None)

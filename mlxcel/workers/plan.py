@@ -10,6 +10,8 @@ mode cannot be served:
   chat model, which keeps generating.
 - In a mode, `-m` must be used by one of the selected workers; a `-m` nothing would load is
   refused rather than ignored.
+- Without a mode flag, `-m` naming a Whisper checkpoint selects the transcription worker and
+  turns generation off (restricted by `-m`): there is no chat model to generate with.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from mlxcel.workers import checkpoint as ck
 
 @dataclass(frozen=True)
 class SidePlan:
-    kind: str  # ck.EMBEDDING or ck.RERANKER
+    kind: str  # ck.EMBEDDING, ck.RERANKER or whisper.TRANSCRIPTION
     model_id: str
     path: Path
     pooling: str | None = None  # embedders only, already resolved
@@ -34,7 +36,7 @@ class SidePlan:
 @dataclass(frozen=True)
 class ServePlan:
     generation: bool
-    restricted_by: str | None  # the mode flag that turned generation off
+    restricted_by: str | None  # the mode flag that turned generation off ("-m" for a Whisper checkpoint)
     sides: tuple[SidePlan, ...]
 
 
@@ -64,6 +66,24 @@ def _side(settings: ServerSettings, kind: str, ref: str, flag: str, resolve: Cal
     return SidePlan(kind, model_id, path, pooling)
 
 
+def _whisper_side(settings: ServerSettings, resolve: Callable[[str, str], Path], model_id: str) -> SidePlan | None:
+    from mlxcel.workers.whisper import TRANSCRIPTION, is_whisper
+
+    path = resolve(settings.model, "--hf-repo" if settings.hf_repo else "-m")
+    if not is_whisper(path):
+        return None
+    import importlib.util
+
+    missing = [m for m in ("mlx_whisper", "soundfile", "scipy") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise StartupRefusal(f"-m {settings.model} is a Whisper checkpoint, and serving it needs {', '.join(missing)}: "
+                             f"pip install 'mlxcel[audio]'")
+    if settings.backend == "torch":
+        raise StartupRefusal(f"--backend torch: {settings.model} is a Whisper checkpoint, which mlxcel serves on MLX "
+                             f"(mlx-whisper) only; drop --backend torch")
+    return SidePlan(TRANSCRIPTION, model_id, path)
+
+
 def plan(settings: ServerSettings, resolve: Callable[[str, str], Path]) -> ServePlan:
     """`resolve(ref, flag)` turns a model reference into a local checkpoint or raises StartupRefusal."""
     mode = restricting_flag(settings)
@@ -87,6 +107,10 @@ def plan(settings: ServerSettings, resolve: Callable[[str, str], Path]) -> Serve
     if settings.embd_normalize is not None and not any(s.kind == ck.EMBEDDING for s in sides):
         raise StartupRefusal("--embd-normalize: no embedding model is served (pass --embeddings or "
                              "--embedding-model)")
+    if mode is None and settings.model:
+        whisper = _whisper_side(settings, resolve, main_id)
+        if whisper is not None:
+            return ServePlan(generation=False, restricted_by="-m", sides=(whisper, *sides))
     if settings.model and not m_used:
         raise StartupRefusal(f"-m {settings.model} would not be served: {mode} turns generation off and every "
                              f"selected worker has its own checkpoint flag; drop -m or one of those flags")

@@ -79,3 +79,33 @@ def test_bad_request_uses_anthropic_envelope(server):
     assert r.status_code == 400
     body = r.json()
     assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
+
+
+BOUNDED = [{"name": "get_weather", "description": "Weather in a city", "input_schema": {
+    "type": "object", "properties": {"city": {"type": "string", "maxLength": 8}}, "required": ["city"],
+    "additionalProperties": False}}]
+
+
+@pytest.mark.parametrize("choice", [{"type": "any"}, {"type": "tool", "name": "get_weather"}])
+def test_forced_tool_choice_always_uses_the_tool(client, choice):
+    # random weights never call on their own: the grammar makes the call, streamed and not
+    kw = dict(model=QWEN3_TINY, max_tokens=200, tools=BOUNDED, tool_choice=choice, messages=[ASK])
+    msg = client.messages.create(**kw)
+    assert msg.stop_reason == "tool_use"
+    uses = [b for b in msg.content if b.type == "tool_use"]
+    assert uses and all(u.name == "get_weather" and isinstance(u.input.get("city"), str) for u in uses)
+    with client.messages.stream(**kw) as stream:
+        final = stream.get_final_message()
+    assert final.stop_reason == "tool_use" and any(b.type == "tool_use" for b in final.content)
+
+
+def test_thinking_budget_tokens_is_enforced(client):
+    # the prefill leaves a thinking block open; without a budget greedy random weights think on
+    kw = dict(model=QWEN3_TINY, max_tokens=16, extra_body=GREEDY,
+              messages=[ASK, {"role": "assistant", "content": "<think>\nThe user wants"}])
+    free = client.messages.create(**kw)
+    capped = client.messages.create(thinking={"type": "enabled", "budget_tokens": 3}, **kw)
+    thought = [b.thinking for b in free.content if b.type == "thinking"]
+    capped_thought = [b.thinking for b in capped.content if b.type == "thinking"]
+    assert thought and capped_thought and len(capped_thought[0]) < len(thought[0])
+    assert thought[0].startswith(capped_thought[0])

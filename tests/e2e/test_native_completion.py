@@ -174,3 +174,16 @@ def test_prompt_cache_hit_reported_by_cache_n_and_usage(default_server, openai_c
     assert first["content"] == second["content"] == cold["content"]
     r = openai_client.completions.create(model=DEFAULT_MODEL, prompt=prompt, max_tokens=4, temperature=0)
     assert r.usage.prompt_tokens_details.cached_tokens >= n - 16
+
+
+def test_reasoning_budget_forces_message_and_close(default_server):
+    def tokens(text):
+        return post(default_server, "/tokenize", content=text).json()["tokens"]
+
+    forced = tokens(" Done.") + tokens("</think>")
+    body = post(default_server, "/completion", prompt="Q: why is the sky blue?\n<think>\n", n_predict=12,
+                temperature=0, return_tokens=True, reasoning_budget_tokens=4,
+                reasoning_budget_message=" Done.").json()
+    # the prompt left the block open: four thinking tokens, then the forced run, then the model again
+    assert body["tokens"][4:4 + len(forced)] == forced
+    assert " Done.</think>" in body["content"]

@@ -63,3 +63,25 @@ def test_store_false_keeps_nothing_and_input_tokens_counts(server, client):
     # the unversioned path serves the same API
     assert httpx.post(server.base_url + "/responses", timeout=120,
                       json={"input": "x", "max_output_tokens": 1}).json()["object"] == "response"
+
+
+def test_named_function_tool_choice_is_forced(client):
+    tools = [{"type": "function", "name": "get_time", "parameters": {
+        "type": "object", "properties": {"tz": {"enum": ["UTC", "CET"]}}, "required": ["tz"],
+        "additionalProperties": False}}]
+    r = client.responses.create(model=QWEN3_TINY, input="Time?", tools=tools, max_output_tokens=100,
+                                tool_choice={"type": "function", "name": "get_time"})
+    calls = [o for o in r.output if o.type == "function_call"]
+    assert [c.name for c in calls] == ["get_time"] and '"tz"' in calls[0].arguments
+
+
+def test_input_tokens_counts_what_the_request_prefills(client, server):
+    tools = [{"type": "function", "name": "get_time", "parameters": {"type": "object", "properties": {}}}]
+    first = client.responses.create(model=QWEN3_TINY, input="Hi.", max_output_tokens=2, temperature=0)
+    turn = {"input": "And now?", "previous_response_id": first.id, "tools": tools, "instructions": "Be brief."}
+    r = client.responses.create(model=QWEN3_TINY, max_output_tokens=1, temperature=0, **turn)
+    for path in ("/v1/responses/input_tokens", "/responses/input_tokens"):
+        counted = httpx.post(server.base_url + path, json=turn).json()
+        assert counted == {"input_tokens": r.usage.input_tokens}
+    missing = httpx.post(server.base_url + "/v1/responses/input_tokens", json={**turn, "previous_response_id": "x"})
+    assert missing.status_code == 404

@@ -10,7 +10,7 @@ import pytest
 from mlxcel.steering import intensity as dial
 from mlxcel.steering.manager import SteeringError, SteeringManager, delta_for
 from mlxcel.steering.sae import SAEError, check_compatible, load_sae, save_sae
-from mlxcel.steering.store import Profile, SteeringStore
+from mlxcel.steering.store import MIGRATIONS, Profile, SteeringStore
 
 
 def random_sae(path, d_in=64, d_sae=32, layer=1, seed=0, **cfg):
@@ -105,7 +105,7 @@ def test_manager_resolution_scales_cluster_by_dial(tmp_path):
 
 def test_store_persists_across_reopen_and_migrates(tmp_path):
     s = SteeringStore(tmp_path)
-    assert s.schema_version == 2
+    assert s.schema_version == len(MIGRATIONS)
     s.create(Profile(name="a", steering={3: 1.5}, sae_id="x", layer=1))
     doc = b'{"name": "clu",  "features": [{"index": 1, "strength": 4}], "intensity_range": [0.5, 1.5]}'
     d = dial.parse_cluster(doc)

@@ -118,3 +118,25 @@ def test_capture_hands_each_row_its_residuals_before_and_after_its_own_delta(ser
     moved = (post_a - pre_a).mean(axis=0)
     assert int(np.argmax(np.abs(moved))) == 5 and abs(moved[5] - 4.0) < 0.5  # bf16 on torch rounds
     assert np.array_equal(pre_b, post_b)  # a row without a delta passes through untouched
+
+
+def test_a_scoring_pass_is_unsteered_while_a_steered_generation_runs_beside_it(served, tmp_path):
+    store = SteeringStore(tmp_path / "state")
+    prompt = served.tokenizer.encode("Once upon a time there was")
+    if "sae" not in served.steering.attached:
+        served.steering.attach(str(random_sae(tmp_path / "sae", d_in=64, d_sae=32, layer=0)))
+    served.steering.set_values("sae", {}, replace=True)
+    unsteered_logits = served.engine.score(prompt)
+    served.steering.set_values("sae", {4: 80.0})
+    steered_alone = asyncio.run(run(served, request(served, store, prompt)[0]))
+    assert steered_alone != asyncio.run(run(served, request(served, store, prompt, steering_intensity="off")[0]))
+
+    async def together():
+        gen = asyncio.ensure_future(run(served, request(served, store, prompt)[0]))
+        scores = [await asyncio.wrap_future(served.engine.submit_score(prompt)) for _ in range(3)]
+        return await gen, scores
+
+    tokens, scores = asyncio.run(together())
+    assert tokens == steered_alone  # the generation beside the scoring passes is still steered
+    assert all(np.array_equal(s, unsteered_logits) for s in scores)  # each pass suppressed every SAE
+    served.steering.set_values("sae", {}, replace=True)

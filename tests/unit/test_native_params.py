@@ -118,16 +118,33 @@ def test_ignore_eos_bans_eos_and_logit_bias_resolves(model):
 
 @pytest.mark.parametrize("field,value", [
     ("grammar_lazy", True), ("grammar_triggers", [{"type": 1, "value": "{"}]), ("lora", [{"id": 0, "scale": 1.0}]),
-    ("reasoning_budget_tokens", 10), ("chat_format", 1), ("backend_sampling", True), ("n_cache_reuse", 8),
+    ("reasoning_control", True), ("chat_format", 1), ("parse_tool_calls", True), ("reasoning_format", "deepseek"),
+    ("chat_parser", "x"), ("generation_prompt", "<|im_start|>assistant"), ("continue_final_message", True),
+    ("backend_sampling", True), ("n_cache_reuse", 8),
 ])
 def test_missing_behaviour_refused_when_asked_for(model, field, value):
     assert refused(model, **{field: value}).code == "field_not_honoured"
 
 
 def test_no_op_values_and_inert_fields_accepted(model):
-    r = parse(model, grammar="", lora=[], echo=False, reasoning_budget_tokens=-1, verbose=True,
+    r = parse(model, grammar="", lora=[], echo=True, reasoning_budget_tokens=-1, verbose=True, chat_format=None,
+              reasoning_format="none", parse_tool_calls=False,
               stream_options=[1, 2], **{"speculative.n_max": 8, "speculative.type": "draft"})
     assert r.ignored == []
+
+
+def test_reasoning_budget_fields_build_the_engine_budget(model):
+    enc = lambda s: tuple(model.tokenizer.encode(s, add_special_tokens=False))  # noqa: E731
+    b = parse(model, reasoning_budget_tokens=10, reasoning_budget_message="Stop.").template.reasoning
+    assert (b.budget, b.open_ids, b.close_ids, b.message_ids) == (10, enc("<think>"), enc("</think>"), enc("Stop."))
+    b = parse(model, reasoning_budget_tokens=0, reasoning_budget_start_tag="<r>",
+              reasoning_budget_end_tag="</r>").template.reasoning
+    assert (b.budget, b.open_ids, b.close_ids, b.message_ids) == (0, enc("<r>"), enc("</r>"), ())
+    assert parse(model, reasoning_budget_end_tags=["</a>", "</b>"], reasoning_budget_tokens=1).template \
+        .reasoning.close_ids == enc("</a>")
+    assert parse(model, reasoning_budget_tokens=-1).template.reasoning is None
+    assert refused(model, reasoning_budget_tokens=1, reasoning_budget_end_tags=[""]).param == \
+        "reasoning_budget_end_tags"
 
 
 def test_stream_options_include_usage_type_checked(model):

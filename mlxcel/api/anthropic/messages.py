@@ -114,17 +114,29 @@ def _chat_request(req: MessagesRequest, *, counting: bool = False) -> ChatComple
     if req.tools:
         tools = [{"type": "function", "function": {"name": t.get("name"), "description": t.get("description", ""),
                                                    "parameters": t.get("input_schema") or {}}} for t in req.tools]
-    choice = (req.tool_choice or {}).get("type", "auto")
-    if choice not in ("auto", "none"):
-        raise ApiError(400, f"tool_choice '{choice}' needs grammar-constrained decoding, which this server does "
-                       "not have yet; use 'auto'", code="field_not_honoured", param="tool_choice")
-    kwargs = None
+    kind = (req.tool_choice or {}).get("type", "auto")
+    if kind == "any":
+        choice: Any = "required"
+    elif kind == "tool":
+        choice = {"type": "function", "function": {"name": req.tool_choice.get("name")}}
+    elif kind in ("auto", "none"):
+        choice = kind
+    else:
+        raise ApiError(400, f"tool_choice type '{kind}' must be auto, any, tool or none", code="invalid_parameter",
+                       param="tool_choice")
+    kwargs, budget = None, None
     if req.thinking is not None:
         kwargs = {"enable_thinking": req.thinking.get("type") == "enabled"}
+        if kwargs["enable_thinking"] and req.thinking.get("budget_tokens") is not None:
+            budget = req.thinking["budget_tokens"]  # enforced as the thinking budget
+            if isinstance(budget, bool) or not isinstance(budget, int) or budget < 0:
+                raise ApiError(400, "thinking.budget_tokens must be a non-negative integer",
+                               code="invalid_parameter", param="thinking")
     return ChatCompletionRequest(
         model=req.model, messages=_chat_messages(req), max_tokens=req.max_tokens, stop=req.stop_sequences,
         temperature=req.temperature, top_p=req.top_p, top_k=req.top_k, tools=tools, tool_choice=choice,
-        chat_template_kwargs=kwargs, parallel_tool_calls=not (req.tool_choice or {}).get("disable_parallel_tool_use"),
+        chat_template_kwargs=kwargs, reasoning_budget_tokens=budget,
+        parallel_tool_calls=not (req.tool_choice or {}).get("disable_parallel_tool_use"),
     )
 
 
@@ -171,7 +183,7 @@ async def messages(request: Request, app_state: AppState) -> Any:
     model = g.served_model(app_state, req.model)
     creq = _chat_request(req)
     prep = chat_surface.prepare(app_state, model, creq)
-    handle = g.submit(model, g.build_request(creq, model, prep.prompt))
+    handle = g.submit(model, await chat_surface.generation_request(model, creq, prep))
     out = chat_surface.ChatOutput(prep, parallel_tool_calls=creq.parallel_tool_calls is not False)
     mid = "msg_" + uuid.uuid4().hex[:24]
     head = {"id": mid, "type": "message", "role": "assistant", "model": model.id}

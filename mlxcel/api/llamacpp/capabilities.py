@@ -22,6 +22,10 @@ def side_models(state: AppState) -> list[dict]:
         r = state.reranker
         out.append({"id": r.id, "kind": "rerank", "pooling": "rank", "embd_normalize": None,
                     "n_ctx": r.n_ctx, "model_path": str(r.path)})
+    if state.transcriber is not None:
+        w = state.transcriber
+        out.append({"id": w.id, "kind": "transcription", "pooling": None, "embd_normalize": None,
+                    "n_ctx": w.n_ctx, "model_path": str(w.path)})
     return out
 
 
@@ -39,7 +43,7 @@ def mode_props(state: AppState) -> dict:
         "total_slots": 1,
         "model_alias": first.get("id", ""),
         "model_path": first.get("model_path", ""),
-        "modalities": {"vision": False, "video": False, "audio": False},
+        "modalities": {"vision": False, "video": False, "audio": state.transcriber is not None},
         "endpoint_slots": s.slots,
         "endpoint_props": s.props,
         "endpoint_metrics": s.metrics,

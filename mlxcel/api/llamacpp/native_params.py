@@ -24,6 +24,8 @@ from mlxcel.api.state import ServedModel
 from mlxcel.engine.sampling_params import (
     SamplingParams, fold_seed, resolve_logit_bias, samplers_from_chars, samplers_from_names,
 )
+from mlxcel.engine.reasoning import CLOSE, OPEN
+from mlxcel.engine.reasoning_budget import ReasoningBudget
 from mlxcel.engine.types import GenerationRequest
 
 INT32_MAX = 2**31 - 1
@@ -58,17 +60,22 @@ SAMPLING_FIELDS = (
 # (json_schema and grammar are resolved by native_grammar.py, in the route.)
 DEFERRED: dict[str, tuple[Any, ...]] = {
     "lora": ([],), "grammar_lazy": (False,), "grammar_type": (),
-    "chat_format": (), "reasoning_format": ("none",), "generation_prompt": ("",),
-    "parse_tool_calls": (False,), "chat_parser": ("",), "continue_final_message": (False,),
-    "echo": (False,), "preserved_tokens": ([],), "grammar_triggers": ([],), "reasoning_control": (False,),
-    "reasoning_budget_tokens": (-1,), "reasoning_budget_start_tag": ("",),
-    "reasoning_budget_end_tags": ([],), "reasoning_budget_end_tag": ("",), "reasoning_budget_message": ("",),
+    "preserved_tokens": ([],), "grammar_triggers": ([],),
+    # /completion has no completion id a control request could name (chat routes honour it)
+    "reasoning_control": (False,),
     "backend_sampling": (False,), "n_cache_reuse": (0,), "message_delimiters": ([],),
     "id_slot": (-1,),  # slot pinning: the scheduler picks the lowest free slot for now
 }
-# Accepted and inert, as upstream: verbose only touches OpenAI-shaped bodies; the native
+# Chat-parser configuration: /completion renders no chat template and parses no output, so
+# these only configure the chat routes; anything but the no-op value is refused here.
+CHAT_ONLY: dict[str, tuple[Any, ...]] = {
+    "chat_format": (), "reasoning_format": ("none",), "generation_prompt": ("",),
+    "parse_tool_calls": (False,), "chat_parser": ("",), "continue_final_message": (False,),
+}
+# Accepted and inert, as upstream (echo only primes the chat parser of a continuation, and
+# a raw prompt is never one): verbose only touches OpenAI-shaped bodies; the native
 # final frame always carries counts and timings; speculative.* is compiled out upstream.
-INERT = ("verbose", "stream_options", "model", *(f"speculative.{k}" for k in (
+INERT = ("verbose", "echo", "stream_options", "model", *(f"speculative.{k}" for k in (
     "n_max", "n_min", "p_min", "type", "ngram_size_n", "ngram_size_m", "ngram_m_hits")))
 
 NATIVE_FIELDS = declared_names(NativeCompletionRequest)
@@ -118,6 +125,10 @@ def _check_limits(body: dict[str, Any], n_parallel: int) -> None:
 
 
 def _check_deferred(body: dict[str, Any]) -> None:
+    for name, no_ops in CHAT_ONLY.items():
+        if name in body and body[name] not in no_ops:
+            raise ApiError(400, f"'{name}' configures chat parsing, which /completion does not do (it renders no "
+                           f"chat template); use /v1/chat/completions", code="field_not_honoured", param=name)
     for name, no_ops in DEFERRED.items():
         if name in body and body[name] not in no_ops:
             raise ApiError(400, f"'{name}' is not supported by this server yet; send it only with "
@@ -199,6 +210,7 @@ def parse_native(body: dict[str, Any], model: ServedModel, n_parallel: int,
         n_keep=req.n_keep or 0, n_discard=req.n_discard or 0,
         id_slot=req.id_slot if req.id_slot is not None else -1,
     )
+    template.reasoning = _budget(req, model)
     fields = req.response_fields
     fields = fields if isinstance(fields, list) and all(isinstance(f, str) for f in fields) and fields else None
     return NativeRequest(
@@ -208,6 +220,28 @@ def parse_native(body: dict[str, Any], model: ServedModel, n_parallel: int,
         sse_ping_interval=req.sse_ping_interval if req.sse_ping_interval is not None else sse_ping_interval,
         ignored=[k for k in body if k not in NATIVE_FIELDS],
     )
+
+
+def _budget(req: NativeCompletionRequest, model: ServedModel) -> ReasoningBudget | None:
+    """reasoning_budget_tokens with its tags and message (defaults <think> / </think> / "")."""
+    n = req.reasoning_budget_tokens
+    if n is None or n < 0:
+        return None
+    start = req.reasoning_budget_start_tag if req.reasoning_budget_start_tag is not None else OPEN
+    ends = req.reasoning_budget_end_tags if req.reasoning_budget_end_tags is not None else req.reasoning_budget_end_tag
+    ends = [ends] if isinstance(ends, str) else ends
+    end = ends[0] if isinstance(ends, list) and ends else CLOSE
+    message = req.reasoning_budget_message if req.reasoning_budget_message is not None else ""
+    for name, value in (("reasoning_budget_start_tag", start), ("reasoning_budget_end_tags", end),
+                        ("reasoning_budget_message", message)):
+        if not isinstance(value, str) or (not value and name != "reasoning_budget_message"):
+            raise ApiError(400, f"'{name}' must be {'a string' if name.endswith('message') else 'non-empty strings'}",
+                           code="invalid_parameter", param=name)
+
+    def ids(text: str) -> tuple[int, ...]:
+        return tuple(model.tokenizer.encode(text, add_special_tokens=False)) if text else ()
+
+    return ReasoningBudget(budget=n, open_ids=ids(start), close_ids=ids(end), message_ids=ids(message))
 
 
 def with_prompt(template: GenerationRequest, prompt: list[int]) -> GenerationRequest:

@@ -1,13 +1,16 @@
-"""The management API's one response shape: {success, data, error: {code, message, details}}."""
+"""The management API's one response shape, {success, data, error: {code, message, details}},
+and what every management route shares: the JSON body, the served model's SAEs, the store."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
 
-from litestar import Response
+import msgspec
+from litestar import Request, Response
 
 from mlxcel.api.errors import ApiError
+from mlxcel.steering.circuits import CircuitError
 from mlxcel.steering.intensity import IntensityError
 from mlxcel.steering.manager import SteeringError
 from mlxcel.steering.sae import SAEError
@@ -43,5 +46,47 @@ def run(fn: Callable[[], Any], status: int = 200) -> Response:
         return fail(409, "profile_exists", str(e))
     except IntensityError as e:
         return fail(400, "invalid_parameter", str(e))
+    except CircuitError as e:
+        return fail(400, "invalid_circuit", str(e))
     except ApiError as e:
         return fail(e.status, e.code or "error", e.message)
+
+
+async def read_body(request: Request) -> dict[str, Any]:
+    raw = await request.body()
+    if not raw.strip():
+        return {}
+    try:
+        body = msgspec.json.decode(raw)
+    except msgspec.DecodeError as e:
+        raise Refusal(400, "invalid_json", f"request body is not valid JSON: {e}") from None
+    if not isinstance(body, dict):
+        raise Refusal(400, "invalid_request", "request body must be a JSON object")
+    return body
+
+
+def need_manager(state):
+    if state.model is None or state.model.steering is None:
+        raise Refusal(503, "model_not_loaded", "no model is loaded")
+    return state.model.steering
+
+
+def need_store(state):
+    if state.steering_store is None:
+        raise Refusal(503, "state_unavailable", "the server has no state directory open")
+    return state.steering_store
+
+
+def values_of(raw: Any) -> dict[int, float]:
+    if not isinstance(raw, dict):
+        raise Refusal(400, "invalid_parameter", "steering values must be an object {feature index: strength}")
+    out: dict[int, float] = {}
+    for k, v in raw.items():
+        try:
+            i = int(k)
+        except ValueError:
+            raise Refusal(400, "invalid_feature_index", f"feature index {k!r} is not an integer") from None
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise Refusal(400, "invalid_parameter", f"strength of feature {k} must be a number")
+        out[i] = float(v)
+    return out

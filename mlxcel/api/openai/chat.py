@@ -13,7 +13,7 @@ from litestar import Request, post
 
 from mlxcel.api.body import convert, read_json_object
 from mlxcel.api.errors import ApiError
-from mlxcel.api.openai import chat_surface
+from mlxcel.api.openai import chat_surface, reasoning_control
 from mlxcel.api.openai import generation as g
 from mlxcel.api.openai import scoring as sc
 from mlxcel.api.openai.fields import (
@@ -132,33 +132,42 @@ async def chat_completions(request: Request, app_state: AppState) -> Any:
     model = g.served_model(app_state, req.model)
     headers.update(g.seed_header(req.seed, "batch-shape" if req.extra_messages else "request"))
     convs = _conversations(req)
-    if spec is not None and (steering.profile is not None or steering.intensity is not None
-                             or steering.activations is not None):
-        field = "profile" if steering.profile is not None else (
-            "steering_intensity" if steering.intensity is not None else "return_sae_activations")
+    if spec is not None and (steering.profile is not None or steering.intensity is not None):
+        field = "profile" if steering.profile is not None else "steering_intensity"
         raise ApiError(400, f"'{field}' is not honoured on a scoring request: scoring is never steered",
                        code="field_not_honoured", param=field)
-    if steering.activations is not None and (req.stream or n > 1 or req.extra_messages):
-        raise ApiError(400, "return_sae_activations needs one non-streamed choice (no n above 1, no "
-                       "extra_messages, no stream)", code="field_not_honoured", param="return_sae_activations")
+    if steering.activations is not None and (n > 1 or req.extra_messages):
+        raise ApiError(400, "return_sae_activations reads one position axis: it is refused with n above 1 and "
+                       "with extra_messages", code="invalid_parameter", param="return_sae_activations")
     if constraint is not None:
         headers.update(constraint.header)
     prep = chat_surface.prepare(app_state, model, req)  # tools, template kwargs, reasoning, prefill
     cid, created = g.new_id("chatcmpl"), g.now()
+    alias = app_state.settings.reasoning_alias_field
     base = {"id": cid, "created": created, "model": model.id}
     if spec is not None:
-        return await _score(model, spec, convs, base, headers)
+        return await _score(model, spec, convs, base, headers, steering.activations)
     prompts = [(where, prep.prompt if where == "messages" else _render(model, where, msgs)) for where, msgs in convs]
     if n > 1:
         prompts = prompts * n
     greqs = [g.build_request(req, model, p, row=row, param=where.split("[")[0])
              for row, (where, p) in enumerate(prompts)]
+    if constraint is not None and prep.forced is not None:
+        raise ApiError(400, "response_format cannot be combined with tool_choice 'required' or a named function",
+                       code="response_format_unsupported", param="response_format")
+    calls_grammar = await chat_surface.tool_grammar(prep, model)
     steer_headers, reader = {}, None
     for greq in greqs:  # each choice carries its own steering delta and grammar through the batch
         steer_headers, reader = steer.apply(steering, model.steering, app_state.steering_store, greq)
         if constraint is not None:
             greq.grammar = await rf.compile_grammar(constraint, model)
+        elif calls_grammar is not None:
+            greq.grammar = calls_grammar
+        greq.keep_tokens = prep.keep_tokens
+        greq.reasoning = prep.budget
     handles = g.submit_all(model, greqs)
+    if prep.budget is not None and prep.budget.control is not None:
+        reasoning_control.arm(app_state, cid, prep.budget.control, handles)
     outputs = [chat_surface.ChatOutput(prep, parallel_tool_calls=req.parallel_tool_calls is not False,
                                        echo=bool(req.echo)) for _ in handles]  # one output parser per choice
     if req.stream:
@@ -176,13 +185,16 @@ async def chat_completions(request: Request, app_state: AppState) -> Any:
                 for i, delta in enumerate(deltas if not ev.done else [*deltas, {}]):
                     last = ev.done and i == len(deltas)
                     chunk = {**base, "object": "chat.completion.chunk", "system_fingerprint": g.fingerprint(model),
-                             "choices": [{"index": 0, "delta": delta,
+                             "choices": [{"index": 0, "delta": chat_surface.with_alias(delta, alias),
                                           "finish_reason": out.finish_reason(ev.finish_reason) if last else None}]}
                     if last:
                         chunk["usage"] = g.usage([("", ev)])
                     yield g.sse(chunk)
                 if ev.done and include_usage:
                     yield g.sse({**base, "object": "chat.completion.chunk", "choices": [], "usage": g.usage([("", ev)])})
+                if ev.done and reader is not None:  # the activations: one last chunk before [DONE]
+                    yield g.sse({**base, "object": "chat.completion.chunk", "choices": [],
+                                 "millm": {"sae_activations": reader.render()}})
 
         return g.stream_response(handles, frames, {**headers, **steer_headers})
     results = await g.collect(request, handles)
@@ -193,7 +205,8 @@ async def chat_completions(request: Request, app_state: AppState) -> Any:
             rf.check_output(constraint, text, ev.finish_reason)
     response_body = {
         **base, "object": "chat.completion", "system_fingerprint": g.fingerprint(model),
-        "choices": [{"index": i, "message": chat_surface.message(o.feed(text) + o.finish()),
+        "choices": [{"index": i, "message": chat_surface.with_alias(chat_surface.message(o.feed(text) + o.finish()),
+                                                                    alias),
                      "logprobs": None, "finish_reason": o.finish_reason(ev.finish_reason)}
                     for i, ((text, ev), o) in enumerate(zip(results, outputs))],
         "usage": g.usage(results),
@@ -204,18 +217,21 @@ async def chat_completions(request: Request, app_state: AppState) -> Any:
 
 
 async def _score(model: ServedModel, spec: sc.ScoringSpec, convs: list[tuple[str, list[dict[str, Any]]]],
-                 base: dict[str, Any], headers: dict[str, str]) -> Any:
+                 base: dict[str, Any], headers: dict[str, str], activations: dict | None = None) -> Any:
     """Each conversation rendered with the generation prompt and scored as completion scoring
-    of that text without special tokens, one at a time, one choice each."""
+    of that text without special tokens, one at a time, one choice each. Unsteered: the
+    response says so in `X-miLLM-Steering: none`."""
     if not model.tokenizer.chat_template:
         raise ApiError(400, "chat scoring needs the model's chat template and this model has none; score the "
                        "prompt on /v1/completions instead", code="no_chat_template", param="messages")
-    choices, n_prompt = [], 0
+    choices, n_prompt, reader = [], 0, None
     for i, (where, msgs) in enumerate(convs):
         prompt = _render(model, where, msgs)
         try:
             sc.check_prompt(model, spec, prompt, where)
-            scored = await sc.score_prompt(model, prompt, spec)
+            if activations is not None:  # one conversation (extra_messages was refused)
+                reader = steer.scoring_reader(model.steering, activations, len(prompt))
+            scored = await sc.score_prompt(model, prompt, spec, reader.capture() if reader else None)
         except ApiError as e:
             if where != "messages":
                 e.message = f"{where}: {e.message}"
@@ -223,8 +239,11 @@ async def _score(model: ServedModel, spec: sc.ScoringSpec, convs: list[tuple[str
         n_prompt += len(prompt)
         choices.append({"index": i, "message": {"role": "assistant", "content": sc.token_text(model, scored.token)},
                         "logprobs": sc.chat_logprobs(model, spec, scored), "finish_reason": "length"})
-    return g.json_response({
+    body = {
         **base, "object": "chat.completion", "system_fingerprint": g.fingerprint(model), "choices": choices,
         "usage": {"prompt_tokens": n_prompt, "completion_tokens": len(convs), "total_tokens": n_prompt + len(convs),
                   "prompt_tokens_details": {"cached_tokens": 0}},
-    }, headers)
+    }
+    if reader is not None:
+        body["millm"] = {"sae_activations": reader.render()}
+    return g.json_response(body, {**headers, **steer.UNSTEERED})

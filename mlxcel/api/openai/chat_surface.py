@@ -10,13 +10,15 @@ message is the merge of the same deltas, so both shapes agree byte for byte.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from mlxcel.api.errors import ApiError
+from mlxcel.api.openai import tool_grammar as tg
 from mlxcel.api.state import AppState, ServedModel
-from mlxcel.engine.reasoning import FORMATS, ReasoningStream, primed
-from mlxcel.engine.tool_calls import ToolCallStream
+from mlxcel.engine.reasoning import CLOSE, FORMATS, OPEN, ReasoningStream, primed
+from mlxcel.engine.reasoning_budget import ReasoningBudget, ReasoningControl
+from mlxcel.engine.tool_calls import MARKERS, ToolCallStream
 
 
 @dataclass
@@ -27,6 +29,15 @@ class Prepared:
     tools: list[dict] | None
     reasoning_format: str
     parse: bool  # False under --skip-chat-parsing
+    forced: tg.ToolChoice | None = None  # tool_choice "required" or a named function
+    # tool-call markers that are special tokens: kept in the engine's text for the parser,
+    # never shown to a client as content
+    markers: dict[str, int] = field(default_factory=dict)
+    budget: ReasoningBudget | None = None  # the thinking budget / run-time control, when asked for
+
+    @property
+    def keep_tokens(self) -> frozenset[int]:
+        return frozenset(self.markers.values())
 
 
 def _check_tools(tools: Any) -> list[dict]:
@@ -41,19 +52,11 @@ def _check_tools(tools: Any) -> list[dict]:
     return tools
 
 
-def _tool_choice(choice: Any, tools: list[dict]) -> str:
-    """'auto' or 'none'; 'required' and named functions need constrained decoding."""
+def _tool_choice(choice: Any, tools: list[dict], parallel: bool) -> tuple[str, tg.ToolChoice | None]:
+    """('auto' | 'none' | 'forced', the forced choice)."""
     if choice is None or choice in ("auto", "none"):
-        return choice or "auto"
-    if choice == "required" or isinstance(choice, dict):
-        if isinstance(choice, dict):
-            name = (choice.get("function") or {}).get("name") if choice.get("type") == "function" else None
-            if not any(t["function"]["name"] == name for t in tools):
-                raise ApiError(400, "tool_choice names no tool in 'tools'", code="invalid_parameter", param="tool_choice")
-        raise ApiError(400, "tool_choice 'required' or a named function needs grammar-constrained decoding, "
-                       "which this server does not have yet; use 'auto'", code="field_not_honoured", param="tool_choice")
-    raise ApiError(400, "tool_choice must be 'auto', 'none', 'required' or a named function",
-                   code="invalid_parameter", param="tool_choice")
+        return choice or "auto", None
+    return "forced", tg.parse_choice(choice, tools, parallel)
 
 
 def _history(messages: list[Any]) -> list[Any]:
@@ -81,8 +84,17 @@ def prepare(state: AppState, model: ServedModel, req: Any) -> Prepared:
 
     settings = state.settings
     tools = _check_tools(req.tools) if req.tools else None
-    if tools and _tool_choice(req.tool_choice, tools) == "none":
-        tools = None
+    forced = None
+    if tools:
+        mode, forced = _tool_choice(req.tool_choice, tools, req.parallel_tool_calls is not False)
+        if mode == "none":
+            tools = None
+    elif req.tool_choice not in (None, "auto", "none"):
+        raise ApiError(400, "tool_choice 'required' or a named function needs 'tools'", code="invalid_parameter",
+                       param="tool_choice")
+    if forced is not None and settings.skip_chat_parsing:
+        raise ApiError(400, "tool_choice 'required' or a named function needs chat parsing, which "
+                       "--skip-chat-parsing turns off", code="field_not_honoured", param="tool_choice")
     kwargs = dict(settings.chat_template_kwargs)
     if req.chat_template_kwargs is not None:
         if not isinstance(req.chat_template_kwargs, dict):
@@ -103,8 +115,71 @@ def prepare(state: AppState, model: ServedModel, req: Any) -> Prepared:
         prefill = prefill if isinstance(prefill, str) else ""
     text = render_prompt_text(model, messages, tools=tools, extra=kwargs, prefill_assistant=settings.prefill_assistant)
     prompt = model.tokenizer.encode(text, add_special_tokens=False)
+    budget = _budget(settings, model, req)
+    parse = not settings.skip_chat_parsing
+    markers = {}
+    if parse and tools:
+        markers = {m: i for m in MARKERS if (i := model.tokenizer.single_special(m)) is not None}
     return Prepared(prompt=prompt, prompt_text=text, prefill=prefill, tools=tools, reasoning_format=fmt,
-                    parse=not settings.skip_chat_parsing)
+                    parse=parse, forced=forced, markers=markers, budget=budget)
+
+
+INT32_MAX = 2**31 - 1
+
+
+def _budget(settings: Any, model: ServedModel, req: Any) -> ReasoningBudget | None:
+    """The thinking budget of a request: its own fields over --reasoning-budget(-message)."""
+    n = req.reasoning_budget_tokens if req.reasoning_budget_tokens is not None else settings.reasoning_budget
+    if isinstance(n, bool) or not isinstance(n, int) or not -1 <= n <= INT32_MAX:
+        raise ApiError(400, f"Field 'reasoning_budget_tokens': Value must be between -1 <= value <= {INT32_MAX}, "
+                       f"but got {n}", code="invalid_parameter", param="reasoning_budget_tokens")
+    control = ReasoningControl() if req.reasoning_control else None
+    if n < 0 and control is None:
+        return None
+    ends = req.reasoning_budget_end_tags or ([req.reasoning_budget_end_tag] if req.reasoning_budget_end_tag else [])
+    start, end = req.reasoning_budget_start_tag or OPEN, (ends[0] if ends else CLOSE)
+    message = req.reasoning_budget_message
+    message = settings.reasoning_budget_message if message is None else message
+    if not isinstance(end, str) or not end:
+        raise ApiError(400, "reasoning_budget_end_tags must be non-empty strings", code="invalid_parameter",
+                       param="reasoning_budget_end_tags")
+
+    def ids(text: str) -> tuple[int, ...]:
+        return tuple(model.tokenizer.encode(text, add_special_tokens=False)) if text else ()
+
+    return ReasoningBudget(budget=n, open_ids=ids(start), close_ids=ids(end), message_ids=ids(message),
+                           control=control)
+
+
+async def generation_request(model: ServedModel, req: Any, prep: Prepared) -> Any:
+    """The engine request of a translated chat request (/v1/messages, /v1/responses):
+    sampling from `req`, the prompt and any forced tool-call grammar from `prep`."""
+    from mlxcel.api.openai import generation as g
+
+    greq = g.build_request(req, model, prep.prompt)
+    greq.grammar = await tool_grammar(prep, model)
+    greq.keep_tokens = prep.keep_tokens
+    greq.reasoning = prep.budget
+    return greq
+
+
+async def tool_grammar(prep: Prepared, model: ServedModel) -> Any:
+    """The compiled grammar a forced tool_choice decodes under (None when nothing is forced)."""
+    if prep.forced is None:
+        return None
+    import asyncio
+
+    from mlxcel.engine.grammar import GrammarError
+
+    hf = model.tokenizer.hf
+    thinking_open = prep.reasoning_format != "none" and primed(prep.prompt_text)
+    text = tg.lark(prep.forced, tg.family_format(model.tokenizer.chat_template),
+                   lambda s: hf.encode(s, add_special_tokens=False), thinking_open)
+    try:
+        return await asyncio.to_thread(model.grammars.compile, "lark", text)
+    except GrammarError as e:
+        raise ApiError(400, f"the tools' parameter schemas cannot be compiled for tool_choice: {e}",
+                       code="field_not_honoured", param="tool_choice") from None
 
 
 class ChatOutput:
@@ -117,6 +192,7 @@ class ChatOutput:
         self._reason = ReasoningStream(prep.reasoning_format if prep.parse else "none", primed(context))
         self._tools = ToolCallStream() if prep.parse and prep.tools else None
         self._parallel = parallel_tool_calls
+        self._markers = tuple(prep.markers)
         self._echo = prep.prefill if echo else ""
         self.n_calls = 0
 
@@ -132,7 +208,11 @@ class ChatOutput:
     def _shape(self, split, final: bool) -> list[dict[str, Any]]:
         deltas: list[dict[str, Any]] = []
         if split.reasoning:
-            deltas.append({"reasoning_content": split.reasoning})
+            thought = split.reasoning
+            for m in self._markers:
+                thought = thought.replace(m, "")
+            if thought:
+                deltas.append({"reasoning_content": thought})
         if self._tools is None:
             if split.content:
                 deltas.append({"content": split.content})
@@ -142,8 +222,11 @@ class ChatOutput:
             pieces += self._tools.finish()
         for p in pieces:
             if p.call is None:
-                if p.content:
-                    deltas.append({"content": p.content})
+                text = p.content
+                for m in self._markers:  # a marker of text that did not parse as a call
+                    text = text.replace(m, "")
+                if text:
+                    deltas.append({"content": text})
             elif self._parallel or p.index == 0:
                 self.n_calls += 1
                 deltas.append({"tool_calls": [{"index": p.index, "id": p.call.id, "type": "function",
@@ -174,3 +257,11 @@ def message(deltas: list[dict[str, Any]]) -> dict[str, Any]:
     if calls:
         msg["tool_calls"] = [calls[i] for i in sorted(calls)]
     return msg
+
+
+def with_alias(shape: dict[str, Any], policy: str) -> dict[str, Any]:
+    """--reasoning-alias-field reasoning: a delta or message carrying reasoning_content also
+    carries the same text as `reasoning` (none: b10621's field alone)."""
+    if policy == "reasoning" and "reasoning_content" in shape:
+        return {**shape, "reasoning": shape["reasoning_content"]}
+    return shape

@@ -19,6 +19,7 @@ from mlxcel.api.openai.fields import COMPLETIONS, check_fields, object_locations
 from mlxcel.api.openai.schemas import SCORING_UNUSED, CompletionRequest
 from mlxcel.api.state import AppState, ServedModel
 from mlxcel.api.openai import response_format as rf
+from mlxcel.steering import requests as steer
 
 
 def tokenize_prompts(model: ServedModel, prompt: Any, add_special_tokens: bool = True) -> list[list[int]]:
@@ -63,6 +64,7 @@ def _is_text_prompt(prompt: Any) -> bool:
 async def completions(request: Request, app_state: AppState) -> Any:
     strict = strict_mode(request.headers)
     body = await read_json_object(request)
+    activations = steer.take_activations(body)  # honoured here; profile / steering_intensity are refused
     req = convert(body, CompletionRequest)
     rf.refuse(body, "/v1/completions")
     unused = check_fields(body, CompletionRequest, COMPLETIONS)
@@ -83,14 +85,22 @@ async def completions(request: Request, app_state: AppState) -> Any:
     model = g.served_model(app_state, req.model)
     headers.update(g.seed_header(req.seed))
     prompts = tokenize_prompts(model, req.prompt, add_special_tokens=req.add_special_tokens is not False)
+    if activations is not None and (len(prompts) > 1 or (req.n or 1) > 1):
+        raise ApiError(400, "return_sae_activations reads one position axis: it is refused with several prompts "
+                       "and with n above 1", code="invalid_parameter", param="return_sae_activations")
     cid, created = g.new_id("cmpl"), g.now()
     base = {"id": cid, "object": "text_completion", "created": created, "model": model.id}
     if spec is not None:
-        return await _score(model, req, spec, prompts, base, headers)
+        return await _score(model, req, spec, prompts, base, headers, activations)
     greqs = [g.build_request(req, model, p, param="prompt") for p in prompts]
+    reader = None
     for greq in greqs:
         if not greq.prompt:
             raise ApiError(400, "the prompt tokenizes to nothing", code="invalid_parameter", param="prompt")
+        # the server's steering (live values, active profile or circuit) applies to every completion
+        steer_headers, reader = steer.apply(steer.SteeringFields(activations=activations), model.steering,
+                                            app_state.steering_store, greq)
+        headers.update(steer_headers)
     handles = g.submit_all(model, greqs)
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
@@ -109,35 +119,45 @@ async def completions(request: Request, app_state: AppState) -> Any:
                     finals.append(("", ev))
             if include_usage:
                 yield g.sse({**base, "choices": [], "usage": g.usage(finals)})
+            if reader is not None:  # the activations: one last chunk before [DONE]
+                yield g.sse({**base, "choices": [], "millm": {"sae_activations": reader.render()}})
 
         return g.stream_response(handles, frames, headers)
     results = await g.collect(request, handles)
     for _, ev in results:
         g.raise_for_error(ev)
-    return g.json_response({
+    out = {
         **base, "system_fingerprint": g.fingerprint(model),
         "choices": [{"index": i, "text": text, "logprobs": None, "finish_reason": ev.finish_reason}
                     for i, (text, ev) in enumerate(results)],
         "usage": g.usage(results),
-    }, headers)
+    }
+    if reader is not None:
+        out["millm"] = {"sae_activations": reader.render()}
+    return g.json_response(out, headers)
 
 
 async def _score(model: ServedModel, req: CompletionRequest, spec: sc.ScoringSpec, prompts: list[list[int]],
-                 base: dict[str, Any], headers: dict[str, str]) -> Any:
-    """One forward per prompt, one choice each; the text is the most probable allowed token."""
+                 base: dict[str, Any], headers: dict[str, str], activations: dict | None = None) -> Any:
+    """One forward per prompt, one choice each; the text is the most probable allowed token.
+    Unsteered and unmonitored; the response says so in `X-miLLM-Steering: none`."""
     where = "prompt" if len(prompts) == 1 else "prompt[{}]"
     for i, p in enumerate(prompts):
         sc.check_prompt(model, spec, p, where.format(i))
     texts = _prompt_texts(model, req.prompt, prompts)
     choices = []
+    reader = steer.scoring_reader(model.steering, activations, len(prompts[0])) if activations is not None else None
     for i, p in enumerate(prompts):
-        scored = await sc.score_prompt(model, p, spec)
+        scored = await sc.score_prompt(model, p, spec, reader.capture() if reader else None)
         choices.append({"index": i, "text": sc.token_text(model, scored.token),
                         "logprobs": sc.completion_logprobs(model, spec, scored, len(texts[i])),
                         "finish_reason": "length"})
     n_prompt = sum(len(p) for p in prompts)
-    return g.json_response({
+    out = {
         **base, "system_fingerprint": g.fingerprint(model), "choices": choices,
         "usage": {"prompt_tokens": n_prompt, "completion_tokens": len(prompts),
                   "total_tokens": n_prompt + len(prompts), "prompt_tokens_details": {"cached_tokens": 0}},
-    }, headers)
+    }
+    if reader is not None:
+        out["millm"] = {"sae_activations": reader.render()}
+    return g.json_response(out, {**headers, **steer.UNSTEERED})

@@ -55,7 +55,7 @@ FIELD_TABLE: dict[str, dict[str, str]] = {
     "logit_bias":            {CHAT: R, COMPLETIONS: R, EMBEDDINGS: R},
 
     "extra_messages":        {CHAT: H, COMPLETIONS: R, EMBEDDINGS: R},
-    "return_sae_activations": {CHAT: H, COMPLETIONS: R, EMBEDDINGS: R},  # chat: non-streamed
+    "return_sae_activations": {CHAT: H, COMPLETIONS: H, EMBEDDINGS: R},  # mlxcel/steering/requests.py
     "cache_prompt":          {CHAT: H, COMPLETIONS: H, EMBEDDINGS: R},  # b10621's per-request switch
     "parallel_tool_calls":   {CHAT: H, COMPLETIONS: R, EMBEDDINGS: R},
     "functions":             {CHAT: R, COMPLETIONS: R, EMBEDDINGS: R},

@@ -27,7 +27,8 @@ from mlxcel.engine.engine import RequestHandle
 from mlxcel.engine.sampling_params import fold_seed
 from mlxcel.engine.types import EngineError, GenerationRequest, TokenEvent
 
-SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+# Content-Type named here too: a handler declared JSON would otherwise label its stream JSON
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "Content-Type": "text/event-stream"}
 
 
 def served_model(state: AppState, name: str | None) -> ServedModel:

@@ -1,7 +1,7 @@
 """GET /v1/models and /models: the served models in OpenAI's list shape.
 
 Beside the chat model, a loaded embedding or reranking worker is listed under its own id.
-Each entry carries `capabilities` (completion, embedding, rerank) so a client can tell which id
+Each entry carries `capabilities` (completion, embedding, rerank, transcription) so a client can tell which id
 to send where; on a plain generation server the array is empty and omitted, keeping the OpenAI
 object shape.
 """
@@ -22,7 +22,8 @@ def _entries(app_state: AppState) -> list[tuple[dict, object]]:
     if m is not None:
         entry = {"id": m.id, "object": "model", "created": m.created, "owned_by": "llamacpp", "aliases": m.aliases}
         out.append((entry, "chat", m.answers_to))
-    for worker, kind in ((app_state.embedder, "embedding"), (app_state.reranker, "rerank")):
+    for worker, kind in ((app_state.embedder, "embedding"), (app_state.reranker, "rerank"),
+                         (app_state.transcriber, "transcription")):
         if worker is not None:
             entry = {"id": worker.id, "object": "model", "created": worker.created, "owned_by": "llamacpp", "aliases": []}
             out.append((entry, kind, lambda name, w=worker: name in (w.id, str(w.path))))
@@ -37,7 +38,9 @@ def _entries(app_state: AppState) -> list[tuple[dict, object]]:
 
 @get(["/v1/models", "/models"])
 async def list_models(app_state: AppState) -> dict:
-    return {"object": "list", "data": [entry for entry, _ in _entries(app_state)]}
+    """A steering-locked server lists only the locked model (/api/models/<id>/lock)."""
+    lock = app_state.steering_lock
+    return {"object": "list", "data": [entry for entry, _ in _entries(app_state) if lock is None or entry["id"] == lock]}
 
 
 @get("/v1/models/{model_id:path}")

@@ -116,6 +116,13 @@ def _conversation(state: AppState, req: ResponsesRequest) -> list[dict[str, Any]
     return before + _messages(req.input)
 
 
+def _tool_choice(choice: Any) -> Any:
+    """The Responses spelling of a named function ({"type": "function", "name": ...}) in chat's."""
+    if isinstance(choice, dict) and choice.get("type") == "function" and "function" not in choice:
+        return {"type": "function", "function": {"name": choice.get("name")}}
+    return choice
+
+
 def _chat_request(req: ResponsesRequest, conversation: list[dict[str, Any]]) -> ChatCompletionRequest:
     tools = None
     if req.tools:
@@ -130,7 +137,7 @@ def _chat_request(req: ResponsesRequest, conversation: list[dict[str, Any]]) -> 
         messages.insert(0, {"role": "system", "content": req.instructions})
     return ChatCompletionRequest(
         model=req.model, messages=messages, max_tokens=req.max_output_tokens, temperature=req.temperature,
-        top_p=req.top_p, tools=tools, tool_choice=req.tool_choice, parallel_tool_calls=req.parallel_tool_calls,
+        top_p=req.top_p, tools=tools, tool_choice=_tool_choice(req.tool_choice), parallel_tool_calls=req.parallel_tool_calls,
         reasoning_effort=(req.reasoning or {}).get("effort"))
 
 
@@ -186,7 +193,7 @@ async def create_response(request: Request, app_state: AppState) -> Any:
     conversation = _conversation(app_state, req)
     creq = _chat_request(req, conversation)
     prep = chat_surface.prepare(app_state, model, creq)
-    handle = g.submit(model, g.build_request(creq, model, prep.prompt))
+    handle = g.submit(model, await chat_surface.generation_request(model, creq, prep))
     out = chat_surface.ChatOutput(prep, parallel_tool_calls=req.parallel_tool_calls is not False)
     rid = "resp_" + uuid.uuid4().hex[:24]
     store = _store(app_state)
@@ -293,5 +300,16 @@ async def cancel_response(rid: str, app_state: AppState) -> dict[str, Any]:
     return _found(app_state, rid)
 
 
-# input_tokens is served by api/llamacpp/templates.py
+def count_input_tokens(app_state: AppState, body: dict[str, Any]) -> int:
+    """The prompt tokens a Responses request would prefill: the same translation
+    (previous_response_id rehydrated, tools rendered) and the same render as create_response.
+    Served on /v1/responses/input_tokens by api/llamacpp/templates.py."""
+    if body.get("conversation") is not None:
+        raise ApiError(400, "conversation is not supported by this server; chain turns with previous_response_id",
+                       code="field_not_honoured", param="conversation")
+    req = convert(body, ResponsesRequest)
+    model = g.served_model(app_state, req.model)
+    return len(chat_surface.prepare(app_state, model, _chat_request(req, _conversation(app_state, req))).prompt)
+
+
 RESPONSES_ROUTES = [create_response, get_response, delete_response, cancel_response]

@@ -50,6 +50,13 @@ class ChatCompletionRequest(_Sampling, kw_only=True):
     reasoning_format: str | None = None
     reasoning_effort: str | None = None
     echo: bool | None = None
+    # b10621's thinking budget and run-time control (engine/reasoning_budget.py)
+    reasoning_budget_tokens: int | None = None
+    reasoning_budget_message: str | None = None
+    reasoning_budget_start_tag: str | None = None
+    reasoning_budget_end_tags: list[str] | None = None
+    reasoning_budget_end_tag: str | None = None  # b10621's one-tag spelling of the above
+    reasoning_control: bool | None = None
 
 
 class CompletionRequest(_Sampling, kw_only=True):

@@ -135,9 +135,12 @@ def score_logits(logits: np.ndarray, spec: ScoringSpec) -> Scored:
     return Scored(int(ids[best]), float(lp[best]), tuple((int(ids[i]), float(lp[i])) for i in order[:k]))
 
 
-async def score_prompt(model: ServedModel, prompt: list[int], spec: ScoringSpec) -> Scored:
+async def score_prompt(model: ServedModel, prompt: list[int], spec: ScoringSpec,
+                       capture: dict | None = None) -> Scored:
+    """`capture`: residual reads of the pass (return_sae_activations); the pass itself carries no
+    steering, so every attached SAE is suppressed for it and for it only."""
     try:
-        future = model.engine.submit_score(prompt)
+        future = model.engine.submit_score(prompt, capture)
     except EngineError as e:
         raise ApiError(e.status, e.message, code=e.code) from None
     try:

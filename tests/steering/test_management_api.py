@@ -1,0 +1,133 @@
+"""The rest of the management API against one real server (qwen2-tiny, a MiniLM embedder
+beside it, an API key): SAE compatibility, batch steering and the `live` report, enable /
+disable / clear, monitoring (configure, enable, history, statistics, top; scoring records
+nothing), profiles save-current and export -> import, models list / load / unload / lock /
+unlock (a locked server lists only that model in /v1/models), inference health."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests.conftest import ServerProcess
+from tests.fixtures import MINILM, QWEN2_TINY, QWEN3_TINY, available
+from tests.steering.test_sae_units import random_sae
+
+pytestmark = pytest.mark.skipif(not (available(QWEN2_TINY) and available(MINILM)),
+                                reason="run scripts/fixtures/build_all.py")
+KEY = {"Authorization": "Bearer sekrit"}
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory):
+    state = tmp_path_factory.mktemp("state")
+    s = ServerProcess(["-m", QWEN2_TINY, "--offline", "-c", "1024", "-np", "2", "--state-dir", str(state),
+                       "--embedding-model", MINILM, "--api-key", "sekrit"])
+    yield s
+    s.stop()
+
+
+def call(srv, method, path, **kw):
+    r = httpx.request(method, srv.base_url + path, headers=KEY, timeout=120, **kw)
+    body = r.json()
+    assert set(body) == {"success", "data", "error"} or path.startswith("/v1"), body
+    return r, body
+
+
+def chat(srv, **extra):
+    return httpx.post(srv.base_url + "/v1/chat/completions", headers=KEY, timeout=120, json={
+        "messages": [{"role": "user", "content": "hello"}], "max_tokens": 3, "temperature": 0, **extra})
+
+
+def test_the_api_is_behind_the_key(srv):
+    assert httpx.get(srv.base_url + "/api/saes").status_code == 401
+    r, body = call(srv, "GET", "/api/health/inference")
+    assert body["data"]["inference_backend"] == "mlx" and body["data"]["per_request_steering"] == "in_batch"
+
+
+def test_compatibility_batch_steering_and_live(srv, tmp_path):
+    good = random_sae(tmp_path / "good", d_in=64, d_sae=16, layer=1)
+    wide = random_sae(tmp_path / "wide", d_in=32, d_sae=16, layer=1)
+    r, body = call(srv, "POST", "/api/saes/compatibility", json={"path": str(good)})
+    assert body["data"]["compatible"] and body["data"]["errors"] == [] and body["data"]["sae"]["layer"] == 1
+    r, body = call(srv, "POST", "/api/saes/compatibility", json={"path": str(wide)})
+    assert not body["data"]["compatible"] and "d_in 32" in body["data"]["errors"][0]
+    r, body = call(srv, "POST", "/api/saes/compatibility", json={"path": str(tmp_path / "none")})
+    assert r.status_code == 404 and body["error"]["code"] == "sae_not_found"
+
+    assert call(srv, "POST", "/api/saes/attach", json={"path": str(good)})[0].status_code == 201
+    r, body = call(srv, "POST", "/api/saes/steering/batch", json={"steering": {"2": 30, "5": -300}})
+    assert body["data"]["steering"] == {"2": 30.0, "5": -200.0} and body["data"]["live"] is True
+    r, body = call(srv, "POST", "/api/saes/good/steering/batch",
+                   json={"steering": [{"feature_idx": 7, "value": 4}]})
+    assert body["data"]["steering"] == {"2": 30.0, "5": -200.0, "7": 4.0}
+    r, body = call(srv, "POST", "/api/saes/good/steering/batch", json={"steering": {"99": 1}})
+    assert r.status_code == 400 and body["error"]["code"] == "invalid_feature_index"
+    assert call(srv, "GET", "/api/saes/steering")[1]["data"]["values"] == {"good": {"2": 30.0, "5": -200.0, "7": 4.0}}
+    assert call(srv, "DELETE", "/api/saes/good/steering/5")[1]["data"]["steering"] == {"2": 30.0, "7": 4.0}
+    assert call(srv, "POST", "/api/saes/steering/disable")[1]["data"][0]["live"] is False
+    assert call(srv, "POST", "/api/saes/steering/enable")[1]["data"][0]["enabled"] is True
+
+    # an active profile is the steering base: the live values are reported as not live
+    r, body = call(srv, "POST", "/api/profiles/save-current", json={"name": "snap", "description": "d"})
+    assert r.status_code == 201 and body["data"]["steering"] == {"2": 30.0, "7": 4.0}
+    call(srv, "POST", "/api/profiles/snap/activate")
+    assert call(srv, "GET", "/api/saes/good/steering")[1]["data"]["live"] is False
+    assert call(srv, "GET", "/api/saes/steering")[1]["data"]["base"] == "profile:snap"
+    call(srv, "POST", "/api/profiles/deactivate")
+    exported = call(srv, "GET", "/api/profiles/snap/export")[1]["data"]
+    call(srv, "DELETE", "/api/profiles/snap")
+    r, body = call(srv, "POST", "/api/profiles/import", json=exported)
+    assert r.status_code == 201 and call(srv, "GET", "/api/profiles/snap/export")[1]["data"] == exported
+    assert call(srv, "DELETE", "/api/saes/steering")[1]["data"][0]["steering"] == {}
+
+    # monitoring reads user traffic, never scoring
+    r, body = call(srv, "POST", "/api/monitoring/history")
+    assert r.status_code == 405 and body["error"]["code"] == "method_not_allowed"  # the envelope, even here
+    r, body = call(srv, "GET", "/api/monitoring/history")
+    assert r.status_code == 409 and body["error"]["code"] == "monitoring_not_configured"
+    r, body = call(srv, "POST", "/api/monitoring/configure", json={"top_k": 3, "history_size": 50})
+    assert body["data"]["enabled"] and body["data"]["sae_id"] == "good" and body["data"]["history_size"] == 50
+    assert call(srv, "POST", "/api/monitoring/configure", json={"top_k": 65})[0].status_code == 400
+    score = httpx.post(srv.base_url + "/v1/completions", headers=KEY, timeout=60,
+                       json={"prompt": "hi", "max_tokens": 1, "logprobs": 1})
+    assert score.status_code == 200
+    assert call(srv, "GET", "/api/monitoring/history")[1]["data"]["total"] == 0
+    r = chat(srv)
+    n = r.json()["usage"]["prompt_tokens"] + r.json()["usage"]["completion_tokens"] - 1  # last token unread
+    history = call(srv, "GET", "/api/monitoring/history?limit=1000")[1]["data"]
+    assert history["total"] == n and all(len(rec["features"]) <= 3 for rec in history["records"])
+    stats = call(srv, "GET", "/api/monitoring/statistics")[1]["data"]
+    assert stats["total_activations"] == n and stats["features"]
+    top = call(srv, "POST", "/api/monitoring/statistics/top", json={"k": 2, "metric": "max"})[1]["data"]
+    assert len(top["features"]) <= 2 and top["metric"] == "max"
+    assert [f["max"] for f in top["features"]] == sorted((f["max"] for f in stats["features"]), reverse=True)[:2]
+    assert call(srv, "GET", "/api/monitoring/top?k=2&metric=max")[1]["data"] == top
+    assert call(srv, "POST", "/api/monitoring/enable", json={"enabled": False})[1]["data"]["enabled"] is False
+    chat(srv)
+    assert call(srv, "GET", "/api/monitoring/history")[1]["data"]["total"] == min(n, 50)
+    assert call(srv, "DELETE", "/api/monitoring/history")[1]["data"]["cleared"] == n
+    assert call(srv, "DELETE", "/api/monitoring/statistics")[1]["data"]["cleared"] == n
+    call(srv, "POST", "/api/monitoring/configure", json={"enabled": False})
+    call(srv, "DELETE", "/api/saes/good")
+
+
+def test_models_list_lock_and_refused_switching(srv):
+    listed = lambda: [m["id"] for m in httpx.get(srv.base_url + "/v1/models", headers=KEY).json()["data"]]  # noqa: E731
+    assert len(listed()) == 2  # the chat model and the embedder
+    r, body = call(srv, "GET", "/api/models")
+    models = {m["id"]: m for m in body["data"]}
+    assert models[QWEN2_TINY]["status"] == "loaded" and models[QWEN3_TINY]["status"] == "ready"
+    r, body = call(srv, "POST", f"/api/models/{QWEN2_TINY}/lock")
+    assert body["data"]["locked"] is True
+    assert listed() == [QWEN2_TINY]
+    assert call(srv, "POST", f"/api/models/{QWEN2_TINY}/load")[1]["data"]["status"] == "loaded"
+    r, body = call(srv, "POST", f"/api/models/{QWEN3_TINY}/load")
+    assert r.status_code == 501 and body["error"]["code"] == "model_load_unsupported"
+    r, body = call(srv, "POST", f"/api/models/{QWEN3_TINY}/lock")
+    assert r.status_code == 409 and body["error"]["code"] == "model_not_loaded"
+    r, body = call(srv, "POST", f"/api/models/{QWEN2_TINY}/unload")
+    assert r.status_code == 501 and body["error"]["code"] == "model_unload_unsupported"
+    assert call(srv, "POST", f"/api/models/{QWEN2_TINY}/unlock")[1]["data"]["locked"] is False
+    assert len(listed()) == 2
+    assert call(srv, "GET", "/api/health/inference")[1]["data"]["locked_model"] is None

@@ -1,0 +1,46 @@
+"""--chat-template, --chat-template-file and --reasoning-alias-field at startup."""
+
+from __future__ import annotations
+
+import pytest
+
+from mlxcel.cli.flags import parse_server_args
+from mlxcel.cli.refusal import StartupRefusal
+
+TEMPLATE = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
+
+
+def test_inline_and_file_templates_are_read(tmp_path):
+    f = tmp_path / "t.jinja"
+    f.write_text(TEMPLATE)
+    s = parse_server_args(["-m", "x", "--chat-template-file", str(f)], {})
+    assert (s.chat_template, s.chat_template_file) == (None, TEMPLATE)
+    both = parse_server_args(["-m", "x", "--chat-template", "{{ 'inline' }}", "--chat-template-file", str(f)], {})
+    assert both.chat_template == "{{ 'inline' }}"  # the runtime prefers the inline one
+    assert parse_server_args(["-m", "x"], {"LLAMA_ARG_CHAT_TEMPLATE": TEMPLATE}).chat_template == TEMPLATE
+
+
+@pytest.mark.parametrize("args,match", [
+    (["--chat-template", "llama3"], "built-in template"),
+    (["--chat-template", "{% for %}"], "not valid Jinja"),
+    (["--chat-template", "  "], "empty"),
+])
+def test_refused_templates(args, match):
+    with pytest.raises(StartupRefusal, match=match):
+        parse_server_args(["-m", "x", *args], {})
+
+
+def test_file_refusals(tmp_path):
+    named = tmp_path / "n.txt"
+    named.write_text("chatml\n")
+    with pytest.raises(StartupRefusal, match="built-in template"):
+        parse_server_args(["-m", "x", "--chat-template-file", str(named)], {})
+    with pytest.raises(StartupRefusal, match="failed to open file"):
+        parse_server_args(["-m", "x", "--chat-template-file", str(tmp_path / "missing.jinja")], {})
+
+
+def test_reasoning_alias_field_policy():
+    assert parse_server_args(["-m", "x"], {}).reasoning_alias_field == "reasoning"
+    assert parse_server_args(["-m", "x", "--reasoning-alias-field", "none"], {}).reasoning_alias_field == "none"
+    with pytest.raises(StartupRefusal):
+        parse_server_args(["-m", "x", "--reasoning-alias-field", "thoughts"], {})
