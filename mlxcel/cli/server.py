@@ -90,13 +90,14 @@ def main(argv: list[str] | None = None, prog: str = "mlxcel-server") -> int:
         from mlxcel.api.vertex import check_predict_route
 
         check_predict_route(settings.vertex_predict_route, registered_paths())
+    from mlxcel.workers.checkpoint import EMBEDDING, RERANKER
     from mlxcel.workers.plan import plan as plan_workers
 
     # mode switch: --embeddings / --reranking serve a side worker and no chat model
     plan = plan_workers(settings, lambda ref, flag: resolve_ref(settings, ref, flag))
     path = resolve(settings) if plan.generation else None
-    if path is None and plan.sides:
-        choose_backend(settings, None)  # the side workers' encoder runs on the same choice
+    if path is None and any(s.kind in (EMBEDDING, RERANKER) for s in plan.sides):
+        choose_backend(settings, None)  # an embedder / reranker runs on the same choice (Whisper is MLX's)
     serve(settings, path, plan)
     return 0
 
