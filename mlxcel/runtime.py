@@ -101,7 +101,7 @@ def load_served_model(settings: ServerSettings, path: Path, served_id: str | Non
     from mlxcel.engine.tokenizer import Tokenizer
     from mlxcel.steering.manager import SteeringManager
 
-    backend, _ = load_backend(settings, path)
+    backend, choice = load_backend(settings, path)
     tokenizer = Tokenizer(path)
     template = settings.chat_template or settings.chat_template_file
     if template:  # --chat-template(-file) replaces the checkpoint's own template everywhere
@@ -127,6 +127,7 @@ def load_served_model(settings: ServerSettings, path: Path, served_id: str | Non
         ignore_eos=settings.ignore_eos,
         n_ctx=engine.n_ctx_slot,
         n_predict=settings.n_predict,
+        backend_reason=settings.backend_reason or choice.reason,
         steering=SteeringManager(int(backend.info.config.get("hidden_size") or 0), backend.info.num_layers,
                                  settings.cluster_intensity_min, settings.circuit_intensity_min),
         grammars=for_tokenizer(tokenizer, backend.info.vocab_size),

@@ -97,10 +97,38 @@ def module_server(ref: str, *args: str):
     return server
 
 
-@pytest.fixture(scope="session")
-def default_server():
+def default_compute_dtype(backend: str, device: str = "cpu", checkpoint_dtype: str = "bfloat16") -> str:
+    """The dtype a backend computes in when --dtype is left at auto (MLX: fp32 on a CPU;
+    torch: bf16 on a CPU with native bf16, else fp32; the checkpoint's on CUDA)."""
+    if backend == "mlx":
+        return "float32" if device == "cpu" else checkpoint_dtype
+    import torch
+
+    from mlxcel.backends.torch.backend import resolve_dtype
+
+    return resolve_dtype("auto", checkpoint_dtype, torch.device(device))
+
+
+def default_backends(environ=None) -> list[str]:
+    """The backends the default-model e2e tests run on: both, unless MLXCEL_TEST_BACKENDS
+    (comma-separated) narrows the matrix (e.g. `torch` on a GPU machine)."""
+    environ = os.environ if environ is None else environ
+    wanted = [b.strip() for b in environ.get("MLXCEL_TEST_BACKENDS", "mlx,torch").split(",") if b.strip()]
+    unknown = set(wanted) - {"mlx", "torch"}
+    if unknown or not wanted:
+        raise pytest.UsageError(f"MLXCEL_TEST_BACKENDS={environ.get('MLXCEL_TEST_BACKENDS')!r}: expected mlx and/or torch")
+    return wanted
+
+
+@pytest.fixture(scope="session", params=default_backends())
+def default_server(request):
+    """The default model served as a user would start it, once per backend (`--backend` pinned,
+    so the matrix holds on any machine); pytest runs every test of one backend before
+    starting the other, so one server is up at a time. `.backend` names the one serving."""
     fixture_path(DEFAULT_MODEL)
-    server = ServerProcess(["-m", DEFAULT_MODEL, "--offline"])
+    device = os.environ.get("MLXCEL_TEST_DEVICE", "cpu") if request.param == "torch" else "cpu"
+    server = ServerProcess(["-m", DEFAULT_MODEL, "--offline", "--backend", request.param, "--device", device])
+    server.backend, server.dtype = request.param, default_compute_dtype(request.param, device)
     yield server
     server.stop()
 

@@ -28,6 +28,7 @@ class ServedModel:
     n_ctx: int
     n_predict: int
     ignore_eos: bool = False  # --ignore-eos: a request that does not say inherits it
+    backend_reason: str = ""  # why this backend and device were chosen ("requested", "auto: ...")
     steering: Any = None  # the SteeringManager of this model's SAEs (mlxcel.steering.manager)
     created: int = field(default_factory=lambda: int(time.time()))
     grammars: Any = None  # engine.grammar.GrammarCompiler for this tokenizer

@@ -41,8 +41,41 @@ class ForwardRow:
     capture: dict[int, Callable[[list[int], np.ndarray, np.ndarray], None]] | None = None
 
 
+def steering_blocks(rows: list[ForwardRow]) -> dict[int, np.ndarray]:
+    """Per steered layer, one fp32 [B, 1, hidden] delta block for the step (zeros for rows
+    without a delta at that layer, so they pass through unchanged); empty when nobody steers."""
+    blocks: dict[int, np.ndarray] = {}
+    for i, r in enumerate(rows):
+        for li, delta in (r.steering or {}).items():
+            if li not in blocks:
+                blocks[li] = np.zeros((len(rows), 1, np.shape(delta)[-1]), dtype=np.float32)
+            blocks[li][i, 0] = delta
+    return blocks
+
+
+def compacted(seq: Any, keep: int, discard: int, copy_slots: Callable[[np.ndarray, np.ndarray], None]) -> Any:
+    """A context shift over a paged sequence: a new sequence (same allocator) holding seq's
+    tokens without [keep, keep + discard), their keys/values copied slot for slot by the
+    backend's `copy_slots(src, dst)`. Kept keys keep their rotation; `shift` makes the new
+    sequence continue at seq's logical position."""
+    kept = list(range(keep)) + list(range(keep + discard, seq.length))
+    out = type(seq)(seq.allocator)
+    out.reserve(len(kept))
+    copy_slots(seq.slots(0, seq.length)[kept], out.slots(0, len(kept)))
+    out.tokens = [seq.tokens[i] for i in kept]
+    out.shift = seq.position - len(kept)
+    return out
+
+
+def read_layers(rows: list[ForwardRow]) -> set[int]:
+    """The layers whose residuals some row of the step captures."""
+    return {li for r in rows if r.capture for li in r.capture}
+
+
 class Backend(Protocol):
     info: ModelInfo
+    allocator: Any  # the BlockAllocator behind the paged KV (the prefix cache shares it)
+    kv_bytes_per_token: int  # at the compute dtype, all layers
 
     def new_sequence(self) -> Any:
         """A fresh, empty per-sequence KV cache."""
@@ -53,6 +86,13 @@ class Backend(Protocol):
 
     def forward_all(self, tokens: list[int], cache: Any) -> np.ndarray:
         """Like forward for one row, but return logits for every position: [n, vocab]."""
+
+    def compact(self, seq: Any, keep: int, discard: int) -> Any:
+        """A context shift: a new sequence holding seq's tokens without [keep, keep + discard),
+        continuing at seq's logical position (the caller releases seq)."""
+
+    def configure_kv(self, num_blocks: int, block_size: int) -> None:
+        """(Re)build the paged KV pool; only while no sequence is live."""
 
 
 def kv_bytes_per_token(info: ModelInfo, dtype_bytes: int) -> int:

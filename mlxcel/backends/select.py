@@ -118,8 +118,6 @@ def choose(backend: str, device: str, *, apple: bool | None = None, has_torch: b
         return Choice("mlx", "cpu", "auto: torch is not installed, so MLX on the CPU")
     chosen = _torch_device(device)
     if chosen == "cpu":
-        # torch decodes faster on a CPU-only machine (docs/benchmarks.md), but it does not carry
-        # every seam yet (steering deltas, context-shift compaction): auto stays on MLX until it does.
-        return Choice("mlx", "cpu", "auto: MLX on the CPU (pass --backend torch for the faster torch path)")
+        return Choice("torch", "cpu", "auto: CPU-only machine, torch decodes faster here than MLX's CPU wheel")
     why = "auto: CUDA present" if chosen.startswith("cuda") else "auto: torch on MPS"
     return Choice("torch", chosen, why)

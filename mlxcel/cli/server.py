@@ -75,13 +75,13 @@ def enable_fast_blas() -> None:
     (log.warning if blas.warn else log.info)("%s", blas.detail)
 
 
-def choose_backend(settings: ServerSettings, path: Path) -> None:
+def choose_backend(settings: ServerSettings, path: Path | None) -> None:
     """Settle --backend/--device before the load thread starts, so a refusal stops startup."""
     from mlxcel.runtime import select_backend
 
     choice = select_backend(settings, path)
     log.info("backend %s on %s (%s)", choice.backend, choice.device, choice.reason)
-    settings.backend, settings.device = choice.backend, choice.device
+    settings.backend, settings.device, settings.backend_reason = choice.backend, choice.device, choice.reason
 
 
 def prepare_cpu_runtime(environ) -> None:
@@ -106,11 +106,14 @@ def main(argv: list[str] | None = None, prog: str = "mlxcel-server") -> int:
         from mlxcel.api.vertex import check_predict_route
 
         check_predict_route(settings.vertex_predict_route, registered_paths())
+    from mlxcel.workers.checkpoint import EMBEDDING, RERANKER
     from mlxcel.workers.plan import plan as plan_workers
 
     # mode switch: --embeddings / --reranking serve a side worker and no chat model
     plan = plan_workers(settings, lambda ref, flag: resolve_ref(settings, ref, flag))
     path = resolve(settings) if plan.generation else None
+    if path is None and any(s.kind in (EMBEDDING, RERANKER) for s in plan.sides):
+        choose_backend(settings, None)  # an embedder / reranker runs on the same choice (Whisper is MLX's)
     serve(settings, path, plan)
     return 0
 

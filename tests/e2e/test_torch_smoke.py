@@ -1,8 +1,8 @@
-"""A smoke subset of the e2e suite on `--backend torch` (the full matrix runs on auto only,
-which on a CPU-only Linux machine is torch too; this pins torch wherever the suite runs).
+"""A smoke subset of the e2e suite on `--backend torch`: the small set scripts/bench/gpu_check.sh
+runs on a CUDA machine (the full default-model matrix runs on both backends through the
+`default_server` fixture; MLXCEL_TEST_BACKENDS=torch narrows it to torch).
 
-MLXCEL_TEST_DEVICE picks the device (default cpu); scripts/bench/gpu_check.sh sets it to
-cuda on a GPU machine.
+MLXCEL_TEST_DEVICE picks the device (default cpu); gpu_check.sh sets it to cuda.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ def client(torch_server):
 def test_props_and_log_name_the_torch_backend(torch_server):
     backend = httpx.get(torch_server.base_url + "/props").json()["backend"]
     assert backend["name"] == "torch" and backend["device"].startswith(os.environ.get("MLXCEL_TEST_DEVICE", "cpu"))
+    assert backend["reason"] == "requested"
     assert "backend torch on" in torch_server.log()
 
 

@@ -1,7 +1,8 @@
 """The engine on a real checkpoint: batch invariance, the prefix cache, cancellation.
 
-Greedy outputs are compared token for token. The MLX CPU backend computes each row of a
-batched matmul the same way whatever the batch holds, so no tolerance is needed here.
+Greedy outputs are compared token for token, on both backends (the `model` fixture runs each
+scenario once on MLX and once on torch at its CPU default dtype). Each backend computes a row
+of a batched matmul the same way whatever else the batch holds, so no tolerance is needed.
 """
 
 from __future__ import annotations
@@ -23,14 +24,15 @@ LONG_TEXT = " ".join(f"Item {i}: the {['red', 'green', 'blue', 'amber'][i % 4]} 
 def make_model(**overrides):
     from mlxcel.runtime import load_served_model
 
-    overrides = {"backend": "mlx", **overrides}  # the torch variants live in test_torch_parity.py
+    overrides = {"backend": "mlx", **overrides}
     settings = ServerSettings(**{"model": DEFAULT_MODEL, "ctx_size": 8192, "parallel": 4, "warmup": False, **overrides})
     return load_served_model(settings, fixture_path(DEFAULT_MODEL))
 
 
-@pytest.fixture(scope="module")
-def model():
-    m = make_model()
+@pytest.fixture(scope="module", params=["mlx", "torch"])
+def model(request):
+    m = make_model(backend=request.param)
+    assert m.info.backend == request.param
     yield m
     m.engine.shutdown()
 
@@ -127,13 +129,14 @@ def test_eviction_under_a_tiny_budget_stays_correct():
         m.engine.shutdown()
 
 
-def test_context_bound_stops_truncated_or_shifts_on():
+@pytest.mark.parametrize("backend", ["mlx", "torch"])
+def test_context_bound_stops_truncated_or_shifts_on(backend):
     prompt_text = "Count slowly from one to one thousand, one number per line:"
 
     async def go(m, max_tokens):
         return await run(m, encode(m, prompt_text), max_tokens)
 
-    stop = make_model(ctx_size=256, parallel=2)  # 128 tokens per slot
+    stop = make_model(ctx_size=256, parallel=2, backend=backend)  # 128 tokens per slot
     try:
         tokens, last = asyncio.run(go(stop, 400))
         n_prompt = len(encode(stop, prompt_text))
@@ -142,10 +145,11 @@ def test_context_bound_stops_truncated_or_shifts_on():
     finally:
         stop.engine.shutdown()
 
-    shift = make_model(ctx_size=256, parallel=2, context_shift=True, keep=-1)
+    shift = make_model(ctx_size=256, parallel=2, context_shift=True, keep=-1, backend=backend)
     try:
         # greedy on a counting prompt keeps going past the bound: the shift makes room
         handle_tokens, last = asyncio.run(go(shift, 160))
+        assert len(handle_tokens) > 128 - n_prompt, (len(handle_tokens), last.finish_reason)  # it did shift
         assert len(handle_tokens) == 160 or last.finish_reason == "stop"
         if len(handle_tokens) == 160:
             assert last.truncated and last.stop_type == "limit"

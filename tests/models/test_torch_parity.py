@@ -1,13 +1,12 @@
-"""The torch backend against transformers' own forward, the engine on torch, and MLX vs torch.
+"""The torch backend against transformers' own forward, and MLX vs torch (the engine
+scenarios on torch are test_engine.py's, parametrized over both backends).
 
 1. Per family (the rows of test_parity.FAMILY_FIXTURES): logits through mlxcel's paged KV
    equal transformers' forward with its own cache (same weights, fp32) to <= 1e-4, through a
    prefill and 16 decode steps. The decode steps run two rows at different positions in one
    right-padded batch, so per-row positions and the prebuilt masks (one per layer type on
    Gemma 3) are checked too, each row against its own reference.
-2. The engine on torch: batch invariance and prefix-cache identity, the test_engine scenarios
-   with `--backend torch`.
-3. MLX vs torch greedy text on SmolLM2, 20 prompts, both fp32, prefilled and decoded as one
+2. MLX vs torch greedy text on SmolLM2, 20 prompts, both fp32, prefilled and decoded as one
    batch. Measured on this machine: 20/20 identical (24 tokens, and 16 as the test runs).
    The two sides sum in different orders (MLX's and torch's CPU kernels), so a prompt whose
    top-2 logits sit within ~1e-5 could flip a token; the test therefore asserts >= 18/20 and
@@ -20,7 +19,6 @@ import numpy as np
 import pytest
 
 from tests.conftest import DEFAULT_MODEL, fixture_path
-from tests.models import test_engine as engine_tests
 from tests.models.test_parity import DECODE_STEPS, FAMILY_FIXTURES, PROMPT
 
 TOLERANCE = 1e-4
@@ -68,22 +66,6 @@ def test_torch_matches_transformers(family):
             assert diff <= TOLERANCE, f"row {i} decode step {step}: max abs diff {diff}"
             assert int(rows[i].argmax()) == int(theirs.argmax()), f"row {i} greedy diverges at step {step}"
             nexts[i] = int(theirs.argmax())
-
-
-@pytest.fixture(scope="module")
-def torch_model():
-    m = engine_tests.make_model(backend="torch", device="cpu")
-    assert m.info.backend == "torch"
-    yield m
-    m.engine.shutdown()
-
-
-def test_torch_batch_invariance(torch_model):
-    engine_tests.test_batch_invariance(torch_model)
-
-
-def test_torch_prefix_cache_hit_is_identical(torch_model):
-    engine_tests.test_prefix_cache_hit_is_identical_and_opt_out_prefills_cold(torch_model)
 
 
 GREEDY_PROMPTS = [

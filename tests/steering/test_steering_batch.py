@@ -2,7 +2,7 @@
 
 Four requests (unsteered, the live steering, profile A, a cluster at dial 0.5) run together
 and each must produce exactly the tokens it produces alone; strength 0 and "off" must be
-byte-identical to no SAE attached, down to the logits.
+byte-identical to no SAE attached, down to the logits. Both backends, same assertions.
 """
 
 from __future__ import annotations
@@ -25,12 +25,13 @@ pytestmark = pytest.mark.skipif(not available(QWEN2_TINY), reason="run scripts/f
 GREEDY = SamplingParams(temperature=0.0)
 
 
-@pytest.fixture(scope="module")
-def served():
+@pytest.fixture(scope="module", params=["mlx", "torch"])
+def served(request):
     from mlxcel.runtime import load_served_model
 
-    m = load_served_model(ServerSettings(model=QWEN2_TINY, ctx_size=2048, parallel=4, warmup=False),
-                          fixture_path(QWEN2_TINY))
+    m = load_served_model(ServerSettings(model=QWEN2_TINY, ctx_size=2048, parallel=4, warmup=False,
+                                         backend=request.param), fixture_path(QWEN2_TINY))
+    assert m.info.backend == request.param
     yield m
     m.engine.shutdown()
 
@@ -95,6 +96,28 @@ def test_unsteered_rows_are_byte_identical_at_the_logits_while_a_hook_is_install
     assert not np.array_equal(base, steered)
     assert np.array_equal(logits(None), base)
     assert np.array_equal(logits({1: np.zeros(64, np.float32)}), base)
+
+
+def test_capture_hands_each_row_its_residuals_before_and_after_its_own_delta(served):
+    be = served.engine.backend
+    a, b = served.tokenizer.encode("Hello there"), served.tokenizer.encode("A longer second prompt, in one batch")
+    d = np.zeros(64, np.float32)
+    d[5] = 4.0
+    got = {}
+
+    def capture(name):
+        return {1: lambda toks, pre, post: got.__setitem__(name, (toks, pre, post))}
+
+    seqs = [be.new_sequence(), be.new_sequence()]
+    be.forward([ForwardRow(a, seqs[0], {1: d}, capture("a")), ForwardRow(b, seqs[1], None, capture("b"))])
+    for s in seqs:
+        s.release()
+    (ta, pre_a, post_a), (tb, pre_b, post_b) = got["a"], got["b"]
+    assert ta == a and tb == b
+    assert pre_a.shape == post_a.shape == (len(a), 64) and pre_b.shape == (len(b), 64)
+    moved = (post_a - pre_a).mean(axis=0)
+    assert int(np.argmax(np.abs(moved))) == 5 and abs(moved[5] - 4.0) < 0.5  # bf16 on torch rounds
+    assert np.array_equal(pre_b, post_b)  # a row without a delta passes through untouched
 
 
 def test_a_scoring_pass_is_unsteered_while_a_steered_generation_runs_beside_it(served, tmp_path):

@@ -22,12 +22,25 @@ pytestmark = pytest.mark.skipif(not (available(DEFAULT_MODEL) and sae_available(
                                 reason="run scripts/fixtures/build_all.py")
 
 
-def test_steering_a_trained_feature_raises_its_promoted_tokens_monotonically_in_lambda():
-    from mlxcel.backends.mlx.backend import MLXBackend
+def _load(backend: str, path):
+    """The backend at fp32, and its (tied) embedding matrix as numpy."""
+    if backend == "mlx":
+        from mlxcel.backends.mlx.backend import MLXBackend
+
+        be = MLXBackend(path, dtype="float32")
+        return be, np.array(be.model.model.embed_tokens.weight)
+    from mlxcel.backends.torch.backend import TorchBackend
+
+    be = TorchBackend(path, dtype="float32")
+    return be, be.model.get_input_embeddings().weight.detach().float().numpy()
+
+
+@pytest.mark.parametrize("backend", ["mlx", "torch"])
+def test_steering_a_trained_feature_raises_its_promoted_tokens_monotonically_in_lambda(backend):
     from mlxcel.engine.tokenizer import Tokenizer
 
     path = fixture_path(DEFAULT_MODEL)
-    be = MLXBackend(path, dtype="float32")
+    be, W_U = _load(backend, path)
     ids = Tokenizer(path).encode("The weather today is", add_special_tokens=False)
     m = SteeringManager(be.info.config["hidden_size"], be.info.num_layers)
     sae = m.attach(str(fixture_path(SAE_TRAINED))).sae
@@ -43,7 +56,6 @@ def test_steering_a_trained_feature_raises_its_promoted_tokens_monotonically_in_
     base = forward()
     resid = seen["pre"][-1]
     f = int(np.argmax(sae.encode(resid[None])[0]))
-    W_U = np.array(be.model.model.embed_tokens.weight)
     promoted = np.argsort(-(W_U @ sae.W_dec[f]))[:10]
 
     def score(logits):

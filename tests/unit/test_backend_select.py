@@ -12,13 +12,13 @@ from mlxcel.cli.settings import ServerSettings
 from mlxcel.runtime import select_backend
 
 
-def test_auto_picks_mlx_on_apple_silicon_and_on_a_linux_cpu():
+def test_auto_picks_mlx_on_apple_silicon_and_torch_on_a_linux_cpu():
     assert choose("auto", "auto", apple=True, has_torch=True).backend == "mlx"
     assert choose("auto", "auto", apple=True, has_torch=True).device == "metal"
     linux = choose("auto", "auto", apple=False, has_torch=True)  # this machine has no CUDA device
-    # torch is faster here, but auto stays on MLX until torch carries every seam (select.py)
-    assert (linux.backend, linux.device) == ("mlx", "cpu")
-    assert "--backend torch" in linux.reason
+    assert (linux.backend, linux.device) == ("torch", "cpu")  # measured faster than MLX's CPU wheel
+    assert linux.reason.startswith("auto: CPU-only")
+    assert choose("auto", "cpu", apple=False, has_torch=True).backend == "torch"
     no_torch = choose("auto", "auto", apple=False, has_torch=False)
     assert (no_torch.backend, no_torch.device) == ("mlx", "cpu") and "not installed" in no_torch.reason
 
@@ -66,6 +66,7 @@ def test_threads_flag_reaches_settings_and_is_refused_on_mlx():
     assert parse_server_args([], {"LLAMA_ARG_THREADS": "3"}).threads == 3
     assert select_backend(ServerSettings(backend="torch", device="cpu", threads=2)).backend == "torch"
     assert select_backend(ServerSettings(backend="mlx", device="cpu", threads=-1)).backend == "mlx"
+    assert select_backend(ServerSettings(backend="auto", device="auto", threads=2)).backend == "torch"
     with pytest.raises(StartupRefusal) as e:
         select_backend(ServerSettings(backend="mlx", device="cpu", threads=4))
     assert "--threads 4" in str(e.value.code) and "--backend torch" in str(e.value.code)
@@ -86,3 +87,16 @@ def test_torch_backend_refuses_an_mlx_quantized_checkpoint(tmp_path):
     (tmp_path / "config.json").write_text('{"model_type": "llama", "quantization": {"bits": 4, "group_size": 64}}')
     with pytest.raises(CheckpointRefused, match="4-bit, group 64.*--backend mlx"):
         TorchBackend(tmp_path)
+
+
+def test_auto_reads_the_checkpoint_and_keeps_an_mlx_quantized_one_on_mlx():
+    from tests.fixtures import DEFAULT_MODEL, SMOLLM2_4BIT, available, fixture_path
+
+    if not (available(SMOLLM2_4BIT) and available(DEFAULT_MODEL)):
+        pytest.skip("run scripts/fixtures/build_all.py")
+    quantized = select_backend(ServerSettings(), fixture_path(SMOLLM2_4BIT))
+    assert (quantized.backend, quantized.device) == ("mlx", "cpu") and "quantized" in quantized.reason
+    plain = select_backend(ServerSettings(), fixture_path(DEFAULT_MODEL))
+    assert plain.backend == choose("auto", "auto").backend
+    with pytest.raises(StartupRefusal, match="MLX-quantized"):
+        select_backend(ServerSettings(backend="torch", device="cpu"), fixture_path(SMOLLM2_4BIT))

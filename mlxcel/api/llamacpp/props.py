@@ -2,8 +2,8 @@
 
 `default_generation_settings` is upstream's {params, n_ctx} shape with the metrics-only
 task_params subset, from the server defaults; keys for features this server lacks are
-omitted rather than invented. One key is mlxcel's own: `backend` (name, device, compute
-dtype), since the same server may run on MLX or torch. POST /props acknowledges and changes
+omitted rather than invented. One key is mlxcel's own: `backend` (name, device, why it was
+chosen, compute dtype), since the same server may run on MLX or torch. POST /props acknowledges and changes
 nothing, exactly as upstream's handler does.
 """
 
@@ -71,7 +71,7 @@ def props_json(app_state: AppState, model: ServedModel) -> dict:
         "is_sleeping": model.engine.is_sleeping,
         "cors_proxy_enabled": False,
         # mlxcel's own resolved configuration (extensions; b10621 has no such keys)
-        "backend": {"name": model.info.backend, "device": model.info.device,
+        "backend": {"name": model.info.backend, "device": model.info.device, "reason": model.backend_reason,
                     "dtype": model.info.dtype, "compute_dtype": model.info.dtype, "checkpoint_dtype": model.info.checkpoint_dtype,
                     "quantization": model.info.quantization},
         "geometry": {"n_ctx": model.engine.n_ctx, "n_ctx_slot": model.n_ctx, "n_parallel": model.engine.parallel,

@@ -115,7 +115,7 @@ async def health_inference(app_state: AppState) -> Response:
         return {"backend": "continuous_batching", "engine": f"mlxcel-{m.info.backend}",
                 "inference_backend": m.info.backend, "device": m.info.device, "dtype": m.info.dtype,
                 "model": m.id, "locked_model": app_state.steering_lock, "parallel": m.engine.parallel,
-                "per_request_steering": "in_batch" if m.info.backend == "mlx" else "unsupported",
+                "per_request_steering": "in_batch",
                 "saes_attached": len(m.steering.attached) if m.steering else 0}
 
     return run(go)

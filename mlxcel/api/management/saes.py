@@ -80,9 +80,6 @@ async def attach_sae(request: Request, app_state: AppState) -> Response:
 
     def go():
         manager = need_manager(app_state)
-        if app_state.model.info.backend != "mlx":
-            raise Refusal(501, "steering_unsupported", f"the {app_state.model.info.backend} backend does not apply "
-                          "SAE steering yet; serve with --backend mlx to attach SAEs")
         return _answer(app_state, manager.attach(str(_path(body, app_state)), body.get("sae_id")))
 
     return run(go, 201)
@@ -106,8 +103,6 @@ async def compatibility(request: Request, app_state: AppState) -> Response:
             check_compatible(sae, manager.hidden_size, manager.num_layers)
         except SAEError as e:
             errors.append(str(e))
-        if app_state.model.info.backend != "mlx":
-            errors.append(f"the {app_state.model.info.backend} backend does not apply SAE steering")
         if sae.sae_id in manager.attached:
             errors.append(f"an SAE with id {sae.sae_id!r} is already attached")
         same_layer = sorted(a.sae.sae_id for a in manager.attached.values() if a.sae.layer == sae.layer)

@@ -13,7 +13,7 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.utils import load_model
 
-from mlxcel.backends.base import ForwardRow, ModelInfo, kv_bytes_per_token
+from mlxcel.backends.base import ForwardRow, ModelInfo, compacted, kv_bytes_per_token, read_layers, steering_blocks
 from mlxcel.backends.mlx.paged import PagedBatchView, PagedStorage, StepPlan
 from mlxcel.engine.kv_block_pool import BlockAllocator, SequenceKV
 from mlxcel.models.hooks import install_hooks
@@ -109,13 +109,7 @@ class MLXBackend:
     def compact(self, seq: SequenceKV, keep: int, discard: int) -> SequenceKV:
         """A new sequence holding seq's tokens without [keep, keep + discard); the kept keys keep
         their rotation and the new sequence continues at seq's logical position."""
-        kept = list(range(keep)) + list(range(keep + discard, seq.length))
-        out = SequenceKV(self.allocator)
-        out.reserve(len(kept))
-        self.storage.copy_slots(seq.slots(0, seq.length)[kept], out.slots(0, len(kept)))
-        out.tokens = [seq.tokens[i] for i in kept]
-        out.shift = seq.position - len(kept)
-        return out
+        return compacted(seq, keep, discard, self.storage.copy_slots)
 
     def _run(self, rows: list[ForwardRow]) -> tuple[mx.array, StepPlan]:
         for r in rows:
@@ -151,21 +145,13 @@ class MLXBackend:
     def _prepare_step(self, rows: list[ForwardRow]) -> None:
         """One [B, 1, hidden] delta per steered layer (zeros for rows without one), and the
         layers some row reads; both empty when no row asks, so the forward is untouched."""
-        self._deltas, self._reads = {}, {}
-        steered = {li for r in rows if r.steering for li in r.steering}
-        read = {li for r in rows if r.capture for li in r.capture}
-        for li in steered | read:
+        blocks, read = steering_blocks(rows), read_layers(rows)
+        for li in blocks.keys() | read:
             if li not in self._hooked:
                 self.hooks.add(li, self._layer_hook)
                 self._hooked.add(li)
         dtype = _DTYPES[self.info.dtype]
-        for li in steered:
-            d = next(r.steering[li] for r in rows if r.steering and li in r.steering).shape[-1]
-            block = np.zeros((len(rows), 1, d), dtype=np.float32)
-            for i, r in enumerate(rows):
-                if r.steering and li in r.steering:
-                    block[i, 0] = r.steering[li]
-            self._deltas[li] = mx.array(block).astype(dtype)
+        self._deltas = {li: mx.array(block).astype(dtype) for li, block in blocks.items()}
         self._reads = {li: None for li in read}
 
     def _deliver_reads(self, rows: list[ForwardRow], plan: StepPlan) -> None:

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mlxcel.backends.base import ForwardRow, ModelInfo, kv_bytes_per_token
+from mlxcel.backends.base import ForwardRow, ModelInfo, compacted, kv_bytes_per_token, read_layers, steering_blocks
 from mlxcel.backends.torch.paged import PagedStepCache, PagedStorage, StepPlan
 from mlxcel.engine.kv_block_pool import BlockAllocator, SequenceKV
 from mlxcel.models.hooks import LayerHooks
@@ -137,6 +137,10 @@ class TorchBackend:
         self._window = getattr(text_config, "sliding_window", None)
         layers = self.base.layers
         self.hooks = install_torch_hooks(layers)
+        # per-step SAE steering and residual reads (set by _prepare_step, read by _layer_hook)
+        self._hooked: set[int] = set()
+        self._deltas: dict[int, torch.Tensor] = {}
+        self._reads: dict[int, tuple[torch.Tensor, torch.Tensor] | None] = {}
         self.info = ModelInfo(
             path=path,
             model_type=config["model_type"],
@@ -164,6 +168,11 @@ class TorchBackend:
     def new_sequence(self) -> SequenceKV:
         return SequenceKV(self.allocator)
 
+    def compact(self, seq: SequenceKV, keep: int, discard: int) -> SequenceKV:
+        """A new sequence holding seq's tokens without [keep, keep + discard); the kept keys keep
+        their rotation and the new sequence continues at seq's logical position."""
+        return compacted(seq, keep, discard, self.storage.copy_slots)
+
     def _masks(self, plan: StepPlan):
         """A 4-D mask for uniform families; one per layer type where the config names them."""
         if not self._layer_types:
@@ -178,11 +187,44 @@ class TorchBackend:
         ids = np.zeros((plan.batch, plan.nmax), dtype=np.int64)
         for i, r in enumerate(rows):
             ids[i, : len(r.tokens)] = r.tokens
-        out = self.base(input_ids=torch.from_numpy(ids).to(self.device), attention_mask=self._masks(plan),
-                        position_ids=plan.position_ids, cache=PagedStepCache(self.storage, plan), use_cache=True)
+        self._prepare_step(rows)
+        try:
+            out = self.base(input_ids=torch.from_numpy(ids).to(self.device), attention_mask=self._masks(plan),
+                            position_ids=plan.position_ids, cache=PagedStepCache(self.storage, plan),
+                            use_cache=True)
+        finally:
+            self._deltas = {}
         for r in rows:
             r.cache.tokens.extend(r.tokens)
         return out.last_hidden_state, plan
+
+    def _layer_hook(self, layer: int, hidden: torch.Tensor) -> torch.Tensor:
+        """Installed once per steered or read layer; free when the step asks nothing of it."""
+        delta = self._deltas.get(layer)
+        out = hidden if delta is None else hidden + delta
+        if layer in self._reads:
+            self._reads[layer] = (hidden, out)
+        return out
+
+    def _prepare_step(self, rows: list[ForwardRow]) -> None:
+        """One [B, 1, hidden] delta per steered layer (zeros for rows without one), and the
+        layers some row reads; both empty when no row asks, so the forward is untouched."""
+        blocks, read = steering_blocks(rows), read_layers(rows)
+        for li in blocks.keys() | read:
+            if li not in self._hooked:
+                self.hooks.add(li, self._layer_hook)
+                self._hooked.add(li)
+        dtype = DTYPES[self.info.dtype]
+        self._deltas = {li: torch.from_numpy(b).to(self.device, dtype) for li, b in blocks.items()}
+        self._reads = {li: None for li in read}
+
+    def _deliver_reads(self, rows: list[ForwardRow], plan: StepPlan) -> None:
+        reads, self._reads = self._reads, {}
+        for i, r in enumerate(rows):
+            for li, fn in (r.capture or {}).items():
+                pre, post = reads[li]
+                n = plan.n[i]
+                fn(list(r.tokens), pre[i, :n].float().cpu().numpy(), post[i, :n].float().cpu().numpy())
 
     def _logits(self, hidden: torch.Tensor) -> np.ndarray:
         logits = self.lm_head(hidden)
@@ -194,9 +236,13 @@ class TorchBackend:
     def forward(self, rows: list[ForwardRow]) -> np.ndarray:
         hidden, plan = self._run(rows)
         last = hidden[torch.arange(plan.batch, device=self.device), plan.last]
-        return self._logits(last)
+        logits = self._logits(last)
+        if self._reads:
+            self._deliver_reads(rows, plan)
+        return logits
 
     @torch.inference_mode()
     def forward_all(self, tokens: list[int], cache: SequenceKV) -> np.ndarray:
         hidden, _ = self._run([ForwardRow(tokens, cache)])
+        self._reads = {}
         return self._logits(hidden[0])

@@ -46,6 +46,17 @@ class PagedStorage:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.keys + self.values if t is not None)
 
+    def copy_slots(self, src: np.ndarray, dst: np.ndarray) -> None:
+        """keys/values[dst] = keys/values[src] in every layer (a context shift's compaction)."""
+        s, d = _to_device(np.asarray(src, np.int64), self.device), _to_device(np.asarray(dst, np.int64), self.device)
+        for li, keys in enumerate(self.keys):
+            if keys is not None:
+                _, h, dk = keys.shape
+                self.ensure(li, h, dk, self.values[li].shape[-1])  # dst blocks may be new
+                # index_select copies first, so overlapping src/dst ranges read the old values
+                self.keys[li].index_copy_(0, d, self.keys[li].index_select(0, s))
+                self.values[li].index_copy_(0, d, self.values[li].index_select(0, s))
+
 
 def _to_device(a: np.ndarray, device: torch.device) -> torch.Tensor:
     t = torch.from_numpy(a)
@@ -70,12 +81,14 @@ class StepPlan:
         for i, (seq, n) in enumerate(rows):
             write[i, :n] = seq.slots(self.offsets[i], self.lengths[i])
             read[i, : self.lengths[i]] = seq.slots(0, self.lengths[i])
-        # query j of row i sits at position offset_i + j; padded queries repeat the last
+        # query j of row i sits at slot offset_i + j; padded queries repeat the last
         j = np.minimum(np.arange(nmax)[None, :], np.asarray(self.n)[:, None] - 1)
         self._qpos = np.asarray(self.offsets)[:, None] + j  # [B, nmax]
+        # RoPE reads logical positions (ahead of the stored length after a context shift)
+        shift = np.asarray([seq.position - seq.length for seq, _ in rows], dtype=np.int64)
         self.write = _to_device(write.reshape(-1), device)
         self.read = _to_device(read.reshape(-1), device)
-        self.position_ids = _to_device(self._qpos.astype(np.int64), device)
+        self.position_ids = _to_device(self._qpos.astype(np.int64) + shift[:, None], device)
         self.last = _to_device(np.asarray(self.n, dtype=np.int64) - 1, device)
         self._masks: dict[int | None, torch.Tensor] = {}
 
