@@ -54,6 +54,10 @@ class Backend(Protocol):
     def forward_all(self, tokens: list[int], cache: Any) -> np.ndarray:
         """Like forward for one row, but return logits for every position: [n, vocab]."""
 
+    def hidden_states(self, tokens: list[int], cache: Any) -> np.ndarray:
+        """Like forward_all, but the final hidden states (after the model's final norm) of every
+        position instead of logits: [n, hidden] fp32. /v1/embeddings pools these."""
+
 
 def kv_bytes_per_token(info: ModelInfo, dtype_bytes: int) -> int:
     """Bytes one token's keys and values take across all layers, from the checkpoint config."""
