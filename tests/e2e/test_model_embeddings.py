@@ -18,7 +18,9 @@ import pytest
 
 from tests.conftest import DEFAULT_MODEL, fixture_path
 
-TEXTS = ["The cat sits on the mat.", "Stock prices fell sharply today.", "Bonjour, comment allez-vous ?"]
+# the last one spans two prefill chunks (--batch-size 512): the hidden states are stitched across them
+TEXTS = ["The cat sits on the mat.", "Stock prices fell sharply today.", "Bonjour, comment allez-vous ?",
+         " ".join(f"Line {i}: the quick brown fox jumps over the lazy dog." for i in range(60))]
 MAX_ABS = 1e-3
 MIN_COSINE = 0.9999
 
@@ -48,7 +50,8 @@ def _cos(a, b) -> float:
 
 def test_vectors_match_transformers_in_input_order(openai_client, reference):
     r = openai_client.embeddings.create(model=DEFAULT_MODEL, input=TEXTS, encoding_format="float")
-    assert r.model == DEFAULT_MODEL and [d.index for d in r.data] == [0, 1, 2]
+    assert r.model == DEFAULT_MODEL and [d.index for d in r.data] == list(range(len(TEXTS)))
+    assert reference[TEXTS[-1]][0] > 512
     assert r.usage.prompt_tokens == sum(reference[t][0] for t in TEXTS)
     for d, text in zip(r.data, TEXTS):
         got, want = np.asarray(d.embedding), reference[text][1]
@@ -101,3 +104,21 @@ def test_native_embedding_routes_still_need_the_flag(default_server):
     for path in ("/embedding", "/embeddings"):
         r = httpx.post(default_server.base_url + path, json={"content": "x"}, timeout=60)
         assert r.status_code == 501 and "Start it with `--embeddings`" in r.json()["error"]["message"], r.text
+
+
+def test_torch_backend_hidden_states_match_the_reference(reference):
+    """The torch backend's hidden_states (the same seam the engine job calls) on fp32."""
+    from mlxcel.backends.torch.backend import TorchBackend
+    from mlxcel.engine.tokenizer import Tokenizer
+
+    path = fixture_path(DEFAULT_MODEL)
+    backend = TorchBackend(path, dtype="float32")
+    tok = Tokenizer(path)
+    for text in TEXTS[:2]:
+        seq = backend.new_sequence()
+        try:
+            got = backend.hidden_states(tok.encode(text), seq).astype(np.float64).mean(axis=0)
+        finally:
+            seq.release()
+        want = reference[text][1]
+        assert _cos(got, want) >= MIN_COSINE and np.abs(got - want).max() <= MAX_ABS
