@@ -175,6 +175,8 @@ def test_management_load_unload_and_messages_and_embeddings_switch(server, clien
     r = httpx.post(f"{api}/{QWEN2_TINY}/unload", timeout=300)
     assert r.status_code == 200 and r.json()["data"]["status"] == "ready", r.text
     assert all(m["status"] != "loaded" for m in httpx.get(api).json()["data"])
+    r = httpx.get(server.base_url + "/api/health/inference")
+    assert r.status_code == 503 and r.json()["error"]["code"] == "model_not_loaded" and "unloaded" in r.text
     with pytest.raises(openai.InternalServerError) as e:  # a request naming no model
         client.completions.create(model="", prompt="x", max_tokens=1)
     assert e.value.status_code == 503 and e.value.code == "model_not_loaded" and "unloaded" in e.value.message

@@ -142,7 +142,9 @@ async def health_inference(app_state: AppState) -> Response:
     def go():
         m = app_state.model
         if m is None:
-            raise Refusal(503, "model_not_loaded", app_state.load_error or "the model is still loading")
+            unloaded = app_state.switch.unloaded if app_state.switch is not None else None
+            raise Refusal(503, "model_not_loaded", app_state.load_error or (
+                f"{unloaded!r} was unloaded; no model is loaded" if unloaded else "the model is still loading"))
         return {"backend": "continuous_batching", "engine": f"mlxcel-{m.info.backend}",
                 "inference_backend": m.info.backend, "device": m.info.device, "dtype": m.info.dtype,
                 "model": m.id, "locked_model": app_state.steering_lock, "parallel": m.engine.parallel,
