@@ -39,8 +39,10 @@ log = logging.getLogger("mlxcel.switch")
 
 
 def busy_error(sw: SwitchState) -> ApiError:
-    what = (f"the model {sw.previous!r} is being unloaded to load {sw.target!r}" if sw.phase == "unloading"
-            else f"the model {sw.target!r} is being loaded")
+    if sw.phase == "unloading":
+        what = f"the model {sw.previous!r} is being unloaded" + (f" to load {sw.target!r}" if sw.target else "")
+    else:
+        what = f"the model {sw.target!r} is being loaded"
     return ApiError(503, f"{what}; retry once it finishes", code="model_busy", type="server_error")
 
 
@@ -149,23 +151,25 @@ async def unload_model(state: AppState, current: ServedModel) -> None:
     sw = state.switch
     sw.phase, sw.target, sw.previous = "unloading", None, current.id
     try:
+        log.info("unloading %s", current.id)
         await _unload(state, current)
         sw.unloaded = current.id
+        del current
+        _release_memory()
     finally:
         sw.phase = sw.target = sw.previous = None
 
 
 async def _unload(state: AppState, current: ServedModel) -> None:
+    """Running requests finish first (up to the graceful timeout), then the engine stops and
+    the server holds no model; the caller drops its reference and releases the memory."""
     settings = state.settings
-    log.info("unloading %s", current.id)
     idle = await asyncio.to_thread(current.engine.drain, settings.graceful_unload_timeout)
     if not idle:
         log.warning("graceful unload timeout (%ss) reached with %d requests running; they end with an error",
                     settings.graceful_unload_timeout, current.engine.outstanding)
     await asyncio.to_thread(current.engine.shutdown)
     state.model = None
-    del current
-    _release_memory()
 
 
 async def _load_into_empty(state: AppState, name: str, path: Path) -> ServedModel:
@@ -209,12 +213,7 @@ async def _switch(state: AppState, current: ServedModel, name: str, path: Path) 
     sw.phase, sw.target, sw.previous = "unloading", name, current.id
     try:
         log.info("switching models: unloading %s to load %s", current.id, name)
-        idle = await asyncio.to_thread(current.engine.drain, settings.graceful_unload_timeout)
-        if not idle:
-            log.warning("graceful unload timeout (%ss) reached with %d requests running; they end with an error",
-                        settings.graceful_unload_timeout, current.engine.outstanding)
-        await asyncio.to_thread(current.engine.shutdown)
-        state.model = None
+        await _unload(state, current)
         previous_path, previous_id, previous_aliases = current.info.path, current.id, current.aliases
         del current
         _release_memory()
