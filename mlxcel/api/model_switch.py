@@ -17,6 +17,11 @@ second switch or running on a half-moved model:
 
 While the server is locked to the loaded model for steering (/api/models/<id>/lock, or SAEs
 attached), /v1/models lists only that model and a request naming another one gets 404.
+
+The management API drives the same machinery (`load_model`, `unload_model`): a load is a
+switch (or, with no model loaded, phase 2 alone), an unload is phase 1 alone and leaves the
+server with no generation model, so a request that names none answers 503 `model_not_loaded`
+until a load, while a /v1 request naming a store model loads it.
 """
 
 from __future__ import annotations
@@ -34,8 +39,10 @@ log = logging.getLogger("mlxcel.switch")
 
 
 def busy_error(sw: SwitchState) -> ApiError:
-    what = (f"the model {sw.previous!r} is being unloaded to load {sw.target!r}" if sw.phase == "unloading"
-            else f"the model {sw.target!r} is being loaded")
+    if sw.phase == "unloading":
+        what = f"the model {sw.previous!r} is being unloaded" + (f" to load {sw.target!r}" if sw.target else "")
+    else:
+        what = f"the model {sw.target!r} is being loaded"
     return ApiError(503, f"{what}; retry once it finishes", code="model_busy", type="server_error")
 
 
@@ -97,6 +104,11 @@ async def model_for(state: AppState, name: str | None) -> ServedModel:
 
     check_not_busy(state)
     current = state.model
+    if current is None and state.switch is not None and state.switch.unloaded and name:
+        path = store_checkpoint(state, name)  # unloaded through the management API: load on demand
+        if path is None:
+            raise ApiError(404, f"The model '{name}' does not exist", code="model_not_found", param="model")
+        return await _load_into_empty(state, name, path)
     if current is None or current.answers_to(name) or state.switch is None:
         return served_model(state, name)
     served_model(state, None)  # side-worker-only servers refuse here
@@ -110,6 +122,81 @@ async def model_for(state: AppState, name: str | None) -> ServedModel:
                        "steering (unlock it and detach its SAEs to switch models)",
                        code="model_not_found", param="model")
     return await _switch(state, current, name, path)
+
+
+async def load_model(state: AppState, name: str, path: Path) -> ServedModel:
+    """The management API's load of store checkpoint `path` (requested as `name`): the loaded
+    model answers as it is; otherwise a switch, or a plain load when none is loaded."""
+    check_not_busy(state)
+    current = state.model
+    if current is not None and (current.answers_to(name) or path.resolve() == Path(current.info.path).resolve()):
+        return current
+    if steering_locked(state):
+        raise ApiError(409, f"the server is locked to '{current.id if current else state.steering_lock}' for "
+                       "steering; unlock it and detach its SAEs to load another model", code="model_locked")
+    if current is None:
+        if state.load_error is None and state.switch.unloaded is None:
+            raise ApiError(503, "the model is still loading", code="model_not_loaded", type="server_error")
+        return await _load_into_empty(state, name, path)
+    return await _switch(state, current, name, path)
+
+
+async def unload_model(state: AppState, current: ServedModel) -> None:
+    """Phase 1 of a switch alone: running requests finish first (up to the graceful timeout),
+    then the engine stops and the weights are dropped. No model is loaded afterwards."""
+    if steering_locked(state):
+        raise ApiError(409, f"'{current.id}' is locked for steering; unlock it and detach its SAEs to unload it",
+                       code="model_locked")
+    check_not_busy(state)
+    sw = state.switch
+    sw.phase, sw.target, sw.previous = "unloading", None, current.id
+    try:
+        log.info("unloading %s", current.id)
+        await _unload(state, current)
+        sw.unloaded = current.id
+        del current
+        _release_memory()
+    finally:
+        sw.phase = sw.target = sw.previous = None
+
+
+async def _unload(state: AppState, current: ServedModel) -> None:
+    """Running requests finish first (up to the graceful timeout), then the engine stops and
+    the server holds no model; the caller drops its reference and releases the memory."""
+    settings = state.settings
+    idle = await asyncio.to_thread(current.engine.drain, settings.graceful_unload_timeout)
+    if not idle:
+        log.warning("graceful unload timeout (%ss) reached with %d requests running; they end with an error",
+                    settings.graceful_unload_timeout, current.engine.outstanding)
+    await asyncio.to_thread(current.engine.shutdown)
+    state.model = None
+
+
+async def _load_into_empty(state: AppState, name: str, path: Path) -> ServedModel:
+    """Phase 2 alone, with no model loaded (after a management unload or a failed load)."""
+    from mlxcel.runtime import LoadRefused, check_loadable, load_served_model
+
+    try:
+        check_loadable(state.settings, path, None)
+    except LoadRefused as e:
+        raise ApiError(e.status, e.message, code=e.code, param="model",
+                       type="invalid_request_error" if e.status < 500 else "server_error") from None
+    check_not_busy(state)
+    sw = state.switch
+    sw.phase, sw.target, sw.previous = "loading", name, None
+    try:
+        try:
+            model = await asyncio.to_thread(load_served_model, state.settings, path, name)
+        except Exception as e:  # noqa: BLE001 - any load failure is this request's 500
+            log.exception("loading %s failed", name)
+            _release_memory()
+            raise ApiError(500, f"loading the model '{name}' failed: {e}", code="model_load_failed",
+                           type="server_error", param="model") from None
+        state.model, state.load_error, sw.unloaded = model, None, None
+        log.info("model %s loaded", name)
+        return model
+    finally:
+        sw.phase = sw.target = sw.previous = None
 
 
 async def _switch(state: AppState, current: ServedModel, name: str, path: Path) -> ServedModel:
@@ -126,12 +213,7 @@ async def _switch(state: AppState, current: ServedModel, name: str, path: Path) 
     sw.phase, sw.target, sw.previous = "unloading", name, current.id
     try:
         log.info("switching models: unloading %s to load %s", current.id, name)
-        idle = await asyncio.to_thread(current.engine.drain, settings.graceful_unload_timeout)
-        if not idle:
-            log.warning("graceful unload timeout (%ss) reached with %d requests running; they end with an error",
-                        settings.graceful_unload_timeout, current.engine.outstanding)
-        await asyncio.to_thread(current.engine.shutdown)
-        state.model = None
+        await _unload(state, current)
         previous_path, previous_id, previous_aliases = current.info.path, current.id, current.aliases
         del current
         _release_memory()

@@ -54,6 +54,7 @@ class SwitchState:
     phase: str | None = None  # None | "unloading" | "loading"
     target: str | None = None  # the model being loaded
     previous: str | None = None  # the model being unloaded
+    unloaded: str | None = None  # the model the management API unloaded (none loaded since)
 
 
 @dataclass

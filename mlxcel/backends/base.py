@@ -94,6 +94,10 @@ class Backend(Protocol):
     def configure_kv(self, num_blocks: int, block_size: int) -> None:
         """(Re)build the paged KV pool; only while no sequence is live."""
 
+    def hidden_states(self, tokens: list[int], cache: Any) -> np.ndarray:
+        """Like forward_all, but the final hidden states (after the model's final norm) of every
+        position instead of logits: [n, hidden] fp32. /v1/embeddings pools these."""
+
 
 def kv_bytes_per_token(info: ModelInfo, dtype_bytes: int) -> int:
     """Bytes one token's keys and values take across all layers, from the checkpoint config."""

@@ -102,11 +102,13 @@ class _Row:
 
 @dataclass
 class _ScoreJob:
-    """One scoring forward: the next-token logits of a prompt on a fresh sequence."""
+    """One unsteered pass over a prompt on a fresh sequence: the next-token logits (scoring),
+    or with `hidden` the final hidden states of every position (embeddings)."""
 
     prompt: list[int]
     future: Future
     capture: dict | None = None  # residual reads (per-request SAE activations); never steering
+    hidden: bool = False
 
 
 # Token-block size of the paged KV pool and the prefix cache's sharing granularity.
@@ -274,6 +276,21 @@ class Engine:
         self._inbox.put(job)
         return job.future
 
+    def submit_hidden(self, prompt: list[int]) -> Future:
+        """Queue one embedding pass; the future resolves to the prompt's final hidden states
+        ([n, hidden] fp32, after the model's final norm). Like `submit_score` it runs on the
+        engine thread on its own sequence, and carries no steering: every attached SAE is
+        suppressed for this pass only. The whole context is usable (nothing is generated)."""
+        n = len(prompt)
+        if n == 0:
+            raise EngineError("the input is empty", "invalid_request", 400)
+        if n > self.n_ctx_slot:
+            raise EngineError(f"input ({n} tokens) exceeds the available context size ({self.n_ctx_slot} tokens)",
+                              "context_length_exceeded", 400, n_prompt_tokens=n, n_ctx=self.n_ctx_slot)
+        job = _ScoreJob(list(prompt), Future(), hidden=True)
+        self._inbox.put(job)
+        return job.future
+
     def score(self, prompt: list[int]) -> np.ndarray:
         """Blocking form of `submit_score` (not for the event loop's thread)."""
         return self.submit_score(prompt).result()
@@ -386,21 +403,27 @@ class Engine:
             log.exception("reloading the model after sleep failed")
 
     def _score(self, job: _ScoreJob) -> None:
-        """Prefill the prompt in `batch_size` chunks on a fresh sequence; keep the last logits."""
+        """Prefill the prompt in `batch_size` chunks on a fresh sequence; keep the last logits
+        (or, for an embedding pass, every chunk's hidden states)."""
         if not job.future.set_running_or_notify_cancel():
             return
         seq = self.backend.new_sequence()
         try:
-            logits = None
+            logits, hidden = None, []
             for start in range(0, len(job.prompt), self.batch_size):
                 chunk = job.prompt[start:start + self.batch_size]
-                logits = self.backend.forward([ForwardRow(chunk, seq, None, job.capture)])
-            job.future.set_result(np.array(logits[0], dtype=np.float32, copy=True))
+                if job.hidden:
+                    hidden.append(self.backend.hidden_states(chunk, seq))
+                else:
+                    logits = self.backend.forward([ForwardRow(chunk, seq, None, job.capture)])
+            job.future.set_result(np.concatenate(hidden).astype(np.float32) if job.hidden
+                                  else np.array(logits[0], dtype=np.float32, copy=True))
         except OutOfBlocks as e:
-            job.future.set_exception(EngineError(f"no KV memory left for the scoring pass: {e}",
+            what = "embedding" if job.hidden else "scoring"
+            job.future.set_exception(EngineError(f"no KV memory left for the {what} pass: {e}",
                                                  "insufficient_memory", 503))
         except Exception as e:  # a failed pass fails its request, not the engine
-            log.exception("scoring forward failed")
+            log.exception("%s forward failed", "embedding" if job.hidden else "scoring")
             job.future.set_exception(e)
         finally:
             seq.release()

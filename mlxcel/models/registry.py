@@ -47,3 +47,14 @@ def family_for(config: dict) -> Family:
 
 def mlx_module(config: dict) -> ModuleType:
     return importlib.import_module(family_for(config).mlx_module)
+
+
+def decoder_stack(model):
+    """The module of an mlx-lm family `Model` that maps token ids to the final hidden states:
+    embeddings, every decoder layer and the final norm, without the LM head. Every family
+    listed above keeps it in `model.model`, called as `(inputs, cache=...)`."""
+    inner = getattr(model, "model", None)
+    if inner is None or not callable(inner):
+        raise UnsupportedModelType(f"{type(model).__module__} has no decoder stack at `.model`; "
+                                   "its hidden states cannot be read")
+    return inner

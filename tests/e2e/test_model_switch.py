@@ -155,3 +155,42 @@ def test_steering_lock_pins_the_loaded_model(server, client):
     finally:
         httpx.post(f"{api}/models/{DEFAULT_MODEL}/unlock")
     assert QWEN2_TINY in [m.id for m in client.models.list().data]
+
+
+def test_management_load_unload_and_messages_and_embeddings_switch(server, client):
+    """/api/models/<id>/load and /unload run the same switching, answering in the management
+    envelope; an unloaded server answers 503 model_not_loaded until a request names a store
+    model; /v1/messages and /v1/embeddings switch models like the OpenAI generation routes."""
+    api, base = server.base_url + "/api/models", server.base_url
+    baseline = greedy(client, DEFAULT_MODEL)
+
+    r = httpx.post(f"{api}/{QWEN2_TINY}/load", timeout=300)
+    assert r.status_code == 200 and r.json()["success"] is True, r.text
+    assert (r.json()["data"]["id"], r.json()["data"]["status"]) == (QWEN2_TINY, "loaded")
+    assert [m.id for m in client.models.list().data][0] == QWEN2_TINY
+    r = httpx.post(f"{api}/{GEMMA3}/load", timeout=300)  # refused while the tiny Qwen2 still serves
+    assert r.status_code == 503 and r.json()["error"]["code"] == "insufficient_memory" and r.json()["data"] is None
+    assert httpx.post(f"{api}/{QWEN2_TINY}/load", timeout=300).json()["data"]["status"] == "loaded"  # no-op
+
+    r = httpx.post(f"{api}/{QWEN2_TINY}/unload", timeout=300)
+    assert r.status_code == 200 and r.json()["data"]["status"] == "ready", r.text
+    assert all(m["status"] != "loaded" for m in httpx.get(api).json()["data"])
+    r = httpx.get(server.base_url + "/api/health/inference")
+    assert r.status_code == 503 and r.json()["error"]["code"] == "model_not_loaded" and "unloaded" in r.text
+    with pytest.raises(openai.InternalServerError) as e:  # a request naming no model
+        client.completions.create(model="", prompt="x", max_tokens=1)
+    assert e.value.status_code == 503 and e.value.code == "model_not_loaded" and "unloaded" in e.value.message
+    r = httpx.post(f"{api}/{QWEN2_TINY}/unload", timeout=300)
+    assert r.status_code == 409 and r.json()["error"]["code"] == "model_not_loaded"
+
+    # /v1/messages naming a store model loads it onto the empty server, then switches
+    msg = {"max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
+    r = httpx.post(base + "/v1/messages", json={"model": QWEN2_TINY, **msg}, timeout=300)
+    assert r.status_code == 200 and r.json()["model"] == QWEN2_TINY, r.text
+    emb = client.embeddings.create(model=DEFAULT_MODEL, input="hello", encoding_format="float")
+    assert emb.model == DEFAULT_MODEL and len(emb.data[0].embedding) == 576  # SmolLM2's hidden size
+    r = httpx.post(base + "/v1/messages", json={"model": QWEN2_TINY, **msg}, timeout=300)
+    assert r.status_code == 200 and r.json()["model"] == QWEN2_TINY
+    r = httpx.post(f"{api}/{DEFAULT_MODEL}/load", timeout=300)
+    assert r.status_code == 200 and r.json()["data"]["id"] == DEFAULT_MODEL
+    assert greedy(client, DEFAULT_MODEL) == baseline

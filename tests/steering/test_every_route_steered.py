@@ -9,7 +9,8 @@ prompt under the same steering (native /completion and /completions = /v1/comple
 way chat is. Clearing the values gives back the unsteered text byte for byte. The rung header
 of an active circuit rides on every route's answer, streamed or not. The per-request steering
 fields, which the seed gives to /v1 chat (and activations to text completions) only, are
-refused with 400 on the other routes.
+refused with 400 on the other routes. /v1/embeddings, served by the generation model, is the
+exception the seed names: never steered.
 """
 
 from __future__ import annotations
@@ -150,3 +151,26 @@ def test_active_profile_and_circuit_steer_every_route(srv):
     assert httpx.post(api + "/circuits/deactivate").status_code == 200
     after = call(s.base_url, "completion")
     assert RUNG not in after.headers and after.json()["content"] == plain["completion"]
+
+
+def test_embeddings_are_never_steered(srv):
+    """/v1/embeddings from the generation model runs with every attached SAE suppressed: under
+    live values that change the completions, its vectors are bit-identical to the unsteered ones."""
+    s, (_, s1) = srv
+    api = s.base_url + "/api"
+
+    def embed():
+        r = httpx.post(s.base_url + "/v1/embeddings", json={"input": [USER, TEXT]}, timeout=120)
+        assert r.status_code == 200, r.text
+        return [d["embedding"] for d in r.json()["data"]]
+
+    plain, plain_text = embed(), ROUTES["v1_completions"][2](call(s.base_url, "v1_completions").json())
+    r = httpx.post(api + "/saes/attach", json={"path": str(s1)})
+    # an earlier test of the module may have left it attached
+    assert r.status_code == 201 or r.json()["error"]["code"] == "sae_already_attached", r.text
+    assert httpx.put(api + "/saes/s1/steering", json={"values": {"2": 30}}).json()["data"]["live"] is True
+    try:
+        assert ROUTES["v1_completions"][2](call(s.base_url, "v1_completions").json()) != plain_text
+        assert embed() == plain
+    finally:
+        assert httpx.delete(api + "/saes/s1/steering").status_code == 200

@@ -2,7 +2,7 @@
 beside it, an API key): SAE compatibility, batch steering and the `live` report, enable /
 disable / clear, monitoring (configure, enable, history, statistics, top; scoring records
 nothing), profiles save-current and export -> import, models list / load / unload / lock /
-unlock (a locked server lists only that model in /v1/models), inference health."""
+unlock (a locked server lists only that model in /v1/models and refuses load and unload), inference health."""
 
 from __future__ import annotations
 
@@ -125,12 +125,12 @@ def test_models_list_lock_and_refused_switching(srv):
     assert body["data"]["locked"] is True
     assert listed() == [QWEN2_TINY]
     assert call(srv, "POST", f"/api/models/{QWEN2_TINY}/load")[1]["data"]["status"] == "loaded"
-    r, body = call(srv, "POST", f"/api/models/{QWEN3_TINY}/load")
-    assert r.status_code == 501 and body["error"]["code"] == "model_load_unsupported"
+    r, body = call(srv, "POST", f"/api/models/{QWEN3_TINY}/load")  # locked: no switch
+    assert r.status_code == 409 and body["error"]["code"] == "model_locked"
     r, body = call(srv, "POST", f"/api/models/{QWEN3_TINY}/lock")
     assert r.status_code == 409 and body["error"]["code"] == "model_not_loaded"
     r, body = call(srv, "POST", f"/api/models/{QWEN2_TINY}/unload")
-    assert r.status_code == 501 and body["error"]["code"] == "model_unload_unsupported"
+    assert r.status_code == 409 and body["error"]["code"] == "model_locked"
     assert call(srv, "POST", f"/api/models/{QWEN2_TINY}/unlock")[1]["data"]["locked"] is False
     assert listed() == unlocked
     assert call(srv, "GET", "/api/health/inference")[1]["data"]["locked_model"] is None

@@ -206,8 +206,22 @@ def test_embeddings_field_contract_column():
             r = c.post("/v1/embeddings", json={"input": "x", field: value})
             err = r.json()["error"]
             assert r.status_code == 400 and (err["code"], err["param"]) == ("field_not_honoured", field), (field, r.text)
-            for ok in NO_CHANGE.get(field, ()) + (None,):  # no change: on to the (absent) worker's 501
-                assert c.post("/v1/embeddings", json={"input": "x", field: ok}).status_code == 501, (field, ok)
+            for ok in NO_CHANGE.get(field, ()) + (None,):  # no change: on to the generation model (not loaded)
+                r = c.post("/v1/embeddings", json={"input": "x", field: ok})
+                assert r.status_code == 503 and r.json()["error"]["code"] == "model_not_loaded", (field, ok)
+
+
+def test_embedding_worker_wins_over_the_generation_model():
+    """-m <chat model> --embedding-model MiniLM: /v1/embeddings is MiniLM's (its 384-d unit
+    vectors), even though the generation model could embed too (here it is not even loaded)."""
+    from tests.fixtures import DEFAULT_MODEL
+
+    state = _state(["-m", DEFAULT_MODEL, "--embedding-model", MINILM])
+    assert state.model is None and state.embedder is not None
+    with TestClient(build_litestar(state)) as c:
+        body = c.post("/v1/embeddings", json={"input": ["hello world", "x"]}).json()
+        assert body["model"] == MINILM and len(body["data"]) == 2
+        np.testing.assert_allclose(body["data"][0]["embedding"], _direct(state, "hello world"), atol=1e-6)
 
 
 def test_embeddings_report_unused_fields_and_strict_refuses(client):

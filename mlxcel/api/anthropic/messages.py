@@ -6,7 +6,9 @@ prompt first, content blocks flattened, tool_use -> assistant tool_calls, tool_r
 by the same chat surface, and the output is written back as content blocks: thinking,
 text and tool_use, in the order the model produced them. Streaming follows Anthropic's
 event sequence (message_start, content_block_start/delta/stop, message_delta,
-message_stop).
+message_stop). A message naming another checkpoint of the model store switches to it first,
+as the OpenAI /v1 routes do (api/model_switch.py); count_tokens counts with the loaded model
+and does not switch.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from litestar.response import Stream
 
 from mlxcel.api.body import convert, read_json_object
 from mlxcel.api.errors import ApiError
+from mlxcel.api.model_switch import model_for
 from mlxcel.api.openai import chat_surface
 from mlxcel.api.openai import generation as g
 from mlxcel.api.openai.schemas import ChatCompletionRequest
@@ -183,8 +186,8 @@ async def messages(request: Request, app_state: AppState) -> Any:
     raw = await read_json_object(request)
     steer.refuse_fields(raw, "/v1/messages")  # per-request steering is chat's; the server's applies below
     req = convert(raw, MessagesRequest)
-    model = g.served_model(app_state, req.model)
-    creq = _chat_request(req)
+    creq = _chat_request(req)  # shape errors first: a malformed request never switches models
+    model = await model_for(app_state, req.model)  # may switch models (api/model_switch.py)
     prep = chat_surface.prepare(app_state, model, creq)
     greq = await chat_surface.generation_request(model, creq, prep)
     steer_headers = steer.server_steering(app_state, model, [greq])  # live values, active profile or circuit

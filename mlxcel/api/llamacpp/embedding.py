@@ -12,7 +12,7 @@ normalization for this request.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 from litestar import Request, Response, post
@@ -38,15 +38,20 @@ def prompt_field(body: dict[str, Any]) -> tuple[str, Any]:
 
 
 def tokenized_prompts(worker: EmbeddingWorker, value: Any, field: str) -> list[list[int]]:
+    return prompts_with(worker.tokenize, worker.tokenizer.get_vocab_size(), value, field)
+
+
+def prompts_with(tokenize: Callable[[str], list[int]], vocab: int, value: Any, field: str) -> list[list[int]]:
+    """The prompt forms above as token lists, checked against a vocabulary of `vocab` ids."""
     if isinstance(value, str):
-        prompts = [worker.tokenize(value)]
+        prompts = [tokenize(value)]
     elif _is_ids(value) and value:
         prompts = [list(value)]
     elif isinstance(value, list):
         prompts = []
         for item in value:
             if isinstance(item, str):
-                prompts.append(worker.tokenize(item))
+                prompts.append(tokenize(item))
             elif _is_ids(item):
                 prompts.append(list(item))
             else:
@@ -56,7 +61,6 @@ def tokenized_prompts(worker: EmbeddingWorker, value: Any, field: str) -> list[l
         raise ApiError(400, f"'{field}' must be a string or an array", code="invalid_parameter", param=field)
     if not prompts or any(not p for p in prompts):
         raise ApiError(400, "Input content cannot be empty", code="invalid_parameter", param=field)
-    vocab = worker.tokenizer.get_vocab_size()
     for p in prompts:
         bad = next((t for t in p if t < 0 or t >= vocab), None)
         if bad is not None:

@@ -1,11 +1,17 @@
 """/api/models and /api/health/inference: what is on disk and loaded, the steering lock, and
 which inference backend serves.
 
-mlxcel serves the model chosen at startup (-m); this API does not load or unload models, and
-says so with a typed refusal (`model_load_unsupported`, `model_unload_unsupported`) rather
-than pretending. Locking pins the loaded model for steering: while locked, /v1/models lists
-only that model. A model is addressed by its id, an alias or its path, so the route takes
-the whole rest of the path and reads the action (load, unload, lock, unlock) off its end.
+Load and unload go through the model switching of the /v1 routes (api/model_switch.py): a
+load of a store checkpoint unloads the served model first (running requests finish within
+the graceful timeout; everything meanwhile gets 503 `model_busy`) and answers the refusals
+of a switch (`insufficient_memory`, `unsupported_quantization`, `model_load_failed`) in this
+envelope; an unload leaves no generation model, so /v1 requests answer 503 `model_not_loaded`
+until a load (or a /v1 request naming a store model, which loads it). A server with no
+generation model to switch (--embeddings / --reranking) refuses both with 501. Locking pins
+the loaded model for steering: while locked, /v1/models lists only that model and load and
+unload are refused (409 `model_locked`). A model is addressed by its id, an alias or its
+path, so the route takes the whole rest of the path and reads the action (load, unload,
+lock, unlock) off its end.
 """
 
 from __future__ import annotations
@@ -14,7 +20,8 @@ from pathlib import Path
 
 from litestar import Response, get, post
 
-from mlxcel.api.management.envelope import Refusal, run
+from mlxcel.api.errors import ApiError
+from mlxcel.api.management.envelope import Refusal, fail, ok, run
 from mlxcel.api.state import AppState
 
 BASE = "/api/models"
@@ -75,23 +82,47 @@ async def get_model(ref: str, app_state: AppState) -> Response:
     return run(lambda: _find(app_state, ref.strip("/")))
 
 
+async def _load_or_unload(state: AppState, entry: dict, action: str, loaded: bool) -> dict:
+    from mlxcel.api.model_switch import load_model, store_checkpoint, unload_model
+
+    if action == "load" and loaded:
+        return entry
+    if state.switch is None:
+        raise Refusal(501, f"model_{action}_unsupported", "this server runs no generation model to switch "
+                      "(--embeddings / --reranking mode); restart it with another -m")
+    if action == "unload":
+        if not loaded:
+            raise Refusal(409, "model_not_loaded", f"model {entry['id']!r} is not loaded")
+        unloaded = {**entry, "status": "ready", "locked": False}
+        await unload_model(state, state.model)
+        return unloaded
+    path = store_checkpoint(state, entry["id"])
+    if path is None or entry.get("role") is not None:
+        raise Refusal(404, "model_not_found", f"{entry['id']!r} is not a generation checkpoint of the model store")
+    await load_model(state, entry["id"], path)
+    return _loaded_entry(state)
+
+
 @post(f"{BASE}/{{ref:path}}")
 async def model_action(ref: str, app_state: AppState) -> Response:
+    name, _, action = ref.strip("/").rpartition("/")
+    if action in ("load", "unload") and name:
+        try:
+            entry = _find(app_state, name)
+            loaded = entry["status"] == "loaded" and entry.get("role") is None
+            data = await _load_or_unload(app_state, entry, action, loaded)
+        except Refusal as e:
+            return fail(e.status, e.code, e.message, e.details)
+        except ApiError as e:  # a switch's refusals (model_busy, insufficient_memory, model_load_failed, ...)
+            return fail(e.status, e.code or "error", e.message)
+        return ok(data)
+
     def go():
-        name, _, action = ref.strip("/").rpartition("/")
         if action not in ACTIONS or not name:
             raise Refusal(404, "not_found", f"POST /api/models/<model>/<action>: action must be one of "
                           f"{', '.join(ACTIONS)}")
         entry = _find(app_state, name)
         loaded = entry["status"] == "loaded" and entry.get("role") is None
-        if action == "load":
-            if loaded:
-                return entry
-            served = app_state.model.id if app_state.model else "the -m model"
-            raise Refusal(501, "model_load_unsupported", f"this server serves {served!r}, chosen at startup; loading "
-                          "another model through the management API is not supported (restart with -m)")
-        if action == "unload":
-            raise Refusal(501, "model_unload_unsupported", "the served model is unloaded only by stopping the server")
         if not loaded:
             raise Refusal(409, "model_not_loaded", f"model {entry['id']!r} is not loaded; only the loaded model can be "
                           "locked for steering")
@@ -111,7 +142,9 @@ async def health_inference(app_state: AppState) -> Response:
     def go():
         m = app_state.model
         if m is None:
-            raise Refusal(503, "model_not_loaded", app_state.load_error or "the model is still loading")
+            unloaded = app_state.switch.unloaded if app_state.switch is not None else None
+            raise Refusal(503, "model_not_loaded", app_state.load_error or (
+                f"{unloaded!r} was unloaded; no model is loaded" if unloaded else "the model is still loading"))
         return {"backend": "continuous_batching", "engine": f"mlxcel-{m.info.backend}",
                 "inference_backend": m.info.backend, "device": m.info.device, "dtype": m.info.dtype,
                 "model": m.id, "locked_model": app_state.steering_lock, "parallel": m.engine.parallel,

@@ -41,7 +41,10 @@ def served_model(state: AppState, name: str | None) -> ServedModel:
         raise refusal
     model = state.model
     if model is None:
-        why = f"no model is loaded: {state.load_error}" if state.load_error else "the model is still loading"
+        unloaded = state.switch.unloaded if state.switch is not None else None
+        why = (f"no model is loaded: {state.load_error}" if state.load_error
+               else f"no model is loaded: {unloaded!r} was unloaded; load one (POST /api/models/<id>/load) or "
+                    "name one in the request" if unloaded else "the model is still loading")
         raise ApiError(503, why, code="model_not_loaded", type="server_error")
     if not model.answers_to(name):
         raise ApiError(404, f"The model '{name}' does not exist", code="model_not_found", param="model")

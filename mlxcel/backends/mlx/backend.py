@@ -17,7 +17,7 @@ from mlxcel.backends.base import ForwardRow, ModelInfo, compacted, kv_bytes_per_
 from mlxcel.backends.mlx.paged import PagedBatchView, PagedStorage, StepPlan
 from mlxcel.engine.kv_block_pool import BlockAllocator, SequenceKV
 from mlxcel.models.hooks import install_hooks
-from mlxcel.models.registry import family_for, mlx_module
+from mlxcel.models.registry import decoder_stack, family_for, mlx_module
 from mlxcel.models.rope_overrides import RopeOverrides, config_overrides
 from mlxcel.models.rope_overrides import verify as verify_rope
 
@@ -111,7 +111,8 @@ class MLXBackend:
         their rotation and the new sequence continues at seq's logical position."""
         return compacted(seq, keep, discard, self.storage.copy_slots)
 
-    def _run(self, rows: list[ForwardRow]) -> tuple[mx.array, StepPlan]:
+    def _run(self, rows: list[ForwardRow], fn=None) -> tuple[mx.array, StepPlan]:
+        """One forward of `fn` (default: the whole model, giving logits) over the rows."""
         for r in rows:
             r.cache.reserve(len(r.tokens))
         plan = StepPlan([(r.cache, len(r.tokens)) for r in rows])
@@ -120,7 +121,7 @@ class MLXBackend:
             ids[i, : len(r.tokens)] = r.tokens
         views = [PagedBatchView(self.storage, li, plan) for li in range(self.info.num_layers)]
         self._prepare_step(rows)
-        logits = self.model(mx.array(ids), cache=views)
+        logits = (fn or self.model)(mx.array(ids), cache=views)
         self._deltas = {}
         for r in rows:
             r.cache.tokens.extend(r.tokens)
@@ -167,3 +168,13 @@ class MLXBackend:
         out = logits[0].astype(mx.float32)
         mx.eval(out, *self.storage.arrays())
         return np.array(out, copy=False)
+
+    def hidden_states(self, tokens: list[int], cache: SequenceKV) -> np.ndarray:
+        """The final hidden states of every position, [n, hidden] fp32: after the model's final
+        norm (transformers' last_hidden_state), since that is the representation the LM head
+        reads and the one a transformers feature-extraction reference returns; the pre-norm
+        residual carries a few huge-magnitude channels that would dominate any cosine."""
+        hidden, _ = self._run([ForwardRow(tokens, cache)], decoder_stack(self.model))
+        out = hidden[0].astype(mx.float32)
+        mx.eval(out, *self.storage.arrays())
+        return np.array(out)

@@ -246,3 +246,9 @@ class TorchBackend:
         hidden, _ = self._run([ForwardRow(tokens, cache)])
         self._reads = {}
         return self._logits(hidden[0])
+
+    @torch.inference_mode()
+    def hidden_states(self, tokens: list[int], cache: SequenceKV) -> np.ndarray:
+        """[n, hidden] fp32 after the final norm (last_hidden_state), as on the MLX backend."""
+        hidden, _ = self._run([ForwardRow(tokens, cache)])
+        return hidden[0].float().cpu().numpy()
