@@ -1,10 +1,12 @@
 """/v1/embeddings served by the loaded generation model (no embedding worker), through the
-openai SDK against the real default server (SmolLM2 on MLX, fp32 on the CPU).
+openai SDK against the real default server (SmolLM2, on each backend of the default matrix).
 
 Reference: transformers' AutoModel on the same checkpoint in fp32, `last_hidden_state` (the
 final hidden states after the final norm) mean-pooled over the tokens. Tolerance: cosine
 >= 0.9999 and max abs difference <= 1e-3 per component (the MLX and torch fp32 kernels sum
-in different orders; the hidden states' components are O(1)-O(10)).
+in different orders; the hidden states' components are O(1)-O(10)). A server computing in bf16
+(torch's CPU default where the CPU has native bf16) rounds every activation to 8 mantissa bits
+(~0.4% relative), so there: cosine >= 0.999 and max abs difference <= 0.25.
 """
 
 from __future__ import annotations
@@ -21,8 +23,7 @@ from tests.conftest import DEFAULT_MODEL, fixture_path
 # the last one spans two prefill chunks (--batch-size 512): the hidden states are stitched across them
 TEXTS = ["The cat sits on the mat.", "Stock prices fell sharply today.", "Bonjour, comment allez-vous ?",
          " ".join(f"Line {i}: the quick brown fox jumps over the lazy dog." for i in range(60))]
-MAX_ABS = 1e-3
-MIN_COSINE = 0.9999
+TOLERANCE = {"float32": (0.9999, 1e-3), "bfloat16": (0.999, 0.25)}  # dtype -> (min cosine, max abs)
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +49,8 @@ def _cos(a, b) -> float:
     return float(np.dot(a, b) / (np.linalg.norm(a) * np.linalg.norm(b)))
 
 
-def test_vectors_match_transformers_in_input_order(openai_client, reference):
+def test_vectors_match_transformers_in_input_order(default_server, openai_client, reference):
+    min_cosine, max_abs = TOLERANCE[default_server.dtype]
     r = openai_client.embeddings.create(model=DEFAULT_MODEL, input=TEXTS, encoding_format="float")
     assert r.model == DEFAULT_MODEL and [d.index for d in r.data] == list(range(len(TEXTS)))
     assert reference[TEXTS[-1]][0] > 512
@@ -56,14 +58,14 @@ def test_vectors_match_transformers_in_input_order(openai_client, reference):
     for d, text in zip(r.data, TEXTS):
         got, want = np.asarray(d.embedding), reference[text][1]
         assert got.shape == want.shape == (576,)
-        assert _cos(got, want) >= MIN_COSINE, text
-        assert np.abs(got - want).max() <= MAX_ABS, (text, np.abs(got - want).max())
+        assert _cos(got, want) >= min_cosine, (text, _cos(got, want))
+        assert np.abs(got - want).max() <= max_abs, (text, np.abs(got - want).max())
     # order is the input's: reversed input, reversed vectors
     rev = openai_client.embeddings.create(model=DEFAULT_MODEL, input=TEXTS[::-1], encoding_format="float").data
     for a, b in zip(rev, r.data[::-1]):
         np.testing.assert_allclose(a.embedding, b.embedding, atol=1e-5)
     one = openai_client.embeddings.create(model=DEFAULT_MODEL, input=TEXTS[1], encoding_format="float").data
-    assert len(one) == 1 and _cos(np.asarray(one[0].embedding), reference[TEXTS[1]][1]) >= MIN_COSINE
+    assert len(one) == 1 and _cos(np.asarray(one[0].embedding), reference[TEXTS[1]][1]) >= min_cosine
 
 
 def test_base64_equals_float_and_normalize_on_request(default_server, openai_client):
@@ -121,4 +123,5 @@ def test_torch_backend_hidden_states_match_the_reference(reference):
         finally:
             seq.release()
         want = reference[text][1]
-        assert _cos(got, want) >= MIN_COSINE and np.abs(got - want).max() <= MAX_ABS
+        min_cosine, max_abs = TOLERANCE["float32"]
+        assert _cos(got, want) >= min_cosine and np.abs(got - want).max() <= max_abs
