@@ -59,7 +59,9 @@ def test_text_config_and_missing_weights(tmp_path):
 def test_vocab_type_follows_the_tokenizer_algorithm(tmp_path):
     cases = {"bpe": ({"type": "BPE", "byte_fallback": False}, VOCAB_BPE),
              "spm": ({"type": "BPE", "byte_fallback": True}, VOCAB_SPM),
-             "wpm": ({"type": "WordPiece"}, VOCAB_WPM), "ugm": ({"type": "Unigram"}, VOCAB_UGM)}
+             "wpm": ({"type": "WordPiece"}, VOCAB_WPM), "ugm": ({"type": "Unigram"}, VOCAB_UGM),
+             # not in tokenizers' own key order: the head scan misses it and the full parse answers
+             "reordered": ({"byte_fallback": True, "vocab": {}, "type": "BPE"}, VOCAB_SPM)}
     for name, (model, want) in cases.items():
         d = tmp_path / name
         d.mkdir()

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import json
 import math
+import mmap
+import re
 import struct
 from functools import lru_cache
 from pathlib import Path
@@ -38,18 +40,37 @@ def _config_value(config: dict, *keys: str) -> int | None:
     return None
 
 
+# tokenizers serializes the model block as {"type": ..., <options>..., "vocab": ...}: its type and
+# byte_fallback sit at the block's head, so a scan finds them without parsing a 30 MB vocabulary
+_MODEL_TYPE = re.compile(rb'"model"\s*:\s*\{\s*"type"\s*:\s*"(\w+)"')
+_BYTE_FALLBACK = re.compile(rb'"byte_fallback"\s*:\s*(true|false)')
+_HEAD = 4096
+
+
+def _tokenizer_model(tok: Path) -> tuple[str | None, bool]:
+    """(the tokenizer.json model type, its byte_fallback); a full parse when the scan misses."""
+    with tok.open("rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as raw:
+        found = _MODEL_TYPE.search(raw)
+        if found is not None:
+            head = raw[found.end(): found.end() + _HEAD]
+            cut = head.find(b'"vocab"')
+            fallback = _BYTE_FALLBACK.search(head[: cut if cut >= 0 else None])
+            return found.group(1).decode(), fallback is not None and fallback.group(1) == b"true"
+    model = json.loads(tok.read_text()).get("model") or {}
+    return model.get("type"), bool(model.get("byte_fallback"))
+
+
 def vocab_type(path: Path) -> int | None:
     """The tokenizer's algorithm in b10621's numbering: a byte-fallback BPE (Llama 2, Gemma)
     is SentencePiece's, a plain BPE is GPT-2's; WordPiece and Unigram map to WPM and UGM."""
     tok = path / "tokenizer.json"
     if tok.is_file():
         try:
-            model = json.loads(tok.read_text()).get("model") or {}
+            kind, byte_fallback = _tokenizer_model(tok)
         except (OSError, ValueError):
             return None
-        kind = model.get("type")
         if kind == "BPE":
-            return VOCAB_SPM if model.get("byte_fallback") else VOCAB_BPE
+            return VOCAB_SPM if byte_fallback else VOCAB_BPE
         return {"WordPiece": VOCAB_WPM, "Unigram": VOCAB_UGM}.get(kind)
     if (path / "tokenizer.model").is_file():
         return VOCAB_SPM
