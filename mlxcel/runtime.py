@@ -120,6 +120,7 @@ def load_served_model(settings: ServerSettings, path: Path, served_id: str | Non
     served = ServedModel(
         id=served_id or model_id(settings),
         aliases=[] if served_id else list(settings.alias),
+        tags=[] if served_id else list(settings.tags),  # like the aliases, they name the -m model
         info=backend.info,
         tokenizer=tokenizer,
         engine=engine,

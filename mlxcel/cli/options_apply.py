@@ -86,6 +86,11 @@ def apply_alias(settings: Any, value: str, _spelling: str) -> None:
     settings.alias = sorted({a.strip() for a in value.split(",") if a.strip()})
 
 
+def apply_tags(settings: Any, values: list[str], _spelling: str) -> None:
+    # b10621 inserts each tag into a std::set: every --tags adds to it, sorted, de-duplicated.
+    settings.tags = sorted({t.strip() for v in values for t in v.split(",") if t.strip()})
+
+
 def apply_hf_repo(settings: Any, value: str, spelling: str) -> None:
     repo = value.strip()
     if ":" in repo:

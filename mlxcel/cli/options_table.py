@@ -455,7 +455,8 @@ _SERVER: tuple[Option, ...] = (
       state=DEFERRED, inert=eq("1024")),
     X("-a, --alias", VALUE, mv="STRING", env="LLAMA_ARG_ALIAS", state=ALIASED, apply=a.apply_alias,
       help="model name aliases, comma-separated"),
-    X("--tags", VALUE, mv="STRING", env="LLAMA_ARG_TAGS", state=DEFERRED),
+    X("--tags", VALUE, mv="STRING", env="LLAMA_ARG_TAGS", state=SUPPORTED, repeatable=True, apply=a.apply_tags,
+      help="informational model tags, comma-separated, reported on the model's /v1/models entry"),
     X("--embd-normalize", VALUE, mv="N", default="2", state=BY_DESIGN, apply=a.apply_embd_normalize,
       help="embedding normalization: -1 none, 0 max-abs (int16), 1 taxicab, 2 euclidean, >2 p-norm "
            "(default: the checkpoint's own normalize flag)"),

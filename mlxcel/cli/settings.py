@@ -24,6 +24,7 @@ class ServerSettings:
     offline: bool = False
     hf_token: str | None = None
     alias: list[str] = field(default_factory=list)
+    tags: list[str] = field(default_factory=list)  # --tags: informational, reported on /v1/models
     # serving
     host: str = "127.0.0.1"
     port: int = 8080

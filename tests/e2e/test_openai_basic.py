@@ -104,6 +104,23 @@ def test_models_list_and_get(openai_client):
         openai_client.models.retrieve("missing/model")
 
 
+def test_models_b10621_shape(default_server):
+    """b10621's data entry (aliases, tags, meta) and its Ollama-style models block, on /v1/models
+    and /models; a store checkpoint that is not loaded has no slot context."""
+    listing = httpx.get(default_server.base_url + "/v1/models").json()
+    entry = listing["data"][0]
+    assert (entry["id"], entry["aliases"], entry["tags"], entry["owned_by"]) == (DEFAULT_MODEL, [], [], "llamacpp")
+    assert entry["meta"] | {"n_ctx": None} == {  # SmolLM2-135M's config.json and safetensors headers
+        "vocab_type": 2, "n_vocab": 49152, "n_ctx_train": 8192, "n_embd": 576, "n_params": 134515008,
+        "size": 2 * 134515008, "n_ctx": None, "ftype": "BF16"}
+    assert entry["meta"]["n_ctx"] > 0
+    assert listing["models"][0]["name"] == DEFAULT_MODEL and listing["models"][0]["details"]["format"] == "safetensors"
+    for other in listing["data"][1:]:
+        assert other["meta"]["n_ctx"] is None and other["owned_by"] == other["id"].split("/")[0]
+    native = httpx.get(default_server.base_url + "/models").json()
+    assert [e["id"] for e in native["data"]] == [m["name"] for m in native["models"]] == [DEFAULT_MODEL]
+
+
 def test_health_ok(default_server):
     r = httpx.get(default_server.base_url + "/health")
     assert r.status_code == 200 and r.json() == {"status": "ok"}

@@ -161,6 +161,14 @@ def test_health_props_and_models_report_the_workers(client):
     models = client.get("/v1/models").json()["data"]
     assert [(m["id"], m["capabilities"]) for m in models] == [(MINILM, ["embedding"]), (RERANKER_TINY, ["rerank"])]
     assert client.get(f"/v1/models/{RERANKER_TINY}").json()["capabilities"] == ["rerank"]
+    # b10621's meta block from each worker's own checkpoint: BERT's WordPiece and 512 positions,
+    # the worker's context capped by sentence-transformers' max_seq_length
+    minilm = models[0]["meta"]
+    assert (minilm["vocab_type"], minilm["n_vocab"], minilm["n_embd"]) == (3, 30522, 384)
+    assert (minilm["n_ctx_train"], minilm["n_ctx"]) == (512, 256)
+    native = client.get("/models").json()
+    assert [(m["name"], m["capabilities"]) for m in native["models"]] == [(MINILM, ["embedding"]),
+                                                                          (RERANKER_TINY, ["rerank"])]
 
 
 def test_reranking_mode_with_a_flag_override():
