@@ -14,7 +14,10 @@ a non-streamed one agree by construction, whatever the chunking. Recognised shap
   of them, or `{"tool_calls": [...]}`.
 
 Text that does not parse as a call stays content, never dropped. Whitespace that only
-separates content from calls is not reported as content.
+separates content from calls is not reported as content. Text a model writes after a
+complete call (a length stop before its end token) is content after the call; for the
+whole-output JSON shape only when each call spells out its arguments, so an answer that
+merely opens with a JSON object is not taken for a call.
 """
 
 from __future__ import annotations
