@@ -14,7 +14,10 @@ a non-streamed one agree by construction, whatever the chunking. Recognised shap
   of them, or `{"tool_calls": [...]}`.
 
 Text that does not parse as a call stays content, never dropped. Whitespace that only
-separates content from calls is not reported as content.
+separates content from calls is not reported as content. Text a model writes after a
+complete call (a length stop before its end token) is content after the call; for the
+whole-output JSON shape only when each call spells out its arguments, so an answer that
+merely opens with a JSON object is not taken for a call.
 """
 
 from __future__ import annotations
@@ -64,20 +67,46 @@ def _call_from(obj) -> ToolCall | None:
     return ToolCall(name=name, arguments=json.dumps(args, ensure_ascii=False))
 
 
-def _json_values(text: str) -> list | None:
-    """Consecutive JSON values separated by whitespace, ';' or ','; None if anything else."""
+def _leading_values(text: str) -> tuple[list, str]:
+    """The JSON values that open `text` (separated by whitespace, ';' or ','), and the rest."""
     dec = json.JSONDecoder()
     out, i, n = [], 0, len(text)
     while True:
-        while i < n and text[i] in " \t\r\n;,":
-            i += 1
-        if i >= n:
-            return out
+        j = i
+        while j < n and text[j] in " \t\r\n;,":
+            j += 1
+        if j >= n:
+            return out, ""
         try:
-            value, i = dec.raw_decode(text, i)
+            value, i = dec.raw_decode(text, j)
         except json.JSONDecodeError:
-            return None
+            return out, text[i:]
         out.append(value)
+
+
+def _json_values(text: str) -> list | None:
+    """Consecutive JSON values separated by whitespace, ';' or ','; None if anything else."""
+    values, rest = _leading_values(text)
+    return None if rest else values
+
+
+def _leading_calls(text: str, explicit: bool = False) -> tuple[list[ToolCall] | None, str]:
+    """The calls that open `text` and the text after them (a model may write on after its
+    call, e.g. where generation stopped on a length limit rather than its end token).
+    `explicit`: with trailing text, each call must spell out its arguments, so an answer that
+    merely opens with some JSON object is not taken for a call."""
+    values, rest = _leading_values(text)
+    if rest and explicit and not all(_spells_arguments(v) for v in values):
+        return None, text
+    calls = _calls_from_values(values)
+    return (calls, rest) if calls else (None, text)
+
+
+def _spells_arguments(value) -> bool:
+    items = value["tool_calls"] if isinstance(value, dict) and isinstance(value.get("tool_calls"), list) else \
+        value if isinstance(value, list) else [value]
+    return all(isinstance(v, dict) and (isinstance(v.get("function"), dict) or "arguments" in v or "parameters" in v)
+               for v in items)
 
 
 def _calls_from_values(values: list | None) -> list[ToolCall] | None:
@@ -104,23 +133,26 @@ def parse_json_calls(text: str) -> list[ToolCall] | None:
     return _calls_from_values(_json_values(body))
 
 
-def _mistral_calls(text: str) -> list[ToolCall] | None:
+def _mistral_calls(text: str) -> tuple[list[ToolCall] | None, str]:
+    """The calls of `[TOOL_CALLS]...` text and the text after the last one."""
     calls: list[ToolCall] = []
+    rest = ""
     for part in text.split(MISTRAL_TAG):
         if not part.strip():
             continue
+        if rest.strip():  # text between two calls: not a call sequence
+            return None, text
         if MISTRAL_ARGS in part:  # name[ARGS]{...}
             name, _, args = part.partition(MISTRAL_ARGS)
-            one = _call_from({"name": name.strip(), "arguments": args.strip()})
-            if one is None:
-                return None
-            calls.append(one)
+            values, rest = _leading_values(args)
+            one = _call_from({"name": name.strip(), "arguments": values[0]}) if len(values) == 1 else None
+            more = [one] if one is not None else None
         else:
-            more = _calls_from_values(_json_values(part))
-            if more is None:
-                return None
-            calls.extend(more)
-    return calls or None
+            more, rest = _leading_calls(part)
+        if more is None:
+            return None, text
+        calls.extend(more)
+    return (calls, rest) if calls else (None, text)
 
 
 @dataclass
@@ -180,6 +212,10 @@ class ToolCallStream:
             calls = parse_json_calls(self._buf)
             if calls:
                 return [self._call(c) for c in calls]
+            calls, rest = _leading_calls(self._buf.lstrip(), explicit=True)
+            if calls:
+                out = [self._call(c) for c in calls]
+                return out + ([Piece(content=rest)] if rest.strip() else [])
             self._mode = "text"
         if self._mode == "text":
             hit = min(((self._buf.find(m), m) for m in _MARKERS if m in self._buf), default=None)
@@ -227,9 +263,10 @@ class ToolCallStream:
                 self._buf = ""
         elif final:
             body = self._buf[len(self._tag):]
-            calls = _mistral_calls(self._buf) if self._tag == MISTRAL_TAG else _calls_from_values(_json_values(body))
+            calls, rest = _mistral_calls(self._buf) if self._tag == MISTRAL_TAG else _leading_calls(body)
             if calls:
                 out += [self._call(c) for c in calls]
+                self._note_tail(rest)
             else:
                 self._tail.append(self._buf)
             self._buf = ""

@@ -47,6 +47,14 @@ RECORDED = [
     ("json answer that is not a call", '{"answer": 42}', '{"answer": 42}', []),
     ("broken hermes stays content", "<tool_call>\n{not json}\n</tool_call>", "<tool_call>\n{not json}\n</tool_call>", []),
     ("text mentioning a tag-like prefix", "Use <tool to go\n", "Use <tool to go\n", []),
+    # a call the model wrote on after (a length stop before its end token): the call, then content
+    ("python_tag call then text", '<|python_tag|>{"name": "a", "parameters": {"x": 1}} so', " so", [("a", {"x": 1})]),
+    ("mistral array then text", '[TOOL_CALLS][{"name": "a", "arguments": {}}]ok', "ok", [("a", {})]),
+    ("mistral [ARGS] then text", '[TOOL_CALLS]a[ARGS]{"x": 2} hm', " hm", [("a", {"x": 2})]),
+    ("bare json call then text", '{"name": "a", "arguments": {"x": 3}}\nDone', "\nDone", [("a", {"x": 3})]),
+    ("json answer that only names something, then text", '{"name": "Bob"} is it', '{"name": "Bob"} is it', []),
+    ("mistral text between calls stays content", '[TOOL_CALLS][{"name": "a", "arguments": {}}] x [TOOL_CALLS][]',
+     '[TOOL_CALLS][{"name": "a", "arguments": {}}] x [TOOL_CALLS][]', []),
 ]
 
 

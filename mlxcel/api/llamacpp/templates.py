@@ -15,6 +15,7 @@ from litestar import Request, post
 from mlxcel.api.body import read_json_object
 from mlxcel.api.errors import ApiError
 from mlxcel.api.openai.chat import render_prompt, render_prompt_text
+from mlxcel.api.openai.chat_surface import check_tools, template_history
 from mlxcel.api.openai.generation import served_model
 from mlxcel.api.openai.responses import count_input_tokens
 from mlxcel.api.state import AppState
@@ -31,7 +32,9 @@ def _messages(body: dict[str, Any]) -> list[dict[str, Any]]:
 async def apply_template(request: Request, app_state: AppState) -> dict:
     body = await read_json_object(request)
     model = served_model(app_state, None)
-    return {"prompt": render_prompt_text(model, _messages(body))}
+    # as chat renders it: assistant tool_calls arguments as objects, the request's tools
+    tools = check_tools(body["tools"]) if body.get("tools") else None
+    return {"prompt": render_prompt_text(model, template_history(_messages(body)), tools=tools)}
 
 
 @post(["/chat/completions/input_tokens", "/v1/chat/completions/input_tokens"], status_code=200)

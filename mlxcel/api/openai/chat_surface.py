@@ -40,7 +40,7 @@ class Prepared:
         return frozenset(self.markers.values())
 
 
-def _check_tools(tools: Any) -> list[dict]:
+def check_tools(tools: Any) -> list[dict]:
     if not isinstance(tools, list):
         raise ApiError(400, "tools must be a list", code="invalid_parameter", param="tools")
     for i, t in enumerate(tools):
@@ -59,7 +59,7 @@ def _tool_choice(choice: Any, tools: list[dict], parallel: bool) -> tuple[str, t
     return "forced", tg.parse_choice(choice, tools, parallel)
 
 
-def _history(messages: list[Any]) -> list[Any]:
+def template_history(messages: list[Any]) -> list[Any]:
     """Assistant tool_calls with their JSON-text arguments as objects, as templates expect."""
     out = []
     for m in messages:
@@ -83,7 +83,7 @@ def prepare(state: AppState, model: ServedModel, req: Any) -> Prepared:
     from mlxcel.api.openai.chat import render_prompt_text
 
     settings = state.settings
-    tools = _check_tools(req.tools) if req.tools else None
+    tools = check_tools(req.tools) if req.tools else None
     forced = None
     if tools:
         mode, forced = _tool_choice(req.tool_choice, tools, req.parallel_tool_calls is not False)
@@ -107,7 +107,7 @@ def prepare(state: AppState, model: ServedModel, req: Any) -> Prepared:
     if fmt not in FORMATS:
         raise ApiError(400, f"reasoning_format must be one of {', '.join(FORMATS)}", code="invalid_parameter",
                        param="reasoning_format")
-    messages = _history(req.messages)
+    messages = template_history(req.messages)
     prefill = ""
     if settings.prefill_assistant and messages and isinstance(messages[-1], dict) \
             and messages[-1].get("role") == "assistant":
