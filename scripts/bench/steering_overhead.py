@@ -47,7 +47,7 @@ def launch(args, state: Path, log: Path) -> tuple[subprocess.Popen, str]:
     port = free_port()
     cmd = [sys.executable, "-c", MLXCEL_BOOT, "-m", str(args.models_dir / args.model), "--offline",
            "--host", "127.0.0.1", "--port", str(port), "-np", str(args.concurrency),
-           "-c", str(args.concurrency * args.slot_ctx), "--state-dir", str(state)]
+           "-c", str(args.concurrency * args.slot_ctx), "--state-dir", str(state), "--backend", args.backend]
     proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + args.ready_timeout
@@ -163,6 +163,7 @@ def main() -> None:
     p.add_argument("--strength", type=float, default=4.0)
     p.add_argument("--slot-ctx", type=int, default=1024, help="context per slot")
     p.add_argument("--ready-timeout", type=float, default=300)
+    p.add_argument("--backend", default="auto", choices=("auto", "mlx", "torch"), help="the launched server's --backend")
     print(json.dumps(run(p.parse_args()), indent=2))
 
 
