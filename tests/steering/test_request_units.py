@@ -1,7 +1,8 @@
-"""The per-request steering surface without a server: every `return_sae_activations` refusal
+"""The per-request steering surface, mostly without a server: every `return_sae_activations` refusal
 and limit, the `millm` object's positions and read points, the dial echo's absence rules, the
 `steering_intensity` refusal code, and the concurrent-operator-wins rule (a request's own
-steering never touches, and is never touched by, the server's steering state)."""
+steering never touches, and is never touched by, the server's steering state). One test uses the
+shared default server for the chat refusals that precede any SAE lookup."""
 
 from __future__ import annotations
 
@@ -147,3 +148,25 @@ def test_a_request_never_undoes_a_concurrent_operator_change(manager, tmp_path):
     assert manager.attached["s"].values == {9: -12.0}  # and stays live: there is no restore to revert it
     assert not np.array_equal(manager.live_steering()[1], live_before)
     np.testing.assert_array_equal(greq.steering[1], own)  # the running request keeps exactly its own delta
+
+
+def test_chat_refusals_that_come_before_any_sae_is_looked_at(default_server):
+    """On the shared default server (no SAE attached): the one-position-axis refusals of
+    return_sae_activations on chat, and a steering field on a chat scoring request."""
+    import httpx
+
+    def chat(**extra):
+        r = httpx.post(default_server.base_url + "/v1/chat/completions", timeout=120, json={
+            "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "temperature": 0, **extra})
+        assert r.status_code == 400, r.text
+        return r.json()["error"]
+
+    acts = {"return_sae_activations": {"top_k": 2}}
+    for extra in ({"n": 2}, {"extra_messages": [[{"role": "user", "content": "yo"}]]}):
+        err = chat(**acts, **extra)
+        assert (err["code"], err["param"]) == ("invalid_parameter", "return_sae_activations")
+        assert "one position axis" in err["message"]
+    assert "none is attached" in chat(**acts)["message"]
+    for field, value in (("profile", "A"), ("steering_intensity", 0.5)):
+        err = chat(max_tokens=1, logprobs=True, **{field: value})
+        assert (err["code"], err["param"]) == ("field_not_honoured", field) and "never steered" in err["message"]
