@@ -170,3 +170,18 @@ def test_chat_refusals_that_come_before_any_sae_is_looked_at(default_server):
     for field, value in (("profile", "A"), ("steering_intensity", 0.5)):
         err = chat(max_tokens=1, logprobs=True, **{field: value})
         assert (err["code"], err["param"]) == ("field_not_honoured", field) and "never steered" in err["message"]
+
+
+def test_the_rung_is_absent_when_a_circuit_does_not_steer(tmp_path):
+    """An unparseable stored definition, and "min" on a circuit with no declared range (the
+    floor CIRCUIT_INTENSITY_MIN is 0, so min is off): no steering, no rung."""
+    from tests.steering.test_circuits_units import circuit_doc
+
+    m = SteeringManager(64, 2)
+    m.attach(str(random_sae(tmp_path / "s0", d_in=64, d_sae=32, layer=0, seed=1)))
+    m.attach(str(random_sae(tmp_path / "s1", d_in=64, d_sae=32, layer=1, seed=2)))
+    assert m.circuit_steering(circuit_doc(), 1.0, None).rung == 2  # the control: it steers in full
+    broken = m.circuit_steering(b'{"kind": "mistudio.circuit-definition"', 1.0, None)
+    assert (broken.steering, broken.rung, broken.intensity) == (None, None, None)
+    floor = m.circuit_steering(circuit_doc(rng=None), 1.0, "min")
+    assert (floor.steering, floor.rung, floor.intensity) == (None, None, 0.0)
