@@ -185,3 +185,21 @@ def test_the_rung_is_absent_when_a_circuit_does_not_steer(tmp_path):
     assert (broken.steering, broken.rung, broken.intensity) == (None, None, None)
     floor = m.circuit_steering(circuit_doc(rng=None), 1.0, "min")
     assert (floor.steering, floor.rung, floor.intensity) == (None, None, 0.0)
+
+
+def test_an_sae_is_attached_from_a_directory_or_a_store_entry(tmp_path):
+    from pathlib import Path
+
+    from mlxcel.api.management.envelope import Refusal
+    from mlxcel.api.management.saes import _path
+    from mlxcel.api.state import AppState
+    from mlxcel.cli.settings import ServerSettings
+
+    state = AppState(settings=ServerSettings(), store_root=tmp_path)
+    assert _path({"sae": "org/my-sae"}, state) == tmp_path / "org/my-sae"  # a model-store entry
+    assert _path({"path": "/data/sae"}, state) == Path("/data/sae")  # a SAELens directory
+    assert _path({"sae": "/abs/sae"}, state) == Path("/abs/sae")
+    for bad in ({}, {"path": ""}, {"sae": 3}):
+        with pytest.raises(Refusal) as e:
+            _path(bad, state)
+        assert (e.value.status, e.value.code) == (400, "invalid_parameter")
