@@ -203,3 +203,26 @@ def test_an_sae_is_attached_from_a_directory_or_a_store_entry(tmp_path):
         with pytest.raises(Refusal) as e:
             _path(bad, state)
         assert (e.value.status, e.value.code) == (400, "invalid_parameter")
+
+
+def test_monitoring_reads_its_read_point_keeps_running_statistics_and_bounds_its_history(manager):
+    from mlxcel.steering.monitor import Monitor
+
+    sae = manager.attached["s"].sae
+    rng = np.random.default_rng(1)
+    pre = rng.standard_normal((5, 64)).astype(np.float32)
+    post = pre + 4.0 * sae.W_dec[9]
+    seen = {}
+    for point in ("pre_steering", "post_steering"):
+        m = Monitor(sae, top_k=3, read_point=point, history=4)
+        m.record([1, 2, 3], pre[:3], post[:3])
+        m.record([4, 5], pre[3:], post[3:])
+        acts = sae.encode(pre if point == "pre_steering" else post)
+        assert len(m.recent(100)) == 4 and m.recent(1)[0]["token_id"] == 5  # bounded, newest first
+        stats = {r["feature_idx"]: r for r in m.statistics()["features"]}
+        assert m.statistics()["total_activations"] == 5  # the statistics are not bounded by the history
+        for i, row in stats.items():
+            assert row["max"] == pytest.approx(float(acts[:, i].max()))
+            assert row["mean"] == pytest.approx(float(acts[:, i].mean()), rel=1e-5, abs=1e-6)
+        seen[point] = stats
+    assert seen["pre_steering"] != seen["post_steering"]
