@@ -42,6 +42,7 @@ def resolve(dial: float | str, lo: float | None, hi: float | None, floor_default
     """λ for a dial against a declared range (lo/hi None: undeclared)."""
     floor = max(0.0, lo) if lo is not None else floor_default
     ceil = min(DIAL_MAX, hi) if hi is not None else server_max
+    floor = min(floor, ceil)  # a range declared above the [0, 2] envelope meets it at its top
     if dial == "off":
         return 0.0
     if dial == "min":

@@ -164,7 +164,9 @@ class SteeringManager:
             if not self.attached:
                 return Resolved(None)
             if intensity == "off" or intensity == 0:
-                return Resolved(None, 0.0 if (profile is not None or self.live_steering()) else None)
+                # echo 0 only when the dial turns something off: never for an empty base
+                base = profile.steering if profile is not None else self.live_steering()
+                return Resolved(None, 0.0 if base else None)
             if profile is None:
                 live = self.live_steering()
                 if intensity is None or live is None:

@@ -172,5 +172,11 @@ def test_embeddings_are_never_steered(srv):
     try:
         assert ROUTES["v1_completions"][2](call(s.base_url, "v1_completions").json()) != plain_text
         assert embed() == plain
+        # and they are not user traffic: monitoring records nothing for them
+        r = httpx.post(api + "/monitoring/configure", json={"sae_id": "s1", "top_k": 2})
+        assert r.json()["data"]["enabled"] is True, r.text
+        embed()
+        assert httpx.get(api + "/monitoring/history").json()["data"]["total"] == 0
     finally:
+        httpx.post(api + "/monitoring/configure", json={"enabled": False})
         assert httpx.delete(api + "/saes/s1/steering").status_code == 200

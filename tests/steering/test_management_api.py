@@ -12,6 +12,7 @@ import pytest
 from mlxcel.backends.select import choose
 from tests.conftest import ServerProcess
 from tests.fixtures import MINILM, QWEN2_TINY, QWEN3_TINY, available
+from tests.steering.test_circuits_units import circuit_doc
 from tests.steering.test_sae_units import random_sae
 
 pytestmark = pytest.mark.skipif(not (available(QWEN2_TINY) and available(MINILM)),
@@ -112,6 +113,62 @@ def test_compatibility_batch_steering_and_live(srv, tmp_path):
     assert call(srv, "DELETE", "/api/monitoring/statistics")[1]["data"]["cleared"] == n
     call(srv, "POST", "/api/monitoring/configure", json={"enabled": False})
     call(srv, "DELETE", "/api/saes/good")
+
+
+def test_per_sae_and_per_feature_routes_profile_update_and_clusters(srv, tmp_path):
+    """The routes the test above leaves out: per-SAE enable/disable and compatibility, one
+    feature at a time, profile get/update, clusters list/activate (refused when the attached
+    SAE cannot run it), circuits get/delete; every answer in the envelope."""
+    sae = random_sae(tmp_path / "m", d_in=64, d_sae=16, layer=1)
+    assert call(srv, "POST", "/api/saes/attach", json={"path": str(sae)})[0].status_code == 201
+    try:
+        r, body = call(srv, "GET", "/api/saes/m/compatibility")
+        assert body["data"]["compatible"] and body["data"]["sae"]["d_sae"] == 16
+        r, body = call(srv, "GET", "/api/saes/nope/compatibility")
+        assert r.status_code == 404 and body["error"]["code"] == "sae_not_attached"
+        assert set(body["error"]) == {"code", "message", "details"}
+        assert call(srv, "POST", "/api/saes/m/steering/3", json={"strength": 250})[1]["data"]["steering"] == \
+            {"3": 200.0}  # clamped to ±200
+        r, body = call(srv, "POST", "/api/saes/m/steering/16", json={"strength": 1})
+        assert r.status_code == 400 and body["error"]["code"] == "invalid_feature_index"
+        r, body = call(srv, "POST", "/api/saes/m/disable")
+        assert body["data"]["enabled"] is False and body["data"]["live"] is False
+        assert call(srv, "POST", "/api/saes/m/enable")[1]["data"]["live"] is True
+        assert call(srv, "POST", "/api/saes/m/explode")[0].status_code == 404
+
+        r, body = call(srv, "POST", "/api/profiles", json={"name": "P2", "sae_id": "m", "steering": {"1": 2}})
+        assert r.status_code == 201
+        r, body = call(srv, "PUT", "/api/profiles/P2", json={"description": "new", "steering": {"4": -3}})
+        assert body["data"]["description"] == "new" and body["data"]["steering"] == {"4": -3.0}
+        assert call(srv, "GET", "/api/profiles/P2")[1]["data"]["steering"] == {"4": -3.0}
+        assert call(srv, "GET", "/api/profiles/none")[0].status_code == 404
+
+        wide = b'{"name": "wide", "sae_id": "m", "features": [{"index": 40, "strength": 1}]}'
+        fits = b'{"name": "fits", "sae_id": "m", "features": {"2": 8}, "intensity": 0.5}'
+        for doc in (wide, fits):
+            assert call(srv, "POST", "/api/clusters/import", content=doc)[0].status_code == 201
+        assert call(srv, "POST", "/api/clusters/import", content=b"{}")[1]["error"]["code"] == "invalid_cluster"
+        listed = call(srv, "GET", "/api/clusters")[1]["data"]
+        assert {c["name"] for c in listed} >= {"wide", "fits"} and all(c["kind"] == "cluster" for c in listed)
+        r, body = call(srv, "POST", "/api/clusters/wide/activate")  # feature 40 is past the SAE's width
+        assert r.status_code == 400 and body["error"]["code"] == "profile_invalid"
+        assert call(srv, "POST", "/api/clusters/P2/activate")[0].status_code == 404  # a profile, not a cluster
+        assert call(srv, "POST", "/api/clusters/fits/activate")[1]["data"]["active"] is True
+        assert call(srv, "GET", "/api/saes/steering")[1]["data"]["base"] == "profile:fits"
+        r, body = call(srv, "PUT", "/api/clusters/fits/intensity", json={"intensity": "min"})
+        assert body["data"]["intensity"] == 0.5  # undeclared range: CLUSTER_INTENSITY_MIN
+        call(srv, "POST", "/api/profiles/deactivate")
+        for name in ("P2", "wide", "fits"):
+            assert call(srv, "DELETE", f"/api/profiles/{name}")[0].status_code == 200
+
+        r, body = call(srv, "POST", "/api/circuits/import", content=circuit_doc(name="gone"))
+        assert r.status_code == 201
+        assert call(srv, "GET", "/api/circuits/gone")[1]["data"]["name"] == "gone"
+        assert call(srv, "DELETE", "/api/circuits/gone")[1]["data"] == {"deleted": "gone"}
+        r, body = call(srv, "GET", "/api/circuits/gone")
+        assert r.status_code == 404 and body["error"]["code"] == "circuit_not_found"
+    finally:
+        call(srv, "DELETE", "/api/saes/m")
 
 
 def test_models_list_lock_and_refused_switching(srv):

@@ -80,6 +80,7 @@ def test_intensity_parse_and_cluster_rules():
     assert dial.resolve(1.8, 0.5, 1.5) == 1.5  # capped at the declared maximum
     assert dial.resolve(0.1, 0.5, 1.5) == 0.1  # below the floor is honoured (cluster rule)
     assert dial.resolve("off", 0.5, 1.5) == 0.0
+    assert dial.resolve("min", 2.5, 3.0) == 2.0  # min/max stay inside the [0, 2] envelope
 
 
 def test_manager_resolution_scales_cluster_by_dial(tmp_path):

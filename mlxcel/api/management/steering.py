@@ -43,6 +43,14 @@ def _profile_from(body: dict, state: AppState) -> Profile:
                    description=str(body.get("description") or ""))
 
 
+def _runnable(state: AppState, p: Profile) -> None:
+    """Refuse to activate a profile or cluster the attached SAEs cannot run (400 profile_invalid),
+    rather than leaving every later request to fail on it."""
+    m = state.model.steering if state.model else None
+    if m is not None and m.attached:
+        m.profile_steering(p, p.intensity if p.kind == "cluster" else 1.0)
+
+
 @get(f"{DIAL}/profiles")
 async def list_profiles(app_state: AppState) -> Response:
     return run(lambda: [p.public() for p in need_store(app_state).list()])
@@ -125,10 +133,7 @@ async def delete_profile(name: str, app_state: AppState) -> Response:
 @post(f"{DIAL}/profiles/{{name:str}}/activate")
 async def activate_profile(name: str, app_state: AppState) -> Response:
     def go():
-        p = _need_profile(app_state, name)
-        m = app_state.model.steering if app_state.model else None
-        if m is not None and m.attached:
-            m.profile_steering(p, p.intensity if p.kind == "cluster" else 1.0)  # refuse one the SAEs cannot run
+        _runnable(app_state, _need_profile(app_state, name))
         return need_store(app_state).activate(name).public()
 
     return run(go)
@@ -161,7 +166,7 @@ async def list_clusters(app_state: AppState) -> Response:
 @post(f"{DIAL}/clusters/{{name:str}}/activate")
 async def activate_cluster(name: str, app_state: AppState) -> Response:
     def go():
-        _need_profile(app_state, name, "cluster")
+        _runnable(app_state, _need_profile(app_state, name, "cluster"))
         return need_store(app_state).activate(name).public()
 
     return run(go)
