@@ -38,7 +38,9 @@ def store(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(store):
-    s = ServerProcess(["-m", DEFAULT_MODEL, "--offline", "--model-memory-budget", "800",
+    # --backend mlx pinned: the memory estimate is at the compute dtype (fp32 on MLX's CPU), so the
+    # 800 MiB budget refuses Gemma 3 (~1.1 GB in fp32) there but would admit it in torch's bf16
+    s = ServerProcess(["-m", DEFAULT_MODEL, "--offline", "--backend", "mlx", "--model-memory-budget", "800",
                        "--graceful-unload-timeout", "120"], env={"MLXCEL_MODELS_DIR": str(store)})
     yield s
     s.stop()

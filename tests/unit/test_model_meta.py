@@ -78,3 +78,14 @@ def test_tags_are_a_sorted_set_from_flag_or_env():
     assert s.tags == ["a", "b", "c", "prod"]  # b10621 inserts into a std::set
     assert parse_server_args(["-m", "x"], {"LLAMA_ARG_TAGS": "x,y"}).tags == ["x", "y"]
     assert parse_server_args(["-m", "x"], {}).tags == []
+
+
+def test_unreadable_weights_are_reported_as_unknown(tmp_path):
+    """A directory whose safetensors file is not one lists with null facts instead of failing."""
+    from mlxcel.api.openai.model_meta import checkpoint_meta
+
+    (tmp_path / "config.json").write_text('{"vocab_size": 10, "hidden_size": 4}')
+    for body in (b"short", b"\xff" * 8 + b"{}", b"\x02\x00\x00\x00\x00\x00\x00\x00[]"):
+        (tmp_path / "model.safetensors").write_bytes(body)
+        meta = checkpoint_meta(tmp_path)
+        assert meta["n_params"] is None and meta["size"] is None and meta["n_vocab"] == 10

@@ -78,11 +78,21 @@ def vocab_type(path: Path) -> int | None:
 
 
 def _headers(path: Path) -> list[dict]:
+    """Every safetensors header of the directory; ValueError for a file that is not one (the
+    length is checked against the file before reading, so a bogus one never allocates)."""
     out = []
     for f in sorted(path.glob("*.safetensors")):
         with f.open("rb") as fh:
-            (n,) = struct.unpack("<Q", fh.read(8))
-            out.append(json.loads(fh.read(n)))
+            head = fh.read(8)
+            if len(head) < 8:
+                raise ValueError(f"{f.name}: not a safetensors file")
+            (n,) = struct.unpack("<Q", head)
+            if n > f.stat().st_size - 8:
+                raise ValueError(f"{f.name}: header length past the end of the file")
+            header = json.loads(fh.read(n))
+            if not isinstance(header, dict):
+                raise ValueError(f"{f.name}: the header is not an object")
+            out.append(header)
     return out
 
 
@@ -94,8 +104,12 @@ def _module_bits(quant: dict, module: str) -> int | None:
 
 
 def weight_counts(path: Path, config: dict) -> tuple[int | None, int | None]:
-    """(n_params, size in bytes) from the safetensors headers; (None, None) without any."""
-    headers = _headers(path)
+    """(n_params, size in bytes) from the safetensors headers; (None, None) without any, or when
+    one is unreadable (a listing reports what it cannot know as null, it does not fail)."""
+    try:
+        headers = _headers(path)
+    except (OSError, ValueError):  # json's decode error is a ValueError
+        return None, None
     if not headers:
         return None, None
     quant = config.get("quantization") or config.get("quantization_config") or {}
