@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from mlxcel.backends.base import ForwardRow, ModelInfo, compacted, kv_bytes_per_token, read_layers, steering_blocks
+from mlxcel.backends.torch.packed import pack_linears, packing_available
 from mlxcel.backends.torch.paged import PagedStepCache, PagedStorage, StepPlan
 from mlxcel.engine.kv_block_pool import BlockAllocator, SequenceKV
 from mlxcel.models.hooks import LayerHooks
@@ -81,13 +82,25 @@ def refuse_quantized(path: Path, config: dict) -> None:
             f"only: serve it with --backend mlx, or point -m at the unquantized checkpoint")
 
 
-def install_torch_hooks(layers) -> LayerHooks:
-    """A forward hook on each decoder layer runs that layer's registered hooks in order."""
-    registry = LayerHooks(len(layers))
+class TorchLayerHooks(LayerHooks):
+    """The registry whose first hook on a layer installs that layer's torch forward hook: a
+    module with no forward hook takes torch's fast call path, so unhooked layers cost nothing."""
 
-    for i, layer in enumerate(layers):
-        def run(module, args, output, i=i):
-            hooks = registry.get(i)
+    def __init__(self, layers) -> None:
+        super().__init__(len(layers))
+        self._layers = layers
+        self._installed: set[int] = set()
+
+    def add(self, layer: int, hook):
+        remove = super().add(layer, hook)
+        if layer not in self._installed:
+            self._layers[layer].register_forward_hook(self._runner(layer))
+            self._installed.add(layer)
+        return remove
+
+    def _runner(self, i: int):
+        def run(module, args, output):
+            hooks = self.get(i)
             if not hooks:
                 return None
             hidden = output[0] if isinstance(output, tuple) else output
@@ -95,8 +108,12 @@ def install_torch_hooks(layers) -> LayerHooks:
                 hidden = hook(i, hidden)
             return (hidden, *output[1:]) if isinstance(output, tuple) else hidden
 
-        layer.register_forward_hook(run)
-    return registry
+        return run
+
+
+def install_torch_hooks(layers) -> LayerHooks:
+    """Every decoder layer is a hook point; its torch hook is installed on first use."""
+    return TorchLayerHooks(layers)
 
 
 class TorchBackend:
@@ -129,6 +146,8 @@ class TorchBackend:
             raise RopeRefused(f"the {config['model_type']} family did not take the requested RoPE override "
                               f"({want}); it cannot be honoured here")
         self.model = model.to(self.device).eval()
+        # bf16 on the CPU: oneDNN-packed weights for the linears (packed.py says why)
+        self.packed_linears = pack_linears(model) if packing_available(self.device, DTYPES[compute]) else 0
         self.base = getattr(model, model.base_model_prefix)
         self.lm_head = model.get_output_embeddings()
         self.softcap = getattr(model.config, "final_logit_softcapping", None)
@@ -175,10 +194,11 @@ class TorchBackend:
 
     def _masks(self, plan: StepPlan):
         """A 4-D mask for uniform families; one per layer type where the config names them."""
+        dtype = DTYPES[self.info.dtype]
         if not self._layer_types:
-            return plan.mask(None)
+            return plan.mask(None, dtype)
         kinds = set(self._layer_types)
-        return {k: plan.mask(self._window if k == "sliding_attention" else None) for k in kinds}
+        return {k: plan.mask(self._window if k == "sliding_attention" else None, dtype) for k in kinds}
 
     def _run(self, rows: list[ForwardRow]) -> tuple[torch.Tensor, StepPlan]:
         for r in rows:

@@ -7,7 +7,7 @@ rows of one forward into index tensors shared by every layer; `PagedStepCache` i
 `transformers.cache_utils.Cache` the attention modules call `update(...)` on: it scatters
 each row's new keys/values into its slots and gathers every row's history, right-padded to
 the longest row. Masks are built here from per-row positions and handed to the model
-ready-made (a 4-D boolean tensor, or one per layer type), so transformers never sizes a
+ready-made (a 4-D additive tensor, or one per layer type), so transformers never sizes a
 mask from the cache.
 """
 
@@ -92,14 +92,18 @@ class StepPlan:
         self.last = _to_device(np.asarray(self.n, dtype=np.int64) - 1, device)
         self._masks: dict[int | None, torch.Tensor] = {}
 
-    def mask(self, window: int | None = None) -> torch.Tensor:
-        """[B, 1, nmax, lmax] boolean, True where a query may attend a key."""
+    def mask(self, window: int | None = None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """[B, 1, nmax, lmax] additive: 0 where a query may attend a key, dtype's minimum where
+        not. Built once per step in the compute dtype: a boolean mask would be converted to
+        this form again inside every layer's attention call."""
         if window not in self._masks:
             kpos = np.arange(self.lmax)[None, None, :]
             allowed = kpos <= self._qpos[:, :, None]
             if window is not None:
                 allowed &= kpos > self._qpos[:, :, None] - window
-            self._masks[window] = _to_device(np.ascontiguousarray(allowed[:, None, :, :]), self.device)
+            allowed = _to_device(np.ascontiguousarray(allowed[:, None, :, :]), self.device)
+            additive = torch.zeros(allowed.shape, dtype=dtype, device=self.device)
+            self._masks[window] = additive.masked_fill_(~allowed, torch.finfo(dtype).min)
         return self._masks[window]
 
 

@@ -1,0 +1,101 @@
+"""Where one-row decode time goes on the torch backend: a torch.profiler table of the ops
+(matmuls against everything else) and a cProfile of the Python around them, plus CPU seconds
+per token (steadier than wall time on a shared machine). Prints text; not a test.
+
+    python -m scripts.bench.torch_decode_profile -m DIR --dtype bfloat16 --threads 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import time
+from pathlib import Path
+
+MATMUL_OPS = ("aten::mm", "mkldnn::_linear_pointwise", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear",
+              "aten::_scaled_dot_product_flash_attention_for_cpu", "aten::scaled_dot_product_attention")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("-m", "--model", type=Path, required=True)
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--steps", type=int, default=32)
+    p.add_argument("--timing-only", action="store_true", help="print the per-token times only")
+    p.add_argument("--ab-packing", type=int, default=0, metavar="ROUNDS",
+                   help="alternate packed and stock linears in this process for ROUNDS rounds of --steps "
+                        "tokens each and print both (a ratio that survives a shared machine's load)")
+    args = p.parse_args()
+
+    import torch
+
+    from mlxcel.backends.base import ForwardRow
+    from mlxcel.cli.settings import ServerSettings
+    from mlxcel.runtime import load_backend
+
+    settings = ServerSettings(backend="torch", device="cpu", dtype=args.dtype, threads=args.threads)
+    backend, _ = load_backend(settings, args.model)
+    seq = backend.new_sequence()
+    prompt = [(i * 37) % 1000 + 100 for i in range(128)]
+    nxt = int(backend.forward([ForwardRow(prompt, seq)])[0].argmax())
+
+    def step():
+        nonlocal nxt
+        nxt = int(backend.forward([ForwardRow([nxt], seq)])[0].argmax())
+
+    for _ in range(4):
+        step()
+    c, w = time.process_time(), time.perf_counter()
+    for _ in range(args.steps):
+        step()
+    cpu, wall = (time.process_time() - c) / args.steps, (time.perf_counter() - w) / args.steps
+    print(f"per token: {cpu * 1e3:.2f} ms CPU, {wall * 1e3:.2f} ms wall ({1 / wall:.1f} tok/s wall)")
+    if args.ab_packing:
+        ab_packing(step, args.ab_packing, args.steps)
+        return
+    if args.timing_only:
+        return
+
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        for _ in range(args.steps):
+            step()
+    events = prof.key_averages()
+    total = sum(e.self_cpu_time_total for e in events)
+    mm = sum(e.self_cpu_time_total for e in events if e.key in MATMUL_OPS)
+    print(f"torch ops self time: {total / 1e3 / args.steps:.2f} ms/token, of which matmul/attention "
+          f"{mm / 1e3 / args.steps:.2f} ms ({100 * mm / max(total, 1):.0f}%)")
+    print(events.table(sort_by="self_cpu_time_total", row_limit=25))
+
+    prof2 = cProfile.Profile()
+    prof2.enable()
+    for _ in range(args.steps):
+        step()
+    prof2.disable()
+    pstats.Stats(prof2).sort_stats("tottime").print_stats(25)
+
+
+def ab_packing(step, rounds: int, steps: int) -> None:
+    from mlxcel.backends.torch import packed
+
+    keep = packed.PACKED_MAX_ROWS
+    totals = {"packed": [0.0, 0.0], "stock": [0.0, 0.0]}
+    for _ in range(rounds):
+        for name, rows in (("packed", keep), ("stock", 0)):
+            packed.PACKED_MAX_ROWS = rows
+            c, w = time.process_time(), time.perf_counter()
+            for _ in range(steps):
+                step()
+            totals[name][0] += time.process_time() - c
+            totals[name][1] += time.perf_counter() - w
+    packed.PACKED_MAX_ROWS = keep
+    n = rounds * steps
+    for name, (cpu, wall) in totals.items():
+        print(f"{name}: {cpu / n * 1e3:.2f} ms CPU/token, {wall / n * 1e3:.2f} ms wall/token ({n / wall:.1f} tok/s)")
+    print(f"stock/packed wall ratio {totals['stock'][1] / totals['packed'][1]:.2f}, "
+          f"CPU ratio {totals['stock'][0] / totals['packed'][0]:.2f}")
+
+
+if __name__ == "__main__":
+    main()
