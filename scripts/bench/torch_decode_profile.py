@@ -24,9 +24,6 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--steps", type=int, default=32)
     p.add_argument("--timing-only", action="store_true", help="print the per-token times only")
-    p.add_argument("--ab-packing", type=int, default=0, metavar="ROUNDS",
-                   help="alternate packed and stock linears in this process for ROUNDS rounds of --steps "
-                        "tokens each and print both (a ratio that survives a shared machine's load)")
     args = p.parse_args()
 
     import torch
@@ -52,9 +49,6 @@ def main() -> None:
         step()
     cpu, wall = (time.process_time() - c) / args.steps, (time.perf_counter() - w) / args.steps
     print(f"per token: {cpu * 1e3:.2f} ms CPU, {wall * 1e3:.2f} ms wall ({1 / wall:.1f} tok/s wall)")
-    if args.ab_packing:
-        ab_packing(step, args.ab_packing, args.steps)
-        return
     if args.timing_only:
         return
 
@@ -76,26 +70,3 @@ def main() -> None:
     pstats.Stats(prof2).sort_stats("tottime").print_stats(25)
 
 
-def ab_packing(step, rounds: int, steps: int) -> None:
-    from mlxcel.backends.torch import packed
-
-    keep = packed.PACKED_MAX_ROWS
-    totals = {"packed": [0.0, 0.0], "stock": [0.0, 0.0]}
-    for _ in range(rounds):
-        for name, rows in (("packed", keep), ("stock", 0)):
-            packed.PACKED_MAX_ROWS = rows
-            c, w = time.process_time(), time.perf_counter()
-            for _ in range(steps):
-                step()
-            totals[name][0] += time.process_time() - c
-            totals[name][1] += time.perf_counter() - w
-    packed.PACKED_MAX_ROWS = keep
-    n = rounds * steps
-    for name, (cpu, wall) in totals.items():
-        print(f"{name}: {cpu / n * 1e3:.2f} ms CPU/token, {wall / n * 1e3:.2f} ms wall/token ({n / wall:.1f} tok/s)")
-    print(f"stock/packed wall ratio {totals['stock'][1] / totals['packed'][1]:.2f}, "
-          f"CPU ratio {totals['stock'][0] / totals['packed'][0]:.2f}")
-
-
-if __name__ == "__main__":
-    main()

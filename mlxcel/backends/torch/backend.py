@@ -22,7 +22,6 @@ import numpy as np
 import torch
 
 from mlxcel.backends.base import ForwardRow, ModelInfo, compacted, kv_bytes_per_token, read_layers, steering_blocks
-from mlxcel.backends.torch.packed import pack_linears, packing_available
 from mlxcel.backends.torch.paged import PagedStepCache, PagedStorage, StepPlan
 from mlxcel.engine.kv_block_pool import BlockAllocator, SequenceKV
 from mlxcel.models.hooks import LayerHooks
@@ -146,8 +145,6 @@ class TorchBackend:
             raise RopeRefused(f"the {config['model_type']} family did not take the requested RoPE override "
                               f"({want}); it cannot be honoured here")
         self.model = model.to(self.device).eval()
-        # bf16 on the CPU: oneDNN-packed weights for the linears (packed.py says why)
-        self.packed_linears = pack_linears(model) if packing_available(self.device, DTYPES[compute]) else 0
         self.base = getattr(model, model.base_model_prefix)
         self.lm_head = model.get_output_embeddings()
         self.softcap = getattr(model.config, "final_logit_softcapping", None)
