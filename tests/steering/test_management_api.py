@@ -157,6 +157,9 @@ def test_per_sae_and_per_feature_routes_profile_update_and_clusters(srv, tmp_pat
         assert call(srv, "GET", "/api/saes/steering")[1]["data"]["base"] == "profile:fits"
         r, body = call(srv, "PUT", "/api/clusters/fits/intensity", json={"intensity": "min"})
         assert body["data"]["intensity"] == 0.5  # undeclared range: CLUSTER_INTENSITY_MIN
+        r, body = call(srv, "DELETE", "/api/saes/m")  # the active cluster runs through it
+        assert r.status_code == 409 and body["error"]["code"] == "profile_active" and "fits" in body["error"]["message"]
+        assert chat(srv).status_code == 200  # still attached, still serving
         call(srv, "POST", "/api/profiles/deactivate")
         for name in ("P2", "wide", "fits"):
             assert call(srv, "DELETE", f"/api/profiles/{name}")[0].status_code == 200

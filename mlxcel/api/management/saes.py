@@ -17,6 +17,7 @@ from litestar import Request, Response, delete, get, post, put
 from mlxcel.api.management.envelope import Refusal, fail, need_manager, read_body, run, values_of
 from mlxcel.api.state import AppState
 from mlxcel.steering.sae import SAEError, check_compatible, load_sae
+from mlxcel.steering.manager import SteeringError
 
 BASE = "/api/saes"
 
@@ -165,9 +166,35 @@ async def clear_all(app_state: AppState) -> Response:
     return run(go)
 
 
+def _still_runnable_without(state: AppState, manager, sae_id: str) -> None:
+    """Refuse (409 profile_active) to detach an SAE the active profile or cluster needs: after
+    the detach every request without steering fields of its own would fail on that profile."""
+    active = state.steering_store.active() if state.steering_store is not None else None
+    if active is None:
+        return
+    with manager.lock:  # requests resolve under this lock, so none sees the trial detach
+        saved = dict(manager.attached)
+        del manager.attached[sae_id]
+        try:
+            manager.profile_steering(active, active.intensity if active.kind == "cluster" else 1.0)
+        except SteeringError:
+            raise Refusal(409, "profile_active", f"SAE {sae_id!r} is needed by the active {active.kind} "
+                          f"{active.name!r}; deactivate it first (POST /api/profiles/deactivate)") from None
+        finally:
+            manager.attached.clear()
+            manager.attached.update(saved)
+
+
 @delete(f"{BASE}/{{sae_id:str}}", status_code=200)
 async def detach_sae(sae_id: str, app_state: AppState) -> Response:
-    return run(lambda: need_manager(app_state).detach(sae_id) or {"sae_id": sae_id, "attached": False})
+    def go():
+        manager = need_manager(app_state)
+        manager.get(sae_id)  # 404 sae_not_attached first
+        _still_runnable_without(app_state, manager, sae_id)
+        manager.detach(sae_id)
+        return {"sae_id": sae_id, "attached": False}
+
+    return run(go)
 
 
 @get(f"{BASE}/{{sae_id:str}}/steering")
