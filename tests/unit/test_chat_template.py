@@ -32,3 +32,23 @@ def test_raise_exception_is_a_template_error():
 def test_tojson_keeps_unicode():
     t = "{{ messages[0] | tojson }}"
     assert render_chat(t, [{"role": "user", "content": "é"}]) == '{"role": "user", "content": "é"}'
+
+
+def test_trailing_assistant_prefill_and_two_trailing_assistants_refused():
+    # --prefill-assistant (default): the trailing assistant turn is a prefix the model continues;
+    # two of them are refused with b10621's wording; --no-prefill-assistant answers it instead
+    from types import SimpleNamespace
+
+    from mlxcel.api.errors import ApiError
+    from mlxcel.api.openai.chat import render_prompt_text
+
+    tok = SimpleNamespace(chat_template=TOOLS_GUARD, bos_token=None, eos_token=None)
+    model = SimpleNamespace(tokenizer=tok)
+    user, partial = {"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hel"}
+    assert render_prompt_text(model, [user, partial]) == "<user>hi<assistant>Hel"
+    assert render_prompt_text(model, [user, partial], prefill_assistant=False) == \
+        "<user>hi<assistant>Hel<assistant>"
+    with pytest.raises(ApiError) as e:
+        render_prompt_text(model, [user, partial, {"role": "assistant", "content": "lo"}])
+    assert e.value.status == 400
+    assert e.value.message == "Cannot have 2 or more assistant messages at the end of the list."
