@@ -134,3 +134,13 @@ def test_cancel_answers_the_stored_response_and_unknown_ids_are_404(client, serv
     assert client.responses.cancel(r.id).id == r.id
     missing = httpx.post(server.base_url + "/v1/responses/resp_nope/cancel")
     assert missing.status_code == 404
+
+
+def test_unused_fields_reported_and_unhonoured_ones_refused(server):
+    url = server.base_url + "/v1/responses"
+    r = httpx.post(url, timeout=120, json={"model": QWEN3_TINY, "input": "x", "max_output_tokens": 1, "user": "u"})
+    assert r.status_code == 200 and r.headers["x-millm-ignored-fields"] == '"user"'
+    refused = httpx.post(url, json={"input": "x", "text": {"format": {"type": "json_object"}}})
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == "field_not_honoured"
+    strict = httpx.post(url, json={"input": "x", "user": "u"}, headers={"X-miLLM-Strict": "true"})
+    assert strict.status_code == 400 and strict.json()["error"]["code"] == "unused_fields_refused"

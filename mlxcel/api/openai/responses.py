@@ -24,11 +24,19 @@ from mlxcel.api.errors import ApiError
 from mlxcel.api.model_switch import model_for
 from mlxcel.api.openai import chat_surface
 from mlxcel.api.openai import generation as g
+from mlxcel.api.openai.fields import object_locations, settle_unused, strict_mode
 from mlxcel.api.openai.schemas import ChatCompletionRequest
 from mlxcel.api.state import AppState
 from mlxcel.steering import requests as steer
 
 STORE_CAPACITY = 256
+RESPONSES = "/v1/responses"
+# Output-changing Responses fields this server does not have, with the values that ask for
+# nothing; anything else is refused with field_not_honoured (never silently dropped).
+NOT_HONOURED: dict[str, tuple[Any, ...]] = {
+    "background": (False,), "conversation": (), "top_logprobs": (0,), "include": ([],),
+    "truncation": ("disabled",), "prompt": (), "max_tool_calls": (),
+}
 
 
 class ResponsesRequest(msgspec.Struct, kw_only=True):
@@ -61,6 +69,35 @@ class ResponseStore:
         self.done.move_to_end(resp["id"])
         while len(self.done) > self.capacity:
             self.done.popitem(last=False)
+
+
+def _same(a: Any, b: Any) -> bool:
+    return type(a) is type(b) and a == b
+
+
+def check_fields(raw: dict[str, Any], strict: bool) -> dict[str, str]:
+    """Refuse what this route cannot honour; report (or, strict, refuse) what it does not use,
+    with the /v1 contract's X-miLLM-Ignored-Fields header."""
+    unused: list[str] = []
+    for key, value in raw.items():
+        if value is None:
+            continue
+        if key in NOT_HONOURED:
+            if any(_same(value, ok) for ok in NOT_HONOURED[key]):
+                continue
+            raise ApiError(400, f"'{key}' is not honoured on {RESPONSES} by this server",
+                           code="field_not_honoured", param=key)
+        if key == "text":  # structured output is chat's response_format; plain text is the default
+            fmt = value.get("format") if isinstance(value, dict) else value
+            if fmt is not None and not _same(fmt, {"type": "text"}):
+                raise ApiError(400, f"'text.format' is not honoured on {RESPONSES} by this server (use "
+                               "response_format on /v1/chat/completions)", code="field_not_honoured", param="text")
+            unused += object_locations(value, ["format"], "text")
+        elif key == "reasoning":
+            unused += object_locations(value, ["effort"], "reasoning")
+        elif key not in ResponsesRequest.__struct_fields__:
+            unused.append(key)
+    return settle_unused(unused, strict, RESPONSES)
 
 
 def _store(state: AppState) -> ResponseStore:
@@ -190,15 +227,17 @@ def _after(conversation: list[dict], output: list[dict]) -> list[dict]:
 
 @post(["/v1/responses", "/responses"], status_code=200)
 async def create_response(request: Request, app_state: AppState) -> Any:
+    strict = strict_mode(request.headers)
     raw = await read_json_object(request)
     steer.refuse_fields(raw, "/v1/responses")  # per-request steering is chat's; the server's applies below
     req = convert(raw, ResponsesRequest)
+    field_headers = check_fields(raw, strict)
     model = await model_for(app_state, req.model)  # may switch models (api/model_switch.py)
     conversation = _conversation(app_state, req)
     creq = _chat_request(req, conversation)
     prep = chat_surface.prepare(app_state, model, creq)
     greq = await chat_surface.generation_request(model, creq, prep)
-    steer_headers = steer.server_steering(app_state, model, [greq])  # live values, active profile or circuit
+    steer_headers = {**field_headers, **steer.server_steering(app_state, model, [greq])}  # live steering values
     handle = g.submit(model, greq)
     out = chat_surface.ChatOutput(prep, parallel_tool_calls=req.parallel_tool_calls is not False)
     rid = "resp_" + uuid.uuid4().hex[:24]
