@@ -146,3 +146,12 @@ def test_thinking_budget_tokens_is_enforced(client, server):
     assert events[1]["type"] == "content_block_start" and events[1]["content_block"]["type"] == "thinking"
     assert "".join(e["delta"]["thinking"] for e in events if e["type"] == "content_block_delta"
                    and e["delta"]["type"] == "thinking_delta") == capped_thought[0]
+
+
+def test_unused_fields_are_reported_or_refused_when_strict(server):
+    body = {"model": QWEN3_TINY, "max_tokens": 1, "messages": [ASK], "service_tier": "auto"}
+    r = httpx.post(server.base_url + "/v1/messages", timeout=120, json=body)
+    assert r.status_code == 200 and r.headers["x-millm-ignored-fields"] == '"service_tier"'
+    strict = httpx.post(server.base_url + "/v1/messages", json=body, headers={"X-miLLM-Strict": "1"})
+    assert strict.status_code == 400 and strict.json()["type"] == "error"
+    assert "service_tier" in strict.json()["error"]["message"]

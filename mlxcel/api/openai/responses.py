@@ -311,8 +311,9 @@ async def create_response(request: Request, app_state: AppState) -> Any:
                                     delta=d["reasoning_content"])
                     elif "content" in d:
                         if "message" not in opened:
-                            i, frame = open_item("message", {"type": "message", "id": "msg_" + uuid.uuid4().hex[:24],
-                                                             "status": "in_progress", "role": "assistant", "content": []})
+                            i, frame = open_item("message", {
+                                "type": "message", "id": "msg_" + uuid.uuid4().hex[:24], "status": "in_progress",
+                                "role": "assistant", "content": []})
                             yield frame
                             yield event("response.content_part.added", item_id=opened["message"][1], output_index=i,
                                         content_index=0, part={"type": "output_text", "text": "", "annotations": []})
