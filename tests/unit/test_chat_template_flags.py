@@ -66,3 +66,13 @@ def test_reasoning_flags_write_the_template_kwargs():
     assert reverse.chat_template_kwargs == {"enable_thinking": True}
     with pytest.raises(StartupRefusal):
         parse_server_args(["-m", "x", "--reasoning", "maybe"], {})
+
+
+def test_reasoning_format_flag_and_environment():
+    # the server-wide placement every chat request uses unless it sends its own reasoning_format
+    for fmt in ("none", "deepseek", "deepseek-legacy", "auto"):
+        assert parse_server_args(["-m", "x", "--reasoning-format", fmt], {}).reasoning_format == fmt
+    assert parse_server_args(["-m", "x"], {"LLAMA_ARG_THINK": "none"}).reasoning_format == "none"
+    assert parse_server_args(["-m", "x"], {}).reasoning_format == "auto"
+    with pytest.raises(StartupRefusal):
+        parse_server_args(["-m", "x", "--reasoning-format", "r1"], {})
