@@ -1,5 +1,6 @@
-"""/v1/responses field policy: output-changing fields it cannot honour are refused, unused
-ones are reported in X-miLLM-Ignored-Fields (refused under X-miLLM-Strict), as on /v1."""
+"""/v1/responses field policy and store: output-changing fields it cannot honour are refused,
+unused ones are reported in X-miLLM-Ignored-Fields (refused under X-miLLM-Strict), as on /v1;
+stored responses are bounded, oldest evicted first."""
 
 from __future__ import annotations
 
@@ -37,3 +38,16 @@ def test_unused_fields_are_reported_or_refused_when_strict():
     with pytest.raises(ApiError) as e:
         check_fields(body, True)
     assert e.value.code == "unused_fields_refused" and "text.verbosity" in e.value.message
+
+
+def test_store_is_bounded_oldest_evicted_first():
+    from mlxcel.api.openai.responses import STORE_CAPACITY, ResponseStore
+
+    assert STORE_CAPACITY == 256
+    store = ResponseStore(capacity=3)
+    for i in range(5):
+        store.put({"id": f"resp_{i}"}, [])
+    assert list(store.done) == ["resp_2", "resp_3", "resp_4"]
+    store.put({"id": "resp_2"}, [])  # stored again: newest
+    store.put({"id": "resp_5"}, [])
+    assert list(store.done) == ["resp_4", "resp_2", "resp_5"]
