@@ -7,6 +7,8 @@ a call in the prefix is what the parse of the previous turn would have produced.
 
 from __future__ import annotations
 
+import json
+
 import anthropic
 import httpx
 import pytest
@@ -28,7 +30,26 @@ def client(server):
     return anthropic.Anthropic(base_url=server.base_url, api_key="x", max_retries=0, timeout=120)
 
 
-def test_text_message_and_stream_agree(client):
+def _streamed_events(server, body):
+    """The SSE events of a streamed /v1/messages request, checked against Anthropic's order:
+    message_start, then per block content_block_start / _delta... / _stop with its own index
+    in order, then message_delta and message_stop; each frame's event name is its type."""
+    r = httpx.post(server.base_url + "/v1/messages", timeout=120, json={**body, "stream": True})
+    frames = [f for f in r.text.split("\n\n") if f.strip()]
+    events = [json.loads(f.split("data: ", 1)[1]) for f in frames]
+    assert [f.split("\n", 1)[0] for f in frames] == [f"event: {e['type']}" for e in events]
+    kinds = [e["type"] for e in events]
+    assert kinds[0] == "message_start" and kinds[-2:] == ["message_delta", "message_stop"], kinds
+    blocks = kinds[1:-2]
+    starts = [i for i, k in enumerate(blocks) if k == "content_block_start"]
+    assert not blocks or starts[0] == 0, kinds
+    for n, (a, b) in enumerate(zip(starts, starts[1:] + [len(blocks)])):
+        assert blocks[a + 1:b - 1] == ["content_block_delta"] * (b - a - 2) and blocks[b - 1] == "content_block_stop"
+        assert {events[1 + i]["index"] for i in range(a, b)} == {n}
+    return events, r.text
+
+
+def test_text_message_and_stream_agree(client, server):
     kw = dict(model=QWEN3_TINY, max_tokens=6, system="Be brief.", messages=[ASK], extra_body=GREEDY)
     msg = client.messages.create(**kw)
     assert msg.type == "message" and msg.role == "assistant"
@@ -40,6 +61,9 @@ def test_text_message_and_stream_agree(client):
     assert events[0] == "message_start" and events[-1] == "message_stop"
     assert [b.model_dump() for b in final.content] == [b.model_dump() for b in msg.content]
     assert final.stop_reason == msg.stop_reason
+    events, _ = _streamed_events(server, {"model": QWEN3_TINY, "max_tokens": 6, "system": "Be brief.",
+                                          "messages": [ASK], "temperature": 0})
+    assert events[-2]["delta"]["stop_reason"] == msg.stop_reason and events[-2]["usage"]["output_tokens"] > 0
 
 
 def test_count_tokens_matches_usage(client):
@@ -72,6 +96,12 @@ def test_stop_sequence_reports_the_matched_string(client, server):
     msg = client.messages.create(model=QWEN3_TINY, max_tokens=8, messages=[ASK], extra_body=GREEDY,
                                  stop_sequences=["\x00never", word])
     assert msg.stop_reason == "stop_sequence" and msg.stop_sequence == word
+    # streamed: the same reason and matched string in message_delta
+    events, raw = _streamed_events(server, {"model": QWEN3_TINY, "max_tokens": 8, "messages": [ASK], "temperature": 0,
+                                            "stop_sequences": ["\x00never", word]})
+    assert events[-2]["delta"] == {"stop_reason": "stop_sequence", "stop_sequence": word}, raw
+    streamed = "".join(e["delta"].get("text", "") for e in events if e["type"] == "content_block_delta")
+    assert streamed == "".join(b.text for b in msg.content if b.type == "text")
 
 
 def test_bad_request_uses_anthropic_envelope(server):
@@ -99,7 +129,7 @@ def test_forced_tool_choice_always_uses_the_tool(client, choice):
     assert final.stop_reason == "tool_use" and any(b.type == "tool_use" for b in final.content)
 
 
-def test_thinking_budget_tokens_is_enforced(client):
+def test_thinking_budget_tokens_is_enforced(client, server):
     # the prefill leaves a thinking block open; without a budget greedy random weights think on
     kw = dict(model=QWEN3_TINY, max_tokens=16, extra_body=GREEDY,
               messages=[ASK, {"role": "assistant", "content": "<think>\nThe user wants"}])
@@ -109,3 +139,19 @@ def test_thinking_budget_tokens_is_enforced(client):
     capped_thought = [b.thinking for b in capped.content if b.type == "thinking"]
     assert thought and capped_thought and len(capped_thought[0]) < len(thought[0])
     assert thought[0].startswith(capped_thought[0])
+    # streamed: a thinking block first (thinking_delta), the same thoughts as the message
+    events, _ = _streamed_events(server, {"model": QWEN3_TINY, "max_tokens": 16, "temperature": 0,
+                                          "thinking": {"type": "enabled", "budget_tokens": 3},
+                                          "messages": kw["messages"]})
+    assert events[1]["type"] == "content_block_start" and events[1]["content_block"]["type"] == "thinking"
+    assert "".join(e["delta"]["thinking"] for e in events if e["type"] == "content_block_delta"
+                   and e["delta"]["type"] == "thinking_delta") == capped_thought[0]
+
+
+def test_unused_fields_are_reported_or_refused_when_strict(server):
+    body = {"model": QWEN3_TINY, "max_tokens": 1, "messages": [ASK], "service_tier": "auto"}
+    r = httpx.post(server.base_url + "/v1/messages", timeout=120, json=body)
+    assert r.status_code == 200 and r.headers["x-millm-ignored-fields"] == '"service_tier"'
+    strict = httpx.post(server.base_url + "/v1/messages", json=body, headers={"X-miLLM-Strict": "1"})
+    assert strict.status_code == 400 and strict.json()["type"] == "error"
+    assert "service_tier" in strict.json()["error"]["message"]

@@ -129,7 +129,7 @@ def test_health_ok(default_server):
 
 def test_unhonoured_field_refused_and_unused_field_reported(default_server):
     url = default_server.base_url + "/v1/chat/completions"
-    r = httpx.post(url, json={"messages": QUESTION, "logit_bias": {"1": 5}, "max_tokens": 2})
+    r = httpx.post(url, json={"messages": QUESTION, "dimensions": 8, "max_tokens": 2})
     assert r.status_code == 400 and r.json()["error"]["code"] == "field_not_honoured"
     r = httpx.post(url, json={"messages": QUESTION, "user": "abc", "max_tokens": 2, "temperature": 0}, timeout=60)
     assert r.status_code == 200

@@ -344,3 +344,18 @@ def test_context_length_exceeded_on_scoring_requests(openai_client, endpoint):
             openai_client.completions.create(model=DEFAULT_MODEL, prompt=long, max_tokens=1, logprobs=2)
     assert e.value.code == "context_length_exceeded"
     assert "maximum context length is 2048 tokens" in e.value.message and "in the prompt, 1 for the completion" in e.value.message
+
+
+def test_logit_bias_moves_the_greedy_choice_on_both_routes(default_server, openai_client):
+    prompt = "The capital of France is"
+    target = httpx.post(default_server.base_url + "/tokenize", json={"content": " zebra"}).json()["tokens"][0]
+    piece = httpx.post(default_server.base_url + "/detokenize", json={"tokens": [target]}).json()["content"]
+    kw = dict(model=DEFAULT_MODEL, max_tokens=1, temperature=0)
+    plain = openai_client.completions.create(prompt=prompt, **kw).choices[0].text
+    biased = openai_client.completions.create(prompt=prompt, logit_bias={str(target): 100}, **kw).choices[0].text
+    assert biased == piece != plain
+    chat = openai_client.chat.completions.create(messages=Q, logit_bias={str(target): 100}, **kw)
+    assert chat.choices[0].message.content.strip() == piece.strip()
+    with pytest.raises(openai.BadRequestError) as e:
+        openai_client.completions.create(prompt=prompt, logit_bias={"-5": 1}, **kw)
+    assert e.value.code == "invalid_parameter" and e.value.param == "logit_bias"

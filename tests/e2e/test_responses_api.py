@@ -85,3 +85,62 @@ def test_input_tokens_counts_what_the_request_prefills(client, server):
         assert counted == {"input_tokens": r.usage.input_tokens}
     missing = httpx.post(server.base_url + "/v1/responses/input_tokens", json={**turn, "previous_response_id": "x"})
     assert missing.status_code == 404
+
+
+def _check_stream(events):
+    """Every event naming an output item names it at the index and with the id the final
+    response gives it; the streamed deltas of each item join to its final text."""
+    final = events[-1].response
+    by_index = {i: item for i, item in enumerate(final.output)}
+    joined: dict[int, str] = {}
+    for e in events:
+        if getattr(e, "output_index", None) is None:
+            continue
+        item_id = e.item.id if hasattr(e, "item") else e.item_id
+        assert by_index[e.output_index].id == item_id, (e.type, e.output_index)
+        if e.type.endswith(".delta"):
+            joined[e.output_index] = joined.get(e.output_index, "") + e.delta
+    for i, item in by_index.items():
+        text = {"reasoning": lambda: item.content[0].text, "message": lambda: item.content[0].text,
+                "function_call": lambda: item.arguments}[item.type]()
+        assert joined.get(i, "") == text, (item.type, joined.get(i), text)
+    return final
+
+
+def test_streamed_reasoning_and_tool_call_events_match_the_final_output(client):
+    # a continued assistant prefix leaves a thought open: a reasoning item, then the answer
+    think = [{"role": "user", "content": "Weather?"}, {"role": "assistant", "content": "<think>\nThe user wants"}]
+    events = list(client.responses.create(model=QWEN3_TINY, input=think, max_output_tokens=12, temperature=0,
+                                          stream=True))
+    final = _check_stream(events)
+    assert final.output[0].type == "reasoning" and any(e.type == "response.reasoning_text.delta" for e in events)
+    assert client.responses.retrieve(final.id).output == final.output
+    # a forced call streams as function_call_arguments deltas; its result goes back as input
+    tools = [{"type": "function", "name": "get_time", "parameters": {
+        "type": "object", "properties": {"tz": {"enum": ["UTC", "CET"]}}, "required": ["tz"],
+        "additionalProperties": False}}]
+    events = list(client.responses.create(model=QWEN3_TINY, input="Time?", tools=tools, max_output_tokens=100,
+                                          tool_choice={"type": "function", "name": "get_time"}, stream=True))
+    final = _check_stream(events)
+    call = next(o for o in final.output if o.type == "function_call")
+    assert call.name == "get_time" and any(e.type == "response.function_call_arguments.done" for e in events)
+    r = client.responses.create(model=QWEN3_TINY, previous_response_id=final.id, max_output_tokens=2, temperature=0,
+                                input=[{"type": "function_call_output", "call_id": call.call_id, "output": "12:00"}])
+    assert r.status in ("completed", "incomplete") and r.previous_response_id == final.id
+
+
+def test_cancel_answers_the_stored_response_and_unknown_ids_are_404(client, server):
+    r = client.responses.create(model=QWEN3_TINY, input="Hi.", max_output_tokens=2, temperature=0)
+    assert client.responses.cancel(r.id).id == r.id
+    missing = httpx.post(server.base_url + "/v1/responses/resp_nope/cancel")
+    assert missing.status_code == 404
+
+
+def test_unused_fields_reported_and_unhonoured_ones_refused(server):
+    url = server.base_url + "/v1/responses"
+    r = httpx.post(url, timeout=120, json={"model": QWEN3_TINY, "input": "x", "max_output_tokens": 1, "user": "u"})
+    assert r.status_code == 200 and r.headers["x-millm-ignored-fields"] == '"user"'
+    refused = httpx.post(url, json={"input": "x", "text": {"format": {"type": "json_object"}}})
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == "field_not_honoured"
+    strict = httpx.post(url, json={"input": "x", "user": "u"}, headers={"X-miLLM-Strict": "true"})
+    assert strict.status_code == 400 and strict.json()["error"]["code"] == "unused_fields_refused"

@@ -44,3 +44,35 @@ def test_reasoning_alias_field_policy():
     assert parse_server_args(["-m", "x", "--reasoning-alias-field", "none"], {}).reasoning_alias_field == "none"
     with pytest.raises(StartupRefusal):
         parse_server_args(["-m", "x", "--reasoning-alias-field", "thoughts"], {})
+
+
+def test_reasoning_flags_write_the_template_kwargs():
+    # --reasoning / --reasoning-effort / --reasoning-preserve fill the same map as
+    # --chat-template-kwargs, under the keys b10621 writes; the dedicated flag wins a collision
+    s = parse_server_args(["-m", "x", "--reasoning", "off", "--reasoning-effort", "high", "--reasoning-preserve"], {})
+    assert s.chat_template_kwargs == {"enable_thinking": False, "reasoning_effort": "high",
+                                      "preserve_reasoning": True}
+    assert parse_server_args(["-m", "x", "-rea", "on"], {}).chat_template_kwargs == {"enable_thinking": True}
+    # auto / default leave the template's own default alone
+    assert parse_server_args(["-m", "x", "--reasoning", "auto", "--reasoning-effort", "default"],
+                             {}).chat_template_kwargs == {}
+    assert parse_server_args(["-m", "x"], {"LLAMA_ARG_REASONING": "off"}).chat_template_kwargs == {
+        "enable_thinking": False}
+    both = parse_server_args(["-m", "x", "--reasoning", "on", "--chat-template-kwargs",
+                              '{"enable_thinking": false, "custom": 1}'], {})
+    assert both.chat_template_kwargs == {"enable_thinking": True, "custom": 1}
+    reverse = parse_server_args(["-m", "x", "--chat-template-kwargs", '{"enable_thinking": false}',
+                                 "--reasoning", "on"], {})
+    assert reverse.chat_template_kwargs == {"enable_thinking": True}
+    with pytest.raises(StartupRefusal):
+        parse_server_args(["-m", "x", "--reasoning", "maybe"], {})
+
+
+def test_reasoning_format_flag_and_environment():
+    # the server-wide placement every chat request uses unless it sends its own reasoning_format
+    for fmt in ("none", "deepseek", "deepseek-legacy", "auto"):
+        assert parse_server_args(["-m", "x", "--reasoning-format", fmt], {}).reasoning_format == fmt
+    assert parse_server_args(["-m", "x"], {"LLAMA_ARG_THINK": "none"}).reasoning_format == "none"
+    assert parse_server_args(["-m", "x"], {}).reasoning_format == "auto"
+    with pytest.raises(StartupRefusal):
+        parse_server_args(["-m", "x", "--reasoning-format", "r1"], {})

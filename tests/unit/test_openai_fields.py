@@ -108,3 +108,17 @@ def test_settle_unused_logs_locations_only_or_refuses(caplog):
     assert e.value.code == "unused_fields_refused"
     assert "user" in e.value.message and "messages[0].name" in e.value.message
     assert f.settle_unused([], strict=True, endpoint=f.CHAT) == {}
+
+
+def test_openai_logit_bias_is_parsed_or_refused():
+    import pytest as _pytest
+
+    from mlxcel.api.errors import ApiError
+    from mlxcel.api.openai.generation import openai_logit_bias
+
+    assert openai_logit_bias({"3": 5, "7": -100, "0": 0.5}, 10) == {3: 5.0, 7: -100.0, 0: 0.5}
+    assert openai_logit_bias(None, 10) == {} and openai_logit_bias({}, 10) == {}
+    for bad in ({"10": 1}, {"-1": 1}, {"hello": 1}, {"3": 101}, {"3": True}, {"3": "1"}):
+        with _pytest.raises(ApiError) as e:
+            openai_logit_bias(bad, 10)
+        assert (e.value.status, e.value.code, e.value.param) == (400, "invalid_parameter", "logit_bias")

@@ -27,6 +27,7 @@ from mlxcel.api.errors import ApiError
 from mlxcel.api.model_switch import model_for
 from mlxcel.api.openai import chat_surface
 from mlxcel.api.openai import generation as g
+from mlxcel.api.openai.fields import settle_unused, strict_mode
 from mlxcel.api.openai.schemas import ChatCompletionRequest
 from mlxcel.api.state import AppState
 from mlxcel.steering import requests as steer
@@ -183,14 +184,18 @@ def _event(kind: str, data: dict[str, Any]) -> bytes:
 
 @post("/v1/messages", status_code=200)
 async def messages(request: Request, app_state: AppState) -> Any:
+    strict = strict_mode(request.headers)
     raw = await read_json_object(request)
     steer.refuse_fields(raw, "/v1/messages")  # per-request steering is chat's; the server's applies below
     req = convert(raw, MessagesRequest)
+    # a field this route does not read is reported (or refused under X-miLLM-Strict), never dropped
+    unused = [k for k, v in raw.items() if v is not None and k not in MessagesRequest.__struct_fields__]
+    field_headers = settle_unused(unused, strict, "/v1/messages")
     creq = _chat_request(req)  # shape errors first: a malformed request never switches models
     model = await model_for(app_state, req.model)  # may switch models (api/model_switch.py)
     prep = chat_surface.prepare(app_state, model, creq)
     greq = await chat_surface.generation_request(model, creq, prep)
-    steer_headers = steer.server_steering(app_state, model, [greq])  # live values, active profile or circuit
+    steer_headers = {**field_headers, **steer.server_steering(app_state, model, [greq])}  # live steering values
     handle = g.submit(model, greq)
     out = chat_surface.ChatOutput(prep, parallel_tool_calls=creq.parallel_tool_calls is not False)
     mid = "msg_" + uuid.uuid4().hex[:24]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 from litestar import Request, post
 
 from mlxcel.api.body import convert, read_json_object
@@ -24,6 +25,7 @@ from mlxcel.api.openai.schemas import SCORING_UNUSED, ChatCompletionRequest
 from mlxcel.api.openai import response_format as rf
 from mlxcel.api.state import AppState, ServedModel
 from mlxcel.engine.chat_template import TemplateError, render_chat, render_plain
+from mlxcel.engine.reasoning import primed
 from mlxcel.steering import requests as steer
 
 _ROLES = {"system", "user", "assistant", "tool", "function", "developer"}
@@ -62,12 +64,13 @@ def render_prompt_text(model: ServedModel, messages: list[dict[str, Any]], *, to
             raise ApiError(400, f"messages[{i}] needs a role among {sorted(_ROLES)}", code="invalid_parameter", param="messages")
         clean.append({**m, "content": _text_content(m.get("content"), f"messages[{i}]")})
     # A trailing assistant message is a prefix to continue, not a turn to answer.
-    prefill = ""
+    prefill, thought = "", None
     if clean[-1]["role"] == "assistant" and prefill_assistant:
         if len(clean) > 1 and clean[-2]["role"] == "assistant":
             raise ApiError(400, "Cannot have 2 or more assistant messages at the end of the list.",
                            code="invalid_parameter", param="messages")
-        prefill = clean.pop()["content"]
+        last = clean.pop()
+        prefill, thought = last["content"], last.get("reasoning_content")
     tok = model.tokenizer
     try:
         if tok.chat_template:
@@ -77,6 +80,14 @@ def render_prompt_text(model: ServedModel, messages: list[dict[str, Any]], *, to
             text = render_plain(clean)
     except TemplateError as e:
         raise ApiError(400, str(e), code="invalid_parameter", param="messages") from None
+    if thought:
+        # Continuing a thought needs the template's own open block; rebuilding markers here would
+        # hard-code a per-family table, so every other shape is refused rather than dropped.
+        if not isinstance(thought, str) or prefill or not primed(text):
+            raise ApiError(400, "a trailing assistant message with reasoning_content is continued only when it has "
+                           "no content and the chat template opens a thinking block", code="invalid_parameter",
+                           param="messages")
+        prefill = thought
     return text + prefill
 
 
@@ -143,7 +154,8 @@ async def chat_completions(request: Request, app_state: AppState) -> Any:
                        "with extra_messages", code="invalid_parameter", param="return_sae_activations")
     if constraint is not None:
         headers.update(constraint.header)
-    prep = chat_surface.prepare(app_state, model, req)  # tools, template kwargs, reasoning, prefill
+    # only the message keys the contract honours reach the template (the rest were reported above)
+    prep = chat_surface.prepare(app_state, model, msgspec.structs.replace(req, messages=_renderable(req.messages)))
     cid, created = g.new_id("chatcmpl"), g.now()
     alias = app_state.settings.reasoning_alias_field
     base = {"id": cid, "created": created, "model": model.id}

@@ -52,7 +52,7 @@ FIELD_TABLE: dict[str, dict[str, str]] = {
     "dimensions":            {CHAT: R, COMPLETIONS: R, EMBEDDINGS: R},
     "tools":                 {CHAT: H, COMPLETIONS: R, EMBEDDINGS: R},
     "tool_choice":           {CHAT: H, COMPLETIONS: R, EMBEDDINGS: R},
-    "logit_bias":            {CHAT: R, COMPLETIONS: R, EMBEDDINGS: R},
+    "logit_bias":            {CHAT: H, COMPLETIONS: H, EMBEDDINGS: R},
 
     "extra_messages":        {CHAT: H, COMPLETIONS: R, EMBEDDINGS: R},
     "return_sae_activations": {CHAT: H, COMPLETIONS: H, EMBEDDINGS: R},  # mlxcel/steering/requests.py
@@ -78,7 +78,7 @@ NO_CHANGE: dict[str, tuple[Any, ...]] = {
 }
 
 # Keys of a chat message (and of a content part) the prompt renderer reads.
-MESSAGE_KEYS = frozenset({"role", "content", "tool_calls", "tool_call_id"})
+MESSAGE_KEYS = frozenset({"role", "content", "tool_calls", "tool_call_id", "reasoning_content"})
 CONTENT_PART_KEYS = frozenset({"type", "text"})
 
 

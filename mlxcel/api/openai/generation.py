@@ -76,6 +76,25 @@ def validate_sampling(req: _Sampling) -> int | None:
     return max_tokens
 
 
+def openai_logit_bias(raw: dict[str, Any] | None, n_vocab: int) -> dict[int, float]:
+    """OpenAI's `logit_bias`: token ids (as strings) to a bias from -100 to 100, added to the
+    logits; -100 effectively bans the token. Anything else is refused, never skipped."""
+    out: dict[int, float] = {}
+    for key, value in (raw or {}).items():
+        try:
+            tok = int(key)
+        except ValueError:
+            tok = -1
+        if not 0 <= tok < n_vocab:
+            raise ApiError(400, f"logit_bias: {key!r} is not a token id of this model (0..{n_vocab - 1})",
+                           code="invalid_parameter", param="logit_bias")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not -100 <= value <= 100:
+            raise ApiError(400, f"logit_bias[{key!r}] must be a number from -100 to 100",
+                           code="invalid_parameter", param="logit_bias")
+        out[tok] = float(value)
+    return out
+
+
 def row_seed(seed: int | None, row: int) -> int | None:
     """The seed of one row of a request: the request's own for row 0, a fixed derivation
     of (seed, row) for the others, so choices differ yet each reproduces."""
@@ -108,8 +127,9 @@ def build_request(req: _Sampling, model: ServedModel, prompt: list[int], *, row:
         value = getattr(req, field)
         if value is not None:
             overrides[field] = value
-    if model.ignore_eos:  # --ignore-eos reaches /v1 too: the OpenAI bodies have no field for it
-        overrides["logit_bias"] = model.request_bias(None, True)
+    bias = openai_logit_bias(req.logit_bias, model.info.vocab_size)
+    if bias or model.ignore_eos:  # --ignore-eos reaches /v1 too: the OpenAI bodies have no field for it
+        overrides["logit_bias"] = model.request_bias(bias or None, model.ignore_eos)
     params = replace(model.defaults, **overrides)
     if req.seed is not None:
         params = replace(params, seed=fold_seed(row_seed(req.seed, row)))

@@ -24,11 +24,19 @@ from mlxcel.api.errors import ApiError
 from mlxcel.api.model_switch import model_for
 from mlxcel.api.openai import chat_surface
 from mlxcel.api.openai import generation as g
+from mlxcel.api.openai.fields import object_locations, settle_unused, strict_mode
 from mlxcel.api.openai.schemas import ChatCompletionRequest
 from mlxcel.api.state import AppState
 from mlxcel.steering import requests as steer
 
 STORE_CAPACITY = 256
+RESPONSES = "/v1/responses"
+# Output-changing Responses fields this server does not have, with the values that ask for
+# nothing; anything else is refused with field_not_honoured (never silently dropped).
+NOT_HONOURED: dict[str, tuple[Any, ...]] = {
+    "background": (False,), "conversation": (), "top_logprobs": (0,), "include": ([],),
+    "truncation": ("disabled",), "prompt": (), "max_tool_calls": (),
+}
 
 
 class ResponsesRequest(msgspec.Struct, kw_only=True):
@@ -61,6 +69,35 @@ class ResponseStore:
         self.done.move_to_end(resp["id"])
         while len(self.done) > self.capacity:
             self.done.popitem(last=False)
+
+
+def _same(a: Any, b: Any) -> bool:
+    return type(a) is type(b) and a == b
+
+
+def check_fields(raw: dict[str, Any], strict: bool) -> dict[str, str]:
+    """Refuse what this route cannot honour; report (or, strict, refuse) what it does not use,
+    with the /v1 contract's X-miLLM-Ignored-Fields header."""
+    unused: list[str] = []
+    for key, value in raw.items():
+        if value is None:
+            continue
+        if key in NOT_HONOURED:
+            if any(_same(value, ok) for ok in NOT_HONOURED[key]):
+                continue
+            raise ApiError(400, f"'{key}' is not honoured on {RESPONSES} by this server",
+                           code="field_not_honoured", param=key)
+        if key == "text":  # structured output is chat's response_format; plain text is the default
+            fmt = value.get("format") if isinstance(value, dict) else value
+            if fmt is not None and not _same(fmt, {"type": "text"}):
+                raise ApiError(400, f"'text.format' is not honoured on {RESPONSES} by this server (use "
+                               "response_format on /v1/chat/completions)", code="field_not_honoured", param="text")
+            unused += object_locations(value, ["format"], "text")
+        elif key == "reasoning":
+            unused += object_locations(value, ["effort"], "reasoning")
+        elif key not in ResponsesRequest.__struct_fields__:
+            unused.append(key)
+    return settle_unused(unused, strict, RESPONSES)
 
 
 def _store(state: AppState) -> ResponseStore:
@@ -190,23 +227,26 @@ def _after(conversation: list[dict], output: list[dict]) -> list[dict]:
 
 @post(["/v1/responses", "/responses"], status_code=200)
 async def create_response(request: Request, app_state: AppState) -> Any:
+    strict = strict_mode(request.headers)
     raw = await read_json_object(request)
     steer.refuse_fields(raw, "/v1/responses")  # per-request steering is chat's; the server's applies below
     req = convert(raw, ResponsesRequest)
+    field_headers = check_fields(raw, strict)
     model = await model_for(app_state, req.model)  # may switch models (api/model_switch.py)
     conversation = _conversation(app_state, req)
     creq = _chat_request(req, conversation)
     prep = chat_surface.prepare(app_state, model, creq)
     greq = await chat_surface.generation_request(model, creq, prep)
-    steer_headers = steer.server_steering(app_state, model, [greq])  # live values, active profile or circuit
+    steer_headers = {**field_headers, **steer.server_steering(app_state, model, [greq])}  # live steering values
     handle = g.submit(model, greq)
     out = chat_surface.ChatOutput(prep, parallel_tool_calls=req.parallel_tool_calls is not False)
     rid = "resp_" + uuid.uuid4().hex[:24]
     store = _store(app_state)
 
-    def finished(deltas: list[dict], ev) -> dict[str, Any]:
+    def finished(deltas: list[dict], ev, arrange=None) -> dict[str, Any]:
         status = "cancelled" if ev is None else "incomplete" if ev.finish_reason == "length" else "completed"
-        resp = _response(rid, req, model.id, status, _items(deltas), ev)
+        output = _items(deltas)
+        resp = _response(rid, req, model.id, status, arrange(output) if arrange else output, ev)
         if req.store:
             store.put(resp, _after(conversation, resp["output"]))
         return resp
@@ -229,13 +269,30 @@ async def create_response(request: Request, app_state: AppState) -> Any:
             return f"event: {kind}\n".encode() + b"data: " + msgspec.json.encode(
                 {"type": kind, "sequence_number": seq - 1, **data}) + b"\n\n"
 
+        # Items open as their first delta arrives, each at the next output_index; the final
+        # output keeps that order and those ids, so added/delta/done events and the stored
+        # response agree. key: "reasoning", "message" or a call index.
+        opened: dict[Any, tuple[int, str]] = {}
+        call_keys: dict[str, int] = {}  # call_id -> call index
+
+        def open_item(key: Any, item: dict[str, Any]) -> tuple[int, bytes]:
+            opened[key] = (len(opened), item["id"])
+            return opened[key][0], event("response.output_item.added", output_index=opened[key][0], item=item)
+
+        def arrange(output: list[dict]) -> list[dict]:
+            keyed = []
+            for item in output:
+                key = item["type"] if item["type"] != "function_call" else call_keys.get(item["call_id"])
+                if key in opened:
+                    item["id"] = opened[key][1]
+                keyed.append((opened.get(key, (len(opened) + len(keyed), ""))[0], item))
+            return [item for _, item in sorted(keyed, key=lambda t: t[0])]
+
         store.live[rid] = handle
         started = _response(rid, req, model.id, "in_progress", [])
         yield event("response.created", response=started)
         yield event("response.in_progress", response=started)
         deltas: list[dict] = []
-        msg_id = "msg_" + uuid.uuid4().hex[:24]
-        text_open = False
         try:
             async for ev in handle:
                 if ev.error is not None:
@@ -244,28 +301,52 @@ async def create_response(request: Request, app_state: AppState) -> Any:
                 new = out.feed(ev.text) + (out.finish() if ev.done else [])
                 deltas += new
                 for d in new:
-                    if "content" in d:
-                        if not text_open:
-                            text_open = True
-                            yield event("response.output_item.added", output_index=0, item={
-                                "type": "message", "id": msg_id, "status": "in_progress", "role": "assistant",
-                                "content": []})
-                            yield event("response.content_part.added", item_id=msg_id, output_index=0,
+                    if "reasoning_content" in d:
+                        if "reasoning" not in opened:
+                            _, frame = open_item("reasoning", {"type": "reasoning", "id": "rs_" + uuid.uuid4().hex[:24],
+                                                               "summary": [], "content": []})
+                            yield frame
+                        i, item_id = opened["reasoning"]
+                        yield event("response.reasoning_text.delta", item_id=item_id, output_index=i, content_index=0,
+                                    delta=d["reasoning_content"])
+                    elif "content" in d:
+                        if "message" not in opened:
+                            i, frame = open_item("message", {
+                                "type": "message", "id": "msg_" + uuid.uuid4().hex[:24], "status": "in_progress",
+                                "role": "assistant", "content": []})
+                            yield frame
+                            yield event("response.content_part.added", item_id=opened["message"][1], output_index=i,
                                         content_index=0, part={"type": "output_text", "text": "", "annotations": []})
-                        yield event("response.output_text.delta", item_id=msg_id, output_index=0, content_index=0,
+                        i, item_id = opened["message"]
+                        yield event("response.output_text.delta", item_id=item_id, output_index=i, content_index=0,
                                     delta=d["content"])
+                    elif "tool_calls" in d:
+                        tc = d["tool_calls"][0]
+                        if "id" in tc:
+                            call_keys[tc["id"]] = tc["index"]
+                            _, frame = open_item(tc["index"], {
+                                "type": "function_call", "id": "fc_" + uuid.uuid4().hex[:24], "call_id": tc["id"],
+                                "name": tc["function"]["name"], "arguments": "", "status": "in_progress"})
+                            yield frame
+                        elif tc["function"].get("arguments"):
+                            i, item_id = opened[tc["index"]]
+                            yield event("response.function_call_arguments.delta", item_id=item_id, output_index=i,
+                                        delta=tc["function"]["arguments"])
                 if ev.done:
-                    resp = finished(deltas, ev)
+                    resp = finished(deltas, ev, arrange)
                     for i, item in enumerate(resp["output"]):
-                        if item["type"] == "message":
-                            item["id"] = msg_id
-                            text = item["content"][0]["text"]
-                            yield event("response.output_text.done", item_id=msg_id, output_index=i,
-                                        content_index=0, text=text)
-                            yield event("response.content_part.done", item_id=msg_id, output_index=i,
-                                        content_index=0, part=item["content"][0])
+                        if item["type"] == "reasoning":
+                            yield event("response.reasoning_text.done", item_id=item["id"], output_index=i,
+                                        content_index=0, text=item["content"][0]["text"])
+                        elif item["type"] == "message":
+                            part = item["content"][0]
+                            yield event("response.output_text.done", item_id=item["id"], output_index=i,
+                                        content_index=0, text=part["text"])
+                            yield event("response.content_part.done", item_id=item["id"], output_index=i,
+                                        content_index=0, part=part)
                         else:
-                            yield event("response.output_item.added", output_index=i, item=item)
+                            yield event("response.function_call_arguments.done", item_id=item["id"], output_index=i,
+                                        name=item["name"], arguments=item["arguments"])
                         yield event("response.output_item.done", output_index=i, item=item)
                     yield event("response.completed" if resp["status"] == "completed" else "response.incomplete",
                                 response=resp)

@@ -30,6 +30,7 @@ class _Sampling(msgspec.Struct, kw_only=True):
     n: int | None = None
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
+    logit_bias: dict[str, Any] | None = None  # OpenAI's {"token id": bias in -100..100}
     cache_prompt: bool | None = None  # b10621's per-request prompt-cache switch
     # scoring mode (see scoring.py)
     allowed_token_ids: list[int] | None = None
@@ -67,7 +68,7 @@ class CompletionRequest(_Sampling, kw_only=True):
 
 
 # Sampling fields that have no effect in scoring mode (reported when sent).
-SCORING_UNUSED = ("top_p", "top_k", "min_p", "stop", "frequency_penalty", "presence_penalty")
+SCORING_UNUSED = ("top_p", "top_k", "min_p", "stop", "frequency_penalty", "presence_penalty", "logit_bias")
 
 
 class EmbeddingRequest(msgspec.Struct, kw_only=True):
