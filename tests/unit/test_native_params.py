@@ -117,7 +117,7 @@ def test_ignore_eos_bans_eos_and_logit_bias_resolves(model):
 
 
 @pytest.mark.parametrize("field,value", [
-    ("grammar_type", "tool_calls"), ("lora", [{"id": 0, "scale": 1.0}]),
+    ("lora", [{"id": 0, "scale": 1.0}]),
     ("reasoning_control", True), ("chat_format", 1), ("parse_tool_calls", True), ("reasoning_format", "deepseek"),
     ("chat_parser", "x"), ("generation_prompt", "<|im_start|>assistant"), ("continue_final_message", True),
     ("n_cache_reuse", 8),
@@ -128,7 +128,7 @@ def test_missing_behaviour_refused_when_asked_for(model, field, value):
 
 def test_no_op_values_and_inert_fields_accepted(model):
     r = parse(model, grammar="", lora=[], echo=True, reasoning_budget_tokens=-1, verbose=True, chat_format=None,
-              reasoning_format="none", parse_tool_calls=False, backend_sampling=True,
+              reasoning_format="none", parse_tool_calls=False, backend_sampling=True, grammar_type="tool_calls",
               stream_options=[1, 2], **{"speculative.n_max": 8, "speculative.type": "draft"})
     assert r.ignored == []
 

@@ -9,7 +9,7 @@ an unparsable one is refused with a 400 before anything is queued.
 
 `grammar_lazy` / `grammar_triggers` wrap the grammar so it waits for a trigger
 (engine/lazy_grammar.py), and `preserved_tokens` names special tokens written into the text;
-both are validated with b10621's refusals. `grammar_type` stays refused (native_params.py).
+both are validated with b10621's refusals. `grammar_type` is inert (native_params.py says why).
 """
 
 from __future__ import annotations

@@ -61,7 +61,7 @@ SAMPLING_FIELDS = (
 # (json_schema, grammar, grammar_lazy, grammar_triggers and preserved_tokens are resolved by
 # native_grammar.py, in the route.)
 DEFERRED: dict[str, tuple[Any, ...]] = {
-    "lora": ([],), "grammar_type": (),
+    "lora": ([],),
     # /completion has no completion id a control request could name (chat routes honour it)
     "reasoning_control": (False,),
     "n_cache_reuse": (0,), "message_delimiters": ([],),
@@ -76,8 +76,9 @@ CHAT_ONLY: dict[str, tuple[Any, ...]] = {
 # a raw prompt is never one): verbose only touches OpenAI-shaped bodies; the native
 # final frame always carries counts and timings; speculative.* is compiled out upstream;
 # backend_sampling moves upstream's chain into the compute graph, where mlxcel's already is
-# (the same chain either way, as -bs is inert).
-INERT = ("verbose", "echo", "stream_options", "model", "backend_sampling", *(f"speculative.{k}" for k in (
+# (the same chain either way, as -bs is inert); grammar_type "tool_calls" only makes upstream
+# prefill the chat parser's generation_prompt into the grammar, and that is "" here.
+INERT = ("verbose", "echo", "stream_options", "model", "backend_sampling", "grammar_type", *(f"speculative.{k}" for k in (
     "n_max", "n_min", "p_min", "type", "ngram_size_n", "ngram_size_m", "ngram_m_hits")))
 
 NATIVE_FIELDS = declared_names(NativeCompletionRequest)
