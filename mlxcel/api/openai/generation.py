@@ -181,7 +181,7 @@ def submit_all(model: ServedModel, greqs: list[GenerationRequest]) -> list[Reque
     return handles
 
 
-async def _watch_disconnect(request: Request, handles: list[RequestHandle]) -> None:
+async def watch_disconnect(request: Request, handles: list[RequestHandle]) -> None:
     while True:
         message = await request.receive()
         if message["type"] == "http.disconnect":
@@ -192,7 +192,7 @@ async def _watch_disconnect(request: Request, handles: list[RequestHandle]) -> N
 
 async def collect(request: Request, handles: list[RequestHandle]) -> list[tuple[str, TokenEvent]]:
     """Run every handle to completion; cancel them all if the client goes away."""
-    watcher = asyncio.create_task(_watch_disconnect(request, handles))
+    watcher = asyncio.create_task(watch_disconnect(request, handles))
 
     async def one(h: RequestHandle) -> tuple[str, TokenEvent]:
         parts: list[str] = []
