@@ -24,13 +24,34 @@ _NATIVE_TYPES = {
 }
 
 
+# The OpenAI `type` of each /v1 error code, from the contract's error table. Non-streamed errors
+# (ApiError's default) and mid-stream SSE error frames both read it; a code not listed takes
+# its type from the status.
+CODE_TYPES = {
+    "model_not_loaded": "server_error", "model_not_found": "invalid_request_error",
+    "context_length_exceeded": "invalid_request_error", "invalid_feature_index": "invalid_request_error",
+    "queue_full": "server_error", "field_not_honoured": "invalid_request_error",
+    "unused_fields_refused": "invalid_request_error", "response_format_unsupported": "invalid_request_error",
+    "no_chat_template": "invalid_request_error", "constrained_output_invalid": "server_error",
+    "invalid_scoring_request": "invalid_request_error", "profile_not_found": "invalid_request_error",
+    "invalid_parameter": "invalid_request_error", "unsupported_quantization": "invalid_request_error",
+    "insufficient_memory": "invalid_request_error", "model_load_failed": "server_error",
+    "model_busy": "server_error", "server_error": "server_error",
+}
+
+
+def error_type(code: str | None, status: int = 500) -> str:
+    """The OpenAI error type for `code`, or by status when the table does not name it."""
+    return CODE_TYPES.get(code or "") or ("invalid_request_error" if status < 500 else "server_error")
+
+
 class ApiError(Exception):
     def __init__(self, status: int, message: str, *, code: str | None = None,
                  type: str | None = None, param: str | None = None,
                  headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.code, self.param = status, message, code, param
-        self.type = type or ("invalid_request_error" if status < 500 else "server_error")
+        self.type = type or error_type(code, status)
         self.headers = headers or {}
 
 

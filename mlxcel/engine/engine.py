@@ -47,7 +47,7 @@ class RequestHandle:
         self.request = request
         self._engine = engine
         self._loop = asyncio.get_running_loop()
-        self._queue: asyncio.Queue[TokenEvent] = asyncio.Queue()
+        self._queue: asyncio.Queue[TokenEvent | None] = asyncio.Queue()
         self.cancelled = False
         self.finished = False
         self.retired = False  # the engine's queue accounting is done with it
@@ -58,6 +58,8 @@ class RequestHandle:
     def cancel(self) -> None:
         if not self.finished and not self.cancelled:
             self.cancelled = True
+            # a consumer still iterating ends (no done event comes for a reaped row)
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, None)
             self._engine._wake()
 
     def __aiter__(self):
@@ -67,6 +69,9 @@ class RequestHandle:
         if self.finished:
             raise StopAsyncIteration
         event = await self._queue.get()
+        if event is None:  # cancel()'s wake-up
+            self.finished = True
+            raise StopAsyncIteration
         if event.done:
             self.finished = True
         return event

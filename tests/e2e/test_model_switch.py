@@ -196,3 +196,27 @@ def test_management_load_unload_and_messages_and_embeddings_switch(server, clien
     r = httpx.post(f"{api}/{DEFAULT_MODEL}/load", timeout=300)
     assert r.status_code == 200 and r.json()["data"]["id"] == DEFAULT_MODEL
     assert greedy(client, DEFAULT_MODEL) == baseline
+
+
+def test_unload_past_the_graceful_timeout_ends_a_running_stream_with_an_error_event(store):
+    """An unload whose graceful timeout (0 s here) runs out ends a running /v1 stream with an SSE
+    error event typed from the contract's table (model_busy: server_error), then `data: [DONE]`.
+    --context-shift and --ignore-eos make the stream endless, so only the unload can end it."""
+    s = ServerProcess(["-m", QWEN2_TINY, "--offline", "--backend", "mlx", "-c", "256", "--context-shift",
+                       "--ignore-eos", "--graceful-unload-timeout", "0"], env={"MLXCEL_MODELS_DIR": str(store)})
+    try:
+        with httpx.stream("POST", s.base_url + "/v1/completions", timeout=300,
+                          json={"model": QWEN2_TINY, "prompt": PROMPT, "stream": True}) as running:
+            lines = running.iter_lines()
+            first = next(line for line in lines if line.startswith("data: "))
+            assert json.loads(first[6:])["choices"][0]["finish_reason"] is None
+            r = httpx.post(f"{s.base_url}/api/models/{QWEN2_TINY}/unload", timeout=300)
+            assert r.status_code == 200 and r.json()["data"]["status"] == "ready", r.text
+            rest = [line[6:] for line in lines if line.startswith("data: ")]
+        assert rest[-1] == "[DONE]"
+        err = json.loads(rest[-2])["error"]
+        assert err["code"] == "model_busy" and err["type"] == "server_error" and err["param"] is None
+        assert "unloaded" in err["message"]
+        assert all("error" not in json.loads(x) for x in rest[:-2])
+    finally:
+        s.stop()

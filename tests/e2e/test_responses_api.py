@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import httpx
 import openai
 import pytest
@@ -134,6 +136,42 @@ def test_cancel_answers_the_stored_response_and_unknown_ids_are_404(client, serv
     assert client.responses.cancel(r.id).id == r.id
     missing = httpx.post(server.base_url + "/v1/responses/resp_nope/cancel")
     assert missing.status_code == 404
+
+
+def test_cancel_stops_a_running_stream_and_stores_it_cancelled(client):
+    """POST .../cancel on a running response stops its generation: the stream ends with no
+    completed/incomplete event, and the cancel and a later retrieve answer status "cancelled"
+    with the text streamed so far. Greedy on the random tiny model never picks EOS, so the
+    stream would otherwise run its full 3000 tokens."""
+    events: list = []
+    running, ended = threading.Event(), threading.Event()
+
+    def read() -> None:
+        try:
+            for e in client.responses.create(model=QWEN3_TINY, input="Count to a thousand.",
+                                             max_output_tokens=3000, temperature=0, stream=True):
+                events.append(e)
+                if e.type.endswith(".delta"):
+                    running.set()
+        finally:
+            running.set()
+            ended.set()
+
+    t = threading.Thread(target=read)
+    t.start()
+    running.wait(timeout=120)
+    assert events and events[0].type == "response.created" and not ended.is_set()
+    rid = events[0].response.id
+    cancelled = client.responses.cancel(rid)
+    t.join(timeout=120)
+    assert ended.is_set()
+    kinds = [e.type for e in events]
+    assert not {"response.completed", "response.incomplete"} & set(kinds)
+    assert cancelled.id == rid and cancelled.status == "cancelled" and cancelled.usage is None
+    got = client.responses.retrieve(rid)
+    assert got.status == "cancelled"
+    streamed = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert streamed and got.output_text == cancelled.output_text == streamed
 
 
 def test_unused_fields_reported_and_unhonoured_ones_refused(server):

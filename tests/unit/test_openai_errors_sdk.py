@@ -44,3 +44,25 @@ def test_field_refusal_comes_before_the_model_is_looked_at():
 
     err = asyncio.run(run())
     assert err.code == "field_not_honoured" and err.param == "dimensions"
+
+
+def test_mid_stream_error_frames_and_api_errors_share_the_code_table():
+    """The contract types insufficient_memory as invalid_request_error despite its 503 and
+    model_busy as server_error; a stream's error frame and an ApiError read the same table."""
+    import json
+
+    from mlxcel.api.errors import ApiError
+    from mlxcel.api.openai.generation import error_frame
+    from mlxcel.engine.types import TokenEvent
+
+    for code, status, want in (("insufficient_memory", 503, "invalid_request_error"),
+                               ("model_busy", 503, "server_error"),
+                               ("context_length_exceeded", 400, "invalid_request_error"),
+                               ("server_error", 500, "server_error")):
+        frame = error_frame(TokenEvent(error="boom", error_code=code))
+        assert frame.startswith(b"data: ") and frame.endswith(b"\n\n")
+        body = json.loads(frame[6:])["error"]
+        assert body == {"message": "boom", "type": want, "param": None, "code": code}
+        assert ApiError(status, "boom", code=code).type == want
+    assert ApiError(404, "x", code="not_in_table").type == "invalid_request_error"
+    assert ApiError(502, "x").type == "server_error"

@@ -65,8 +65,7 @@ async def model_embed(model: ServedModel, prompts: list[list[int]], mode: int | 
         futures = [model.engine.submit_hidden(p) for p in prompts]
         hidden = [await asyncio.wrap_future(f) for f in futures]
     except EngineError as e:
-        raise ApiError(e.status, e.message, code=e.code,
-                       type="invalid_request_error" if e.code == "insufficient_memory" else None) from None
+        raise ApiError(e.status, e.message, code=e.code) from None
     vectors = [h.astype(np.float64).mean(axis=0).astype(np.float32) for h in hidden]
     if mode is not None:
         vectors = [normalize(v, mode) for v in vectors]

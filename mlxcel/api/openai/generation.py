@@ -20,7 +20,7 @@ import numpy as np
 from litestar import Request, Response
 from litestar.response import Stream
 
-from mlxcel.api.errors import ApiError
+from mlxcel.api.errors import ApiError, error_type
 from mlxcel.api.openai.schemas import _Sampling
 from mlxcel.api.state import AppState, ServedModel
 from mlxcel.engine.engine import RequestHandle
@@ -181,7 +181,7 @@ def submit_all(model: ServedModel, greqs: list[GenerationRequest]) -> list[Reque
     return handles
 
 
-async def _watch_disconnect(request: Request, handles: list[RequestHandle]) -> None:
+async def watch_disconnect(request: Request, handles: list[RequestHandle]) -> None:
     while True:
         message = await request.receive()
         if message["type"] == "http.disconnect":
@@ -192,7 +192,7 @@ async def _watch_disconnect(request: Request, handles: list[RequestHandle]) -> N
 
 async def collect(request: Request, handles: list[RequestHandle]) -> list[tuple[str, TokenEvent]]:
     """Run every handle to completion; cancel them all if the client goes away."""
-    watcher = asyncio.create_task(_watch_disconnect(request, handles))
+    watcher = asyncio.create_task(watch_disconnect(request, handles))
 
     async def one(h: RequestHandle) -> tuple[str, TokenEvent]:
         parts: list[str] = []
@@ -220,7 +220,7 @@ def usage(results: list[tuple[str, TokenEvent]]) -> dict[str, Any]:
 
 def raise_for_error(ev: TokenEvent) -> None:
     if ev.error is not None:
-        raise ApiError(500, ev.error, code=ev.error_code or "server_error", type="server_error")
+        raise ApiError(500, ev.error, code=ev.error_code or "server_error", type=error_type(ev.error_code))
 
 
 async def merged(handles: list[RequestHandle]) -> AsyncIterator[tuple[int, TokenEvent]]:
@@ -278,4 +278,6 @@ def now() -> int:
 
 
 def error_frame(ev: TokenEvent) -> bytes:
-    return sse({"error": {"message": ev.error, "type": "server_error", "param": None, "code": ev.error_code}})
+    """A mid-stream error event; its type follows the code as a non-streamed error's would."""
+    return sse({"error": {"message": ev.error, "type": error_type(ev.error_code), "param": None,
+                          "code": ev.error_code}})

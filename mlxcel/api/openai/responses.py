@@ -9,6 +9,7 @@ output items (reasoning, message, function_call). Responses are kept in a bounde
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections import OrderedDict
@@ -30,6 +31,7 @@ from mlxcel.api.state import AppState
 from mlxcel.steering import requests as steer
 
 STORE_CAPACITY = 256
+CANCEL_SETTLE_S = 30.0  # how long a cancel waits for its response's producer to store it
 RESPONSES = "/v1/responses"
 # Output-changing Responses fields this server does not have, with the values that ask for
 # nothing; anything else is refused with field_not_honoured (never silently dropped).
@@ -56,13 +58,27 @@ class ResponsesRequest(msgspec.Struct, kw_only=True):
     metadata: dict[str, Any] | None = None
 
 
+class Live:
+    """A running response: its engine handle, whether POST .../cancel stopped it, and the
+    final response once its producer has built it (what the cancel answers)."""
+
+    def __init__(self, handle: Any) -> None:
+        self.handle, self.cancelled = handle, False
+        self.final: dict[str, Any] | None = None
+        self.settled = asyncio.Event()
+
+    def settle(self, resp: dict[str, Any] | None) -> None:
+        self.final = resp
+        self.settled.set()
+
+
 class ResponseStore:
-    """Finished responses with the conversation that produced them; live ones by handle."""
+    """Finished responses with the conversation that produced them; running ones by id."""
 
     def __init__(self, capacity: int = STORE_CAPACITY) -> None:
         self.capacity = capacity
         self.done: OrderedDict[str, tuple[dict, list[dict]]] = OrderedDict()
-        self.live: dict[str, Any] = {}
+        self.live: dict[str, Live] = {}
 
     def put(self, resp: dict, conversation: list[dict]) -> None:
         self.done[resp["id"]] = (resp, conversation)
@@ -243,22 +259,42 @@ async def create_response(request: Request, app_state: AppState) -> Any:
     rid = "resp_" + uuid.uuid4().hex[:24]
     store = _store(app_state)
 
+    live = Live(handle)  # registered in store.live while its producer runs
+
     def finished(deltas: list[dict], ev, arrange=None) -> dict[str, Any]:
+        # ev None: the handle ended without a done event, i.e. POST .../cancel stopped it
         status = "cancelled" if ev is None else "incomplete" if ev.finish_reason == "length" else "completed"
         output = _items(deltas)
         resp = _response(rid, req, model.id, status, arrange(output) if arrange else output, ev)
         if req.store:
             store.put(resp, _after(conversation, resp["output"]))
+        live.settle(resp)
         return resp
 
     if not req.stream:
-        store.live[rid] = handle
+        store.live[rid] = live
+        watcher = asyncio.create_task(g.watch_disconnect(request, [handle]))
+        parts: list[str] = []
+        last = None
         try:
-            text, ev = (await g.collect(request, [handle]))[0]
+            async for ev in handle:
+                parts.append(ev.text)
+                if ev.done:
+                    last = ev
+                    break
         finally:
+            watcher.cancel()
+            handle.cancel()
             store.live.pop(rid, None)
-        g.raise_for_error(ev)
-        return g.json_response(finished(out.feed(text) + out.finish(), ev), steer_headers)
+        try:
+            if last is None and not live.cancelled:
+                raise ApiError(499, "request cancelled")  # the client went away
+            if last is not None:
+                g.raise_for_error(last)
+            resp = finished(out.feed("".join(parts)) + out.finish(), last)
+        finally:
+            live.settled.set()  # a cancel waiting on an error answers what is stored
+        return g.json_response(resp, steer_headers)
 
     async def body() -> AsyncIterator[bytes]:
         seq = 0
@@ -288,7 +324,7 @@ async def create_response(request: Request, app_state: AppState) -> Any:
                 keyed.append((opened.get(key, (len(opened) + len(keyed), ""))[0], item))
             return [item for _, item in sorted(keyed, key=lambda t: t[0])]
 
-        store.live[rid] = handle
+        store.live[rid] = live
         started = _response(rid, req, model.id, "in_progress", [])
         yield event("response.created", response=started)
         yield event("response.in_progress", response=started)
@@ -351,9 +387,12 @@ async def create_response(request: Request, app_state: AppState) -> Any:
                     yield event("response.completed" if resp["status"] == "completed" else "response.incomplete",
                                 response=resp)
                     return
+            if live.cancelled:  # the handle ended with no done event: stored as cancelled
+                finished(deltas, None, arrange)
         finally:
             store.live.pop(rid, None)
             handle.cancel()
+            live.settled.set()
 
     return Stream(body(), media_type="text/event-stream", headers={**g.SSE_HEADERS, **steer_headers})
 
@@ -379,11 +418,19 @@ async def delete_response(rid: str, app_state: AppState) -> dict[str, Any]:
 
 @post(["/v1/responses/{rid:str}/cancel", "/responses/{rid:str}/cancel"], status_code=200)
 async def cancel_response(rid: str, app_state: AppState) -> dict[str, Any]:
+    """Stops a running response's generation; it is stored (and answered) with status
+    "cancelled" and the output made so far. A finished one is answered as stored."""
     store = _store(app_state)
-    handle = store.live.get(rid)
-    if handle is not None:
-        handle.cancel()
-        return {"id": rid, "object": "response", "status": "cancelled", "output": []}
+    live = store.live.get(rid)
+    if live is not None:
+        live.cancelled = True
+        live.handle.cancel()
+        try:  # a stream's producer settles once its client has read what was already made
+            await asyncio.wait_for(live.settled.wait(), CANCEL_SETTLE_S)
+        except TimeoutError:  # a client not reading its stream: the id and status, no output
+            return {"id": rid, "object": "response", "status": "cancelled", "output": []}
+        if live.final is not None:
+            return live.final
     return _found(app_state, rid)
 
 

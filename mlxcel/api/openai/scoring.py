@@ -146,8 +146,7 @@ async def score_prompt(model: ServedModel, prompt: list[int], spec: ScoringSpec,
     try:
         logits = await asyncio.wrap_future(future)
     except EngineError as e:
-        raise ApiError(e.status, e.message, code=e.code,
-                       type="invalid_request_error" if e.code == "insufficient_memory" else None) from None
+        raise ApiError(e.status, e.message, code=e.code) from None
     return score_logits(logits, spec)
 
 
