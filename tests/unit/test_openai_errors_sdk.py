@@ -66,3 +66,20 @@ def test_mid_stream_error_frames_and_api_errors_share_the_code_table():
         assert ApiError(status, "boom", code=code).type == want
     assert ApiError(404, "x", code="not_in_table").type == "invalid_request_error"
     assert ApiError(502, "x").type == "server_error"
+
+
+def test_an_engine_error_ending_a_non_streamed_request_keeps_the_contract_status():
+    """model_busy (a model unloaded under the request) and insufficient_memory are 503 on a
+    non-streamed answer too; an unnamed engine failure stays a 500 server_error."""
+    import pytest
+
+    from mlxcel.api.errors import ApiError
+    from mlxcel.api.openai.generation import raise_for_error
+    from mlxcel.engine.types import TokenEvent
+
+    for code, status, kind in (("model_busy", 503, "server_error"), ("insufficient_memory", 503, "invalid_request_error"),
+                               (None, 500, "server_error")):
+        with pytest.raises(ApiError) as e:
+            raise_for_error(TokenEvent(error="boom", error_code=code))
+        assert (e.value.status, e.value.type, e.value.code) == (status, kind, code or "server_error")
+    raise_for_error(TokenEvent(text="fine"))  # no error: nothing raised

@@ -218,9 +218,15 @@ def usage(results: list[tuple[str, TokenEvent]]) -> dict[str, Any]:
             "prompt_tokens_details": {"cached_tokens": cached}}
 
 
+# Engine errors that end a request have the seed's statuses (503 for the retryable ones); the
+# rest are the server's own failure.
+EVENT_STATUS = {"model_busy": 503, "insufficient_memory": 503, "queue_full": 503, "context_length_exceeded": 400}
+
+
 def raise_for_error(ev: TokenEvent) -> None:
     if ev.error is not None:
-        raise ApiError(500, ev.error, code=ev.error_code or "server_error", type=error_type(ev.error_code))
+        raise ApiError(EVENT_STATUS.get(ev.error_code or "", 500), ev.error, code=ev.error_code or "server_error",
+                       type=error_type(ev.error_code))
 
 
 async def merged(handles: list[RequestHandle]) -> AsyncIterator[tuple[int, TokenEvent]]:
