@@ -72,6 +72,46 @@ def read_layers(rows: list[ForwardRow]) -> set[int]:
     return {li for r in rows if r.capture for li in r.capture}
 
 
+class RowSteering:
+    """The per-row steering and capture seam both backends share: a hook on each steered or
+    read layer adds that step's [B, 1, hidden] delta block and keeps the residual before and
+    after it for the rows that capture. A backend supplies `hooks` (a LayerHooks registry),
+    `_as_delta(block)` (fp32 numpy -> its tensor in the compute dtype) and `_as_numpy(x)`."""
+
+    def _init_steering(self) -> None:
+        self._hooked: set[int] = set()
+        self._deltas: dict[int, Any] = {}
+        self._reads: dict[int, Any] = {}
+
+    def _layer_hook(self, layer: int, hidden: Any) -> Any:
+        """Installed once per steered or read layer; free when the step asks nothing of it."""
+        delta = self._deltas.get(layer)
+        out = hidden if delta is None else hidden + delta
+        if layer in self._reads:
+            self._reads[layer] = (hidden, out)
+        return out
+
+    def _prepare_step(self, rows: list[ForwardRow]) -> None:
+        """One [B, 1, hidden] delta per steered layer (zeros for rows without one), and the
+        layers some row reads; both empty when no row asks, so the forward is untouched."""
+        blocks, read = steering_blocks(rows), read_layers(rows)
+        for li in blocks.keys() | read:
+            if li not in self._hooked:
+                self.hooks.add(li, self._layer_hook)
+                self._hooked.add(li)
+        self._deltas = {li: self._as_delta(b) for li, b in blocks.items()}
+        self._reads = {li: None for li in read}
+
+    def _deliver_reads(self, rows: list[ForwardRow], lengths: list[int]) -> None:
+        """Hand each capturing row its [n, hidden] fp32 residuals before / after the delta."""
+        reads, self._reads = self._reads, {}
+        for i, r in enumerate(rows):
+            for li, fn in (r.capture or {}).items():
+                pre, post = reads[li]
+                n = lengths[i]
+                fn(list(r.tokens), self._as_numpy(pre[i, :n]), self._as_numpy(post[i, :n]))
+
+
 class Backend(Protocol):
     info: ModelInfo
     allocator: Any  # the BlockAllocator behind the paged KV (the prefix cache shares it)

@@ -13,7 +13,7 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.utils import load_model
 
-from mlxcel.backends.base import ForwardRow, ModelInfo, compacted, kv_bytes_per_token, read_layers, steering_blocks
+from mlxcel.backends.base import ForwardRow, ModelInfo, RowSteering, compacted, kv_bytes_per_token
 from mlxcel.backends.mlx.paged import PagedBatchView, PagedStorage, StepPlan
 from mlxcel.engine.kv_block_pool import BlockAllocator, SequenceKV
 from mlxcel.models.hooks import install_hooks
@@ -57,7 +57,7 @@ def quantization_label(config: dict) -> str | None:
     return f"{q.get('bits')}bit-g{q.get('group_size')}"
 
 
-class MLXBackend:
+class MLXBackend(RowSteering):
     name = "mlx"
 
     def __init__(self, path: str | Path, dtype: str = "auto", rope: RopeOverrides | None = None) -> None:
@@ -74,10 +74,7 @@ class MLXBackend:
         mx.eval(model.parameters())
         self.model = model
         self.hooks = install_hooks(model)
-        # per-step SAE steering and residual reads (set by _run, read by _layer_hook)
-        self._hooked: set[int] = set()
-        self._deltas: dict[int, mx.array] = {}
-        self._reads: dict[int, tuple[mx.array, mx.array]] = {}
+        self._init_steering()  # per-step SAE deltas and residual reads (backends/base.RowSteering)
         self.info = ModelInfo(
             path=path,
             model_type=config["model_type"],
@@ -132,36 +129,14 @@ class MLXBackend:
         last = logits[mx.arange(plan.batch), mx.array([n - 1 for n in plan.n])].astype(mx.float32)
         mx.eval(last, *self.storage.arrays(), *(a for pair in self._reads.values() for a in pair))
         if self._reads:
-            self._deliver_reads(rows, plan)
+            self._deliver_reads(rows, plan.n)
         return np.array(last, copy=False)
 
-    def _layer_hook(self, layer: int, hidden: mx.array) -> mx.array:
-        """Installed once per steered or read layer; free when the step asks nothing of it."""
-        delta = self._deltas.get(layer)
-        out = hidden if delta is None else hidden + delta
-        if layer in self._reads:
-            self._reads[layer] = (hidden, out)
-        return out
+    def _as_delta(self, block: np.ndarray) -> mx.array:
+        return mx.array(block).astype(_DTYPES[self.info.dtype])
 
-    def _prepare_step(self, rows: list[ForwardRow]) -> None:
-        """One [B, 1, hidden] delta per steered layer (zeros for rows without one), and the
-        layers some row reads; both empty when no row asks, so the forward is untouched."""
-        blocks, read = steering_blocks(rows), read_layers(rows)
-        for li in blocks.keys() | read:
-            if li not in self._hooked:
-                self.hooks.add(li, self._layer_hook)
-                self._hooked.add(li)
-        dtype = _DTYPES[self.info.dtype]
-        self._deltas = {li: mx.array(block).astype(dtype) for li, block in blocks.items()}
-        self._reads = {li: None for li in read}
-
-    def _deliver_reads(self, rows: list[ForwardRow], plan: StepPlan) -> None:
-        reads, self._reads = self._reads, {}
-        for i, r in enumerate(rows):
-            for li, fn in (r.capture or {}).items():
-                pre, post = reads[li]
-                n = plan.n[i]
-                fn(list(r.tokens), np.array(pre[i, :n].astype(mx.float32)), np.array(post[i, :n].astype(mx.float32)))
+    def _as_numpy(self, x: mx.array) -> np.ndarray:
+        return np.array(x.astype(mx.float32))
 
     def forward_all(self, tokens: list[int], cache: SequenceKV) -> np.ndarray:
         logits, _ = self._run([ForwardRow(tokens, cache)])

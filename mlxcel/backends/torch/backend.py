@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mlxcel.backends.base import ForwardRow, ModelInfo, compacted, kv_bytes_per_token, read_layers, steering_blocks
+from mlxcel.backends.base import ForwardRow, ModelInfo, RowSteering, compacted, kv_bytes_per_token
 from mlxcel.backends.torch.paged import PagedStepCache, PagedStorage, StepPlan
 from mlxcel.engine.kv_block_pool import BlockAllocator, SequenceKV
 from mlxcel.models.hooks import LayerHooks
@@ -115,7 +115,7 @@ def install_torch_hooks(layers) -> LayerHooks:
     return TorchLayerHooks(layers)
 
 
-class TorchBackend:
+class TorchBackend(RowSteering):
     name = "torch"
 
     def __init__(self, path: str | Path, dtype: str = "auto", device: str = "cpu", threads: int = -1,
@@ -153,10 +153,7 @@ class TorchBackend:
         self._window = getattr(text_config, "sliding_window", None)
         layers = self.base.layers
         self.hooks = install_torch_hooks(layers)
-        # per-step SAE steering and residual reads (set by _prepare_step, read by _layer_hook)
-        self._hooked: set[int] = set()
-        self._deltas: dict[int, torch.Tensor] = {}
-        self._reads: dict[int, tuple[torch.Tensor, torch.Tensor] | None] = {}
+        self._init_steering()  # per-step SAE deltas and residual reads (backends/base.RowSteering)
         self.info = ModelInfo(
             path=path,
             model_type=config["model_type"],
@@ -215,33 +212,11 @@ class TorchBackend:
             r.cache.tokens.extend(r.tokens)
         return out.last_hidden_state, plan
 
-    def _layer_hook(self, layer: int, hidden: torch.Tensor) -> torch.Tensor:
-        """Installed once per steered or read layer; free when the step asks nothing of it."""
-        delta = self._deltas.get(layer)
-        out = hidden if delta is None else hidden + delta
-        if layer in self._reads:
-            self._reads[layer] = (hidden, out)
-        return out
+    def _as_delta(self, block: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(block).to(self.device, DTYPES[self.info.dtype])
 
-    def _prepare_step(self, rows: list[ForwardRow]) -> None:
-        """One [B, 1, hidden] delta per steered layer (zeros for rows without one), and the
-        layers some row reads; both empty when no row asks, so the forward is untouched."""
-        blocks, read = steering_blocks(rows), read_layers(rows)
-        for li in blocks.keys() | read:
-            if li not in self._hooked:
-                self.hooks.add(li, self._layer_hook)
-                self._hooked.add(li)
-        dtype = DTYPES[self.info.dtype]
-        self._deltas = {li: torch.from_numpy(b).to(self.device, dtype) for li, b in blocks.items()}
-        self._reads = {li: None for li in read}
-
-    def _deliver_reads(self, rows: list[ForwardRow], plan: StepPlan) -> None:
-        reads, self._reads = self._reads, {}
-        for i, r in enumerate(rows):
-            for li, fn in (r.capture or {}).items():
-                pre, post = reads[li]
-                n = plan.n[i]
-                fn(list(r.tokens), pre[i, :n].float().cpu().numpy(), post[i, :n].float().cpu().numpy())
+    def _as_numpy(self, x: torch.Tensor) -> np.ndarray:
+        return x.float().cpu().numpy()
 
     def _logits(self, hidden: torch.Tensor) -> np.ndarray:
         logits = self.lm_head(hidden)
@@ -255,7 +230,7 @@ class TorchBackend:
         last = hidden[torch.arange(plan.batch, device=self.device), plan.last]
         logits = self._logits(last)
         if self._reads:
-            self._deliver_reads(rows, plan)
+            self._deliver_reads(rows, plan.n)
         return logits
 
     @torch.inference_mode()
