@@ -114,3 +114,13 @@ class SequenceKV:
         for b in self.blocks:
             self.allocator.unref(b)
         self.blocks, self.tokens, self.shift = [], [], 0
+
+
+def grown_slots(allocator: "BlockAllocator", have: int) -> int | None:
+    """How many token slots a layer's KV storage should hold now that the allocator has handed
+    out blocks up to its high-water mark: None while `have` suffices, else at least that many,
+    doubling (capped at the pool) so growth is amortised. Both backends' storages use it."""
+    need = (max(allocator.high_water(), SCRATCH_BLOCK) + 1) * allocator.block_size
+    if have >= need:
+        return None
+    return max(need, min(2 * max(have, 1), allocator.num_blocks * allocator.block_size))

@@ -21,7 +21,7 @@ from mlxcel.api.openai import scoring as sc
 from mlxcel.api.openai.fields import (
     CHAT, MESSAGE_KEYS, check_fields, message_locations, object_locations, settle_unused, strict_mode,
 )
-from mlxcel.api.openai.schemas import SCORING_UNUSED, ChatCompletionRequest
+from mlxcel.api.openai.schemas import ChatCompletionRequest
 from mlxcel.api.openai import response_format as rf
 from mlxcel.api.state import AppState, ServedModel
 from mlxcel.engine.chat_template import TemplateError, render_chat, render_plain
@@ -125,12 +125,8 @@ async def chat_completions(request: Request, app_state: AppState) -> Any:
     for k, conv in enumerate(body.get("extra_messages") or []):
         unused += message_locations(conv, f"extra_messages[{k}]")
     unused += object_locations(body.get("stream_options"), ["include_usage"], "stream_options")
-    scoring = sc.is_scoring(body, chat=True)
-    spec = sc.scoring_spec(req, body, chat=True) if scoring else None
-    if scoring:
-        unused += [f for f in SCORING_UNUSED if body.get(f) is not None]
-    elif req.return_tokens_as_token_ids is not None:
-        unused.append("return_tokens_as_token_ids")
+    scoring, spec, mode_unused = sc.resolve(req, body, chat=True)
+    unused += mode_unused
     n = req.n or 1
     if req.stream and n > 1:
         raise ApiError(400, "n above 1 is not available with stream: true", code="field_not_honoured", param="n")

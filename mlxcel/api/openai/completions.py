@@ -17,7 +17,7 @@ from mlxcel.api.model_switch import model_for
 from mlxcel.api.openai import generation as g
 from mlxcel.api.openai import scoring as sc
 from mlxcel.api.openai.fields import COMPLETIONS, check_fields, object_locations, settle_unused, strict_mode
-from mlxcel.api.openai.schemas import SCORING_UNUSED, CompletionRequest
+from mlxcel.api.openai.schemas import CompletionRequest
 from mlxcel.api.state import AppState, ServedModel
 from mlxcel.api.openai import response_format as rf
 from mlxcel.steering import requests as steer
@@ -73,12 +73,8 @@ async def completions(request: Request, app_state: AppState) -> Any:
     if req.logprobs is True:
         raise ApiError(400, "logprobs on /v1/completions is the number of alternatives (0-20), not a boolean",
                        code="invalid_parameter", param="logprobs")
-    scoring = sc.is_scoring(body, chat=False)
-    spec = sc.scoring_spec(req, body, chat=False) if scoring else None
-    if scoring:
-        unused += [f for f in SCORING_UNUSED if body.get(f) is not None]
-    elif req.return_tokens_as_token_ids is not None:
-        unused.append("return_tokens_as_token_ids")
+    scoring, spec, mode_unused = sc.resolve(req, body, chat=False)
+    unused += mode_unused
     if req.add_special_tokens is not None and not _is_text_prompt(req.prompt):
         unused.append("add_special_tokens")
     headers = settle_unused(unused, strict, COMPLETIONS)

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from mlxcel.api.errors import ApiError
+from mlxcel.api.openai.schemas import SCORING_UNUSED
 from mlxcel.api.state import ServedModel
 from mlxcel.engine.types import EngineError
 
@@ -185,3 +186,11 @@ def chat_logprobs(model: ServedModel, spec: ScoringSpec, s: Scored) -> dict[str,
             seen.add(e["token"])
             top.append(e)
     return {"content": [{**entry(s.token, s.logprob), "top_logprobs": top}]}
+
+
+def resolve(req: Any, body: dict, *, chat: bool) -> tuple[bool, Any, list[str]]:
+    """(scoring?, its spec, the fields the mode leaves unused) for a chat or text completion:
+    scoring ignores the sampling knobs; generation ignores return_tokens_as_token_ids."""
+    if is_scoring(body, chat=chat):
+        return True, scoring_spec(req, body, chat=chat), [f for f in SCORING_UNUSED if body.get(f) is not None]
+    return False, None, ["return_tokens_as_token_ids"] if req.return_tokens_as_token_ids is not None else []

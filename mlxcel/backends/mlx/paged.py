@@ -13,7 +13,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
-from mlxcel.engine.kv_block_pool import NULL_BLOCK, SCRATCH_BLOCK, BlockAllocator, SequenceKV
+from mlxcel.engine.kv_block_pool import NULL_BLOCK, SCRATCH_BLOCK, BlockAllocator, SequenceKV, grown_slots
 
 
 class PagedStorage:
@@ -28,11 +28,10 @@ class PagedStorage:
         self._slots = 0
 
     def ensure(self, layer: int, kv_heads: int, k_dim: int, v_dim: int) -> None:
-        need = (max(self.allocator.high_water(), SCRATCH_BLOCK) + 1) * self.allocator.block_size
         have = 0 if self.keys[layer] is None else self.keys[layer].shape[0]
-        if have >= need:
+        new = grown_slots(self.allocator, have)
+        if new is None:
             return
-        new = max(need, min(2 * max(have, 1), self.allocator.num_blocks * self.allocator.block_size))
         grow_k = mx.zeros((new - have, kv_heads, k_dim), self.dtype)
         grow_v = mx.zeros((new - have, kv_heads, v_dim), self.dtype)
         if self.keys[layer] is None:

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from transformers.cache_utils import Cache
 
-from mlxcel.engine.kv_block_pool import NULL_BLOCK, SCRATCH_BLOCK, BlockAllocator, SequenceKV
+from mlxcel.engine.kv_block_pool import NULL_BLOCK, SCRATCH_BLOCK, BlockAllocator, SequenceKV, grown_slots
 
 
 class PagedStorage:
@@ -30,11 +30,10 @@ class PagedStorage:
         self.values: list[torch.Tensor | None] = [None] * num_layers
 
     def ensure(self, layer: int, kv_heads: int, k_dim: int, v_dim: int) -> None:
-        need = (max(self.allocator.high_water(), SCRATCH_BLOCK) + 1) * self.allocator.block_size
         have = 0 if self.keys[layer] is None else self.keys[layer].shape[0]
-        if have >= need:
+        new = grown_slots(self.allocator, have)
+        if new is None:
             return
-        new = max(need, min(2 * max(have, 1), self.allocator.num_blocks * self.allocator.block_size))
         k = torch.zeros((new, kv_heads, k_dim), dtype=self.dtype, device=self.device)
         v = torch.zeros((new, kv_heads, v_dim), dtype=self.dtype, device=self.device)
         if have:
