@@ -73,6 +73,9 @@ def select_backend(settings: ServerSettings, path: Path | None = None):
     if choice.backend == "mlx" and settings.threads > 0:
         raise StartupRefusal(f"--threads {settings.threads}: the thread count applies to the torch backend; MLX has "
                              f"no CPU thread setting (drop it, or pass --backend torch)")
+    if choice.backend == "mlx" and settings.torch_compile:
+        raise StartupRefusal("--torch-compile applies to the torch backend; MLX compiles nothing here "
+                             "(drop it, or pass --backend torch)")
     return choice
 
 
@@ -82,7 +85,7 @@ def load_backend(settings: ServerSettings, path: Path):
         from mlxcel.backends.torch.backend import TorchBackend
 
         return TorchBackend(path, dtype=settings.dtype, device=choice.device, threads=settings.threads,
-                            rope=settings.rope), choice
+                            rope=settings.rope, compile=settings.torch_compile), choice
     import mlx.core as mx
 
     from mlxcel.backends.mlx.backend import MLXBackend

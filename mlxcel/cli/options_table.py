@@ -588,6 +588,9 @@ _NATIVE: tuple[Option, ...] = (
     make("--backend", VALUE, section=NATIVE, state=SUPPORTED, native=True, mv="{auto,mlx,torch}",
          apply=lambda s, v, sp: setattr(s, "backend", a.one_of(v, sp, ("auto", "mlx", "torch"))),
          help="inference backend: auto = MLX on Apple Silicon, torch on CUDA and on other CPUs (default: auto)"),
+    make("--torch-compile", FLAG, section=NATIVE, state=SUPPORTED, native=True, apply=a.flag_to("torch_compile"),
+         help="run the torch backend's forward through torch.compile (slow first steps while it compiles; "
+              "off by default, see docs/benchmarks.md); refused on the MLX backend"),
     make("--max-queue-depth", VALUE, section=NATIVE, state=SUPPORTED, native=True, mv="N",
          apply=lambda s, v, sp: setattr(s, "max_queue_depth", max(a.as_int(v, sp), -1)),
          help="requests that may wait for a slot before new ones get 503 (default: 64, -1 = unbounded)"),

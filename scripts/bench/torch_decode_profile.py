@@ -13,8 +13,25 @@ import pstats
 import time
 from pathlib import Path
 
-MATMUL_OPS = ("aten::mm", "mkldnn::_linear_pointwise", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear",
-              "aten::_scaled_dot_product_flash_attention_for_cpu", "aten::scaled_dot_product_attention")
+MATMUL_OPS = ("aten::mm", "aten::mv", "aten::addmv_", "mkldnn::_linear_pointwise", "aten::addmm", "aten::bmm", "aten::matmul",
+              "aten::linear", "aten::_scaled_dot_product_flash_attention_for_cpu",
+              "aten::scaled_dot_product_attention")
+# op self time by what it serves in a decode step (ops not named here count as "other")
+CATEGORIES = {
+    "linears (mm/mv)": ("aten::mm", "aten::mv", "aten::addmv_", "mkldnn::_linear_pointwise", "aten::addmm", "aten::linear",
+                        "aten::matmul"),
+    "attention (sdpa)": ("aten::_scaled_dot_product_flash_attention_for_cpu", "aten::scaled_dot_product_attention",
+                         "aten::_scaled_dot_product_attention_math"),
+    "KV scatter/gather": ("aten::index_copy_", "aten::index_select", "aten::narrow"),
+    "norms, rope, activations": ("aten::mul", "aten::add", "aten::pow", "aten::mean", "aten::rsqrt", "aten::silu",
+                                 "aten::cat", "aten::neg", "aten::cos", "aten::sin", "aten::div_", "aten::sum",
+                                 "aten::embedding"),
+    "casts and copies": ("aten::to", "aten::_to_copy", "aten::copy_", "aten::contiguous", "aten::clone",
+                         "aten::empty_strided", "aten::empty", "aten::zeros", "aten::masked_fill_", "aten::fill_"),
+    "views (strides only)": ("aten::view", "aten::reshape", "aten::transpose", "aten::t", "aten::as_strided",
+                             "aten::slice", "aten::_unsafe_view", "aten::unsqueeze", "aten::expand", "aten::select",
+                             "aten::alias", "aten::detach"),
+}
 
 
 def main() -> None:
@@ -24,6 +41,8 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--steps", type=int, default=32)
     p.add_argument("--timing-only", action="store_true", help="print the per-token times only")
+    p.add_argument("--variant", choices=("gemv", "stock"), default="gemv",
+                   help="one-row linears through torch.mv (the backend's CPU default) or torch's Linear.forward")
     args = p.parse_args()
 
     import torch
@@ -34,6 +53,10 @@ def main() -> None:
 
     settings = ServerSettings(backend="torch", device="cpu", dtype=args.dtype, threads=args.threads)
     backend, _ = load_backend(settings, args.model)
+    if args.variant == "stock":
+        from mlxcel.backends.torch.row_gemv import remove_row_gemv
+
+        remove_row_gemv(backend.model)
     seq = backend.new_sequence()
     prompt = [(i * 37) % 1000 + 100 for i in range(128)]
     nxt = int(backend.forward([ForwardRow(prompt, seq)])[0].argmax())
@@ -60,6 +83,14 @@ def main() -> None:
     mm = sum(e.self_cpu_time_total for e in events if e.key in MATMUL_OPS)
     print(f"torch ops self time: {total / 1e3 / args.steps:.2f} ms/token, of which matmul/attention "
           f"{mm / 1e3 / args.steps:.2f} ms ({100 * mm / max(total, 1):.0f}%)")
+    seen = {}
+    for e in events:
+        cat = next((c for c, ops in CATEGORIES.items() if e.key in ops), "other")
+        seen[cat] = seen.get(cat, 0) + e.self_cpu_time_total
+    for cat, us in sorted(seen.items(), key=lambda kv: -kv[1]):
+        print(f"  {cat:28s} {us / 1e3 / args.steps:7.2f} ms/token ({100 * us / max(total, 1):3.0f}%)")
+    print(f"  {'(wall not in torch ops)':28s} {wall * 1e3 - total / 1e3 / args.steps:7.2f} ms/token: Python, "
+          f"dispatch, numpy and the sampler's argmax")
     print(events.table(sort_by="self_cpu_time_total", row_limit=25))
 
     prof2 = cProfile.Profile()
@@ -70,3 +101,5 @@ def main() -> None:
     pstats.Stats(prof2).sort_stats("tottime").print_stats(25)
 
 
+if __name__ == "__main__":
+    main()

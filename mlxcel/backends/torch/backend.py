@@ -23,6 +23,7 @@ import torch
 
 from mlxcel.backends.base import ForwardRow, ModelInfo, RowSteering, compacted, kv_bytes_per_token
 from mlxcel.backends.torch.paged import PagedStepCache, PagedStorage, StepPlan
+from mlxcel.backends.torch.row_gemv import install_row_gemv
 from mlxcel.engine.kv_block_pool import BlockAllocator, SequenceKV
 from mlxcel.models.hooks import LayerHooks
 from mlxcel.models.registry import family_for
@@ -119,7 +120,7 @@ class TorchBackend(RowSteering):
     name = "torch"
 
     def __init__(self, path: str | Path, dtype: str = "auto", device: str = "cpu", threads: int = -1,
-                 rope: RopeOverrides | None = None) -> None:
+                 rope: RopeOverrides | None = None, compile: bool = False) -> None:
         import transformers
 
         path = Path(path)
@@ -145,7 +146,11 @@ class TorchBackend(RowSteering):
             raise RopeRefused(f"the {config['model_type']} family did not take the requested RoPE override "
                               f"({want}); it cannot be honoured here")
         self.model = model.to(self.device).eval()
+        if self.device.type == "cpu":
+            install_row_gemv(self.model)  # one-row decode linears as matrix-vector products
         self.base = getattr(model, model.base_model_prefix)
+        # --torch-compile: one dynamic-shape graph set for the decoder stack, compiled on first use
+        self._base_forward = torch.compile(self.base, dynamic=True) if compile else self.base
         self.lm_head = model.get_output_embeddings()
         self.softcap = getattr(model.config, "final_logit_softcapping", None)
         text_config = model.config.get_text_config()
@@ -203,9 +208,9 @@ class TorchBackend(RowSteering):
             ids[i, : len(r.tokens)] = r.tokens
         self._prepare_step(rows)
         try:
-            out = self.base(input_ids=torch.from_numpy(ids).to(self.device), attention_mask=self._masks(plan),
-                            position_ids=plan.position_ids, cache=PagedStepCache(self.storage, plan),
-                            use_cache=True)
+            out = self._base_forward(input_ids=torch.from_numpy(ids).to(self.device),
+                                     attention_mask=self._masks(plan), position_ids=plan.position_ids,
+                                     cache=PagedStepCache(self.storage, plan), use_cache=True)
         finally:
             self._deltas = {}
         for r in rows:

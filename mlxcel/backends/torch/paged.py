@@ -64,6 +64,10 @@ def _to_device(a: np.ndarray, device: torch.device) -> torch.Tensor:
     return t.to(device)
 
 
+def _consecutive(slots: np.ndarray) -> bool:
+    return bool(slots[-1] - slots[0] == len(slots) - 1 and (len(slots) < 2 or (np.diff(slots) == 1).all()))
+
+
 class StepPlan:
     """Index tensors, positions and masks shared by every layer of one forward over `rows`."""
 
@@ -87,6 +91,8 @@ class StepPlan:
         shift = np.asarray([seq.position - seq.length for seq, _ in rows], dtype=np.int64)
         self.write = _to_device(write.reshape(-1), device)
         self.read = _to_device(read.reshape(-1), device)
+        # one row whose slots run in order (a fresh pool's blocks) reads its history as a view
+        self.read_start = int(read[0, 0]) if b == 1 and _consecutive(read[0]) else None
         self.position_ids = _to_device(self._qpos.astype(np.int64) + shift[:, None], device)
         self.last = _to_device(np.asarray(self.n, dtype=np.int64) - 1, device)
         self._masks: dict[int | None, torch.Tensor] = {}
@@ -123,6 +129,10 @@ class PagedStepCache(Cache):
         keys, values = st.keys[layer_idx], st.values[layer_idx]
         keys.index_copy_(0, plan.write, key_states.transpose(1, 2).reshape(b * n, h, dk).to(keys.dtype))
         values.index_copy_(0, plan.write, value_states.transpose(1, 2).reshape(b * n, h, dv).to(values.dtype))
+        if plan.read_start is not None:
+            k = keys.narrow(0, plan.read_start, plan.lmax).unsqueeze(0).transpose(1, 2)
+            v = values.narrow(0, plan.read_start, plan.lmax).unsqueeze(0).transpose(1, 2)
+            return k, v
         k = keys.index_select(0, plan.read).view(b, plan.lmax, h, dk).transpose(1, 2)
         v = values.index_select(0, plan.read).view(b, plan.lmax, h, dv).transpose(1, 2)
         return k, v

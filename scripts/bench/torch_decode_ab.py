@@ -1,0 +1,128 @@
+"""Interleaved A/B of one-row torch decode variants on a shared, noisy CPU.
+
+Each arm is a (dtype, variant) pair on the same checkpoint; the arms take turns, one block
+of decode steps each, for several rounds, so load from other processes falls on every arm
+alike. Per arm it prints the median wall and CPU ms per token, tok/s, and the percentage of
+the memory-bandwidth limit for that dtype (weight bytes read per token / --bandwidth-gbs).
+Prints text; not a test.
+
+    python -m scripts.bench.torch_decode_ab -m DIR --arms bfloat16:stock bfloat16:gemv float32:gemv
+
+Variants: stock (torch's nn.Linear.forward), gemv (mlxcel's one-row matrix-vector path,
+the backend's default on a CPU), compile (gemv plus --torch-compile; its compile time is
+printed once, outside the rounds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+
+def _cpu_times() -> tuple[int, int]:
+    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    return sum(fields), fields[3] + fields[4]  # total, idle + iowait
+
+
+def wait_quiet(busy_max: float, max_wait: float) -> float:
+    """Sleep until the other processes leave the CPUs (nearly) idle for half a second, or
+    max_wait passes; returns the busy fraction seen last (this process is idle meanwhile)."""
+    deadline = time.monotonic() + max_wait
+    while True:
+        t0, i0 = _cpu_times()
+        time.sleep(0.5)
+        t1, i1 = _cpu_times()
+        busy = 1.0 - (i1 - i0) / max(t1 - t0, 1)
+        if busy <= busy_max or time.monotonic() > deadline:
+            return busy
+
+
+def weight_bytes(model) -> int:
+    seen, total = set(), 0
+    for p in model.parameters():
+        if p.data_ptr() not in seen:  # tied embeddings are read once per token (the lm_head)
+            seen.add(p.data_ptr())
+            total += p.numel() * p.element_size()
+    return total
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("-m", "--model", type=Path, required=True)
+    p.add_argument("--arms", nargs="+", default=["bfloat16:stock", "bfloat16:gemv", "float32:gemv"])
+    p.add_argument("--threads", type=int, default=-1)
+    p.add_argument("--steps", type=int, default=16, help="decode steps per arm per round")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--context", type=int, default=128, help="prompt tokens before the decode steps")
+    p.add_argument("--bandwidth-gbs", type=float, default=45.0)
+    p.add_argument("--quiet-busy", type=float, default=0.15,
+                   help="before each block, wait until other processes use at most this share of the CPUs")
+    p.add_argument("--quiet-wait", type=float, default=60.0, help="longest wait for a quiet moment, seconds")
+    args = p.parse_args()
+
+    from mlxcel.backends.base import ForwardRow
+    from mlxcel.backends.torch.row_gemv import install_row_gemv, remove_row_gemv
+    from mlxcel.cli.settings import ServerSettings
+    from mlxcel.runtime import load_backend
+
+    variants = {"stock": remove_row_gemv, "gemv": install_row_gemv, "compile": install_row_gemv}
+    backends = {}
+    for arm in args.arms:
+        dtype, variant = arm.split(":")
+        key = (dtype, variant == "compile")
+        if key not in backends:
+            settings = ServerSettings(backend="torch", device="cpu", dtype=dtype, threads=args.threads,
+                                      torch_compile=key[1])
+            backends[key] = load_backend(settings, args.model)[0]
+    prompt = [(i * 37) % 1000 + 100 for i in range(args.context)]
+
+    def backend_of(arm: str):
+        dtype, variant = arm.split(":")
+        return backends[(dtype, variant == "compile")]
+
+    def run(arm: str) -> tuple[float, float]:
+        backend = backend_of(arm)
+        variants[arm.split(":")[1]](backend.model)
+        seq = backend.new_sequence()
+        nxt = int(backend.forward([ForwardRow(prompt, seq)])[0].argmax())
+        for _ in range(2):
+            nxt = int(backend.forward([ForwardRow([nxt], seq)])[0].argmax())
+        c, w = time.process_time(), time.perf_counter()
+        for _ in range(args.steps):
+            nxt = int(backend.forward([ForwardRow([nxt], seq)])[0].argmax())
+        wall, cpu = (time.perf_counter() - w) / args.steps, (time.process_time() - c) / args.steps
+        seq.release()
+        return wall, cpu
+
+    for arm in args.arms:
+        if arm.endswith(":compile"):  # compile time, paid once per shape family, outside the rounds
+            c, w = time.process_time(), time.perf_counter()
+            run(arm)
+            print(f"{arm}: first run incl. compiling {time.perf_counter() - w:.1f} s wall, "
+                  f"{time.process_time() - c:.1f} s CPU", flush=True)
+    results: dict[str, list[tuple[float, float]]] = {a: [] for a in args.arms}
+    busy_seen = []
+    for r in range(args.rounds):
+        for arm in args.arms:
+            busy_seen.append(wait_quiet(args.quiet_busy, args.quiet_wait))
+            results[arm].append(run(arm))
+            wall, cpu = results[arm][-1]
+            print(f"round {r} {arm:18s} wall {wall * 1e3:6.1f} ms cpu {cpu * 1e3:6.1f} ms "
+                  f"(others busy {100 * busy_seen[-1]:.0f}%)", flush=True)
+    print(f"other load before each block: median {100 * statistics.median(busy_seen):.0f}% of the CPUs, "
+          f"max {100 * max(busy_seen):.0f}%")
+    for arm, rs in results.items():
+        backend = backend_of(arm)
+        limit = args.bandwidth_gbs * 1e9 / weight_bytes(backend.model)
+        wall = statistics.median(w for w, _ in rs)
+        cpu = statistics.median(c for _, c in rs)
+        best = min(w for w, _ in rs)
+        print(f"{arm:18s} wall {wall * 1e3:6.1f} ms (best {best * 1e3:6.1f}) cpu {cpu * 1e3:6.1f} ms  "
+              f"{1 / wall:6.1f} tok/s (best {1 / best:6.1f})  limit {limit:5.0f} tok/s  "
+              f"{100 / wall / limit:4.1f}% (best {100 / best / limit:4.1f}%)")
+
+
+if __name__ == "__main__":
+    main()
