@@ -171,17 +171,17 @@ def test_script_exit_status_on_a_broken_copy(copy):
 CLOSED = 2
 
 
-def _a_deferred_entry_in_a_shard_owned_by(issue: int) -> tuple[str, str]:
-    """Any committed deferred entry the closed issue could own: picked, not named, since the
-    deferred entries of those shards flip to supported as their work lands."""
-    m = mf.load_manifest(SOURCE)
-    owned = {shard for shard, spec in m.pin["shards"].items() if issue in spec["owners"]}
-    return next((doc["shard"], e["id"]) for doc in (_load(SOURCE, s) for s in sorted(owned))
-                for e in doc["entries"] if e["state"] == "deferred")
+# A deferred entry in a shard the closed issue owns. Made in the copy rather than picked from
+# the committed manifest, which may hold no deferred entry at all once the work has landed.
+DEFERRED_CASE = ("runtime-and-context", "field:n_cache_reuse")
+
+
+def _with_a_deferred_entry(copy: Path) -> None:
+    _edit(*DEFERRED_CASE, state="deferred", divergence=[])(copy)
 
 
 GATED = {
-    "deferred": _a_deferred_entry_in_a_shard_owned_by(CLOSED),
+    "deferred": DEFERRED_CASE,
     "aliased": ("model-source", "option:--model"),
     "not_applicable": ("runtime-and-context", "option:--kv-unified"),
 }
@@ -206,6 +206,8 @@ def test_committed_copy_passes_the_open_issue_gate(copy):
 @pytest.mark.parametrize("state", sorted(GATED))
 def test_open_issue_gate_rejects_a_closed_issue(state, copy):
     shard, eid = GATED[state]
+    if state == "deferred":
+        _with_a_deferred_entry(copy)
     assert _entry(_load(copy, shard), eid)["state"] == state
     _edit(shard, eid, issue=CLOSED)(copy)
     assert check.validate(copy, ROOT) == [], "the structural rules alone must accept this copy"
@@ -240,6 +242,7 @@ def _fake_tracker(bin_dir: Path, body: str) -> str:
 
 
 def test_open_issue_gate_script_with_explicit_set(copy, tmp_path):
+    _with_a_deferred_entry(copy)
     _edit(*GATED["deferred"], issue=CLOSED)(copy)
     open_arg = ",".join(str(n) for n in sorted(_open_set(copy)))
     proc = _script(copy, "--check-issues-open", "--open-issues", open_arg, path=str(tmp_path))
