@@ -193,10 +193,8 @@ async def messages(request: Request, app_state: AppState) -> Any:
     field_headers = settle_unused(unused, strict, "/v1/messages")
     creq = _chat_request(req)  # shape errors first: a malformed request never switches models
     model = await model_for(app_state, req.model)  # may switch models (api/model_switch.py)
-    prep = chat_surface.prepare(app_state, model, creq)
-    greq = await chat_surface.generation_request(model, creq, prep)
-    steer_headers = {**field_headers, **steer.server_steering(app_state, model, [greq])}  # live steering values
-    handle = g.submit(model, greq)
+    started = await chat_surface.start(app_state, model, creq, field_headers)
+    prep, handle, steer_headers = started.prep, started.handle, started.headers
     out = chat_surface.ChatOutput(prep, parallel_tool_calls=creq.parallel_tool_calls is not False)
     mid = "msg_" + uuid.uuid4().hex[:24]
     head = {"id": mid, "type": "message", "role": "assistant", "model": model.id}

@@ -251,10 +251,8 @@ async def create_response(request: Request, app_state: AppState) -> Any:
     model = await model_for(app_state, req.model)  # may switch models (api/model_switch.py)
     conversation = _conversation(app_state, req)
     creq = _chat_request(req, conversation)
-    prep = chat_surface.prepare(app_state, model, creq)
-    greq = await chat_surface.generation_request(model, creq, prep)
-    steer_headers = {**field_headers, **steer.server_steering(app_state, model, [greq])}  # live steering values
-    handle = g.submit(model, greq)
+    started = await chat_surface.start(app_state, model, creq, field_headers)
+    prep, handle, steer_headers = started.prep, started.handle, started.headers
     out = chat_surface.ChatOutput(prep, parallel_tool_calls=req.parallel_tool_calls is not False)
     rid = "resp_" + uuid.uuid4().hex[:24]
     store = _store(app_state)
