@@ -182,10 +182,10 @@ def _with_a_deferred_entry(copy: Path) -> None:
 
 GATED = {
     "deferred": DEFERRED_CASE,
-    "aliased": ("model-source", "option:--model"),
-    "not_applicable": ("runtime-and-context", "option:--kv-unified"),
 }
 UNGATED = {
+    "aliased": ("model-source", "option:--model"),
+    "not_applicable": ("runtime-and-context", "option:--kv-unified"),
     "by_design": ("runtime-and-context", "option:--parallel"),
     "supported": SUPPORTED,
 }
@@ -258,10 +258,11 @@ def test_open_issue_gate_reads_the_tracker_tool(copy, tmp_path):
                       for n in sorted(_open_set(copy)))
     path = _fake_tracker(tmp_path / "bin", f'[ "$1" = list ] || exit 9\nprintf "{listing}"\n')
     assert _script(copy, "--check-issues-open", path=path).returncode == 0
-    _edit(*GATED["aliased"], issue=CLOSED)(copy)
+    _with_a_deferred_entry(copy)
+    _edit(*GATED["deferred"], issue=CLOSED)(copy)
     proc = _script(copy, "--check-issues-open", path=path)
     assert proc.returncode == 1
-    assert "option:--model: an aliased entry points at issue #2" in proc.stderr
+    assert "field:n_cache_reuse: a deferred entry points at issue #2" in proc.stderr
 
 
 @pytest.mark.parametrize("args,tracker,message", [
