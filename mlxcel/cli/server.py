@@ -46,6 +46,10 @@ def resolve(settings: ServerSettings) -> Path:
         check_gpu_layers(settings, int(layers))
     choose_backend(settings, path)
     check_model_overrides(settings, config)
+    if settings.lora:  # read and fit-checked now, so a misfit stops startup before the load
+        from mlxcel.cli.options_lora import load_for_checkpoint
+
+        settings.lora_loaded = load_for_checkpoint(settings, path)
     return path
 
 
