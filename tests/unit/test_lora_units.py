@@ -134,3 +134,47 @@ def test_request_field_on_native_and_v1(tmp_path):
     req = GenerationRequest(prompt=[1], lora=scales, lora_asked=asked)
     assert generation_settings(req, stream=False, timings_per_token=False)["lora"] == [
         {"id": 1, "scale": 0.25}, {"id": 7, "scale": 1.0}]
+
+
+def test_startup_refuses_an_adapter_that_does_not_fit_the_checkpoint(tmp_path):
+    """Checked from the safetensors headers before any weight loads, in one line."""
+    from types import SimpleNamespace
+
+    from mlxcel.cli.options_lora import load_for_checkpoint
+    from mlxcel.cli.refusal import StartupRefusal
+    from tests.conftest import DEFAULT_MODEL, fixture_path
+
+    d, _, _ = _peft(tmp_path)  # q_proj [6, 8]: SmolLM2's is [576, 576]
+    settings = SimpleNamespace(lora=[L.AdapterSpec(d)], lora_init_without_apply=False)
+    with pytest.raises(StartupRefusal, match=r"q_proj is \[576, 576\] in the model, but the adapter's A is \[2, 8\]"):
+        load_for_checkpoint(settings, fixture_path(DEFAULT_MODEL))
+    from safetensors.numpy import save_file
+
+    save_file({"base_model.model.model.layers.0.mlp.nope.lora_A.weight": np.zeros((R, 576), np.float32),
+               "base_model.model.model.layers.0.mlp.nope.lora_B.weight": np.zeros((576, R), np.float32)},
+              str(d / L.PEFT_WEIGHTS))
+    with pytest.raises(StartupRefusal, match="target module model.layers.0.mlp.nope is not a linear layer"):
+        load_for_checkpoint(settings, fixture_path(DEFAULT_MODEL))
+    settings.lora_init_without_apply = True
+    save_file({"base_model.model.model.layers.0.self_attn.v_proj.lora_A.weight": np.zeros((R, 576), np.float32),
+               "base_model.model.model.layers.0.self_attn.v_proj.lora_B.weight": np.zeros((192, R), np.float32)},
+              str(d / L.PEFT_WEIGHTS))
+    assert load_for_checkpoint(settings, fixture_path(DEFAULT_MODEL)).snapshot() == (0.0,)
+
+
+def test_cli_specs_through_the_real_parser(tmp_path):
+    """--lora adapters first (scale 1.0), then --lora-scaled ones; both repeatable and comma-separated;
+    --lora-init-without-apply starts them at 0.0 (load_for_checkpoint, above)."""
+    from mlxcel.cli.flags import parse_server_args
+    from mlxcel.cli.refusal import StartupRefusal
+
+    a, _, _ = _peft(tmp_path, "a")
+    b, _, _ = _peft(tmp_path, "b")
+    s = parse_server_args(["-m", "x", "--lora-scaled", f"{a}:0.5,{b}:-1", "--lora", f"{b}", "--lora", f"{a}",
+                           "--lora-init-without-apply"], {})
+    assert [(x.path, x.scale) for x in s.lora] == [(b, 1.0), (a, 1.0), (a, 0.5), (b, -1.0)]
+    assert s.lora_init_without_apply is True
+    gguf = tmp_path / "x.gguf"
+    gguf.write_bytes(b"GGUF")
+    with pytest.raises(StartupRefusal, match="a GGUF LoRA file"):
+        parse_server_args(["-m", "x", "--lora", str(gguf)], {})
