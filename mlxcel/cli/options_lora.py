@@ -45,6 +45,14 @@ def apply_lora_scaled(settings: Any, values: list[str], spelling: str) -> None:
     settings.lora = [*settings.lora, *specs]
 
 
+def refuse_without_generation(settings: Any) -> None:
+    """Adapters on a server that runs no generation model (--embeddings / --reranking) would
+    be parsed and never used: refused instead."""
+    if settings.lora:
+        raise StartupRefusal("--lora / --lora-scaled: LoRA adapters apply to a generation model, and this server "
+                             "runs none (--embeddings / --reranking)")
+
+
 def load_for_checkpoint(settings: Any, path: Path) -> LoraSet | None:
     """The adapters, validated against the checkpoint at `path`, at their starting scales
     (0.0 each under --lora-init-without-apply); None without --lora / --lora-scaled."""

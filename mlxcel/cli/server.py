@@ -116,6 +116,10 @@ def main(argv: list[str] | None = None, prog: str = "mlxcel-server") -> int:
     # mode switch: --embeddings / --reranking serve a side worker and no chat model
     plan = plan_workers(settings, lambda ref, flag: resolve_ref(settings, ref, flag))
     path = resolve(settings) if plan.generation else None
+    if path is None:
+        from mlxcel.cli.options_lora import refuse_without_generation
+
+        refuse_without_generation(settings)
     if path is None and any(s.kind in (EMBEDDING, RERANKER) for s in plan.sides):
         choose_backend(settings, None)  # an embedder / reranker runs on the same choice (Whisper is MLX's)
     serve(settings, path, plan)

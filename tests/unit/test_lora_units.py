@@ -178,3 +178,14 @@ def test_cli_specs_through_the_real_parser(tmp_path):
     gguf.write_bytes(b"GGUF")
     with pytest.raises(StartupRefusal, match="a GGUF LoRA file"):
         parse_server_args(["-m", "x", "--lora", str(gguf)], {})
+
+
+def test_adapters_without_a_generation_model_are_refused(tmp_path):
+    from mlxcel.cli.flags import parse_server_args
+    from mlxcel.cli.options_lora import refuse_without_generation
+    from mlxcel.cli.refusal import StartupRefusal
+
+    d, _, _ = _peft(tmp_path)
+    refuse_without_generation(parse_server_args(["-m", "x", "--embeddings"], {}))
+    with pytest.raises(StartupRefusal, match="this server runs none"):
+        refuse_without_generation(parse_server_args(["-m", "x", "--embeddings", "--lora", str(d)], {}))
