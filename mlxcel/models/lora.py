@@ -139,7 +139,7 @@ def _load_peft(path: Path, config: dict) -> Adapter:
         if m is None:
             raise LoraError(f"LoRA adapter {path}: tensor {key!r} is not a lora_A / lora_B weight")
         pairs.setdefault(m["module"], {})[m["ab"]] = value
-    return Adapter(path, _terms(path, pairs, factor, r), factor)
+    return Adapter(path, _terms(path, pairs, factor), factor)
 
 
 def _load_mlx(path: Path, config: dict) -> Adapter:
@@ -156,10 +156,10 @@ def _load_mlx(path: Path, config: dict) -> Adapter:
             raise LoraError(f"LoRA adapter {path}: tensor {key!r} is not a lora_a / lora_b weight")
         # mlx-lm stores x @ a @ b: a [in, r], b [r, out]; transposed into PEFT's orientation
         pairs.setdefault(m["module"], {})[m["ab"].upper()] = value.T
-    return Adapter(path, _terms(path, pairs, float(scale), r), float(scale))
+    return Adapter(path, _terms(path, pairs, float(scale)), float(scale))
 
 
-def _terms(path: Path, pairs: dict[str, dict[str, np.ndarray]], factor: float, r: int):
+def _terms(path: Path, pairs: dict[str, dict[str, np.ndarray]], factor: float):
     if not pairs:
         raise LoraError(f"LoRA adapter {path}: no LoRA tensors")
     out = {}

@@ -10,6 +10,7 @@ reads the same field; malformed bodies get b10621's answers.
 
 from __future__ import annotations
 
+import os
 import threading
 
 import httpx
@@ -26,7 +27,8 @@ BODY = {"prompt": PROMPT, "n_predict": 12, "temperature": 0, "n_probs": 3, "cach
 def lora_server(default_server):
     if not lora_available(LORA_SMOLLM2):
         pytest.fail(f"fixture adapter {LORA_SMOLLM2} is missing: run `make fixtures`")
-    s = ServerProcess(["-m", DEFAULT_MODEL, "--offline", "--backend", default_server.backend, "--device", "cpu",
+    device = os.environ.get("MLXCEL_TEST_DEVICE", "cpu") if default_server.backend == "torch" else "cpu"
+    s = ServerProcess(["-m", DEFAULT_MODEL, "--offline", "--backend", default_server.backend, "--device", device,
                        "--lora", str(fixture_path(LORA_SMOLLM2)), "--lora-init-without-apply"])
     s.base = default_server
     yield s
