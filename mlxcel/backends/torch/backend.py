@@ -154,6 +154,7 @@ class TorchBackend(RowSteering):
         layers = self.base.layers
         self.hooks = install_torch_hooks(layers)
         self._init_steering()  # per-step SAE deltas and residual reads (backends/base.RowSteering)
+        self.lora = None  # TorchLoraTerms once adapters are attached
         self.info = ModelInfo(
             path=path,
             model_type=config["model_type"],
@@ -168,6 +169,12 @@ class TorchBackend(RowSteering):
             config=config,
         )
         self.configure_kv(num_blocks=(self.info.context_length // 16) + 8, block_size=16)
+
+    def attach_lora(self, adapters) -> None:
+        """Serve these adapters unfused (models/lora.py); raises LoraError if one does not fit."""
+        from mlxcel.backends.torch.lora import TorchLoraTerms
+
+        self.lora = TorchLoraTerms(self.model, adapters, DTYPES[self.info.dtype], self.device)
 
     def configure_kv(self, num_blocks: int, block_size: int) -> None:
         """(Re)build the paged KV pool; only while no sequence is live."""
@@ -202,12 +209,16 @@ class TorchBackend(RowSteering):
         for i, r in enumerate(rows):
             ids[i, : len(r.tokens)] = r.tokens
         self._prepare_step(rows)
+        if self.lora is not None:
+            self.lora.begin([r.lora for r in rows])
         try:
             out = self.base(input_ids=torch.from_numpy(ids).to(self.device), attention_mask=self._masks(plan),
                             position_ids=plan.position_ids, cache=PagedStepCache(self.storage, plan),
                             use_cache=True)
         finally:
             self._deltas = {}
+            if self.lora is not None:
+                self.lora.end()
         for r in rows:
             r.cache.tokens.extend(r.tokens)
         return out.last_hidden_state, plan
