@@ -210,7 +210,13 @@ def serve_router(settings: ServerSettings) -> None:
             kwargs["port"] = bound_port(sock)
             log.info("listening on http%s://%s:%s (router)", "s" if "ssl_keyfile" in kwargs else "",
                      kwargs["host"], kwargs["port"])
-            uvicorn.Server(uvicorn.Config(app, log_level="warning", **kwargs)).run(sockets=[sock])
+
+            class RouterServer(uvicorn.Server):
+                def handle_exit(self, sig, frame) -> None:  # an open /models/sse stream must not hold shutdown up
+                    super().handle_exit(sig, frame)
+                    pool.close_subscribers()
+
+            RouterServer(uvicorn.Config(app, log_level="warning", **kwargs)).run(sockets=[sock])
     finally:
         pool.shutdown()
 

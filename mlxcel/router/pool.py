@@ -65,7 +65,7 @@ class RouterPool:
         self.settings, self.store_root, self.preset = settings, store_root, preset
         self.steering_store = steering_store
         self.slots: dict[str, Slot] = {}
-        self.subscribers: set[asyncio.Queue] = set()
+        self.subscribers: set[tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = set()  # /models/sse readers
         self.conversations: dict[str, str] = {}  # X-Conversation-Id -> model name (stream routes)
         self._changed: asyncio.Condition | None = None
         self._room = asyncio.Lock()
@@ -102,11 +102,16 @@ class RouterPool:
             self._changed = asyncio.Condition()
         return self._changed
 
+    def close_subscribers(self) -> None:
+        """End every /models/sse stream (shutdown: an open stream would hold the server up)."""
+        for loop, q in list(self.subscribers):
+            loop.call_soon_threadsafe(q.put_nowait, None)  # called from the signal handler
+
     def publish(self, model: str, event: str, data: dict | None = None) -> None:
         item = {"model": model, "event": event}
         if data is not None:
             item["data"] = data
-        for q in list(self.subscribers):
+        for _, q in list(self.subscribers):
             q.put_nowait(item)
 
     async def _notify(self) -> None:

@@ -154,15 +154,18 @@ async def router_remove(pool: RouterPool, model: str | None = None) -> Any:
 @get("/models/sse", name="router-models-sse")
 async def router_events(pool: RouterPool) -> Stream:
     queue: asyncio.Queue = asyncio.Queue()
-    pool.subscribers.add(queue)
+    sub = (asyncio.get_running_loop(), queue)
+    pool.subscribers.add(sub)
 
     async def frames():
         try:
             while True:
                 item = await queue.get()
+                if item is None:  # the server is shutting down
+                    return
                 yield f"data: {json.dumps(item, separators=(',', ':'))}\n\n"
         finally:
-            pool.subscribers.discard(queue)
+            pool.subscribers.discard(sub)
 
     return Stream(frames(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
