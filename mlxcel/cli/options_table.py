@@ -527,10 +527,10 @@ _SERVER: tuple[Option, ...] = (
     X("--slot-save-path", VALUE, mv="PATH", state=BY_DESIGN, path_value=True, apply=a.apply_slot_save_path,
       help="directory for POST /slots/{id}?action=save|restore files (a slot's token stream, not its KV)"),
     X("--media-path", VALUE, mv="PATH", state=DEFERRED, path_value=True),
-    X("--models-dir", VALUE, mv="PATH", env="LLAMA_ARG_MODELS_DIR", state=SUPPORTED, path_value=True,
+    X("--models-dir", VALUE, mv="PATH", env="LLAMA_ARG_MODELS_DIR", state=ALIASED, path_value=True,
       apply=a.setter("models_dir", "path"),
       help="router mode: serve every checkpoint directory under PATH on demand (mlxcel/router)"),
-    X("--models-preset", VALUE, mv="PATH", env="LLAMA_ARG_MODELS_PRESET", state=SUPPORTED, path_value=True,
+    X("--models-preset", VALUE, mv="PATH", env="LLAMA_ARG_MODELS_PRESET", state=ALIASED, path_value=True,
       apply=a.setter("models_preset", "path"), help="router mode: INI file of model presets"),
     X("--models-max", VALUE, mv="N", env="LLAMA_ARG_MODELS_MAX", default="4", state=SUPPORTED,
       apply=a.apply_models_max, help="router mode: models loaded at once, least recently used unloaded past it "
