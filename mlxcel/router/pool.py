@@ -69,6 +69,7 @@ class RouterPool:
         self.conversations: dict[str, str] = {}  # X-Conversation-Id -> model name (stream routes)
         self._changed: asyncio.Condition | None = None
         self._room = asyncio.Lock()
+        self._tasks: set[asyncio.Task] = set()  # loads and downloads in flight (held so none is collected)
         self.rescan()
 
     # --- inventory --------------------------------------------------------------------------
@@ -154,7 +155,12 @@ class RouterPool:
             await self._make_room()
             slot.status, slot.exit_code, slot.failure = "loading", 0, None
             self.publish(slot.entry.name, "model_status", {"status": "loading"})
-        asyncio.get_running_loop().create_task(self._load(slot))
+        self.spawn(self._load(slot))
+
+    def spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _make_room(self) -> None:
         limit = self.settings.models_max
@@ -251,14 +257,14 @@ class RouterPool:
             if ok and slot.cancelled:
                 await asyncio.to_thread(_remove_files, self.store_root, repo_id)
                 ok = False
-            self.publish(repo_id, "download_finished" if ok else "download_failed", {} if ok else None)
+            self.publish(repo_id, "download_finished" if ok else "download_failed", {})
             slot.status = "unloaded"
             del self.slots[repo_id]
             self.rescan()
             self.publish("*", "models_reload")
             await self._notify()
 
-        loop.create_task(run())
+        self.spawn(run())
 
     def _progress(self, slot: Slot, url: str, done: int, total: int) -> None:
         slot.progress[url] = {"done": done, "total": total}

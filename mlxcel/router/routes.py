@@ -192,7 +192,7 @@ ROUTER_ROUTES = [router_models, router_model, router_load, router_unload, router
 def build_router_litestar(pool: RouterPool | None) -> Litestar:
     async def startup() -> None:
         if pool is not None:
-            asyncio.get_running_loop().create_task(pool.load_startup_models())
+            pool.spawn(pool.load_startup_models())
 
     def provide_pool() -> RouterPool | None:
         return pool

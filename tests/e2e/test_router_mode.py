@@ -79,7 +79,7 @@ def router(tmp_path_factory):
     shutil.copytree(fixture_path(MISTRAL_TOOLS_TINY), store / MISTRAL_TOOLS_TINY)
     preset = tmp / "presets.ini"
     preset.write_text("[*]\nctx-size = 512\n\n[json-tools-tiny]\nalias = jt\ntags = tiny,json\nctx-size = 256\n"
-                      "parallel = 1\n")
+                      "parallel = 1\nload-on-startup = true\nstop-timeout = 10\n")
     handler = type("Hub", (_Hub,), {"source": fixture_path(JSON_TOOLS_TINY)})
     hub = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=hub.serve_forever, daemon=True).start()
@@ -133,9 +133,12 @@ def test_inventory_lists_every_source(router):
     assert set(models) == {"json-tools-tiny", "llama3-tools-tiny", MISTRAL_TOOLS_TINY}  # no "outside"
     jt = models["json-tools-tiny"]
     assert (jt["source"], jt["can_remove"], jt["aliases"], jt["tags"]) == ("models_dir", False, ["jt"], ["json", "tiny"])
-    assert jt["status"]["value"] == "unloaded" and "[json-tools-tiny]" in jt["status"]["preset"]
+    assert "[json-tools-tiny]" in jt["status"]["preset"]
     assert jt["status"]["args"][2:] == ["--ctx-size", "256"]  # the router's own --parallel 2 wins over the preset
     assert jt["owned_by"] == "llamacpp" and jt["architecture"]["output_modalities"] == ["text"]
+    assert models["llama3-tools-tiny"]["status"]["value"] == "unloaded"
+    # load-on-startup: the preset's model loads without being asked
+    _until("the load-on-startup model", lambda: _models(router)["json-tools-tiny"]["status"]["value"] == "loaded")
     cached = models[MISTRAL_TOOLS_TINY]
     assert (cached["source"], cached["can_remove"]) == ("cache", True)
     assert set(m["id"] for m in httpx.get(router.base_url + "/v1/models").json()["data"]) == set(models)
@@ -144,30 +147,33 @@ def test_inventory_lists_every_source(router):
 
 
 def test_requests_route_by_model_and_evict_lru(router):
-    r = _post(router, "/v1/chat/completions", {**CHAT, "model": "jt"})  # an alias, autoloaded
-    assert r.status_code == 200, r.text
-    assert r.json()["choices"][0]["finish_reason"] == "length"
+    _until("the load-on-startup model", lambda: _models(router)["json-tools-tiny"]["status"]["value"] == "loaded")
+    mark = len(router.events)
     # GET routes take ?model=: the preset's context (over the global 512) reached that model, and
     # the router's command-line --parallel 2 won over the preset's parallel = 1
-    props = httpx.get(router.base_url + "/props", params={"model": "json-tools-tiny"}, timeout=30).json()
+    props = httpx.get(router.base_url + "/props", params={"model": "jt"}, timeout=30).json()
     assert props["geometry"]["n_ctx"] == 256 and props["geometry"]["n_parallel"] == 2
     assert props["model_alias"] == "json-tools-tiny"
-    slots = httpx.get(router.base_url + "/slots", params={"model": "jt"}, timeout=30).json()
-    assert len(slots) == 2
-    assert _models(router)["json-tools-tiny"]["status"]["value"] == "loaded"
-    # a second model with --models-max 1 unloads the first
+    assert len(httpx.get(router.base_url + "/slots", params={"model": "json-tools-tiny"}, timeout=30).json()) == 2
+    # another model, with --models-max 1, unloads the loaded one (autoload)
     r = _post(router, "/completion", {"model": "llama3-tools-tiny", "prompt": "a", "n_predict": 2})
     assert r.status_code == 200, r.text
     models = _models(router)
     assert models["llama3-tools-tiny"]["status"]["value"] == "loaded"
     assert models["json-tools-tiny"]["status"]["value"] == "unloaded"
-    assert len(httpx.get(router.base_url + "/slots", params={"model": "llama3-tools-tiny"}).json()) == 2
-    seen = [(e["model"], e["event"], e.get("data", {}).get("status")) for e in router.events]
-    for event in [("json-tools-tiny", "model_status", "loading"), ("json-tools-tiny", "status_change", "loaded"),
-                  ("json-tools-tiny", "status_change", "unloaded"), ("llama3-tools-tiny", "status_change", "loaded")]:
-        assert event in seen
-    assert seen.index(("json-tools-tiny", "status_change", "unloaded")) < \
-        seen.index(("llama3-tools-tiny", "status_change", "loaded"))
+    # and back, by alias, on the OpenAI route
+    r = _post(router, "/v1/chat/completions", {**CHAT, "model": "jt"})
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["finish_reason"] == "length"
+    models = _models(router)
+    assert (models["json-tools-tiny"]["status"]["value"], models["llama3-tools-tiny"]["status"]["value"]) == \
+        ("loaded", "unloaded")
+    seen = [(e["model"], e["event"], e.get("data", {}).get("status")) for e in router.events[mark:]]
+    order = [("json-tools-tiny", "status_change", "unloaded"), ("llama3-tools-tiny", "model_status", "loading"),
+             ("llama3-tools-tiny", "status_change", "loaded"), ("llama3-tools-tiny", "status_change", "unloaded"),
+             ("json-tools-tiny", "model_status", "loading"), ("json-tools-tiny", "status_change", "loaded")]
+    assert all(e in seen for e in order), seen
+    assert [seen.index(e) for e in order] == sorted(seen.index(e) for e in order), seen
 
 
 def test_routing_refusals_and_autoload_switch(router):
