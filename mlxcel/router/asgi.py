@@ -5,8 +5,8 @@ its model with ?model=, any other POST with the JSON body's "model"; the name re
 the registry (names and aliases), the model is loaded when autoload allows (--models-autoload,
 overridden per request by ?autoload=true|1 or anything else for false), and the request runs on
 that model's own app with its body replayed, so the model's routes, streaming and disconnect
-handling are exactly a single-model server's. Resumable-stream routes follow the
-X-Conversation-Id a POST was routed with.
+handling are exactly a single-model server's. The resumable-stream routes need no model: every
+model records into one session store, which the router's own app answers from.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from mlxcel.router.routes import TYPES, build_router_litestar
 
 # (method, path) the router answers itself; GET /props only without ?model=
 OWN = {("GET", "/health"), ("GET", "/v1/health"), ("GET", "/models"), ("GET", "/v1/models"), ("POST", "/models"),
-       ("DELETE", "/models"), ("POST", "/models/load"), ("POST", "/models/unload"), ("GET", "/models/sse")}
-STREAM_PATHS = ("/v1/stream",)
+       ("DELETE", "/models"), ("POST", "/models/load"), ("POST", "/models/unload"), ("GET", "/models/sse"),
+       ("GET", "/v1/stream"), ("DELETE", "/v1/stream"), ("POST", "/v1/streams/lookup")}
 
 
 class RouterApp:
@@ -37,7 +37,7 @@ class RouterApp:
         query = {k: v[-1] for k, v in parse_qs(scope.get("query_string", b"").decode("latin-1")).items()}
         if ((method, path) in OWN or path.startswith("/v1/models/")
                 or (method == "GET" and path == "/props" and not query.get("model"))
-                or (method not in ("GET", "POST") and path not in STREAM_PATHS)):
+                or method not in ("GET", "POST")):
             return await self.own(scope, receive, send)
         body, receive = await _buffer(receive) if method == "POST" else (b"", receive)
         try:
@@ -53,9 +53,6 @@ class RouterApp:
             return await _send_error(send, e)
         if post:
             slot.last_used = time.monotonic()  # b10621 counts POSTs as use (LRU)
-            conv = _header(scope, b"x-conversation-id")
-            if conv:
-                self.pool.conversations[conv] = slot.entry.name
         slot.active += 1
         try:
             await child.app(scope, receive, send)
@@ -63,13 +60,7 @@ class RouterApp:
             slot.active -= 1
 
     def _target(self, scope: dict, method: str, path: str, query: dict, body: bytes) -> tuple[str, bool]:
-        if path in STREAM_PATHS and not query.get("model"):
-            conv = query.get("conv_id", "")
-            name = self.pool.conversations.get(conv)
-            if name is None:
-                raise RouterError(404, "Stream not found or expired")
-            return name, False
-        if method == "GET" or method == "DELETE":
+        if method == "GET":
             return query.get("model", ""), False
         try:
             parsed = json.loads(body or b"{}")
@@ -85,13 +76,6 @@ async def _send_error(send: Any, e: RouterError) -> None:
     await send({"type": "http.response.start", "status": e.status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
     await send({"type": "http.response.body", "body": body})
-
-
-def _header(scope: dict, name: bytes) -> str:
-    for k, v in scope.get("headers", []):
-        if k.lower() == name:
-            return v.decode("latin-1")
-    return ""
 
 
 async def _buffer(receive: Any) -> tuple[bytes, Any]:

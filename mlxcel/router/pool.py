@@ -66,7 +66,9 @@ class RouterPool:
         self.steering_store = steering_store
         self.slots: dict[str, Slot] = {}
         self.subscribers: set[tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = set()  # /models/sse readers
-        self.conversations: dict[str, str] = {}  # X-Conversation-Id -> model name (stream routes)
+        from mlxcel.api.stream_sessions import StreamStore
+
+        self.streams = StreamStore()  # resumable SSE sessions, shared by every model (the router serves their routes)
         self._changed: asyncio.Condition | None = None
         self._room = asyncio.Lock()
         self._tasks: set[asyncio.Task] = set()  # loads and downloads in flight (held so none is collected)
@@ -177,7 +179,7 @@ class RouterPool:
         name = slot.entry.name
         try:
             child = await asyncio.to_thread(build_child, self.settings, slot.entry, self.store_root,
-                                            self.steering_store)
+                                            self.steering_store, self.streams)
         except Exception as e:  # noqa: BLE001 - the model stays listed, unloaded and failed
             log.error("loading %s failed: %s", name, e)
             slot.exit_code, slot.failure = 1, str(e)
@@ -294,18 +296,20 @@ def _remove_files(root: Path | None, repo_id: str) -> None:
         log.warning("removing %s: %s", repo_id, e)
 
 
-def build_child(settings: Any, entry: ModelEntry, store_root: Path | None, steering_store: Any) -> Child:
+def build_child(settings: Any, entry: ModelEntry, store_root: Path | None, steering_store: Any,
+                streams: Any) -> Child:
     """The model's own settings (presets applied), engine, state and app (runs in a worker thread);
     a refusal the CLI would have stopped startup with is this load's failure."""
     from mlxcel.cli.refusal import StartupRefusal
 
     try:
-        return _build_child(settings, entry, store_root, steering_store)
+        return _build_child(settings, entry, store_root, steering_store, streams)
     except StartupRefusal as e:
         raise RuntimeError(e.message) from None
 
 
-def _build_child(settings: Any, entry: ModelEntry, store_root: Path | None, steering_store: Any) -> Child:
+def _build_child(settings: Any, entry: ModelEntry, store_root: Path | None, steering_store: Any,
+                 streams: Any) -> Child:
     from mlxcel.api.app import build_litestar
     from mlxcel.api.state import AppState
     from mlxcel.api.stream_resume import wrap_streams
@@ -323,5 +327,6 @@ def _build_child(settings: Any, entry: ModelEntry, store_root: Path | None, stee
         raise RuntimeError(e.message) from None
     served = load_served_model(own, entry.path, entry.name)
     served.aliases, served.tags = list(entry.aliases), list(entry.tags)
-    state = AppState(settings=own, model=served, store_root=store_root, steering_store=steering_store)
+    state = AppState(settings=own, model=served, store_root=store_root, steering_store=steering_store,
+                     streams=streams)
     return Child(state, wrap_streams(build_litestar(state), state))

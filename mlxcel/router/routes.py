@@ -4,7 +4,8 @@ GET /models and /v1/models list the inventory (?reload=1 rescans the sources fir
 POST /models/load and /models/unload start and stop a model; POST /models downloads a
 repository into the store and DELETE /models?model= removes a cache model; GET /models/sse
 streams every pool event; GET /props without ?model= describes the router itself and /health
-answers for the router, which has no model of its own to wait for. Refusals use the native
+answers for the router, which has no model of its own to wait for. The resumable-stream routes
+are answered here too, over the session store all models share. Refusals use the native
 envelope {"error": {code, message, type}} on every path, as b10621's router answers before any
 model sees the request.
 """
@@ -20,6 +21,9 @@ from litestar import Litestar, Request, Response, delete, get, post
 from litestar.di import Provide
 from litestar.response import Stream
 
+from mlxcel.api.state import AppState
+from mlxcel.api.stream_resume import STREAM_ROUTES
+from mlxcel.cli.settings import ServerSettings
 from mlxcel.router.pool import RouterError, RouterPool, Slot
 
 TYPES = {400: "invalid_request_error", 404: "not_found_error", 500: "server_error", 503: "unavailable_error"}
@@ -185,6 +189,8 @@ async def router_health() -> dict:
     return {"status": "ok"}
 
 
+# GET/DELETE /v1/stream and POST /v1/streams/lookup: the router answers them over the session store
+# every model records into (pool.streams), so a resume needs no model name
 ROUTER_ROUTES = [router_models, router_model, router_load, router_unload, router_download, router_remove,
                  router_events, router_props, router_health]
 
@@ -194,9 +200,18 @@ def build_router_litestar(pool: RouterPool | None) -> Litestar:
         if pool is not None:
             pool.spawn(pool.load_startup_models())
 
+    streams_state = AppState(settings=pool.settings if pool is not None else ServerSettings())
+    if pool is not None:
+        streams_state.streams = pool.streams
+
     def provide_pool() -> RouterPool | None:
         return pool
 
-    return Litestar(route_handlers=ROUTER_ROUTES, dependencies={"pool": Provide(provide_pool, sync_to_thread=False)},
+    def provide_state() -> AppState:
+        return streams_state
+
+    return Litestar(route_handlers=[*ROUTER_ROUTES, *STREAM_ROUTES],
+                    dependencies={"pool": Provide(provide_pool, sync_to_thread=False),
+                                  "app_state": Provide(provide_state, sync_to_thread=False)},
                     exception_handlers={RouterError: _router_error}, on_startup=[startup],
                     openapi_config=None, debug=False)

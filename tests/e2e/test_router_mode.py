@@ -238,3 +238,19 @@ def test_reload_rescans_the_sources(router):
     r = httpx.get(router.base_url + "/models", params={"reload": "1"})
     assert "second-name" in {m["id"] for m in r.json()["data"]}
     _until("models_reload", lambda: ("*", "models_reload") in [(e["model"], e["event"]) for e in router.events])
+
+
+def test_resumable_streams_need_no_model(router):
+    headers = {"X-Conversation-Id": "conv-router-1"}
+    with httpx.stream("POST", router.base_url + "/v1/chat/completions", headers=headers, timeout=180,
+                      json={**CHAT, "model": "jt", "stream": True}) as r:
+        assert r.status_code == 200
+        live = b"".join(r.iter_bytes())
+    assert live.rstrip().endswith(b"data: [DONE]")
+    # the router answers the stream routes itself, from the session store every model records into
+    replay = httpx.get(router.base_url + "/v1/stream", params={"conv_id": "conv-router-1", "from": 0}, timeout=60)
+    assert replay.status_code == 200 and replay.content == live
+    found = httpx.post(router.base_url + "/v1/streams/lookup", json={"conversation_ids": ["conv-router-1", "x"]})
+    assert [(s["conversation_id"], s["is_done"]) for s in found.json()] == [("conv-router-1", True)]
+    assert httpx.delete(router.base_url + "/v1/stream", params={"conv_id": "conv-router-1"}).status_code == 204
+    assert httpx.get(router.base_url + "/v1/stream", params={"conv_id": "conv-router-1"}).status_code == 404
