@@ -27,6 +27,10 @@ def check_router_mode(settings: Any) -> None:
             f"--models-preset {settings.models_preset}: presets configure router mode and steer nothing when a "
             f"model argument ({settings.model}) is given; drop the model argument to serve the presets")
     if not is_router(settings):
+        for key, spelling in (("models_max", "--models-max"), ("models_autoload", "--models-autoload")):
+            if key in settings.cli_given:  # accepted as b10621 accepts it, but said out loud
+                settings.notices.append(f"{spelling} applies to router mode only (--models-dir / --models-preset "
+                                        "without a model); it has no effect on a single-model server")
         return
     if settings.models_dir is not None and not settings.models_dir.is_dir():
         raise StartupRefusal(f"--models-dir {settings.models_dir}: no such directory")

@@ -76,6 +76,8 @@ def router(tmp_path_factory):
     for ref in (JSON_TOOLS_TINY, LLAMA3_TOOLS_TINY):
         shutil.copytree(fixture_path(ref), mdir / ref.split("/")[1])
     (mdir / "outside").symlink_to(fixture_path(QWEN2_TINY))  # resolves outside: never listed
+    (mdir / "broken").mkdir()  # a config.json and no weights: listed, and fails to load
+    shutil.copy(fixture_path(JSON_TOOLS_TINY) / "config.json", mdir / "broken" / "config.json")
     shutil.copytree(fixture_path(MISTRAL_TOOLS_TINY), store / MISTRAL_TOOLS_TINY)
     preset = tmp / "presets.ini"
     preset.write_text("[*]\nctx-size = 512\n\n[json-tools-tiny]\nalias = jt\ntags = tiny,json\nctx-size = 256\n"
@@ -130,7 +132,7 @@ def _err(r: httpx.Response, status: int) -> str:
 
 def test_inventory_lists_every_source(router):
     models = _models(router)
-    assert set(models) == {"json-tools-tiny", "llama3-tools-tiny", MISTRAL_TOOLS_TINY}  # no "outside"
+    assert set(models) == {"broken", "json-tools-tiny", "llama3-tools-tiny", MISTRAL_TOOLS_TINY}  # no "outside"
     jt = models["json-tools-tiny"]
     assert (jt["source"], jt["can_remove"], jt["aliases"], jt["tags"]) == ("models_dir", False, ["jt"], ["json", "tiny"])
     assert "[json-tools-tiny]" in jt["status"]["preset"]
@@ -185,6 +187,11 @@ def test_routing_refusals_and_autoload_switch(router):
     r = _post(router, "/v1/completions", {"model": unloaded, "prompt": "a", "max_tokens": 1}, autoload="false")
     assert _err(r, 400) == "model is not loaded"
     assert _models(router)[unloaded]["status"]["value"] == "unloaded"
+    # a load that fails answers the request and leaves the model listed as failed
+    message = _err(_post(router, "/v1/completions", {"model": "broken", "prompt": "a"}), 500)
+    assert message.startswith("model name=broken failed to load") and "safetensors" in message
+    status = _models(router)["broken"]["status"]
+    assert (status["value"], status["failed"], status["exit_code"]) == ("unloaded", True, 1)
 
 
 def test_load_and_unload_routes(router):

@@ -40,7 +40,9 @@ def test_router_flags_land_in_settings(tmp_path):
     env = parse_server_args([], {"LLAMA_ARG_MODELS_DIR": str(tmp_path), "LLAMA_ARG_MODELS_MAX": "0",
                                  "LLAMA_ARG_MODELS_AUTOLOAD": "false"})
     assert (env.models_dir, env.models_max, env.models_autoload) == (tmp_path, 0, False)
-    assert not is_router(parse_server_args(["-m", "some/model"], {}))
+    single = parse_server_args(["-m", "some/model", "--models-max", "2"], {})
+    assert not is_router(single)
+    assert any("--models-max applies to router mode only" in n for n in single.notices)
 
 
 @pytest.mark.parametrize("argv, words", [
