@@ -41,7 +41,7 @@ class RouterApp:
             return await self.own(scope, receive, send)
         body, receive = await _buffer(receive) if method == "POST" else (b"", receive)
         try:
-            name, post = self._target(scope, method, path, query, body)
+            name, post = _target(method, query, body)
             slot = self.pool.find(name) if name else None
             if not name:
                 raise RouterError(400, "model name is missing from the request")
@@ -59,15 +59,18 @@ class RouterApp:
         finally:
             slot.active -= 1
 
-    def _target(self, scope: dict, method: str, path: str, query: dict, body: bytes) -> tuple[str, bool]:
-        if method == "GET":
-            return query.get("model", ""), False
-        try:
-            parsed = json.loads(body or b"{}")
-        except ValueError:
-            raise RouterError(400, "the request body is not valid JSON") from None
-        value = parsed.get("model") if isinstance(parsed, dict) else None
-        return (value if isinstance(value, str) else ""), True
+
+def _target(method: str, query: dict, body: bytes) -> tuple[str, bool]:
+    """The model a request names (?model= on GET, the JSON body's "model" on POST), and whether
+    it is a POST."""
+    if method == "GET":
+        return query.get("model", ""), False
+    try:
+        parsed = json.loads(body or b"{}")
+    except ValueError:
+        raise RouterError(400, "the request body is not valid JSON") from None
+    value = parsed.get("model") if isinstance(parsed, dict) else None
+    return (value if isinstance(value, str) else ""), True
 
 
 async def _send_error(send: Any, e: RouterError) -> None:
