@@ -91,6 +91,13 @@ def apply_tags(settings: Any, values: list[str], _spelling: str) -> None:
     settings.tags = sorted({t.strip() for v in values for t in v.split(",") if t.strip()})
 
 
+def apply_models_max(settings: Any, value: str, spelling: str) -> None:
+    n = as_int(value, spelling)
+    if n < 0:
+        raise StartupRefusal(f"invalid value for {spelling}: {value!r} (expected 0 for unlimited or a positive count)")
+    settings.models_max = n
+
+
 def apply_hf_repo(settings: Any, value: str, spelling: str) -> None:
     repo = value.strip()
     if ":" in repo:

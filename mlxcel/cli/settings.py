@@ -26,6 +26,12 @@ class ServerSettings:
     hf_token: str | None = None
     alias: list[str] = field(default_factory=list)
     tags: list[str] = field(default_factory=list)  # --tags: informational, reported on /v1/models
+    # router mode (mlxcel/router): --models-dir / --models-preset with no model argument
+    models_dir: Path | None = None
+    models_preset: Path | None = None
+    models_max: int = 4  # loaded models at once, LRU eviction past it; 0 = unlimited
+    models_autoload: bool = True  # a request naming an unloaded model loads it (?autoload= per request)
+    cli_given: frozenset = frozenset()  # option keys given on the command line or environment (presets yield to them)
     # serving
     host: str = "127.0.0.1"
     port: int = 8080
