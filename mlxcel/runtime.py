@@ -64,10 +64,12 @@ def select_backend(settings: ServerSettings, path: Path | None = None):
 
     from mlxcel.backends.select import BackendRefused, choose
     from mlxcel.cli.refusal import StartupRefusal
+    from mlxcel.models.vision import is_vision
 
     config = json.loads((path / "config.json").read_text()) if path is not None else {}
     try:
-        choice = choose(settings.backend, settings.device, mlx_quantized=bool(config.get("quantization")))
+        choice = choose(settings.backend, settings.device, mlx_quantized=bool(config.get("quantization")),
+                        vision=is_vision(config))
     except BackendRefused as e:
         raise StartupRefusal(str(e)) from None
     if choice.backend == "mlx" and settings.threads > 0:
@@ -80,7 +82,10 @@ def load_backend(settings: ServerSettings, path: Path):
     choice = select_backend(settings, path)
     if choice.backend == "torch":
         from mlxcel.backends.torch.backend import TorchBackend
+        from mlxcel.models.vision import is_vision_checkpoint
 
+        if is_vision_checkpoint(path):
+            from mlxcel.backends.torch.vlm import TorchVLMBackend as TorchBackend  # noqa: N814
         return TorchBackend(path, dtype=settings.dtype, device=choice.device, threads=settings.threads,
                             rope=settings.rope), choice
     import mlx.core as mx
@@ -106,6 +111,7 @@ def load_served_model(settings: ServerSettings, path: Path, served_id: str | Non
     template = settings.chat_template or settings.chat_template_file
     if template:  # --chat-template(-file) replaces the checkpoint's own template everywhere
         tokenizer.chat_template = template
+    vision = load_vision(settings, path, backend, tokenizer)  # before the engine starts: it may refuse
     n_ctx = settings.ctx_size if settings.ctx_size > 0 else backend.info.context_length
     engine = Engine(backend, tokenizer, n_ctx=n_ctx, parallel=settings.parallel, batch_size=settings.batch_size,
                     cache_prompt=settings.cache_prompt, cache_budget_bytes=cache_budget_bytes(settings),
@@ -133,8 +139,24 @@ def load_served_model(settings: ServerSettings, path: Path, served_id: str | Non
                                  settings.cluster_intensity_min, settings.circuit_intensity_min),
         grammars=for_tokenizer(tokenizer, backend.info.vocab_size),
     )
+    served.vision = vision
     load_default_grammar(settings, served)
     return served
+
+
+def load_vision(settings: ServerSettings, path: Path, backend, tokenizer):
+    """A vision-language checkpoint's image side (models/vision.py), with the image-token budget
+    applied; None for a text-only checkpoint. A budget it cannot honour refuses the load."""
+    from mlxcel.cli.refusal import StartupRefusal
+    from mlxcel.models.vision import BudgetRefused, ImageBudget, VisionInput, is_vision
+
+    if not is_vision(backend.info.config):
+        return None
+    try:
+        return VisionInput(path, backend.info.config, tokenizer.hf,
+                           ImageBudget(settings.image_min_tokens, settings.image_max_tokens))
+    except BudgetRefused as e:
+        raise StartupRefusal(str(e)) from None
 
 
 def load_default_grammar(settings: ServerSettings, served: ServedModel) -> None:
