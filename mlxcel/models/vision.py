@@ -15,6 +15,7 @@ requested of a checkpoint whose processor resizes to a fixed geometry is refused
 
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -75,7 +76,8 @@ class ImageBudget:
     def apply(self, processor: Any) -> None:
         """Set a dynamic-resolution processor's pixel bounds; count the application."""
         size = getattr(processor, "size", None)
-        dynamic = isinstance(size, dict) and {"shortest_edge", "longest_edge"} <= set(size)
+        # a dict or transformers' SizeDict: both bounds present means smart resize between them
+        dynamic = size is not None and all(size.get(k) is not None for k in ("shortest_edge", "longest_edge"))
         if not self.requested or not dynamic:
             return
         patch, merge = int(processor.patch_size), int(processor.merge_size)
@@ -84,7 +86,9 @@ class ImageBudget:
         if hi < lo:
             raise BudgetRefused(f"the image budget leaves a maximum of {hi} pixels below the minimum of {lo} "
                                 f"(--image-min-tokens {self.min_tokens}, --image-max-tokens {self.max_tokens})")
-        processor.size = {**size, "shortest_edge": lo, "longest_edge": hi}
+        size = copy.copy(size)
+        size["shortest_edge"], size["longest_edge"] = lo, hi
+        processor.size = size
         self.applications += 1
 
 
