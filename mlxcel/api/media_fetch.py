@@ -5,9 +5,9 @@ its own network. Non-public addresses are refused three times: before the reques
 scheme is http/https, no credentials in the URL, an IP literal is checked, a host name is
 resolved and every address checked), on every redirect (followed by hand, at most five hops,
 each hop checked first), and after the connection (the peer actually reached is checked
-before a body byte is read, closing the DNS-rebinding window). A public address is one
-Python's `ipaddress` calls global and not multicast; an IPv4-mapped or IPv4-compatible IPv6
-spelling is judged as the IPv4 address it carries. `allow_private`
+before a body byte is read, closing the DNS-rebinding window). A public address is one outside
+`REFUSED_NETWORKS`; an IPv4-mapped or IPv4-compatible IPv6 spelling is judged as the IPv4
+address it carries. `allow_private`
 (MLXCEL_ALLOW_PRIVATE_MEDIA_URLS=1, read by the CLI) turns every address check into a pass.
 """
 
@@ -26,6 +26,26 @@ class FetchRefused(ValueError):
     """A URL that is not fetched, or a fetch that failed (the message is the client's)."""
 
 
+# Refused ranges, spelled out rather than left to a library's notion of "global".
+REFUSED_NETWORKS = [ipaddress.ip_network(n) for n in (
+    "0.0.0.0/8",  # this network / unspecified
+    "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16",  # private
+    "100.64.0.0/10",  # carrier-grade NAT
+    "127.0.0.0/8",  # loopback
+    "169.254.0.0/16",  # link-local (cloud metadata at 169.254.169.254)
+    "192.0.0.0/24",  # IETF protocol assignments
+    "192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24",  # documentation
+    "198.18.0.0/15",  # benchmarking
+    "224.0.0.0/4",  # multicast
+    "240.0.0.0/4",  # reserved, and the broadcast address
+    "::/128", "::1/128",  # unspecified, loopback
+    "fc00::/7",  # unique-local
+    "fe80::/10", "fec0::/10",  # link-local, deprecated site-local
+    "2001:db8::/32",  # documentation
+    "ff00::/8",  # multicast
+)]
+
+
 def public(address: str) -> bool:
     ip = ipaddress.ip_address(address.split("%", 1)[0])
     if isinstance(ip, ipaddress.IPv6Address):
@@ -33,7 +53,7 @@ def public(address: str) -> bool:
             ip = ip.ipv4_mapped
         elif int(ip) >> 32 == 0 and int(ip) > 1:  # ::a.b.c.d, the deprecated IPv4-compatible form
             ip = ipaddress.IPv4Address(int(ip))
-    return ip.is_global and not ip.is_multicast
+    return not any(ip in net for net in REFUSED_NETWORKS if net.version == ip.version)
 
 
 async def check_url(url: str, allow_private: bool) -> None:
