@@ -179,3 +179,49 @@ async def prepare(model: Any, prompt: list[int], images: list) -> tuple[list[int
     except ValueError as e:
         raise ApiError(400, str(e), code="invalid_parameter", param="messages") from None
     return full, media_for(full, encoded)
+
+
+async def attach(model: Any, greq: Any, images: list, param: str) -> None:
+    """Give an engine request built from a placeholder prompt its images: the prompt expanded
+    (the context is checked again at the expanded length), the Media, no prompt cache."""
+    from mlxcel.api.openai.generation import check_context
+
+    full, greq.media = await prepare(model, greq.prompt, images)
+    check_context(model, len(full), greq.max_tokens, param)
+    greq.prompt, greq.cache_prompt = full, False
+
+
+def from_anthropic(messages: list) -> list:
+    """Anthropic image blocks as image_url parts (base64 -> a data: URL, url -> the URL); the
+    other blocks are left for the route's own translation."""
+    out = []
+    for m in messages:
+        content = m.get("content") if isinstance(m, dict) else None
+        if not isinstance(content, list):
+            out.append(m)
+            continue
+        blocks = []
+        for b in content:
+            if isinstance(b, dict) and b.get("type") == "image":
+                src = b.get("source") or {}
+                if src.get("type") == "base64":
+                    url = f"data:{src.get('media_type') or 'image/png'};base64,{src.get('data') or ''}"
+                elif src.get("type") == "url":
+                    url = src.get("url")
+                else:
+                    raise ApiError(400, f"image source type {src.get('type')!r} is not supported (base64 or url)",
+                                   code="invalid_parameter", param="messages")
+                b = {"type": "image_url", "image_url": {"url": url}}
+            blocks.append(b)
+        out.append({**m, "content": blocks})
+    return out
+
+
+def anthropic_has_images(messages: Any) -> bool:
+    return any(p.get("type") == "image" for _, _, p in _parts(messages))
+
+
+def without_images(messages: list) -> list:
+    """The messages with their image parts left out: only for checking the rest's shape."""
+    return [{**m, "content": [p for p in m["content"] if not (isinstance(p, dict) and p.get("type") in IMAGE_PARTS)]}
+            if isinstance(m, dict) and isinstance(m.get("content"), list) else m for m in messages]

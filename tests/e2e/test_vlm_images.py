@@ -159,3 +159,21 @@ def test_streamed_image_answer_equals_the_whole(server):
         text = "".join(json.loads(line[6:])["choices"][0]["delta"].get("content") or ""
                        for line in r.iter_lines() if line.startswith("data: {") and '"choices":[{' in line)
     assert text == answer(server, data_url(0))
+
+
+def test_responses_and_messages_routes_take_the_same_picture(server):
+    expected = answer(server, data_url(0))
+    r = httpx.post(server.base_url + "/v1/responses", timeout=120, json={
+        "input": [{"role": "user", "content": [{"type": "input_image", "image_url": data_url(0)},
+                                               {"type": "input_text", "text": QUESTION}]}],
+        "max_output_tokens": MAX_TOKENS, "temperature": 0})
+    assert r.status_code == 200, r.text
+    assert r.json()["output"][0]["content"][0]["text"] == expected
+    r = httpx.post(server.base_url + "/v1/messages", timeout=120, json={
+        "max_tokens": MAX_TOKENS, "temperature": 0,
+        "messages": [{"role": "user", "content": [
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                         "data": base64.b64encode(png(0)).decode()}},
+            {"type": "text", "text": QUESTION}]}]})
+    assert r.status_code == 200, r.text
+    assert r.json()["content"][0]["text"] == expected
