@@ -203,12 +203,8 @@ async def messages(request: Request, app_state: AppState) -> Any:
     if media.has_media(req.messages):
         messages, images = await media.gather(model, media.policy(app_state.settings), req.messages)
         creq = _chat_request(msgspec.structs.replace(req, messages=messages))
-    prep = chat_surface.prepare(app_state, model, creq)
-    greq = await chat_surface.generation_request(model, creq, prep)
-    if images:
-        await media.attach(model, greq, images, "messages")
-    steer_headers = {**field_headers, **steer.server_steering(app_state, model, [greq])}  # live steering values
-    handle = g.submit(model, greq)
+    started = await chat_surface.start(app_state, model, creq, field_headers, images, "messages")
+    prep, handle, steer_headers = started.prep, started.handle, started.headers
     out = chat_surface.ChatOutput(prep, parallel_tool_calls=creq.parallel_tool_calls is not False)
     mid = "msg_" + uuid.uuid4().hex[:24]
     head = {"id": mid, "type": "message", "role": "assistant", "model": model.id}

@@ -259,12 +259,8 @@ async def create_response(request: Request, app_state: AppState) -> Any:
     if media.has_media(conversation):  # image parts stay in the stored conversation; a later turn reads them again
         rendered, images = await media.gather(model, media.policy(app_state.settings), conversation)
     creq = _chat_request(req, rendered)
-    prep = chat_surface.prepare(app_state, model, creq)
-    greq = await chat_surface.generation_request(model, creq, prep)
-    if images:
-        await media.attach(model, greq, images, "input")
-    steer_headers = {**field_headers, **steer.server_steering(app_state, model, [greq])}  # live steering values
-    handle = g.submit(model, greq)
+    started = await chat_surface.start(app_state, model, creq, field_headers, images, "input")
+    prep, handle, steer_headers = started.prep, started.handle, started.headers
     out = chat_surface.ChatOutput(prep, parallel_tool_calls=req.parallel_tool_calls is not False)
     rid = "resp_" + uuid.uuid4().hex[:24]
     store = _store(app_state)
