@@ -150,11 +150,15 @@ def load_vision(settings: ServerSettings, path: Path, backend, tokenizer):
     from mlxcel.cli.refusal import StartupRefusal
     from mlxcel.models.vision import BudgetRefused, ImageBudget, VisionInput, is_vision
 
+    budget = ImageBudget(settings.image_min_tokens, settings.image_max_tokens)
     if not is_vision(backend.info.config):
+        if budget.requested:  # no processor took the budget: the same refusal as a fixed-geometry one
+            flag = "--image-min-tokens" if settings.image_min_tokens else "--image-max-tokens"
+            raise StartupRefusal(f"{path.name} takes no images, so {flag} has nothing to bound; drop {flag} or "
+                                 f"serve a vision-language checkpoint")
         return None
     try:
-        return VisionInput(path, backend.info.config, tokenizer.hf,
-                           ImageBudget(settings.image_min_tokens, settings.image_max_tokens))
+        return VisionInput(path, backend.info.config, tokenizer.hf, budget)
     except BudgetRefused as e:
         raise StartupRefusal(str(e)) from None
 

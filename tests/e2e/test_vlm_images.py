@@ -114,6 +114,11 @@ def test_a_data_image_answers_as_transformers_generate(server):
     assert answer(server, data_url(1)) != body["choices"][0]["message"]["content"]
 
 
+def test_props_report_vision(server):
+    assert httpx.get(server.base_url + "/props").json()["modalities"] == {"vision": True, "video": False,
+                                                                          "audio": False}
+
+
 def test_file_and_http_urls_read_the_same_picture(server, media_root, http_root):
     expected = answer(server, data_url(0))
     for url in ("file://pics/cat.png", f"file://{media_root}/pics/cat.png", "file:///pics/cat.png",

@@ -100,3 +100,14 @@ def test_a_vlm_runs_on_torch():
         choose("auto", "cpu", has_torch=False, vision=True)
     with pytest.raises(UnsupportedModelType, match="--backend torch"):
         mlx_module({"model_type": "qwen2_vl"})
+
+
+def test_a_budget_on_a_text_only_checkpoint_is_refused_at_load(tmp_path):
+    from types import SimpleNamespace
+
+    from mlxcel.runtime import load_vision
+
+    text_only = SimpleNamespace(info=SimpleNamespace(config={"model_type": "qwen3"}))
+    assert load_vision(parse_server_args(["-m", "x"], {}), tmp_path, text_only, None) is None
+    with pytest.raises(StartupRefusal, match="takes no images, so --image-max-tokens has nothing to bound"):
+        load_vision(parse_server_args(["-m", "x", "--image-max-tokens", "64"], {}), tmp_path, text_only, None)
