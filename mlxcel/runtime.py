@@ -106,7 +106,19 @@ def load_served_model(settings: ServerSettings, path: Path, served_id: str | Non
     from mlxcel.engine.tokenizer import Tokenizer
     from mlxcel.steering.manager import SteeringManager
 
-    backend, choice = load_backend(settings, path)
+    lora = None
+    if served_id is None and settings.lora:  # the adapters belong to the -m model, not to a switch target
+        from mlxcel.cli.options_lora import load_for_checkpoint
+
+        lora = settings.lora_loaded if settings.lora_loaded is not None else load_for_checkpoint(settings, path)
+
+    def backend_with_adapters():
+        backend, choice = load_backend(settings, path)
+        if lora is not None:
+            backend.attach_lora(lora.adapters)
+        return backend, choice
+
+    backend, choice = backend_with_adapters()
     tokenizer = Tokenizer(path)
     template = settings.chat_template or settings.chat_template_file
     if template:  # --chat-template(-file) replaces the checkpoint's own template everywhere
@@ -117,7 +129,8 @@ def load_served_model(settings: ServerSettings, path: Path, served_id: str | Non
                     cache_prompt=settings.cache_prompt, cache_budget_bytes=cache_budget_bytes(settings),
                     cont_batching=settings.cont_batching, max_queue_depth=settings.max_queue_depth,
                     context_shift=settings.context_shift, keep=settings.keep, special=settings.special,
-                    sleep_idle_seconds=settings.sleep_idle_seconds, reload=lambda: load_backend(settings, path)[0])
+                    sleep_idle_seconds=settings.sleep_idle_seconds, reload=lambda: backend_with_adapters()[0])
+    engine.lora = lora
     if settings.warmup:
         seq = backend.new_sequence()
         backend.forward([ForwardRow([0], seq)])  # first-call costs off the request path
@@ -138,6 +151,7 @@ def load_served_model(settings: ServerSettings, path: Path, served_id: str | Non
         steering=SteeringManager(int(backend.info.config.get("hidden_size") or 0), backend.info.num_layers,
                                  settings.cluster_intensity_min, settings.circuit_intensity_min),
         grammars=for_tokenizer(tokenizer, backend.info.vocab_size),
+        lora=lora,
     )
     served.vision = vision
     load_default_grammar(settings, served)

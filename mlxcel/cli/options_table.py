@@ -12,6 +12,7 @@ from __future__ import annotations
 from functools import partial
 
 from mlxcel.cli import options_apply as a
+from mlxcel.cli import options_lora as lo
 from mlxcel.cli import options_sampling as sa
 from mlxcel.cli.options_model import (
     ALIASED,
@@ -230,8 +231,10 @@ _COMMON: tuple[Option, ...] = (
     ggml("--check-tensors", FLAG, default="false", why="tensor validation is part of the GGUF loader"),
     ggml("--override-kv", mv="KEY=TYPE:VALUE,...", why="this overrides GGUF metadata; an MLX checkpoint is configured by its config.json"),
     ggml("--op-offload, --no-op-offload", PAIR, default="true", why=GGML_ONLY, inert=only_positive_form),
-    C("--lora", VALUE, mv="FNAME", state=DEFERRED, path_value=True),
-    C("--lora-scaled", VALUE, mv="FNAME:SCALE,...", state=DEFERRED),
+    C("--lora", VALUE, mv="FNAME", state=ALIASED, path_value=True, repeatable=True, apply=lo.apply_lora,
+      help="LoRA adapter directory (PEFT or mlx-lm layout), served unfused at scale 1.0; comma-separated for several"),
+    C("--lora-scaled", VALUE, mv="FNAME:SCALE,...", state=ALIASED, repeatable=True, apply=lo.apply_lora_scaled,
+      help="LoRA adapter directory with its scale (FNAME:SCALE); comma-separated for several"),
     C("--control-vector", VALUE, mv="FNAME", state=NOT_APPLICABLE,
       why="mlxcel has no control-vector (residual steering) path; the nearest feature is per-request logit_bias"),
     C("--control-vector-scaled", VALUE, mv="FNAME:SCALE,...", state=NOT_APPLICABLE,
@@ -572,7 +575,8 @@ _SERVER: tuple[Option, ...] = (
       help="a trailing assistant message is a prefix to continue"),
     X("-sps, --slot-prompt-similarity", VALUE, mv="SIMILARITY", default="0.10", state=NOT_APPLICABLE, inert=eq("0"),
       why="mlxcel has no slot-selection policy to tune (accepted: 0.0)"),
-    X("--lora-init-without-apply", FLAG, default="false", state=DEFERRED),
+    X("--lora-init-without-apply", FLAG, default="false", state=SUPPORTED, apply=a.flag_to("lora_init_without_apply"),
+      help="load the LoRA adapters at scale 0.0 (raise them later with POST /lora-adapters)"),
     X("--sleep-idle-seconds", VALUE, mv="SECONDS", default="-1", state=BY_DESIGN,
       apply=a.setter("sleep_idle_seconds", "int"),
       help="unload the model after this many idle seconds and reload it on the next request (< 0: never)"),

@@ -46,6 +46,10 @@ def resolve(settings: ServerSettings) -> Path:
         check_gpu_layers(settings, int(layers))
     choose_backend(settings, path)
     check_model_overrides(settings, config)
+    if settings.lora:  # read and fit-checked now, so a misfit stops startup before the load
+        from mlxcel.cli.options_lora import load_for_checkpoint
+
+        settings.lora_loaded = load_for_checkpoint(settings, path)
     return path
 
 
@@ -112,6 +116,10 @@ def main(argv: list[str] | None = None, prog: str = "mlxcel-server") -> int:
     # mode switch: --embeddings / --reranking serve a side worker and no chat model
     plan = plan_workers(settings, lambda ref, flag: resolve_ref(settings, ref, flag))
     path = resolve(settings) if plan.generation else None
+    if path is None:
+        from mlxcel.cli.options_lora import refuse_without_generation
+
+        refuse_without_generation(settings)
     if path is None and any(s.kind in (EMBEDDING, RERANKER) for s in plan.sides):
         choose_backend(settings, None)  # an embedder / reranker runs on the same choice (Whisper is MLX's)
     serve(settings, path, plan)

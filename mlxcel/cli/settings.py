@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from mlxcel.models.rope_overrides import RopeOverrides
 
@@ -58,6 +59,11 @@ class ServerSettings:
     escape: bool = True  # -e / --no-escape: process escapes in the breakers
     ignore_eos: bool = False  # --ignore-eos: every end-of-generation token banned by default
     logit_bias: list[tuple[int, float]] = field(default_factory=list)  # -l TOKEN_ID(+/-)BIAS
+    # --lora / --lora-scaled adapters (models/lora.AdapterSpec), in id order; at 0.0 each under
+    # --lora-init-without-apply
+    lora: list = field(default_factory=list)
+    lora_init_without_apply: bool = False
+    lora_loaded: Any = None  # the adapters read and checked against -m at startup (a LoraSet; the CLI fills it)
     # --grammar / --grammar-file ("gbnf", text) or --json-schema / --json-schema-file
     # ("json_schema", text): the native routes' default constraint
     default_grammar: tuple[str, str] | None = None

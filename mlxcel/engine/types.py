@@ -30,6 +30,10 @@ class GenerationRequest:
     # SAE steering for this request's rows: layer -> residual delta (None: unsteered); see ForwardRow
     steering: dict | None = None
     capture: dict | None = None  # layer -> residual reader; see ForwardRow
+    # LoRA scale per loaded adapter (models/lora.py); None: the server's live scales, read when
+    # the engine accepts the request, so a later POST /lora-adapters never reaches it
+    lora: tuple | None = None
+    lora_asked: tuple = ()  # the request's own `lora` entries as (id, scale), for generation_settings
     # a CompiledGrammar (engine/grammar.py): every row gets its own matcher at admission
     grammar: object | None = None
     # special tokens whose text the detokenizer keeps (tool-call markers the chat parser reads)

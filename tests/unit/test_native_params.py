@@ -118,7 +118,6 @@ def test_ignore_eos_bans_eos_and_logit_bias_resolves(model):
 
 
 @pytest.mark.parametrize("field,value", [
-    ("lora", [{"id": 0, "scale": 1.0}]),
     ("reasoning_control", True), ("chat_format", 1), ("parse_tool_calls", True), ("reasoning_format", "deepseek"),
     ("chat_parser", "x"), ("generation_prompt", "<|im_start|>assistant"), ("continue_final_message", True),
     ("n_cache_reuse", 8),

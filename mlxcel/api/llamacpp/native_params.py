@@ -19,6 +19,7 @@ import msgspec
 
 from mlxcel.api.body import convert
 from mlxcel.api.errors import ApiError
+from mlxcel.api.llamacpp.lora_adapters import request_lora
 from mlxcel.api.llamacpp.schemas import NativeCompletionRequest, declared_names
 from mlxcel.api.state import ServedModel
 from mlxcel.engine.sampling_params import (
@@ -61,7 +62,6 @@ SAMPLING_FIELDS = (
 # (json_schema, grammar, grammar_lazy, grammar_triggers and preserved_tokens are resolved by
 # native_grammar.py, in the route.)
 DEFERRED: dict[str, tuple[Any, ...]] = {
-    "lora": ([],),
     # /completion has no completion id a control request could name (chat routes honour it)
     "reasoning_control": (False,),
 }
@@ -233,6 +233,7 @@ def parse_native(body: dict[str, Any], model: ServedModel, n_parallel: int,
         id_slot=req.id_slot if req.id_slot is not None else -1,
     )
     template.reasoning = _budget(req, model)
+    template.lora, template.lora_asked = request_lora(model, req.lora)
     fields = req.response_fields
     fields = fields if isinstance(fields, list) and all(isinstance(f, str) for f in fields) and fields else None
     return NativeRequest(

@@ -153,6 +153,7 @@ class TorchBackend(RowSteering):
         layers = self.base.layers
         self.hooks = install_torch_hooks(layers)
         self._init_steering()  # per-step SAE deltas and residual reads (backends/base.RowSteering)
+        self.lora = None  # TorchLoraTerms once adapters are attached
         self.info = ModelInfo(
             path=path,
             model_type=config["model_type"],
@@ -177,6 +178,12 @@ class TorchBackend(RowSteering):
     def _decoder_stack(self, model):
         """The module mapping token ids to final hidden states (embeddings, layers, norm)."""
         return getattr(model, model.base_model_prefix)
+
+    def attach_lora(self, adapters) -> None:
+        """Serve these adapters unfused (models/lora.py); raises LoraError if one does not fit."""
+        from mlxcel.backends.torch.lora import TorchLoraTerms
+
+        self.lora = TorchLoraTerms(self.model, adapters, DTYPES[self.info.dtype], self.device)
 
     def configure_kv(self, num_blocks: int, block_size: int) -> None:
         """(Re)build the paged KV pool; only while no sequence is live."""
@@ -211,10 +218,14 @@ class TorchBackend(RowSteering):
         for i, r in enumerate(rows):
             ids[i, : len(r.tokens)] = r.tokens
         self._prepare_step(rows)
+        if self.lora is not None:
+            self.lora.begin([r.lora for r in rows])
         try:
             out = self._forward_stack(torch.from_numpy(ids).to(self.device), plan, rows)
         finally:
             self._deltas = {}
+            if self.lora is not None:
+                self.lora.end()
         for r in rows:
             r.cache.tokens.extend(r.tokens)
         return out.last_hidden_state, plan
