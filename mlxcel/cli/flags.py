@@ -286,6 +286,7 @@ def parse_server_args(
     settings.cli_given = frozenset(given)  # a router preset yields to these (mlxcel/router/preset.py)
 
     settings.pooling_env = environ.get("MLXCEL_EMBEDDING_POOLING") or None
+    settings.allow_private_media_urls = environ.get("MLXCEL_ALLOW_PRIVATE_MEDIA_URLS", "") == "1"
     for var, attr in (("CLUSTER_INTENSITY_MIN", "cluster_intensity_min"),
                       ("CIRCUIT_INTENSITY_MIN", "circuit_intensity_min")):
         if environ.get(var):

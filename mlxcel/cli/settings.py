@@ -118,6 +118,12 @@ class ServerSettings:
     special: bool = False  # --special: generated special tokens are output as their text
     sleep_idle_seconds: int = -1  # --sleep-idle-seconds: unload the model after this idle time (< 0: never)
     slot_save_path: Path | None = None
+    # images (issue 9): api/media.py, models/vision.py
+    mmproj: bool = True  # --no-mmproj refuses every media part
+    image_min_tokens: int | None = None  # --image-min-tokens (None: the checkpoint's own)
+    image_max_tokens: int | None = None
+    media_path: Path | None = None  # --media-path: the root of file:// media URLs (None: refused)
+    allow_private_media_urls: bool = False  # MLXCEL_ALLOW_PRIVATE_MEDIA_URLS=1, read by the CLI layer
     # side workers (issue 9): --embeddings / --reranking select a dedicated encoder worker and
     # turn generation off; --embedding-model / --reranker-model name the side checkpoints
     embedding: bool = False

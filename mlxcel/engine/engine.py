@@ -476,8 +476,10 @@ class Engine:
             else:
                 max_tokens = room if req.max_tokens < 0 else min(req.max_tokens, room)
             seq = self.backend.new_sequence()
+            if req.media is not None:  # the VLM backend splices it during prefill (backends/torch/vlm.py)
+                seq.media = req.media
             cached = 0
-            if req.cache_prompt:
+            if req.cache_prompt and req.media is None:
                 blocks, cached = self.prefix_cache.match(req.prompt)
                 seq.adopt(blocks, req.prompt[:cached])
             self._rows.append(_Row(
@@ -538,7 +540,7 @@ class Engine:
         """Give the row's KV back, offering its full blocks to the prefix cache first."""
         if row.slot >= 0:
             self.slot_tokens[row.slot] = list(row.cache.tokens)
-        if row.request.cache_prompt and not row.shifted:
+        if row.request.cache_prompt and not row.shifted and row.request.media is None:
             self.prefix_cache.insert(row.cache.tokens, row.cache.blocks)
         row.cache.release()
         self.prefix_cache.trim()

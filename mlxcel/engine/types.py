@@ -39,6 +39,9 @@ class GenerationRequest:
     # special tokens whose text the detokenizer keeps (tool-call markers the chat parser reads)
     keep_tokens: frozenset = frozenset()
     reasoning: object | None = None  # a ReasoningBudget (engine/reasoning_budget.py): the thinking budget
+    # a request's images (backends/torch/vlm.Media), carried on each row's sequence; such a
+    # request skips the prompt cache (image-pad tokens do not identify the picture)
+    media: object | None = None
 
 
 @dataclass

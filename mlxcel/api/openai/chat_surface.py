@@ -159,9 +159,12 @@ class Started:
     headers: dict[str, str]  # the route's field headers plus the live server-steering values
 
 
-async def start(state: AppState, model: ServedModel, req: Any, field_headers: dict[str, str]) -> Started:
+async def start(state: AppState, model: ServedModel, req: Any, field_headers: dict[str, str],
+                images: list | None = None, param: str = "messages") -> Started:
     """Render, build the engine request (sampling from `req`, any forced tool-call grammar and
-    the reasoning budget from the rendering), apply the server's steering and submit."""
+    the reasoning budget from the rendering), apply the server's steering and submit. `images`:
+    decoded pictures whose placeholders `req` already carries (api/media.py)."""
+    from mlxcel.api import media
     from mlxcel.api.openai import generation as g
     from mlxcel.steering.requests import server_steering
 
@@ -170,6 +173,8 @@ async def start(state: AppState, model: ServedModel, req: Any, field_headers: di
     greq.grammar = await tool_grammar(prep, model)
     greq.keep_tokens = prep.keep_tokens
     greq.reasoning = prep.budget
+    if images:
+        await media.attach(model, greq, images, param)
     headers = {**field_headers, **server_steering(state, model, [greq])}
     return Started(prep=prep, handle=g.submit(model, greq), headers=headers)
 
