@@ -9,7 +9,7 @@ Prints text; not a test.
     python -m scripts.bench.torch_decode_ab -m DIR --arms bfloat16:stock bfloat16:gemv float32:gemv
 
 Variants: stock (torch's nn.Linear.forward), gemv (mlxcel's one-row matrix-vector path,
-the backend's default on a CPU), compile (gemv plus --torch-compile; its compile time is
+the backend's default for bf16 on a CPU), compile (gemv plus --torch-compile; its compile time is
 printed once, outside the rounds).
 """
 

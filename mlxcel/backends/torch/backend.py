@@ -145,8 +145,10 @@ class TorchBackend(RowSteering):
             raise RopeRefused(f"the {config['model_type']} family did not take the requested RoPE override "
                               f"({want}); it cannot be honoured here")
         self.model = model.to(self.device).eval()
-        if self.device.type == "cpu":
-            install_row_gemv(self.model)  # one-row decode linears as matrix-vector products
+        if self.device.type == "cpu" and compute == "bfloat16":
+            # one-row decode linears as matrix-vector products: less CPU per token in bf16; fp32
+            # measured even, so it keeps torch's own path (docs/benchmarks.md, round 3)
+            install_row_gemv(self.model)
         self.base = self._decoder_stack(model)
         # --torch-compile: one dynamic-shape graph set for the decoder stack, compiled on first use
         self._base_forward = torch.compile(self.base, dynamic=True) if compile else self.base
