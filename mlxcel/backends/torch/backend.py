@@ -221,6 +221,8 @@ class TorchBackend(RowSteering):
         for r in rows:
             r.cache.reserve(len(r.tokens))
         plan = StepPlan([(r.cache, len(r.tokens)) for r in rows], self.device)
+        if self._base_forward is not self.base:
+            plan.read_start = None  # compiled: one KV read path, so block order cannot force a recompile
         ids = np.zeros((plan.batch, plan.nmax), dtype=np.int64)
         for i, r in enumerate(rows):
             ids[i, : len(r.tokens)] = r.tokens
