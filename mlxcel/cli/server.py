@@ -46,6 +46,12 @@ def resolve(settings: ServerSettings) -> Path:
         check_gpu_layers(settings, int(layers))
     choose_backend(settings, path)
     check_model_overrides(settings, config)
+    from mlxcel.cli.options_spec import check_draft, resolve_draft, spec_config
+
+    draft = resolve_draft(settings, resolve_ref)
+    settings.speculative = spec_config(settings, draft)
+    if draft is not None:
+        check_draft(settings, path, draft)
     return path
 
 
