@@ -563,8 +563,8 @@ class Engine:
         drafted = spec.draft(self, [r for r in self._rows if not r.pending]) if spec is not None else []
         for group in self._plan(drafted):
             self._forward(group)
-        for row, draft in drafted:
-            spec.verify(self, row, draft)
+        if drafted:
+            spec.verify(self, drafted)
 
     def _forward(self, plan: list[tuple[_Row, list[int]]]) -> None:
         now = time.perf_counter()

@@ -155,6 +155,25 @@ class ModelDrafter:
             spec.seq = None
 
 
+class _At:
+    """A verify position: `seq` seen as if it held `length` tokens, so a one-token forward row
+    writes its K/V at that position and attends to everything before it (the block table is
+    the sequence's own; the caller reserved room and records the tokens)."""
+
+    def __init__(self, seq, length: int) -> None:
+        self.seq, self.length, self.allocator, self.tokens = seq, length, seq.allocator, []
+
+    @property
+    def position(self) -> int:
+        return self.length + self.seq.shift
+
+    def slots(self, start: int, stop: int):
+        return self.seq.slots(start, stop)
+
+    def reserve(self, n: int) -> None:
+        pass
+
+
 class Speculator:
     """The engine's speculation seam: `draft` before the step's forwards, `verify` after."""
 
@@ -163,11 +182,11 @@ class Speculator:
 
     def limit(self, engine, row) -> int:
         """How many draft tokens this row may verify now (0: it decodes plainly this step).
-        Rows whose forward carries steering or residual reads do not speculate (the verify
-        forward is a plain one); room is kept for the emitted token and a context shift, and
+        Rows whose forward reads residuals do not speculate (a rejected position's read would
+        reach the reader); room is kept for the emitted token and a context shift, and
         nothing is drafted past n_predict."""
         req = row.request
-        if req.steering or req.capture or row.next_token is None:
+        if req.capture or row.next_token is None:
             return 0
         cap = self.config.n_max if self.config.kind == DRAFT else self.config.ngram_size_m
         room = engine.n_ctx_slot - row.cache.length - 2
@@ -190,14 +209,28 @@ class Speculator:
             return []
         return [(row, d) for row, d in zip(owners, self.drafter.propose(items)) if d and len(d) >= n_min]
 
-    def verify(self, engine, row, draft: list[int]) -> None:
-        """One target forward over [last, d1..dk]; sample each position with the row's chain
-        until the sampled token differs from the draft (it is emitted instead) or the row ends."""
-        seq, spec = row.cache, row.spec
-        base = seq.length
-        logits = engine.backend.forward_all([row.next_token] + draft, seq)
+    def verify(self, engine, drafted: list[tuple[object, list[int]]]) -> None:
+        """One batched target forward over every drafted row's [last, d1..dk], each position its
+        own one-token row at its own offset of the row's sequence (so each is computed exactly
+        as a plain decode step would compute it); then each row samples its positions in order
+        with its own chain until a sampled token differs from the draft (it is emitted instead)
+        or the row ends, and the KV of the positions it did not keep is trimmed."""
+        batch, spans = [], []
+        for row, draft in drafted:
+            seq, toks = row.cache, [row.next_token] + draft
+            base = seq.length
+            seq.reserve(len(toks))
+            spans.append((row, draft, base, len(batch)))
+            batch += [ForwardRow([t], _At(seq, base + j), row.request.steering) for j, t in enumerate(toks)]
+            seq.tokens.extend(toks)  # every position's K/V is written by this forward
+        logits = engine.backend.forward(batch)
         engine._stats.n_decode_total += 1
-        engine._stats.n_busy_slots_total += 1
+        engine._stats.n_busy_slots_total += len(spans)
+        for row, draft, base, at in spans:
+            self._accept(engine, row, draft, base, logits[at:at + len(draft) + 1])
+
+    def _accept(self, engine, row, draft: list[int], base: int, logits) -> None:
+        seq, spec = row.cache, row.spec
         spec.rounds += 1
         spec.drafted += len(draft)
         i = 0
@@ -205,13 +238,12 @@ class Speculator:
             spec.keep = base + 1 + i  # the KV a row ending at this position keeps
             engine._sample(row, logits[i])
             if row.handle.finished or row not in engine._rows:
-                return  # _finish released the row (trimmed first, through release())
+                return  # _finish released the row (trimmed first, through before_release)
             if i == len(draft) or row.next_token != draft[i]:
                 break
             spec.accepted += 1
         spec.keep = None
-        if row.cache is seq:  # a context shift replaced the sequence: nothing left to trim
-            seq.truncate(base + 1 + i)
+        seq.truncate(base + 1 + i)
 
     def before_release(self, row) -> None:
         """A row leaves: trim a mid-verification KV to what was emitted, free its draft cache."""

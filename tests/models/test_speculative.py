@@ -3,7 +3,7 @@
 SmolLM2 drafting for itself accepts nearly everything (the accept path); a random-weight llama
 on SmolLM2's exact vocabulary (json-tools-tiny) is rejected nearly always (the rollback path);
 ngram-simple drafts from a repetitive prompt. Each is compared token for token with the same
-request decoded plainly, on both backends, and the KV blocks all return afterwards.
+request decoded plainly, on both backends at fp32, and the KV blocks all return afterwards.
 """
 
 from __future__ import annotations
@@ -66,22 +66,28 @@ async def run(model, prompt, params, max_tokens, **kw):
 
 
 def generate(model, requests):
+    """One request at a time: on torch bf16 a row's logits shift with the other rows' padded
+    lengths, so concurrent plain and speculated runs would differ by batch shape, not by speculation."""
     async def go():
-        return await asyncio.gather(*(run(model, *r) for r in requests))
+        return [await run(model, *r) for r in requests]
     return asyncio.run(go())
 
 
 @pytest.fixture(scope="module", params=["mlx", "torch"])
 def model(request):
-    m = make_model(backend=request.param, parallel=2, ctx_size=2048)
+    # torch at fp32: at bf16 its attention sums over the batch's padded key length in blocks, so a
+    # row's logits move with the other rows' lengths (plain decoding beside a longer row shows the
+    # same shift); a verify batch holds rows of several lengths, so only fp32 is exact there
+    m = make_model(backend=request.param, parallel=2, ctx_size=2048, dtype="float32")
     yield m
     m.engine.shutdown()
 
 
-def scenario(model, kind, draft=None, **kw):
+def scenario(model, kind, draft=None, which=(0, 1, 2), **kw):
     """Plain decoding first, then the same requests speculated: identical tokens and stop."""
     prompts = [model.tokenizer.encode(p) for p in PROMPTS]
-    reqs = [(prompts[0], GREEDY, 24), (prompts[1], GREEDY, 20), (prompts[0], SEEDED, 16)]
+    reqs = [(prompts[0], GREEDY, 16), (prompts[1], GREEDY, 16), (prompts[0], SEEDED, 12)]
+    reqs = [reqs[i] for i in which]
     model.engine.speculator = None
     plain = generate(model, reqs)
     attach(model, kind, draft, **kw)
@@ -98,7 +104,7 @@ def scenario(model, kind, draft=None, **kw):
 
 
 def test_self_draft_accepts_and_matches_plain_decoding(model):
-    timings = scenario(model, DRAFT, fixture_path(DEFAULT_MODEL), n_max=4)
+    timings = scenario(model, DRAFT, fixture_path(DEFAULT_MODEL), which=(0, 2), n_max=4)
     for t in timings:
         assert t.draft_kind == DRAFT and t.draft_rounds > 0
         assert t.draft_n_accepted > 0 and t.draft_n_accepted <= t.draft_n <= 4 * t.draft_rounds
@@ -107,11 +113,11 @@ def test_self_draft_accepts_and_matches_plain_decoding(model):
 
 @pytest.mark.skipif(not available(JSON_TOOLS_TINY), reason="random-weight draft fixture not built")
 def test_random_draft_is_rejected_and_rolled_back(model):
-    timings = scenario(model, DRAFT, fixture_path(JSON_TOOLS_TINY), n_max=3)
+    timings = scenario(model, DRAFT, fixture_path(JSON_TOOLS_TINY), which=(0,), n_max=3)
     for t in timings:
         assert t.draft_rounds > 0 and t.draft_n_accepted < t.draft_n
 
 
 def test_ngram_simple_matches_plain_decoding(model):
-    timings = scenario(model, NGRAM_SIMPLE, ngram_size_n=2, ngram_size_m=6)
-    assert timings[1].draft_rounds > 0  # the repetitive prompt gives the lookup something to find
+    timings = scenario(model, NGRAM_SIMPLE, which=(1,), ngram_size_n=2, ngram_size_m=6)
+    assert timings[0].draft_rounds > 0  # the repetitive prompt gives the lookup something to find
