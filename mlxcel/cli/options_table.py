@@ -50,7 +50,7 @@ LOAD = "mlxcel reads SafeTensors through MLX and has no mlock / direct-I/O load 
 GGML_ONLY = "this is a GGML backend setting with no MLX counterpart"
 NO_DRAFT = "the draft model runs on the target's backend and device; there is no draft layer placement to tune"
 NO_DRAFT_SAMPLING = "mlxcel's draft sampling always runs on the draft's own device, so there is no switch to make"
-NGRAM_OTHER = ("mlxcel implements the ngram-simple drafter only (--spec-type refuses {mode}), so this {mode} knob has "
+NGRAM_OTHER = ("mlxcel's only n-gram drafter is ngram-simple (--spec-type refuses {mode}), so this {mode} knob has "
                "nothing to tune: the default is accepted, any other value refused")
 UI = "mlxcel ships no web UI and executes no server-side tools; use the HTTP API directly (the --no-... form is accepted)"
 GGUF = "mlxcel loads MLX SafeTensors checkpoints, not GGUF files; pass an MLX checkpoint with -m <dir|owner/name>"
