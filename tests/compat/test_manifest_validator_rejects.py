@@ -88,7 +88,7 @@ def _non_canonical(d: Path) -> None:
 
 
 BD = ("sampling-and-grammar", "option:--temp")
-DEFERRED = ("speculative", "option:--spec-type")
+DEFERRED = ("runtime-and-context", "field:message_delimiters")
 SUPPORTED = ("transport-tls-cors", "option:--host")
 RATIONALE_OK = {"kind": "policy", "reason": "r", "revisit_if": "x"}
 
