@@ -121,3 +121,29 @@ def test_random_draft_is_rejected_and_rolled_back(model):
 def test_ngram_simple_matches_plain_decoding(model):
     timings = scenario(model, NGRAM_SIMPLE, which=(1,), ngram_size_n=2, ngram_size_m=6)
     assert timings[0].draft_rounds > 0  # the repetitive prompt gives the lookup something to find
+
+
+@pytest.mark.skipif(not available(JSON_TOOLS_TINY), reason="random-weight draft fixture not built")
+def test_draft_p_min_stops_drafting_and_the_draft_cache_follows_the_context():
+    from mlxcel.backends.mlx.backend import MLXBackend
+    from mlxcel.engine.speculative import RowSpec
+
+    be = MLXBackend(fixture_path(JSON_TOOLS_TINY), dtype="float32")
+    ctx = list(range(100, 140))
+
+    def drafter(p_min):
+        return ModelDrafter(be, SpecConfig(kind=DRAFT, n_max=4, p_min=p_min), n_ctx_slot=256, parallel=2,
+                            batch_size=16, block_size=16, target_vocab=49152)
+
+    d = drafter(0.0)
+    a, b = RowSpec(), RowSpec()
+    first = d.propose([(a, ctx, 7, 4), (b, ctx[:20], 8, 2)])
+    assert [len(x) for x in first] == [4, 2]
+    assert a.seq.tokens == ctx + [7] + first[0][:3]  # the last draft token is never fed
+    again = d.propose([(a, ctx + [7, 9], 11, 4)])  # the context diverged after `7`: re-synchronised
+    assert a.seq.tokens[:len(ctx) + 3] == ctx + [7, 9, 11]
+    assert len(again[0]) == 4
+    d.release(a)
+    d.release(b)
+    assert a.seq is None and be.allocator.used_blocks == 0
+    assert drafter(1.0).propose([(RowSpec(), ctx, 7, 4)]) == [[]]  # no draft token is that certain
