@@ -2,21 +2,24 @@
 
 Each engine step, the speculator picks the decoding rows that may speculate, asks its drafter
 for up to `n_max` tokens per row (a small draft checkpoint run greedily and batched over the
-rows, or an n-gram lookup in the row's own context), and then, per row, runs the target once
-over [last, d1..dk] like a prefill chunk. The row's own sampler chain samples every position
-in order through the engine's ordinary per-token path (grammar, budget, stops, EOS and
-n_predict included): a sampled token equal to the draft is accepted and the next position is
-sampled; the first one that differs is emitted in the draft's place and ends the round. The
-target's KV for rejected positions is trimmed off the row's block table; the draft model's own
-cache is re-synchronised with the row's context before its next round. Because every emitted
-token is sampled from the target's logits with the row's own state, the text is the text plain
-decoding gives (greedy: the same tokens up to floating-point differences between a k+1-token
-and a 1-token forward; seeded: the same random draws in the same order).
+rows, or an n-gram lookup in the row's own context), and then runs the target once over every
+drafted row's [last, d1..dk], each position a one-token row at its own offset of the row's
+sequence, so each is computed as a plain decode step computes it. The row's own sampler chain
+samples every position in order through the engine's ordinary per-token path (grammar, budget,
+stops, EOS and n_predict included): a sampled token equal to the draft is accepted and the next
+position is sampled; the first one that differs is emitted in the draft's place and ends the
+round. The target's KV for rejected positions is trimmed off the row's block table; the draft
+model's own cache is re-synchronised with the row's context before its next round. Because every
+emitted token is sampled from the target's logits with the row's own state, the text is the text
+plain decoding gives: greedy picks the same tokens and seeded sampling makes the same random draws
+in the same order (as far as the backend computes a row the same whatever the batch holds: exact
+at fp32; torch at bf16 sums attention over the batch's padded key length, so a near-tie can
+resolve differently, as it can beside a longer row in plain batching).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
