@@ -123,12 +123,13 @@ def check_draft(settings: Any, target: Path, draft: Path) -> None:
 
 def spec_config(settings: Any, draft_path: Path | None):
     """The engine's SpecConfig, or None when nothing speculates. A draft model with --spec-type
-    left at none means draft-simple; draft-simple without a draft model is refused."""
+    not given means draft-simple; an explicit none turns speculation off (the draft is then not
+    even loaded); draft-simple without a draft model is refused."""
     from mlxcel.engine.speculative import DRAFT, NGRAM_SIMPLE, SpecConfig
 
     kind = settings.spec_type
-    if kind == "none" and draft_path is not None:
-        kind = DRAFT
+    if kind is None:
+        kind = DRAFT if draft_path is not None else "none"
     if kind == "none":
         return None
     if kind == DRAFT and draft_path is None:

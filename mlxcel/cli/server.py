@@ -48,7 +48,7 @@ def resolve(settings: ServerSettings) -> Path:
     check_model_overrides(settings, config)
     from mlxcel.cli.options_spec import check_draft, resolve_draft, spec_config
 
-    draft = resolve_draft(settings, resolve_ref)
+    draft = resolve_draft(settings, resolve_ref) if settings.spec_type != "none" else None
     settings.speculative = spec_config(settings, draft)
     if draft is not None:
         check_draft(settings, path, draft)

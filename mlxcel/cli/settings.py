@@ -71,7 +71,7 @@ class ServerSettings:
     cache_type_k: str = "f16"
     cache_type_v: str = "f16"
     # speculative decoding (cli/options_spec.py; engine/speculative.py)
-    spec_type: str = "none"  # none | draft-simple | ngram-simple
+    spec_type: str | None = None  # none | draft-simple | ngram-simple; None: not given (-md alone selects draft)
     spec_draft_model: str | None = None  # -md as given
     spec_draft_hf: str | None = None  # --spec-draft-hf as given (wins over -md)
     spec_draft_n_max: int = 3

@@ -17,7 +17,7 @@ def parse(*args, env=None):
 
 
 def test_spec_type_selects_an_implemented_drafter_and_refuses_the_rest():
-    assert parse().spec_type == "none" and spec_config(parse(), None) is None
+    assert parse().spec_type is None and spec_config(parse(), None) is None
     assert parse("--spec-type", "none").spec_type == "none"
     s = parse("--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "3", "--spec-ngram-simple-size-m", "8")
     c = spec_config(s, None)
@@ -36,6 +36,7 @@ def test_draft_model_options_are_honoured():
     s = parse("-md", "some/draft", "--spec-draft-n-max", "5", "--spec-draft-n-min", "2", "--draft-p-min", "0.5",
               "--spec-draft-p-split", "0.3", "-ctkd", "f16", "-ctvd", "f16")
     assert (s.spec_draft_model, s.spec_draft_n_max, s.spec_draft_n_min, s.spec_draft_p_min) == ("some/draft", 5, 2, 0.5)
+    assert spec_config(parse("-md", "d", "--spec-type", "none"), Path("/d")) is None  # an explicit none wins
     c = spec_config(s, Path("/store/some/draft"))  # a draft model alone means draft-simple
     assert (c.kind, c.n_max, c.n_min, c.p_min) == (DRAFT, 5, 2, 0.5)
     assert c.props() == {"draft_model": "draft", "kind": DRAFT, "n_max": 5}
@@ -55,7 +56,7 @@ def test_draft_model_options_are_honoured():
 
 def test_other_modes_knobs_are_inert_at_defaults_and_refused_otherwise():
     assert parse("--spec-ngram-mod-n-max", "64", "--spec-ngram-map-k-size-n", "12", "--spec-ngram-map-k4v-min-hits",
-                 "1", "--spec-ngram-simple-min-hits", "3").spec_type == "none"
+                 "1", "--spec-ngram-simple-min-hits", "3").spec_type is None
     for flag, value in (("--spec-ngram-mod-n-min", "8"), ("--spec-ngram-mod-n-match", "4"),
                         ("--spec-ngram-map-k-size-m", "9"), ("--spec-ngram-map-k4v-size-n", "3")):
         with pytest.raises(StartupRefusal, match="only n-gram drafter is ngram-simple"):
