@@ -64,10 +64,12 @@ def select_backend(settings: ServerSettings, path: Path | None = None):
 
     from mlxcel.backends.select import BackendRefused, choose
     from mlxcel.cli.refusal import StartupRefusal
+    from mlxcel.models.vision import is_vision
 
     config = json.loads((path / "config.json").read_text()) if path is not None else {}
     try:
-        choice = choose(settings.backend, settings.device, mlx_quantized=bool(config.get("quantization")))
+        choice = choose(settings.backend, settings.device, mlx_quantized=bool(config.get("quantization")),
+                        vision=is_vision(config))
     except BackendRefused as e:
         raise StartupRefusal(str(e)) from None
     if choice.backend == "mlx" and settings.threads > 0:
@@ -79,10 +81,14 @@ def select_backend(settings: ServerSettings, path: Path | None = None):
 def load_backend(settings: ServerSettings, path: Path):
     choice = select_backend(settings, path)
     if choice.backend == "torch":
-        from mlxcel.backends.torch.backend import TorchBackend
+        from mlxcel.models.vision import is_vision_checkpoint
 
-        return TorchBackend(path, dtype=settings.dtype, device=choice.device, threads=settings.threads,
-                            rope=settings.rope), choice
+        if is_vision_checkpoint(path):
+            from mlxcel.backends.torch.vlm import TorchVLMBackend as backend_class
+        else:
+            from mlxcel.backends.torch.backend import TorchBackend as backend_class
+        return backend_class(path, dtype=settings.dtype, device=choice.device, threads=settings.threads,
+                             rope=settings.rope), choice
     import mlx.core as mx
 
     from mlxcel.backends.mlx.backend import MLXBackend
@@ -101,17 +107,31 @@ def load_served_model(settings: ServerSettings, path: Path, served_id: str | Non
     from mlxcel.engine.tokenizer import Tokenizer
     from mlxcel.steering.manager import SteeringManager
 
-    backend, choice = load_backend(settings, path)
+    lora = None
+    if served_id is None and settings.lora:  # the adapters belong to the -m model, not to a switch target
+        from mlxcel.cli.options_lora import load_for_checkpoint
+
+        lora = settings.lora_loaded if settings.lora_loaded is not None else load_for_checkpoint(settings, path)
+
+    def backend_with_adapters():
+        backend, choice = load_backend(settings, path)
+        if lora is not None:
+            backend.attach_lora(lora.adapters)
+        return backend, choice
+
+    backend, choice = backend_with_adapters()
     tokenizer = Tokenizer(path)
     template = settings.chat_template or settings.chat_template_file
     if template:  # --chat-template(-file) replaces the checkpoint's own template everywhere
         tokenizer.chat_template = template
+    vision = load_vision(settings, path, backend, tokenizer)  # before the engine starts: it may refuse
     n_ctx = settings.ctx_size if settings.ctx_size > 0 else backend.info.context_length
     engine = Engine(backend, tokenizer, n_ctx=n_ctx, parallel=settings.parallel, batch_size=settings.batch_size,
                     cache_prompt=settings.cache_prompt, cache_budget_bytes=cache_budget_bytes(settings),
                     cont_batching=settings.cont_batching, max_queue_depth=settings.max_queue_depth,
                     context_shift=settings.context_shift, keep=settings.keep, special=settings.special,
-                    sleep_idle_seconds=settings.sleep_idle_seconds, reload=lambda: load_backend(settings, path)[0])
+                    sleep_idle_seconds=settings.sleep_idle_seconds, reload=lambda: backend_with_adapters()[0])
+    engine.lora = lora
     if served_id is None and settings.speculative is not None:  # the draft was chosen for the -m model only
         engine.speculator = load_speculator(settings, settings.speculative, engine, tokenizer, choice.backend)
     if settings.warmup:
@@ -134,7 +154,9 @@ def load_served_model(settings: ServerSettings, path: Path, served_id: str | Non
         steering=SteeringManager(int(backend.info.config.get("hidden_size") or 0), backend.info.num_layers,
                                  settings.cluster_intensity_min, settings.circuit_intensity_min),
         grammars=for_tokenizer(tokenizer, backend.info.vocab_size),
+        lora=lora,
     )
+    served.vision = vision
     load_default_grammar(settings, served)
     return served
 
@@ -147,8 +169,13 @@ def load_speculator(settings: ServerSettings, config, engine, tokenizer, backend
 
     if config.kind != DRAFT:
         return Speculator(config, NgramDrafter(config))
+    from dataclasses import replace
+
+    from mlxcel.models.rope_overrides import RopeOverrides
+
     path = config.draft_model
-    draft, choice = load_backend(settings, path)
+    # the draft runs as its checkpoint says: --rope-* overrides and LoRA adapters are the target's
+    draft, choice = load_backend(replace(settings, rope=RopeOverrides()), path)
     if choice.backend != backend_name:
         raise RuntimeError(f"the draft model {path.name} would run on {choice.backend}, the target on {backend_name}")
     drafter = ModelDrafter(draft, config, n_ctx_slot=engine.n_ctx_slot, parallel=engine.parallel,
@@ -156,6 +183,25 @@ def load_speculator(settings: ServerSettings, config, engine, tokenizer, backend
                            target_vocab=engine.backend.info.vocab_size)
     log.info("speculative decoding: draft-simple with %s (n_max %d)", path.name, config.n_max)
     return Speculator(config, drafter)
+
+
+def load_vision(settings: ServerSettings, path: Path, backend, tokenizer):
+    """A vision-language checkpoint's image side (models/vision.py), with the image-token budget
+    applied; None for a text-only checkpoint. A budget it cannot honour refuses the load."""
+    from mlxcel.cli.refusal import StartupRefusal
+    from mlxcel.models.vision import BudgetRefused, ImageBudget, VisionInput, is_vision
+
+    budget = ImageBudget(settings.image_min_tokens, settings.image_max_tokens)
+    if not is_vision(backend.info.config):
+        if budget.requested:  # no processor took the budget: the same refusal as a fixed-geometry one
+            flag = "--image-min-tokens" if settings.image_min_tokens else "--image-max-tokens"
+            raise StartupRefusal(f"{path.name} takes no images, so {flag} has nothing to bound; drop {flag} or "
+                                 f"serve a vision-language checkpoint")
+        return None
+    try:
+        return VisionInput(path, backend.info.config, tokenizer.hf, budget)
+    except BudgetRefused as e:
+        raise StartupRefusal(str(e)) from None
 
 
 def load_default_grammar(settings: ServerSettings, served: ServedModel) -> None:

@@ -26,13 +26,18 @@ WHISPER_TINY_EN_MLX = "mlxcel-fixtures/whisper-tiny.en-mlx"  # the same weights 
 LLAMA3_TOOLS_TINY = "mlxcel-fixtures/llama3-tools-tiny"  # <|python_tag|>, <|eom_id|>, ipython results
 MISTRAL_TOOLS_TINY = "mlxcel-fixtures/mistral-tools-tiny"  # [TOOL_CALLS], [AVAILABLE_TOOLS], [TOOL_RESULTS]
 JSON_TOOLS_TINY = "mlxcel-fixtures/json-tools-tiny"  # no tool-call marker: the generic JSON fallback
+# random-weight Qwen2-VL (vision tower + M-RoPE, real Qwen vocabulary), HF layout: torch backend only
+QWEN2_VL_TINY = "mlxcel-fixtures/qwen2-vl-tiny"
 
 # SAEs in SAELens layout for SmolLM2 (scripts/fixtures/build_sae.py): not checkpoints, so not in ALL
 SAE_TRAINED = "mlxcel-fixtures/sae-smollm2-l15-topk1024"  # trained, top-k, layer 15 output
 SAE_RANDOM = "mlxcel-fixtures/sae-smollm2-l10-random64"  # random, 64 features, layer 10 output
+# a random PEFT LoRA adapter for SmolLM2 (scripts/fixtures/build_lora.py): not a checkpoint either
+LORA_SMOLLM2 = "mlxcel-fixtures/lora-smollm2-qv-r4"
 
 ALL = (DEFAULT_MODEL, GEMMA3, QWEN2_TINY, QWEN3_TINY, SMOLLM2_4BIT, SMOLLM2_8BIT, MINILM, RERANKER_TINY,
-       WHISPER_TINY_EN, WHISPER_TINY_EN_MLX, LLAMA3_TOOLS_TINY, MISTRAL_TOOLS_TINY, JSON_TOOLS_TINY)
+       WHISPER_TINY_EN, WHISPER_TINY_EN_MLX, LLAMA3_TOOLS_TINY, MISTRAL_TOOLS_TINY, JSON_TOOLS_TINY,
+       QWEN2_VL_TINY)
 
 # Written last by a builder; its presence (with the builder's recipe) means "complete".
 MARKER = ".mlxcel-fixture.json"
@@ -50,6 +55,11 @@ def fixture_path(repo_id: str, environ=None) -> Path:
 def available(repo_id: str, environ=None) -> bool:
     path = fixture_path(repo_id, environ)
     return (path / "config.json").is_file() and any(path.glob("*.safetensors"))
+
+
+def lora_available(adapter_id: str, environ=None) -> bool:
+    path = fixture_path(adapter_id, environ)
+    return (path / "adapter_config.json").is_file() and (path / "adapter_model.safetensors").is_file()
 
 
 def sae_available(sae_id: str, environ=None) -> bool:

@@ -35,6 +35,8 @@ class ServedModel:
     default_grammar: Any = None  # the --grammar / --json-schema default (a CompiledGrammar)
     default_grammar_error: str | None = None  # why the --grammar default failed to parse
     tags: list[str] = field(default_factory=list)  # --tags, reported on /v1/models (informational)
+    vision: Any = None  # models.vision.VisionInput of a vision-language checkpoint (None: text only)
+    lora: Any = None  # the LoRA adapters and their live scales (models/lora.LoraSet); None: no adapters
 
     def request_bias(self, bias: Mapping[int, float] | None, ignore_eos: bool) -> dict[int, float]:
         """A request's logit bias: its own set, else the server's -l set; ignore_eos bans

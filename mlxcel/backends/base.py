@@ -39,6 +39,8 @@ class ForwardRow:
     # layer -> fn(tokens, pre [n, hidden], post [n, hidden]): this row's residuals at that
     # layer's output before and after its steering delta, called after the forward
     capture: dict[int, Callable[[list[int], np.ndarray, np.ndarray], None]] | None = None
+    # this row's LoRA scale per loaded adapter (None: all 0.0); see models/lora.py
+    lora: tuple[float, ...] | None = None
 
 
 def steering_blocks(rows: list[ForwardRow]) -> dict[int, np.ndarray]:

@@ -85,14 +85,24 @@ def _mlx_device(device: str, apple: bool) -> str:
 
 
 def choose(backend: str, device: str, *, apple: bool | None = None, has_torch: bool | None = None,
-           mlx_quantized: bool = False) -> Choice:
+           mlx_quantized: bool = False, vision: bool = False) -> Choice:
     """The concrete backend and device for the flags; idempotent on its own output.
 
-    `mlx_quantized`: the checkpoint carries MLX's packed quantization, which only MLX runs."""
+    `mlx_quantized`: the checkpoint carries MLX's packed quantization, which only MLX runs.
+    `vision`: a vision-language checkpoint (models/vision.py), which only torch serves."""
     if backend not in BACKENDS:
         raise BackendRefused(f"invalid backend {backend!r} (expected one of: {', '.join(BACKENDS)})")
     check_device(device)
     apple = apple_silicon() if apple is None else apple
+    if vision and backend == "mlx":
+        raise BackendRefused("--backend mlx: this is a vision-language checkpoint, which only the torch backend "
+                             "serves; use --backend torch")
+    if vision and backend == "auto":
+        if mlx_quantized or not (torch_installed() if has_torch is None else has_torch):
+            raise BackendRefused("this vision-language checkpoint needs the torch backend"
+                                 + (", which cannot load an MLX-quantized checkpoint" if mlx_quantized
+                                    else ", and torch is not installed (pip install 'mlxcel[torch]')"))
+        return Choice("torch", _torch_device(device), "auto: a vision-language checkpoint runs on torch")
     if backend == "mlx":
         return Choice("mlx", _mlx_device(device, apple), "requested")
     if backend == "torch":

@@ -283,8 +283,10 @@ def parse_server_args(
     for key, (o, g) in given.items():
         if key not in skip:
             _classify(o, g, settings)
+    settings.cli_given = frozenset(given)  # a router preset yields to these (mlxcel/router/preset.py)
 
     settings.pooling_env = environ.get("MLXCEL_EMBEDDING_POOLING") or None
+    settings.allow_private_media_urls = environ.get("MLXCEL_ALLOW_PRIVATE_MEDIA_URLS", "") == "1"
     for var, attr in (("CLUSTER_INTENSITY_MIN", "cluster_intensity_min"),
                       ("CIRCUIT_INTENSITY_MIN", "circuit_intensity_min")):
         if environ.get(var):
@@ -330,6 +332,9 @@ def _finish(settings: ServerSettings, environ: Mapping[str, str]) -> None:
     if settings.log_file is not None and not settings.log_disable:
         prepare_log_file(settings.log_file)
     apply_vertex_env(settings, environ)
+    from mlxcel.router.mode import check_router_mode
+
+    check_router_mode(settings)
 
 
 def uvicorn_kwargs(settings: ServerSettings) -> dict[str, Any]:

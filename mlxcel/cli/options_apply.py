@@ -91,6 +91,13 @@ def apply_tags(settings: Any, values: list[str], _spelling: str) -> None:
     settings.tags = sorted({t.strip() for v in values for t in v.split(",") if t.strip()})
 
 
+def apply_models_max(settings: Any, value: str, spelling: str) -> None:
+    n = as_int(value, spelling)
+    if n < 0:
+        raise StartupRefusal(f"invalid value for {spelling}: {value!r} (expected 0 for unlimited or a positive count)")
+    settings.models_max = n
+
+
 def apply_hf_repo(settings: Any, value: str, spelling: str) -> None:
     repo = value.strip()
     if ":" in repo:
@@ -403,3 +410,24 @@ def apply_slot_save_path(settings: Any, value: str, spelling: str) -> None:
     if not path.is_dir():
         raise StartupRefusal(f"invalid value for {spelling}: not a directory: {value}")
     settings.slot_save_path = path.resolve()
+
+
+def apply_image_tokens(field: str):
+    """--image-min-tokens / --image-max-tokens: an integer; <= 0 means the checkpoint's own bound."""
+
+    def apply(settings: Any, value: Any, spelling: str) -> None:
+        n = as_int(value, spelling)
+        setattr(settings, field, n if n > 0 else None)
+        lo, hi = settings.image_min_tokens, settings.image_max_tokens
+        if lo is not None and hi is not None and hi < lo:
+            raise StartupRefusal(f"--image-max-tokens {hi} is below --image-min-tokens {lo}")
+
+    return apply
+
+
+def apply_media_path(settings: Any, value: str, spelling: str) -> None:
+    """The root file:// media URLs resolve under (api/media_path.py); an existing directory."""
+    path = Path(value).expanduser()
+    if not path.is_dir():
+        raise StartupRefusal(f"invalid value for {spelling}: not a directory: {value}")
+    settings.media_path = path.resolve()

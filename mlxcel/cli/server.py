@@ -46,6 +46,10 @@ def resolve(settings: ServerSettings) -> Path:
         check_gpu_layers(settings, int(layers))
     choose_backend(settings, path)
     check_model_overrides(settings, config)
+    if settings.lora:  # read and fit-checked now, so a misfit stops startup before the load
+        from mlxcel.cli.options_lora import load_for_checkpoint
+
+        settings.lora_loaded = load_for_checkpoint(settings, path)
     from mlxcel.cli.options_spec import check_draft, resolve_draft, spec_config
 
     draft = resolve_draft(settings, resolve_ref) if settings.spec_type != "none" else None
@@ -115,9 +119,18 @@ def main(argv: list[str] | None = None, prog: str = "mlxcel-server") -> int:
     from mlxcel.workers.checkpoint import EMBEDDING, RERANKER
     from mlxcel.workers.plan import plan as plan_workers
 
+    from mlxcel.router.mode import is_router
+
+    if is_router(settings):  # --models-dir / --models-preset without a model: the router (mlxcel/router)
+        serve_router(settings)
+        return 0
     # mode switch: --embeddings / --reranking serve a side worker and no chat model
     plan = plan_workers(settings, lambda ref, flag: resolve_ref(settings, ref, flag))
     path = resolve(settings) if plan.generation else None
+    if path is None:
+        from mlxcel.cli.options_lora import refuse_without_generation
+
+        refuse_without_generation(settings)
     if path is None and any(s.kind in (EMBEDDING, RERANKER) for s in plan.sides):
         choose_backend(settings, None)  # an embedder / reranker runs on the same choice (Whisper is MLX's)
     serve(settings, path, plan)
@@ -170,6 +183,56 @@ def serve(settings: ServerSettings, path: Path | None, plan=None) -> None:
         uvicorn.Server(uvicorn.Config(app, log_level="warning", **kwargs)).run(sockets=[sock])
     if state.model is not None:
         state.model.engine.shutdown()
+
+
+def serve_router(settings: ServerSettings) -> None:
+    """Router mode: the registry is read (and every preset value checked) before listening;
+    models load on demand, or at startup for presets that ask."""
+    import uvicorn
+
+    from mlxcel.router.asgi import RouterApp
+    from mlxcel.router.pool import RouterPool
+    from mlxcel.router.preset import model_settings, parse_preset
+    from mlxcel.router.registry import RegistryError
+    from mlxcel.api.security import wrap_app
+    from mlxcel.steering.store import SteeringStore
+    from mlxcel.store.paths import store_root
+
+    from mlxcel.runtime import select_backend
+
+    select_backend(settings, None)  # an explicit --backend / --device that cannot be honoured stops here;
+    # each model settles "auto" for its own checkpoint when it loads (an MLX-quantized one needs MLX)
+    root = store_root(settings.model_store_root, os.environ)
+    preset = parse_preset(settings.models_preset) if settings.models_preset is not None else None
+    try:
+        pool = RouterPool(settings, root, preset, SteeringStore(settings.state_dir or root / ".mlxcel-state"))
+    except RegistryError as e:
+        raise StartupRefusal(str(e)) from None
+    for slot in pool.slots.values():
+        model_settings(settings, slot.entry.sections)  # a bad preset value refuses now, not at first load
+    log.info("router mode: %d models (%s); --models-max %d, autoload %s", len(pool.slots),
+             ", ".join(sorted(pool.slots)) or "none", settings.models_max, "on" if settings.models_autoload else "off")
+    kwargs = uvicorn_kwargs(settings)
+    app = wrap_app(RouterApp(pool), settings)
+    try:
+        if "uds" in kwargs:
+            uvicorn.run(app, log_level="warning", **kwargs)
+        else:
+            from mlxcel.cli.listen import bind_listener, bound_port
+
+            sock = bind_listener(kwargs["host"], kwargs["port"], settings.reuse_port)
+            kwargs["port"] = bound_port(sock)
+            log.info("listening on http%s://%s:%s (router)", "s" if "ssl_keyfile" in kwargs else "",
+                     kwargs["host"], kwargs["port"])
+
+            class RouterServer(uvicorn.Server):
+                def handle_exit(self, sig, frame) -> None:  # an open /models/sse stream must not hold shutdown up
+                    super().handle_exit(sig, frame)
+                    pool.close_subscribers()
+
+            RouterServer(uvicorn.Config(app, log_level="warning", **kwargs)).run(sockets=[sock])
+    finally:
+        pool.shutdown()
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from mlxcel.models.rope_overrides import RopeOverrides
 
@@ -25,6 +26,12 @@ class ServerSettings:
     hf_token: str | None = None
     alias: list[str] = field(default_factory=list)
     tags: list[str] = field(default_factory=list)  # --tags: informational, reported on /v1/models
+    # router mode (mlxcel/router): --models-dir / --models-preset with no model argument
+    models_dir: Path | None = None
+    models_preset: Path | None = None
+    models_max: int = 4  # loaded models at once, LRU eviction past it; 0 = unlimited
+    models_autoload: bool = True  # a request naming an unloaded model loads it (?autoload= per request)
+    cli_given: frozenset = frozenset()  # option keys given on the command line or environment (presets yield to them)
     # serving
     host: str = "127.0.0.1"
     port: int = 8080
@@ -58,6 +65,11 @@ class ServerSettings:
     escape: bool = True  # -e / --no-escape: process escapes in the breakers
     ignore_eos: bool = False  # --ignore-eos: every end-of-generation token banned by default
     logit_bias: list[tuple[int, float]] = field(default_factory=list)  # -l TOKEN_ID(+/-)BIAS
+    # --lora / --lora-scaled adapters (models/lora.AdapterSpec), in id order; at 0.0 each under
+    # --lora-init-without-apply
+    lora: list = field(default_factory=list)
+    lora_init_without_apply: bool = False
+    lora_loaded: Any = None  # the adapters read and checked against -m at startup (a LoraSet; the CLI fills it)
     # --grammar / --grammar-file ("gbnf", text) or --json-schema / --json-schema-file
     # ("json_schema", text): the native routes' default constraint
     default_grammar: tuple[str, str] | None = None
@@ -119,6 +131,12 @@ class ServerSettings:
     special: bool = False  # --special: generated special tokens are output as their text
     sleep_idle_seconds: int = -1  # --sleep-idle-seconds: unload the model after this idle time (< 0: never)
     slot_save_path: Path | None = None
+    # images (issue 9): api/media.py, models/vision.py
+    mmproj: bool = True  # --no-mmproj refuses every media part
+    image_min_tokens: int | None = None  # --image-min-tokens (None: the checkpoint's own)
+    image_max_tokens: int | None = None
+    media_path: Path | None = None  # --media-path: the root of file:// media URLs (None: refused)
+    allow_private_media_urls: bool = False  # MLXCEL_ALLOW_PRIVATE_MEDIA_URLS=1, read by the CLI layer
     # side workers (issue 9): --embeddings / --reranking select a dedicated encoder worker and
     # turn generation off; --embedding-model / --reranker-model name the side checkpoints
     embedding: bool = False

@@ -71,7 +71,8 @@ def normalize_path(path: str) -> str:
 
 
 def mounted_routes() -> set[tuple[str, str]] | None:
-    """(METHOD, path) pairs mounted by `mlxcel.api.app.build_litestar`; None while it is absent."""
+    """(METHOD, path) pairs mounted by `mlxcel.api.app.build_litestar`, plus those the router mode
+    app mounts (`mlxcel.router.routes`); None while the first is absent."""
     try:
         app_module = importlib.import_module("mlxcel.api.app")
     except ModuleNotFoundError as e:
@@ -96,8 +97,11 @@ def mounted_routes() -> set[tuple[str, str]] | None:
         raise AssertionError(
             "mlxcel.api.app.build_litestar needs arguments " + ", ".join(required)
             + "; the route claims need an app that can be built without a model")
+    apps = [app]
+    with contextlib.suppress(ModuleNotFoundError):  # router mode mounts its own app (mlxcel/router)
+        apps.append(importlib.import_module("mlxcel.router.routes").build_router_litestar(None))
     pairs = set()
-    for route in app.routes:
+    for route in (r for a in apps for r in a.routes):
         for method in getattr(route, "methods", ()):
             if method not in IGNORED_METHODS:
                 pairs.add((method, normalize_path(route.path)))

@@ -115,6 +115,7 @@ class _ScoreJob:
     future: Future
     capture: dict | None = None  # residual reads (per-request SAE activations); never steering
     hidden: bool = False
+    lora: tuple | None = None  # the server's LoRA scales when the pass was queued
 
 
 # Token-block size of the paged KV pool and the prefix cache's sharing granularity.
@@ -160,6 +161,7 @@ class Engine:
         # each slot's token stream: what its last request left in its KV (save / restore / erase)
         self.slot_tokens: dict[int, list[int]] = {}
         self._slot_jobs: list[SlotJob] = []  # waiting for their slot to be idle, as upstream defers them
+        self.lora = None  # the served LoRA adapters' live scales (models/lora.LoraSet), if any
         self._thread = threading.Thread(target=self._run, name="mlxcel-engine", daemon=True)
 
     def _configure_kv(self, cache_prompt: bool, budget_bytes: int | None) -> PrefixCache:
@@ -250,6 +252,11 @@ class Engine:
                 raise EngineError(f"the server is busy: {self.max_queue_depth} requests are already waiting "
                                   "for a slot; retry later", "queue_full", 503)
             self._outstanding += 1
+        if self.lora is not None:
+            if request.lora is None:  # snapshot now: a later change of the server's scales never reaches it
+                request.lora = self.lora.snapshot()
+            if any(request.lora):  # adapted KV must never be shared with another request's prefix
+                request.cache_prompt = False
         handle = RequestHandle(request, self)
         self._inbox.put(handle)
         return handle
@@ -269,7 +276,7 @@ class Engine:
                 f"request ({n} tokens) exceeds the available context size ({self.n_ctx_slot} tokens), try increasing it",
                 "context_length_exceeded", 400, n_prompt_tokens=n, n_ctx=self.n_ctx_slot,
             )
-        job = _ScoreJob(list(prompt), Future(), capture)
+        job = _ScoreJob(list(prompt), Future(), capture, lora=self.lora.snapshot() if self.lora is not None else None)
         self._inbox.put(job)
         return job.future
 
@@ -422,7 +429,7 @@ class Engine:
                 if job.hidden:
                     hidden.append(self.backend.hidden_states(chunk, seq))
                 else:
-                    logits = self.backend.forward([ForwardRow(chunk, seq, None, job.capture)])
+                    logits = self.backend.forward([ForwardRow(chunk, seq, None, job.capture, job.lora)])
             job.future.set_result(np.concatenate(hidden).astype(np.float32) if job.hidden
                                   else np.array(logits[0], dtype=np.float32, copy=True))
         except OutOfBlocks as e:
@@ -471,8 +478,10 @@ class Engine:
             else:
                 max_tokens = room if req.max_tokens < 0 else min(req.max_tokens, room)
             seq = self.backend.new_sequence()
+            if req.media is not None:  # the VLM backend splices it during prefill (backends/torch/vlm.py)
+                seq.media = req.media
             cached = 0
-            if req.cache_prompt:
+            if req.cache_prompt and req.media is None:
                 blocks, cached = self.prefix_cache.match(req.prompt)
                 seq.adopt(blocks, req.prompt[:cached])
             self._rows.append(_Row(
@@ -535,7 +544,7 @@ class Engine:
             self.speculator.before_release(row)  # trims a mid-verification KV first
         if row.slot >= 0:
             self.slot_tokens[row.slot] = list(row.cache.tokens)
-        if row.request.cache_prompt and not row.shifted:
+        if row.request.cache_prompt and not row.shifted and row.request.media is None:
             self.prefix_cache.insert(row.cache.tokens, row.cache.blocks)
         row.cache.release()
         self.prefix_cache.trim()
@@ -572,8 +581,8 @@ class Engine:
             if row.slot < 0:
                 row.slot, row.t_start = self._free_slot(row), now
                 self._progress(row)
-        logits = self.backend.forward([ForwardRow(toks, row.cache, row.request.steering, row.request.capture)
-                                        for row, toks in plan])
+        logits = self.backend.forward([ForwardRow(toks, row.cache, row.request.steering, row.request.capture,
+                                                   row.request.lora) for row, toks in plan])
         self._stats.n_decode_total += 1
         self._stats.n_busy_slots_total += len(plan)
         for i, (row, toks) in enumerate(plan):

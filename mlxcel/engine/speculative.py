@@ -224,7 +224,8 @@ class Speculator:
             base = seq.length
             seq.reserve(len(toks))
             spans.append((row, draft, base, len(batch)))
-            batch += [ForwardRow([t], _At(seq, base + j), row.request.steering) for j, t in enumerate(toks)]
+            batch += [ForwardRow([t], _At(seq, base + j), row.request.steering, None, row.request.lora)
+                      for j, t in enumerate(toks)]
             seq.tokens.extend(toks)  # every position's K/V is written by this forward
         logits = engine.backend.forward(batch)
         engine._stats.n_decode_total += 1

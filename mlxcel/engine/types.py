@@ -30,11 +30,18 @@ class GenerationRequest:
     # SAE steering for this request's rows: layer -> residual delta (None: unsteered); see ForwardRow
     steering: dict | None = None
     capture: dict | None = None  # layer -> residual reader; see ForwardRow
+    # LoRA scale per loaded adapter (models/lora.py); None: the server's live scales, read when
+    # the engine accepts the request, so a later POST /lora-adapters never reaches it
+    lora: tuple | None = None
+    lora_asked: tuple = ()  # the request's own `lora` entries as (id, scale), for generation_settings
     # a CompiledGrammar (engine/grammar.py): every row gets its own matcher at admission
     grammar: object | None = None
     # special tokens whose text the detokenizer keeps (tool-call markers the chat parser reads)
     keep_tokens: frozenset = frozenset()
     reasoning: object | None = None  # a ReasoningBudget (engine/reasoning_budget.py): the thinking budget
+    # a request's images (backends/torch/vlm.Media), carried on each row's sequence; such a
+    # request skips the prompt cache (image-pad tokens do not identify the picture)
+    media: object | None = None
 
 
 @dataclass

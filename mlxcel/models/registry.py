@@ -16,7 +16,7 @@ from types import ModuleType
 @dataclass(frozen=True)
 class Family:
     model_type: str
-    mlx_module: str  # module exposing `Model` and `ModelArgs`
+    mlx_module: str | None  # module exposing `Model` and `ModelArgs`; None: torch backend only
     hf_architecture: str  # transformers class used as the numerical reference
 
 
@@ -27,6 +27,8 @@ FAMILIES: dict[str, Family] = {
         Family("qwen2", "mlx_lm.models.qwen2", "Qwen2ForCausalLM"),
         Family("qwen3", "mlx_lm.models.qwen3", "Qwen3ForCausalLM"),
         Family("gemma3_text", "mlx_lm.models.gemma3_text", "Gemma3ForCausalLM"),
+        # vision-language (models/vision.py): transformers' family code on the torch backend only
+        Family("qwen2_vl", None, "Qwen2VLForConditionalGeneration"),
     )
 }
 
@@ -46,7 +48,11 @@ def family_for(config: dict) -> Family:
 
 
 def mlx_module(config: dict) -> ModuleType:
-    return importlib.import_module(family_for(config).mlx_module)
+    fam = family_for(config)
+    if fam.mlx_module is None:
+        raise UnsupportedModelType(f"{fam.model_type} is a vision-language checkpoint, which only the torch backend "
+                                   f"serves: use --backend torch")
+    return importlib.import_module(fam.mlx_module)
 
 
 def decoder_stack(model):

@@ -14,8 +14,8 @@ Checks, each reported with the file and entry it concerns:
 - the mlxcel claim block's nine keys, their types, and their fit to the entry;
 - test pointers `path::function` that resolve to a file and a test function in the repo;
 - canonical serialization (the file text is exactly what the canonical dump produces);
-- with --check-issues-open, that every aliased, not_applicable or deferred entry points at an
-  open issue (scripts/ci/open_issues.py: the set comes from --open-issues or `issues list`).
+- with --check-issues-open, that every deferred entry points at an open issue
+  (scripts/ci/open_issues.py: the set comes from --open-issues or `issues list`).
 Exit status 0 when clean, 1 with one line per problem otherwise, 2 when --check-issues-open
 cannot learn which issues are open.
 """
@@ -297,8 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repo-root", type=Path, default=REPO_ROOT,
                     help="where test pointers resolve (default: this checkout)")
     ap.add_argument("--check-issues-open", action="store_true",
-                    help="also require every aliased, not_applicable and deferred entry to "
-                         "point at an open issue")
+                    help="also require every deferred entry to point at an open issue")
     ap.add_argument("--open-issues", metavar="N,N,...",
                     help="the open issue numbers for --check-issues-open (default: ask the "
                          "`issues list` command; with neither, the check fails)")

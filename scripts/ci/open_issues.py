@@ -5,9 +5,10 @@ has no tracker client), or the project's `issues` command line tool (`issues lis
 line per open issue, `# issue N: ... · open`). When neither is available the gate cannot be
 evaluated, and that is an error the caller reports: it never quietly passes.
 
-The gate itself: an entry in a state that promises further work (`aliased`, `not_applicable`,
-`deferred`) must point at an open issue. `supported` entries keep their issue as provenance,
-and `by_design` entries are closed to further work by definition, so neither feeds it.
+The gate itself: a `deferred` entry, the one state that promises further work, must point at an
+open issue (the spec's gate: "a deferred entry pointing at a closed issue fails"). The other
+states keep their issue as provenance: `supported` and `aliased` are served, `not_applicable`
+has no equivalent to build, and `by_design` is closed to further work by definition.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import shutil
 import subprocess
 from collections.abc import Callable, Iterable
 
-GATED_STATES = ("aliased", "not_applicable", "deferred")
+GATED_STATES = ("deferred",)
 TRACKER_COMMAND = ("issues", "list")
 # `# issue 4: filed by a session · open`; the state word after the last `·` is optional.
 _ISSUE_LINE = re.compile(r"^#\s*issue\s+(\d+)\s*:(?P<rest>.*)$")

@@ -202,7 +202,9 @@ REFUSALS = [
     (["--swa-full"], "--swa-full"),
     # deferred and removed options are refused, never silently accepted
     (["--json-schema", "{not json"], "--json-schema: invalid JSON schema"),
-    (["--lora", "adapter.safetensors"], "not yet supported"),
+    (["--lora", "adapter.safetensors"], "LoRA adapter adapter.safetensors: no such file or directory"),
+    (["--lora-scaled", "adapter:nan"], "must be a finite number"),
+    (["--lora-scaled", "adapter:big"], "is not a number"),
     (["--draft", "5"], "the argument has been removed"),
     # usage errors
     (["--bogus"], "unrecognized arguments: --bogus"),

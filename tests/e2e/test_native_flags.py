@@ -5,42 +5,19 @@ model under uvicorn in this process, with the settings set directly."""
 from __future__ import annotations
 
 import json
-import threading
 import time
 from dataclasses import replace
 
 import httpx
 import pytest
-import uvicorn
 
-from mlxcel.api.app import build_app
 from mlxcel.api.state import AppState
 from mlxcel.backends.select import choose
 from mlxcel.cli.settings import ServerSettings
 from mlxcel.runtime import load_served_model
-from tests.conftest import default_compute_dtype, fixture_path, free_port
+from tests.conftest import default_compute_dtype, fixture_path
+from tests.e2e.inprocess import AppServer
 from tests.fixtures import DEFAULT_MODEL, QWEN2_TINY
-
-
-class AppServer:
-    """uvicorn serving `build_app` on a loopback port, in a thread."""
-
-    def __init__(self, state: AppState) -> None:
-        self.port = free_port()
-        self.base_url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(build_app(state), host="127.0.0.1", port=self.port, log_level="warning")
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while not self.server.started:
-            if time.monotonic() > deadline:
-                raise RuntimeError("in-process server did not start")
-            time.sleep(0.05)
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
 
 
 @pytest.fixture(scope="module")

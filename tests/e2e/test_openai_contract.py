@@ -47,6 +47,7 @@ CHANGING: dict[str, tuple[object, dict]] = {
     "best_of": (2, {}),
     "suffix": ("end", {}),
     "cache_prompt": (False, {}),
+    "lora": ([{"id": 0, "scale": 1.0}], {}),
 }
 # Honoured fields whose success needs server state (an attached SAE, a stored profile):
 # here they must be read (answered with their own error), never refused as unhonoured.

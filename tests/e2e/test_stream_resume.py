@@ -15,7 +15,7 @@ from mlxcel.api.state import AppState
 from mlxcel.cli.settings import ServerSettings
 from mlxcel.runtime import load_served_model
 from tests.conftest import fixture_path
-from tests.e2e.test_native_flags import AppServer
+from tests.e2e.inprocess import AppServer
 from tests.fixtures import QWEN2_TINY
 
 ALPHA, BETA = "key-alpha", "key-beta"

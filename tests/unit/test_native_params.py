@@ -4,6 +4,7 @@ Runs against the real default-model tokenizer (no engine is needed to parse a bo
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -117,7 +118,6 @@ def test_ignore_eos_bans_eos_and_logit_bias_resolves(model):
 
 
 @pytest.mark.parametrize("field,value", [
-    ("lora", [{"id": 0, "scale": 1.0}]),
     ("reasoning_control", True), ("chat_format", 1), ("parse_tool_calls", True), ("reasoning_format", "deepseek"),
     ("chat_parser", "x"), ("generation_prompt", "<|im_start|>assistant"), ("continue_final_message", True),
     ("n_cache_reuse", 8),
@@ -185,3 +185,18 @@ def test_server_sampling_defaults_are_inherited_unless_the_request_says(model):
     assert all(t.params.logit_bias[e] == -math.inf for e in model.tokenizer.eos_token_ids)
     t = parse(served, ignore_eos=False, logit_bias=[[7, 1.0]]).template
     assert t.ignore_eos is False and dict(t.params.logit_bias) == {7: 1.0}
+
+
+def test_n_cache_reuse_is_refused_above_zero_naming_the_prefix_cache(model):
+    assert parse(model, n_cache_reuse=0).ignored == []
+    e = refused(model, n_cache_reuse=256)
+    assert (e.code, e.param) == ("field_not_honoured", "n_cache_reuse") and "exact token prefixes" in str(e)
+
+
+def test_message_delimiters_are_shape_checked_and_change_nothing(model):
+    delims = [{"role": "user", "delimiter": "<|im_start|>user"}, {"role": "assistant", "delimiter": "<|im_start|>a"}]
+    with_d, without = parse(model, message_delimiters=delims), parse(model)
+    assert dataclasses.replace(with_d.template, id=0) == dataclasses.replace(without.template, id=0)
+    assert with_d.ignored == []
+    for bad in ("user", [1], [{"role": 3}], [{"delimiter": ["x"]}]):
+        assert refused(model, message_delimiters=bad).code == "invalid_parameter"

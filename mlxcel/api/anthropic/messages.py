@@ -22,6 +22,7 @@ import msgspec
 from litestar import Request, Response, post
 from litestar.response import Stream
 
+from mlxcel.api import media
 from mlxcel.api.body import convert, read_json_object
 from mlxcel.api.errors import ApiError
 from mlxcel.api.model_switch import model_for
@@ -94,9 +95,10 @@ def _chat_messages(req: MessagesRequest) -> list[dict[str, Any]]:
                 body = b.get("content")
                 out.append({"role": "tool", "tool_call_id": b.get("tool_use_id"),
                             "content": _text(body, f"messages[{i}].content[{j}]") if body is not None else ""})
-            elif kind in ("image", "document"):
-                raise ApiError(501, f"{kind} input is not supported - hint: the loaded model has no media tower",
-                               code="not_supported", type="not_supported_error")
+            elif kind in ("image", "document", "image_url"):  # images reach here only unread (api/media.py)
+                raise ApiError(501, f"{'document' if kind == 'document' else 'image'} input is not supported - "
+                               "hint: the loaded model has no media tower", code="not_supported",
+                               type="not_supported_error")
             else:
                 raise ApiError(400, f"messages[{i}].content[{j}]: unsupported block type {kind!r}",
                                code="invalid_parameter")
@@ -191,12 +193,18 @@ async def messages(request: Request, app_state: AppState) -> Any:
     # a field this route does not read is reported (or refused under X-miLLM-Strict), never dropped
     unused = [k for k, v in raw.items() if v is not None and k not in MessagesRequest.__struct_fields__]
     field_headers = settle_unused(unused, strict, "/v1/messages")
-    creq = _chat_request(req)  # shape errors first: a malformed request never switches models
+    images: list = []
+    shape = req
+    if media.anthropic_has_images(req.messages):  # images become image_url parts, read once the model is known
+        req = msgspec.structs.replace(req, messages=media.from_anthropic(req.messages))
+        shape = msgspec.structs.replace(req, messages=media.without_images(req.messages))
+    creq = _chat_request(shape)  # shape errors first: a malformed request never switches models
     model = await model_for(app_state, req.model)  # may switch models (api/model_switch.py)
-    prep = chat_surface.prepare(app_state, model, creq)
-    greq = await chat_surface.generation_request(model, creq, prep)
-    steer_headers = {**field_headers, **steer.server_steering(app_state, model, [greq])}  # live steering values
-    handle = g.submit(model, greq)
+    if media.has_media(req.messages):
+        messages, images = await media.gather(model, media.policy(app_state.settings), req.messages)
+        creq = _chat_request(msgspec.structs.replace(req, messages=messages))
+    started = await chat_surface.start(app_state, model, creq, field_headers, images, "messages")
+    prep, handle, steer_headers = started.prep, started.handle, started.headers
     out = chat_surface.ChatOutput(prep, parallel_tool_calls=creq.parallel_tool_calls is not False)
     mid = "msg_" + uuid.uuid4().hex[:24]
     head = {"id": mid, "type": "message", "role": "assistant", "model": model.id}

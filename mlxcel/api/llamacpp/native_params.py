@@ -19,6 +19,7 @@ import msgspec
 
 from mlxcel.api.body import convert
 from mlxcel.api.errors import ApiError
+from mlxcel.api.llamacpp.lora_adapters import request_lora
 from mlxcel.api.llamacpp.schemas import NativeCompletionRequest, declared_names
 from mlxcel.api.state import ServedModel
 from mlxcel.engine.sampling_params import (
@@ -61,10 +62,8 @@ SAMPLING_FIELDS = (
 # (json_schema, grammar, grammar_lazy, grammar_triggers and preserved_tokens are resolved by
 # native_grammar.py, in the route.)
 DEFERRED: dict[str, tuple[Any, ...]] = {
-    "lora": ([],),
     # /completion has no completion id a control request could name (chat routes honour it)
     "reasoning_control": (False,),
-    "n_cache_reuse": (0,), "message_delimiters": ([],),
 }
 # Chat-parser configuration: /completion renders no chat template and parses no output, so
 # these only configure the chat routes; anything but the no-op value is refused here.
@@ -127,6 +126,23 @@ def _check_limits(body: dict[str, Any], n_parallel: int) -> None:
                 raise _range_error(name, v, lo_s, hi_s)
 
 
+def _check_cache_hints(body: dict[str, Any]) -> None:
+    """n_cache_reuse asks for KV-shifted chunk reuse, which a prefix cache cannot do (the
+    --cache-reuse N>0 refusal, per request); message_delimiters only places upstream's context
+    checkpoints, which mlxcel does not need (its cache resumes at any block), so it is checked
+    for shape and otherwise changes nothing."""
+    if body.get("n_cache_reuse", 0) != 0:
+        raise ApiError(400, "'n_cache_reuse' asks for reuse of non-prefix cache chunks by KV shifting; mlxcel's "
+                       "prompt cache reuses exact token prefixes only (always on, see cache_prompt); send 0",
+                       code="field_not_honoured", param="n_cache_reuse")
+    delims = body.get("message_delimiters", [])
+    if not isinstance(delims, list) or not all(
+            isinstance(d, dict) and isinstance(d.get("role", ""), str) and isinstance(d.get("delimiter", ""), str)
+            for d in delims):
+        raise ApiError(400, "Field 'message_delimiters': expected an array of {\"role\": string, "
+                       "\"delimiter\": string} objects", code="invalid_parameter", param="message_delimiters")
+
+
 def _check_deferred(body: dict[str, Any]) -> None:
     for name, no_ops in CHAT_ONLY.items():
         if name in body and body[name] not in no_ops:
@@ -146,6 +162,7 @@ def parse_native(body: dict[str, Any], model: ServedModel, n_parallel: int,
     req = convert(body, NativeCompletionRequest)
     _check_limits(body, n_parallel)
     _check_deferred(body)
+    _check_cache_hints(body)
     refuse_steering_fields(body, "the native completion routes")  # the server's steering still applies
     n_cmpl = req.n_cmpl if req.n_cmpl is not None else (req.n if req.n is not None else 1)
     if n_cmpl > 1:
@@ -216,6 +233,7 @@ def parse_native(body: dict[str, Any], model: ServedModel, n_parallel: int,
         id_slot=req.id_slot if req.id_slot is not None else -1,
     )
     template.reasoning = _budget(req, model)
+    template.lora, template.lora_asked = request_lora(model, req.lora)
     fields = req.response_fields
     fields = fields if isinstance(fields, list) and all(isinstance(f, str) for f in fields) and fields else None
     return NativeRequest(

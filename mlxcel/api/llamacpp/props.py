@@ -56,7 +56,7 @@ def props_json(app_state: AppState, model: ServedModel) -> dict:
         "model_alias": model.id,
         "model_ftype": model_ftype(model),
         "model_path": str(model.info.path),
-        "modalities": {"vision": False, "video": False, "audio": False},
+        "modalities": {"vision": model.vision is not None and s.mmproj, "video": False, "audio": False},
         "media_marker": MEDIA_MARKER,
         "endpoint_slots": s.slots,
         "endpoint_props": s.props,

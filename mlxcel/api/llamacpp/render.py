@@ -96,7 +96,8 @@ def generation_settings(req: GenerationRequest, *, stream: bool, timings_per_tok
     out.update({
         "chat_format": "Content-only", "generation_prompt": "", "reasoning_format": "none",
         "reasoning_in_content": False, "samplers": list(p.samplers),
-        "timings_per_token": timings_per_token, "post_sampling_probs": p.post_sampling_probs, "lora": [],
+        "timings_per_token": timings_per_token, "post_sampling_probs": p.post_sampling_probs,
+        "lora": [{"id": i, "scale": s} for i, s in req.lora_asked],  # as b10621: the request's own entries
     })
     return out
 

@@ -76,8 +76,8 @@ class NativeCompletionRequest(msgspec.Struct, kw_only=True):
     ignore_eos: bool | None = None
     stop: str | list[str] | None = None
     samplers: Any = None
-    # adapters, grammars, chat parsing: refused when they ask for a change (see native_params)
-    lora: Any = None
+    lora: Any = None  # [{id, scale}, ...]: this request's LoRA scales (api/llamacpp/lora_adapters.py)
+    # grammars, chat parsing: refused when they ask for a change (see native_params)
     json_schema: Any = None
     grammar: Any = None  # alias handled with json_schema
     grammar_lazy: bool | None = None

@@ -12,6 +12,7 @@ from typing import Any
 import msgspec
 from litestar import Request, post
 
+from mlxcel.api import media
 from mlxcel.api.body import convert, read_json_object
 from mlxcel.api.errors import ApiError
 from mlxcel.api.model_switch import model_for
@@ -139,6 +140,14 @@ async def chat_completions(request: Request, app_state: AppState) -> Any:
     headers = settle_unused(unused, strict, CHAT)
     g.validate_sampling(req)
     model = await model_for(app_state, req.model)  # may switch models (api/model_switch.py)
+    images: list = []
+    if media.has_media(req.messages) or any(media.has_media(m) for m in req.extra_messages or []):
+        if spec is not None:
+            raise ApiError(400, "image parts are not accepted on a scoring request (logprobs / allowed_token_ids)",
+                           code="field_not_honoured", param="messages")
+        messages, images = await media.gather(model, media.policy(app_state.settings), req.messages,
+                                              list(req.extra_messages or []))
+        req = msgspec.structs.replace(req, messages=messages)
     headers.update(g.seed_header(req.seed, "batch-shape" if req.extra_messages else "request"))
     convs = _conversations(req)
     if spec is not None and (steering.profile is not None or steering.intensity is not None):
@@ -160,8 +169,15 @@ async def chat_completions(request: Request, app_state: AppState) -> Any:
     prompts = [(where, prep.prompt if where == "messages" else _render(model, where, msgs)) for where, msgs in convs]
     if n > 1:
         prompts = prompts * n
+    media_of = None
+    if images:  # only `messages` carries images (media.check); the engine splices them per row
+        full, media_of = await media.prepare(model, prompts[0][1], images)
+        prompts = [(where, full if where == "messages" else p) for where, p in prompts]
     greqs = [g.build_request(req, model, p, row=row, param=where.split("[")[0])
              for row, (where, p) in enumerate(prompts)]
+    for greq, (where, _) in zip(greqs, prompts):
+        if media_of is not None and where == "messages":
+            greq.media, greq.cache_prompt = media_of, False
     if constraint is not None and prep.forced is not None:
         raise ApiError(400, "response_format cannot be combined with tool_choice 'required' or a named function",
                        code="response_format_unsupported", param="response_format")

@@ -151,16 +151,32 @@ def _budget(settings: Any, model: ServedModel, req: Any) -> ReasoningBudget | No
                            control=control)
 
 
-async def generation_request(model: ServedModel, req: Any, prep: Prepared) -> Any:
-    """The engine request of a translated chat request (/v1/messages, /v1/responses):
-    sampling from `req`, the prompt and any forced tool-call grammar from `prep`."""
-    from mlxcel.api.openai import generation as g
+@dataclass
+class Started:
+    """A translated chat request (/v1/messages, /v1/responses) on its way through the engine."""
+    prep: Prepared
+    handle: Any  # engine RequestHandle
+    headers: dict[str, str]  # the route's field headers plus the live server-steering values
 
+
+async def start(state: AppState, model: ServedModel, req: Any, field_headers: dict[str, str],
+                images: list | None = None, param: str = "messages") -> Started:
+    """Render, build the engine request (sampling from `req`, any forced tool-call grammar and
+    the reasoning budget from the rendering), apply the server's steering and submit. `images`:
+    decoded pictures whose placeholders `req` already carries (api/media.py)."""
+    from mlxcel.api import media
+    from mlxcel.api.openai import generation as g
+    from mlxcel.steering.requests import server_steering
+
+    prep = prepare(state, model, req)
     greq = g.build_request(req, model, prep.prompt)
     greq.grammar = await tool_grammar(prep, model)
     greq.keep_tokens = prep.keep_tokens
     greq.reasoning = prep.budget
-    return greq
+    if images:
+        await media.attach(model, greq, images, param)
+    headers = {**field_headers, **server_steering(state, model, [greq])}
+    return Started(prep=prep, handle=g.submit(model, greq), headers=headers)
 
 
 async def tool_grammar(prep: Prepared, model: ServedModel) -> Any:

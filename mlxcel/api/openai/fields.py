@@ -57,6 +57,7 @@ FIELD_TABLE: dict[str, dict[str, str]] = {
     "extra_messages":        {CHAT: H, COMPLETIONS: R, EMBEDDINGS: R},
     "return_sae_activations": {CHAT: H, COMPLETIONS: H, EMBEDDINGS: R},  # mlxcel/steering/requests.py
     "cache_prompt":          {CHAT: H, COMPLETIONS: H, EMBEDDINGS: R},  # b10621's per-request switch
+    "lora":                  {CHAT: H, COMPLETIONS: H, EMBEDDINGS: R},  # b10621's per-request adapter scales
     "parallel_tool_calls":   {CHAT: H, COMPLETIONS: R, EMBEDDINGS: R},
     "functions":             {CHAT: R, COMPLETIONS: R, EMBEDDINGS: R},
     "function_call":         {CHAT: R, COMPLETIONS: R, EMBEDDINGS: R},

@@ -135,8 +135,12 @@ def build_request(req: _Sampling, model: ServedModel, prompt: list[int], *, row:
         params = replace(params, seed=fold_seed(row_seed(req.seed, row)))
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     check_context(model, len(prompt), max_tokens, param)
+    from mlxcel.api.llamacpp.lora_adapters import request_lora
+
+    lora, asked = request_lora(model, req.lora)
     return GenerationRequest(prompt=prompt, params=params, max_tokens=max_tokens, stop=stop,
-                             ignore_eos=model.ignore_eos, cache_prompt=req.cache_prompt is not False)
+                             ignore_eos=model.ignore_eos, cache_prompt=req.cache_prompt is not False,
+                             lora=lora, lora_asked=asked)
 
 
 def seed_header(seed: int | None, scope: str = "request") -> dict[str, str]:

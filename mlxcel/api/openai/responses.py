@@ -20,6 +20,7 @@ import msgspec
 from litestar import Request, delete, get, post
 from litestar.response import Stream
 
+from mlxcel.api import media
 from mlxcel.api.body import convert, read_json_object
 from mlxcel.api.errors import ApiError
 from mlxcel.api.model_switch import model_for
@@ -120,10 +121,14 @@ def _store(state: AppState) -> ResponseStore:
     return state.__dict__.setdefault("_responses_store", ResponseStore())
 
 
-def _text(content: Any) -> str:
+def _text(content: Any) -> Any:
+    """A string, or a list of text and image parts when the content carries images (read and
+    replaced by api/media.py before rendering)."""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
+        if any(isinstance(p, dict) and p.get("type") == "input_image" for p in content):
+            return [p if p.get("type") == "input_image" else {"type": "text", "text": _text([p])} for p in content]
         out = []
         for part in content:
             if isinstance(part, dict) and part.get("type") in ("input_text", "output_text", "text"):
@@ -250,11 +255,12 @@ async def create_response(request: Request, app_state: AppState) -> Any:
     field_headers = check_fields(raw, strict)
     model = await model_for(app_state, req.model)  # may switch models (api/model_switch.py)
     conversation = _conversation(app_state, req)
-    creq = _chat_request(req, conversation)
-    prep = chat_surface.prepare(app_state, model, creq)
-    greq = await chat_surface.generation_request(model, creq, prep)
-    steer_headers = {**field_headers, **steer.server_steering(app_state, model, [greq])}  # live steering values
-    handle = g.submit(model, greq)
+    rendered, images = conversation, []
+    if media.has_media(conversation):  # image parts stay in the stored conversation; a later turn reads them again
+        rendered, images = await media.gather(model, media.policy(app_state.settings), conversation)
+    creq = _chat_request(req, rendered)
+    started = await chat_surface.start(app_state, model, creq, field_headers, images, "input")
+    prep, handle, steer_headers = started.prep, started.handle, started.headers
     out = chat_surface.ChatOutput(prep, parallel_tool_calls=req.parallel_tool_calls is not False)
     rid = "resp_" + uuid.uuid4().hex[:24]
     store = _store(app_state)

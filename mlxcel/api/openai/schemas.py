@@ -32,6 +32,7 @@ class _Sampling(msgspec.Struct, kw_only=True):
     presence_penalty: float | None = None
     logit_bias: dict[str, Any] | None = None  # OpenAI's {"token id": bias in -100..100}
     cache_prompt: bool | None = None  # b10621's per-request prompt-cache switch
+    lora: Any = None  # b10621's per-request LoRA scales, [{id, scale}, ...] (api/llamacpp/lora_adapters.py)
     # scoring mode (see scoring.py)
     allowed_token_ids: list[int] | None = None
     return_tokens_as_token_ids: bool | None = None

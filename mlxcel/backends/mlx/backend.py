@@ -75,6 +75,7 @@ class MLXBackend(RowSteering):
         self.model = model
         self.hooks = install_hooks(model)
         self._init_steering()  # per-step SAE deltas and residual reads (backends/base.RowSteering)
+        self.lora = None  # MLXLoraTerms once adapters are attached
         self.info = ModelInfo(
             path=path,
             model_type=config["model_type"],
@@ -90,6 +91,12 @@ class MLXBackend(RowSteering):
         )
 
         self.configure_kv(num_blocks=(self.info.context_length // 16) + 8, block_size=16)
+
+    def attach_lora(self, adapters) -> None:
+        """Serve these adapters unfused (models/lora.py); raises LoraError if one does not fit."""
+        from mlxcel.backends.mlx.lora import MLXLoraTerms
+
+        self.lora = MLXLoraTerms(self.model, adapters, _DTYPES[self.info.dtype])
 
     def configure_kv(self, num_blocks: int, block_size: int) -> None:
         """(Re)build the paged KV pool; only while no sequence is live."""
@@ -118,8 +125,14 @@ class MLXBackend(RowSteering):
             ids[i, : len(r.tokens)] = r.tokens
         views = [PagedBatchView(self.storage, li, plan) for li in range(self.info.num_layers)]
         self._prepare_step(rows)
-        logits = (fn or self.model)(mx.array(ids), cache=views)
-        self._deltas = {}
+        if self.lora is not None:
+            self.lora.begin([r.lora for r in rows])
+        try:
+            logits = (fn or self.model)(mx.array(ids), cache=views)
+        finally:
+            self._deltas = {}
+            if self.lora is not None:
+                self.lora.end()
         for r in rows:
             r.cache.tokens.extend(r.tokens)
         return logits, plan

@@ -139,13 +139,12 @@ class TorchBackend(RowSteering):
             want = hf_rope_parameters(hf_config.rope_parameters, rope_config)
             hf_config.rope_parameters = want
             extra["config"] = hf_config
-        model = transformers.AutoModelForCausalLM.from_pretrained(
-            str(path), dtype=DTYPES[compute], local_files_only=True, attn_implementation="sdpa", **extra)
+        model = self._load_model(path, DTYPES[compute], extra)
         if rope_config and model.config.get_text_config().rope_parameters != want:
             raise RopeRefused(f"the {config['model_type']} family did not take the requested RoPE override "
                               f"({want}); it cannot be honoured here")
         self.model = model.to(self.device).eval()
-        self.base = getattr(model, model.base_model_prefix)
+        self.base = self._decoder_stack(model)
         self.lm_head = model.get_output_embeddings()
         self.softcap = getattr(model.config, "final_logit_softcapping", None)
         text_config = model.config.get_text_config()
@@ -154,20 +153,37 @@ class TorchBackend(RowSteering):
         layers = self.base.layers
         self.hooks = install_torch_hooks(layers)
         self._init_steering()  # per-step SAE deltas and residual reads (backends/base.RowSteering)
+        self.lora = None  # TorchLoraTerms once adapters are attached
         self.info = ModelInfo(
             path=path,
             model_type=config["model_type"],
             num_layers=len(layers),
             vocab_size=int(config.get("vocab_size") or text_config.vocab_size),
-            context_length=context_length(config),
+            context_length=context_length({**config.get("text_config", {}), **config}),
             dtype=compute,
             checkpoint_dtype=ckpt_dtype,
             quantization=None,
             backend="torch",
             device=str(self.device),
-            config=config,
+            config={**config.get("text_config", {}), **config},  # a VLM keeps its geometry in text_config
         )
         self.configure_kv(num_blocks=(self.info.context_length // 16) + 8, block_size=16)
+
+    def _load_model(self, path: Path, dtype: torch.dtype, extra: dict):
+        import transformers
+
+        return transformers.AutoModelForCausalLM.from_pretrained(
+            str(path), dtype=dtype, local_files_only=True, attn_implementation="sdpa", **extra)
+
+    def _decoder_stack(self, model):
+        """The module mapping token ids to final hidden states (embeddings, layers, norm)."""
+        return getattr(model, model.base_model_prefix)
+
+    def attach_lora(self, adapters) -> None:
+        """Serve these adapters unfused (models/lora.py); raises LoraError if one does not fit."""
+        from mlxcel.backends.torch.lora import TorchLoraTerms
+
+        self.lora = TorchLoraTerms(self.model, adapters, DTYPES[self.info.dtype], self.device)
 
     def configure_kv(self, num_blocks: int, block_size: int) -> None:
         """(Re)build the paged KV pool; only while no sequence is live."""
@@ -202,15 +218,21 @@ class TorchBackend(RowSteering):
         for i, r in enumerate(rows):
             ids[i, : len(r.tokens)] = r.tokens
         self._prepare_step(rows)
+        if self.lora is not None:
+            self.lora.begin([r.lora for r in rows])
         try:
-            out = self.base(input_ids=torch.from_numpy(ids).to(self.device), attention_mask=self._masks(plan),
-                            position_ids=plan.position_ids, cache=PagedStepCache(self.storage, plan),
-                            use_cache=True)
+            out = self._forward_stack(torch.from_numpy(ids).to(self.device), plan, rows)
         finally:
             self._deltas = {}
+            if self.lora is not None:
+                self.lora.end()
         for r in rows:
             r.cache.tokens.extend(r.tokens)
         return out.last_hidden_state, plan
+
+    def _forward_stack(self, ids: torch.Tensor, plan: StepPlan, rows: list[ForwardRow]):
+        return self.base(input_ids=ids, attention_mask=self._masks(plan), position_ids=plan.position_ids,
+                         cache=PagedStepCache(self.storage, plan), use_cache=True)
 
     def _as_delta(self, block: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(block).to(self.device, DTYPES[self.info.dtype])

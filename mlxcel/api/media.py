@@ -1,0 +1,227 @@
+"""Image parts of a chat request: refusals, limits, loading, decoding, the prompt placeholder.
+
+`gather()` runs before anything is rendered. It first decides, without reading any URL or
+file, whether the request may carry media at all: a text-only checkpoint and a server
+started with --no-mmproj refuse every media part with b10621's `<kind> input is not
+supported` clause at HTTP 501 (audio and video parts are refused the same way: no served
+checkpoint takes them), and the image count is checked. Then each image is read (a data:
+base64 URL; a file:// URL under --media-path, api/media_path.py; an http(s) URL under the
+address policy, api/media_fetch.py), bounded by the payload limit, and decoded with Pillow
+under a pixel cap. Each image part is replaced by the checkpoint's placeholder text
+(models/vision.py), which the chat template renders in place; the backend later expands it to
+the image's tokens. `prepare()` turns the decoded images into the request's Media.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mlxcel.api.errors import ApiError
+
+IMAGE_PARTS = ("image_url", "input_image")
+OTHER_MEDIA = {"input_audio": "audio", "audio": "audio", "video_url": "video", "input_video": "video"}
+# Limits enforced before any vision work (mlxcel's own; b10621 has no such flags).
+MAX_IMAGES = 16  # image parts per request
+MAX_IMAGE_BYTES = 20 << 20  # encoded bytes per image
+MAX_IMAGE_PIXELS = 40_000_000  # decoded width * height per image
+
+
+@dataclass(frozen=True)
+class MediaPolicy:
+    enabled: bool  # --mmproj-auto (default) / --no-mmproj
+    root: Path | None  # --media-path
+    allow_private: bool  # MLXCEL_ALLOW_PRIVATE_MEDIA_URLS=1
+    max_images: int = MAX_IMAGES
+    max_bytes: int = MAX_IMAGE_BYTES
+
+
+def policy(settings: Any) -> MediaPolicy:
+    return MediaPolicy(enabled=settings.mmproj, root=settings.media_path,
+                       allow_private=settings.allow_private_media_urls)
+
+
+def _not_supported(kind: str, hint: str) -> ApiError:
+    return ApiError(501, f"{kind} input is not supported - hint: {hint}", code="not_supported",
+                    type="not_supported_error")
+
+
+def _parts(messages: Any):
+    """(message index, part index, part) for every dict part of every list content."""
+    for i, m in enumerate(messages or []):
+        content = m.get("content") if isinstance(m, dict) else None
+        if isinstance(content, list):
+            for j, part in enumerate(content):
+                if isinstance(part, dict):
+                    yield i, j, part
+
+
+def has_media(messages: Any) -> bool:
+    return any(p.get("type") in IMAGE_PARTS or p.get("type") in OTHER_MEDIA for _, _, p in _parts(messages))
+
+
+def _url(part: dict) -> str:
+    ref = part.get("image_url")
+    if isinstance(ref, dict):
+        ref = ref.get("url")
+    if not isinstance(ref, str) or not ref:
+        raise ApiError(400, "an image part needs image_url.url (a data:, file:// or http(s) URL)",
+                       code="invalid_parameter", param="messages")
+    return ref
+
+
+def check(model: Any, pol: MediaPolicy, messages: Any, others: list[Any] = ()) -> int:
+    """Every refusal that needs no read: returns the number of image parts in `messages`."""
+    n = 0
+    for conv in [messages, *others]:
+        for _, _, part in _parts(conv):
+            kind = part.get("type")
+            if kind in OTHER_MEDIA:
+                raise _not_supported(OTHER_MEDIA[kind], f"the loaded checkpoint '{model.id}' has no {OTHER_MEDIA[kind]} "
+                                     "tower")
+            if kind in IMAGE_PARTS:
+                if not pol.enabled:
+                    raise _not_supported("image", "media input is turned off on this server (--no-mmproj)")
+                if model.vision is None:
+                    raise _not_supported("image", f"the loaded checkpoint '{model.id}' has no image tower; serve a "
+                                         "vision-language checkpoint for image input")
+                if conv is not messages:
+                    raise ApiError(400, "image parts are accepted in messages only, not in extra_messages",
+                                   code="field_not_honoured", param="extra_messages")
+                n += 1
+    if n > pol.max_images:
+        raise ApiError(400, f"the request carries {n} images; at most {pol.max_images} are accepted",
+                       code="invalid_parameter", param="messages")
+    return n
+
+
+async def _read(url: str, pol: MediaPolicy) -> bytes:
+    from mlxcel.api import media_fetch, media_path
+
+    if url.startswith("data:"):
+        head, sep, payload = url.partition(",")
+        if not sep or not head.endswith(";base64"):
+            raise ApiError(400, "a data: image URL must be base64 (data:<mime>;base64,<data>)",
+                           code="invalid_parameter", param="messages")
+        if len(payload) * 3 // 4 > pol.max_bytes:
+            raise ApiError(413, f"an image is larger than the image payload limit of {pol.max_bytes} bytes",
+                           code="payload_too_large", param="messages")
+        try:
+            return base64.b64decode(payload, validate=True)
+        except (binascii.Error, ValueError):
+            raise ApiError(400, "a data: image URL is not valid base64", code="invalid_parameter",
+                           param="messages") from None
+    if url.startswith("file://"):
+        import anyio
+
+        try:
+            return await anyio.to_thread.run_sync(media_path.read, pol.root, url, pol.max_bytes)
+        except media_path.MediaPathRefused as e:
+            raise ApiError(400, str(e), code="invalid_parameter", param="messages") from None
+    try:
+        return await media_fetch.fetch(url, allow_private=pol.allow_private, max_bytes=pol.max_bytes)
+    except media_fetch.FetchRefused as e:
+        raise ApiError(400, str(e), code="invalid_parameter", param="messages") from None
+
+
+def decode(data: bytes) -> Any:
+    """Bytes -> a loaded RGB PIL image, refusing what is not an image or is too large."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        im = Image.open(io.BytesIO(data))
+        if im.width * im.height > MAX_IMAGE_PIXELS:
+            raise ApiError(400, f"an image of {im.width}x{im.height} exceeds the decode cap of {MAX_IMAGE_PIXELS} "
+                           "pixels", code="invalid_parameter", param="messages")
+        im.load()
+    except (UnidentifiedImageError, OSError, Image.DecompressionBombError, ValueError):
+        raise ApiError(400, "an image part could not be decoded as an image", code="invalid_parameter",
+                       param="messages") from None
+    return im.convert("RGB")
+
+
+async def gather(model: Any, pol: MediaPolicy, messages: list, others: list = ()) -> tuple[list, list]:
+    """(messages with each image part replaced by the placeholder text, decoded images in order)."""
+    if not check(model, pol, messages, others):
+        return messages, []
+    import anyio
+
+    images, out = [], []
+    for m in messages:
+        content = m.get("content") if isinstance(m, dict) else None
+        if not isinstance(content, list):
+            out.append(m)
+            continue
+        parts = []
+        for part in content:
+            if isinstance(part, dict) and part.get("type") in IMAGE_PARTS:
+                data = await _read(_url(part), pol)
+                images.append(await anyio.to_thread.run_sync(decode, data))
+                part = {"type": "text", "text": model.vision.placeholder}
+            parts.append(part)
+        out.append({**m, "content": parts})
+    return out, images
+
+
+async def prepare(model: Any, prompt: list[int], images: list) -> tuple[list[int], Any]:
+    """The expanded prompt and the engine's Media for these images (processor work off the loop)."""
+    import anyio
+
+    from mlxcel.backends.torch.vlm import media_for
+
+    encoded = await anyio.to_thread.run_sync(model.vision.encode, images)
+    try:
+        full = model.vision.expand(prompt, encoded)
+    except ValueError as e:
+        raise ApiError(400, str(e), code="invalid_parameter", param="messages") from None
+    return full, media_for(full, encoded)
+
+
+async def attach(model: Any, greq: Any, images: list, param: str) -> None:
+    """Give an engine request built from a placeholder prompt its images: the prompt expanded
+    (the context is checked again at the expanded length), the Media, no prompt cache."""
+    from mlxcel.api.openai.generation import check_context
+
+    full, greq.media = await prepare(model, greq.prompt, images)
+    check_context(model, len(full), greq.max_tokens, param)
+    greq.prompt, greq.cache_prompt = full, False
+
+
+def from_anthropic(messages: list) -> list:
+    """Anthropic image blocks as image_url parts (base64 -> a data: URL, url -> the URL); the
+    other blocks are left for the route's own translation."""
+    out = []
+    for m in messages:
+        content = m.get("content") if isinstance(m, dict) else None
+        if not isinstance(content, list):
+            out.append(m)
+            continue
+        blocks = []
+        for b in content:
+            if isinstance(b, dict) and b.get("type") == "image":
+                src = b.get("source") or {}
+                if src.get("type") == "base64":
+                    url = f"data:{src.get('media_type') or 'image/png'};base64,{src.get('data') or ''}"
+                elif src.get("type") == "url":
+                    url = src.get("url")
+                else:
+                    raise ApiError(400, f"image source type {src.get('type')!r} is not supported (base64 or url)",
+                                   code="invalid_parameter", param="messages")
+                b = {"type": "image_url", "image_url": {"url": url}}
+            blocks.append(b)
+        out.append({**m, "content": blocks})
+    return out
+
+
+def anthropic_has_images(messages: Any) -> bool:
+    return any(p.get("type") == "image" for _, _, p in _parts(messages))
+
+
+def without_images(messages: list) -> list:
+    """The messages with their image parts left out: only for checking the rest's shape."""
+    return [{**m, "content": [p for p in m["content"] if not (isinstance(p, dict) and p.get("type") in IMAGE_PARTS)]}
+            if isinstance(m, dict) and isinstance(m.get("content"), list) else m for m in messages]

@@ -1,0 +1,121 @@
+"""http(s) media URLs: the address policy and the bounded fetch.
+
+A request naming a URL makes the server fetch it, so the server must not become a proxy into
+its own network. Non-public addresses are refused three times: before the request (the
+scheme is http/https, no credentials in the URL, an IP literal is checked, a host name is
+resolved and every address checked), on every redirect (followed by hand, at most five hops,
+each hop checked first), and after the connection (the peer actually reached is checked
+before a body byte is read, closing the DNS-rebinding window). A public address is one outside
+`REFUSED_NETWORKS`; an IPv4-mapped or IPv4-compatible IPv6 spelling is judged as the IPv4
+address it carries. `allow_private`
+(MLXCEL_ALLOW_PRIVATE_MEDIA_URLS=1, read by the CLI) turns every address check into a pass.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import socket
+from urllib.parse import urljoin, urlsplit
+
+FETCH_TIMEOUT_S = 10.0
+MAX_REDIRECTS = 5
+
+
+class FetchRefused(ValueError):
+    """A URL that is not fetched, or a fetch that failed (the message is the client's)."""
+
+
+# Refused ranges, spelled out rather than left to a library's notion of "global".
+REFUSED_NETWORKS = [ipaddress.ip_network(n) for n in (
+    "0.0.0.0/8",  # this network / unspecified
+    "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16",  # private
+    "100.64.0.0/10",  # carrier-grade NAT
+    "127.0.0.0/8",  # loopback
+    "169.254.0.0/16",  # link-local (cloud metadata at 169.254.169.254)
+    "192.0.0.0/24",  # IETF protocol assignments
+    "192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24",  # documentation
+    "198.18.0.0/15",  # benchmarking
+    "224.0.0.0/4",  # multicast
+    "240.0.0.0/4",  # reserved, and the broadcast address
+    "::/128", "::1/128",  # unspecified, loopback
+    "fc00::/7",  # unique-local
+    "fe80::/10", "fec0::/10",  # link-local, deprecated site-local
+    "2001:db8::/32",  # documentation
+    "ff00::/8",  # multicast
+)]
+
+
+def public(address: str) -> bool:
+    ip = ipaddress.ip_address(address.split("%", 1)[0])
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            ip = ip.ipv4_mapped
+        elif int(ip) >> 32 == 0 and int(ip) > 1:  # ::a.b.c.d, the deprecated IPv4-compatible form
+            ip = ipaddress.IPv4Address(int(ip))
+    return not any(ip in net for net in REFUSED_NETWORKS if net.version == ip.version)
+
+
+async def check_url(url: str, allow_private: bool) -> None:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https"):
+        raise FetchRefused(f"media URL scheme {parts.scheme!r} is not fetched; use http(s), file:// or data:")
+    if parts.username is not None or parts.password is not None:
+        raise FetchRefused("a media URL may not carry credentials")
+    host = parts.hostname
+    if not host:
+        raise FetchRefused("the media URL has no host")
+    if allow_private:
+        return
+    try:
+        addresses = [ipaddress.ip_address(host).compressed]
+    except ValueError:
+        try:
+            infos = await asyncio.get_running_loop().getaddrinfo(host, parts.port or 443, type=socket.SOCK_STREAM)
+        except OSError:
+            raise FetchRefused(f"the media URL host {host!r} does not resolve") from None
+        addresses = [info[4][0] for info in infos]
+    for a in addresses:
+        if not public(a):
+            raise FetchRefused(f"the media URL resolves to a non-public address ({a}); this server fetches public "
+                               f"addresses only")
+
+
+async def fetch(url: str, *, allow_private: bool, max_bytes: int) -> bytes:
+    """GET `url` under the address policy, following at most five checked redirects."""
+    import httpx
+
+    async with httpx.AsyncClient(follow_redirects=False, timeout=FETCH_TIMEOUT_S, trust_env=False) as client:
+        for _ in range(MAX_REDIRECTS + 1):
+            await check_url(url, allow_private)
+            try:
+                async with client.stream("GET", url) as r:
+                    if not allow_private:
+                        peer = _peer(r)
+                        if peer is None or not public(peer):
+                            raise FetchRefused("the media URL connected to a non-public address; this server "
+                                               "fetches public addresses only")
+                    if r.is_redirect:
+                        url = urljoin(url, r.headers.get("location", ""))
+                        continue
+                    if r.status_code != 200:
+                        raise FetchRefused(f"fetching the media URL answered HTTP {r.status_code}")
+                    if int(r.headers.get("content-length") or 0) > max_bytes:
+                        raise FetchRefused(f"the media URL's body is larger than the image payload limit of "
+                                           f"{max_bytes} bytes")
+                    body = bytearray()
+                    async for chunk in r.aiter_bytes():
+                        body += chunk
+                        if len(body) > max_bytes:
+                            raise FetchRefused(f"the media URL's body is larger than the image payload limit of "
+                                               f"{max_bytes} bytes")
+                    return bytes(body)
+            except httpx.HTTPError as e:
+                raise FetchRefused(f"fetching the media URL failed: {type(e).__name__}") from None
+    raise FetchRefused(f"the media URL redirected more than {MAX_REDIRECTS} times")
+
+
+def _peer(response) -> str | None:
+    stream = response.extensions.get("network_stream")
+    addr = stream.get_extra_info("server_addr") if stream is not None else None
+    return addr[0] if addr else None

@@ -1,0 +1,184 @@
+"""Images through /v1/chat/completions on a vision-language checkpoint, as a client sends them.
+
+One server (the tiny Qwen2-VL fixture, fp32, --media-path on a scratch directory, private
+fetches allowed so a local HTTP server can stand in for a public one). The answer to a data:
+image equals transformers' own greedy generate on the same picture and prompt; the same
+picture named by file:// (relative and absolute) and by http:// gives the same answer; an
+escape from the media root is refused; an image row and a text row sent together answer as
+they do alone.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+import httpx
+import numpy as np
+import pytest
+from PIL import Image
+
+from tests.conftest import ServerProcess, fixture_path
+from tests.fixtures import QWEN2_VL_TINY
+
+QUESTION = "What is in this picture?"
+MAX_TOKENS = 8
+
+
+def png(seed: int) -> bytes:
+    im = Image.fromarray(np.random.default_rng(seed).integers(0, 255, (60, 90, 3), dtype=np.uint8))
+    buf = io.BytesIO()
+    im.save(buf, "PNG")
+    return buf.getvalue()
+
+
+def data_url(seed: int) -> str:
+    return "data:image/png;base64," + base64.b64encode(png(seed)).decode()
+
+
+class _Quiet(SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def media_root(tmp_path_factory):
+    root = tmp_path_factory.mktemp("media").resolve()
+    (root / "pics").mkdir()
+    (root / "pics" / "cat.png").write_bytes(png(0))
+    (root.parent / "outside.png").write_bytes(png(0))
+    return root
+
+
+@pytest.fixture(scope="module")
+def http_root(media_root):
+    server = ThreadingHTTPServer(("127.0.0.1", 0), partial(_Quiet, directory=str(media_root)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def server(media_root):
+    fixture_path(QWEN2_VL_TINY)
+    s = ServerProcess(["-m", QWEN2_VL_TINY, "--offline", "--dtype", "float32", "--media-path", str(media_root)],
+                      env={"MLXCEL_ALLOW_PRIVATE_MEDIA_URLS": "1"})
+    yield s
+    s.stop()
+
+
+def ask(server, url: str | None, text: str = QUESTION, **extra):
+    content = [{"type": "text", "text": text}]
+    if url is not None:
+        content.insert(0, {"type": "image_url", "image_url": {"url": url}})
+    body = {"messages": [{"role": "user", "content": content}], "max_tokens": MAX_TOKENS, "temperature": 0, **extra}
+    return httpx.post(server.base_url + "/v1/chat/completions", json=body, timeout=120)
+
+
+def answer(server, url, text=QUESTION):
+    r = ask(server, url, text)
+    assert r.status_code == 200, r.text
+    return r.json()["choices"][0]["message"]["content"]
+
+
+def test_a_data_image_answers_as_transformers_generate(server):
+    import torch
+    from transformers import AutoTokenizer, Qwen2VLForConditionalGeneration
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    path = str(fixture_path(QWEN2_VL_TINY))
+    tok = AutoTokenizer.from_pretrained(path)
+    proc = Qwen2VLImageProcessorPil.from_pretrained(path)
+    pixels = proc(images=[Image.open(io.BytesIO(png(0))).convert("RGB")], return_tensors="pt")
+    n = int(pixels["image_grid_thw"][0].prod()) // 4
+    prompt = tok.apply_chat_template([{"role": "user", "content": [{"type": "image"},
+                                                                   {"type": "text", "text": QUESTION}]}],
+                                     tokenize=False, add_generation_prompt=True)
+    prompt = prompt.replace("<|image_pad|>", "<|image_pad|>" * n)
+    ids = torch.tensor([tok.encode(prompt, add_special_tokens=False)])
+    model = Qwen2VLForConditionalGeneration.from_pretrained(path, dtype=torch.float32).eval()
+    with torch.no_grad():
+        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), pixel_values=pixels["pixel_values"],
+                             image_grid_thw=pixels["image_grid_thw"], mm_token_type_ids=(ids == 151655).int(),
+                             max_new_tokens=MAX_TOKENS, do_sample=False)
+    r = ask(server, data_url(0))
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["choices"][0]["message"]["content"] == tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+    assert body["usage"]["prompt_tokens"] == ids.shape[1]
+    assert body["usage"]["prompt_tokens_details"]["cached_tokens"] == 0  # images skip the prompt cache
+    assert answer(server, data_url(1)) != body["choices"][0]["message"]["content"]
+
+
+def test_props_report_vision(server):
+    assert httpx.get(server.base_url + "/props").json()["modalities"] == {"vision": True, "video": False,
+                                                                          "audio": False}
+
+
+def test_file_and_http_urls_read_the_same_picture(server, media_root, http_root):
+    expected = answer(server, data_url(0))
+    for url in ("file://pics/cat.png", f"file://{media_root}/pics/cat.png", "file:///pics/cat.png",
+                f"{http_root}/pics/cat.png"):
+        assert answer(server, url) == expected, url
+
+
+@pytest.mark.parametrize("url, words", [
+    ("file:///etc/passwd", "escapes the --media-path root"),
+    ("file://../outside.png", "'..' is not allowed"),
+    ("file://pics/missing.png", "does not exist"),
+    ("file://pics/%2e%2e/x.png", "percent-encoded"),
+    ("data:image/png;base64,not-base64!", "not valid base64"),
+    ("data:image/png;base64," + base64.b64encode(b"not an image").decode(), "could not be decoded"),
+])
+def test_bad_media_is_refused_with_a_reason(server, url, words):
+    r = ask(server, url)
+    assert r.status_code == 400 and words in r.json()["error"]["message"]
+
+
+def test_other_media_and_a_spelled_placeholder_are_refused(server):
+    body = {"messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}]}]}
+    r = httpx.post(server.base_url + "/v1/chat/completions", json=body, timeout=60)
+    assert r.status_code == 501 and r.json()["error"]["message"].startswith("audio input is not supported")
+    r = ask(server, data_url(0), text="<|image_pad|> twice")
+    assert r.status_code == 400 and "placeholder" in r.json()["error"]["message"]
+
+
+def test_an_image_row_and_a_text_row_batch_as_they_answer_alone(server):
+    alone = (answer(server, data_url(2)), answer(server, None, "Name a colour."))
+    with ThreadPoolExecutor(2) as pool:
+        together = tuple(pool.map(lambda a: answer(server, *a), [(data_url(2), QUESTION), (None, "Name a colour.")]))
+    assert together == alone
+
+
+def test_streamed_image_answer_equals_the_whole(server):
+    with httpx.stream("POST", server.base_url + "/v1/chat/completions", timeout=120, json={
+            "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_url(0)}},
+                                                      {"type": "text", "text": QUESTION}]}],
+            "max_tokens": MAX_TOKENS, "temperature": 0, "stream": True}) as r:
+        import json
+
+        text = "".join(json.loads(line[6:])["choices"][0]["delta"].get("content") or ""
+                       for line in r.iter_lines() if line.startswith("data: {") and '"choices":[{' in line)
+    assert text == answer(server, data_url(0))
+
+
+def test_responses_and_messages_routes_take_the_same_picture(server):
+    expected = answer(server, data_url(0))
+    r = httpx.post(server.base_url + "/v1/responses", timeout=120, json={
+        "input": [{"role": "user", "content": [{"type": "input_image", "image_url": data_url(0)},
+                                               {"type": "input_text", "text": QUESTION}]}],
+        "max_output_tokens": MAX_TOKENS, "temperature": 0})
+    assert r.status_code == 200, r.text
+    assert r.json()["output"][0]["content"][0]["text"] == expected
+    r = httpx.post(server.base_url + "/v1/messages", timeout=120, json={
+        "max_tokens": MAX_TOKENS, "temperature": 0,
+        "messages": [{"role": "user", "content": [
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                         "data": base64.b64encode(png(0)).decode()}},
+            {"type": "text", "text": QUESTION}]}]})
+    assert r.status_code == 200, r.text
+    assert r.json()["content"][0]["text"] == expected

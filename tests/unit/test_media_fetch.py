@@ -1,0 +1,94 @@
+"""http(s) media URLs (api/media_fetch.py): the address policy, and a fetch from a local server
+when MLXCEL_ALLOW_PRIVATE_MEDIA_URLS=1 opens the private range."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from mlxcel.api.media_fetch import MAX_REDIRECTS, FetchRefused, check_url, fetch, public
+from mlxcel.cli.flags import parse_server_args
+
+REFUSED = ["127.0.0.1", "0.0.0.0", "10.1.2.3", "172.16.0.1", "192.168.1.1", "169.254.169.254", "100.64.0.1",
+           "192.0.0.8", "192.0.2.1", "198.18.0.1", "198.51.100.1", "203.0.113.1", "224.0.0.1", "240.0.0.1",
+           "255.255.255.255", "::1", "::", "fc00::1", "fd12::1", "fe80::1", "2001:db8::1", "ff02::1",
+           "::ffff:127.0.0.1", "::ffff:169.254.169.254", "::127.0.0.1", "::10.0.0.1"]
+PUBLIC = ["8.8.8.8", "1.1.1.1", "2606:4700:4700::1111", "::ffff:8.8.8.8"]
+
+
+@pytest.mark.parametrize("address", REFUSED)
+def test_non_public_addresses_are_refused(address):
+    assert not public(address)
+    with pytest.raises(FetchRefused, match="non-public"):
+        asyncio.run(check_url(f"http://[{address}]/a.png" if ":" in address else f"http://{address}/a.png", False))
+
+
+@pytest.mark.parametrize("address", PUBLIC)
+def test_public_addresses_pass(address):
+    assert public(address)
+
+
+def test_scheme_credentials_and_names():
+    for url, words in (("ftp://8.8.8.8/a.png", "scheme"), ("http://u:p@8.8.8.8/a.png", "credentials"),
+                       ("http://localhost/a.png", "non-public")):
+        with pytest.raises(FetchRefused, match=words):
+            asyncio.run(check_url(url, False))
+
+
+def test_the_cli_reads_the_switch():
+    assert not parse_server_args(["-m", "x"], {}).allow_private_media_urls
+    assert parse_server_args(["-m", "x"], {"MLXCEL_ALLOW_PRIVATE_MEDIA_URLS": "1"}).allow_private_media_urls
+
+
+class _Handler(BaseHTTPRequestHandler):
+    def do_GET(self):  # noqa: N802
+        if self.path.startswith("/hop"):
+            n = int(self.path[4:] or 0)
+            self.send_response(302)
+            self.send_header("Location", f"/hop{n + 1}" if n < 10 else "/img")
+            self.end_headers()
+            return
+        if self.path == "/img" or self.path == "/redirect":
+            if self.path == "/redirect":
+                self.send_response(301)
+                self.send_header("Location", "/img")
+                self.end_headers()
+                return
+            body = b"\x89PNG-bytes"
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
+        self.send_response(404)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def local():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def test_a_local_fetch_needs_the_switch(local):
+    with pytest.raises(FetchRefused, match="non-public"):
+        asyncio.run(fetch(local + "/img", allow_private=False, max_bytes=1000))
+    assert asyncio.run(fetch(local + "/img", allow_private=True, max_bytes=1000)) == b"\x89PNG-bytes"
+    assert asyncio.run(fetch(local + "/redirect", allow_private=True, max_bytes=1000)) == b"\x89PNG-bytes"
+
+
+def test_fetch_limits(local):
+    with pytest.raises(FetchRefused, match="payload limit"):
+        asyncio.run(fetch(local + "/img", allow_private=True, max_bytes=4))
+    with pytest.raises(FetchRefused, match=f"more than {MAX_REDIRECTS}"):
+        asyncio.run(fetch(local + "/hop0", allow_private=True, max_bytes=1000))
+    with pytest.raises(FetchRefused, match="HTTP 404"):
+        asyncio.run(fetch(local + "/nothing", allow_private=True, max_bytes=1000))
