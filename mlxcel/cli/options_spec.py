@@ -121,6 +121,14 @@ def check_draft(settings: Any, target: Path, draft: Path) -> None:
                              f"on {settings.backend}; pick a draft checkpoint both can share")
 
 
+def refuse_unused(settings: Any, mode: str) -> None:
+    """Speculation asked for where no single generation model runs (the router, or an
+    --embeddings / --reranking server) would be parsed and never used: refused instead."""
+    if settings.spec_type not in (None, "none") or settings.spec_draft_model or settings.spec_draft_hf:
+        raise StartupRefusal(f"--spec-type / --spec-draft-model / --spec-draft-hf: speculative decoding drafts for the "
+                             f"-m generation model, and this server runs {mode}")
+
+
 def spec_config(settings: Any, draft_path: Path | None):
     """The engine's SpecConfig, or None when nothing speculates. A draft model with --spec-type
     not given means draft-simple; an explicit none turns speculation off (the draft is then not

@@ -66,6 +66,15 @@ def test_other_modes_knobs_are_inert_at_defaults_and_refused_otherwise():
             parse(flag, "cache.bin")
 
 
+def test_speculation_without_a_generation_model_is_refused():
+    from mlxcel.cli.options_spec import refuse_unused
+
+    refuse_unused(parse("--spec-type", "none"), "the router")  # nothing asked: nothing refused
+    for args in (("-md", "d"), ("--spec-type", "ngram-simple"), ("-hfd", "o/d")):
+        with pytest.raises(StartupRefusal, match="runs the router"):
+            refuse_unused(parse(*args), "the router")
+
+
 def test_a_draft_must_share_the_target_vocabulary():
     from mlxcel.cli.options_spec import check_draft
     from tests.fixtures import DEFAULT_MODEL, QWEN2_TINY, available, fixture_path
