@@ -54,7 +54,8 @@ def attach(model, kind, draft_model=None, **kw):
         target_vocab=model.info.vocab_size))
 
 
-async def run(model, prompt, params, max_tokens, **kw):
+async def run(model, prompt, params, max_tokens, kw=None):
+    kw = kw or {}
     handle = model.engine.submit(GenerationRequest(prompt=prompt, params=params, max_tokens=max_tokens, **kw))
     tokens, last = [], None
     async for ev in handle:
@@ -147,3 +148,26 @@ def test_draft_p_min_stops_drafting_and_the_draft_cache_follows_the_context():
     d.release(b)
     assert a.seq is None and be.allocator.used_blocks == 0
     assert drafter(1.0).propose([(RowSpec(), ctx, 7, 4)]) == [[]]  # no draft token is that certain
+
+
+def test_lora_rows_speculate_with_their_own_scales():
+    """A verify row carries the request's adapter scales: speculated text under a LoRA adapter is
+    the adapted model's plain text (and differs from the base model's)."""
+    from mlxcel.cli.flags import parse_server_args
+    from mlxcel.runtime import load_served_model
+    from tests.fixtures import LORA_SMOLLM2, fixture_path as store_path, lora_available
+
+    if not lora_available(LORA_SMOLLM2):
+        pytest.skip("LoRA fixture not built")
+    settings = parse_server_args(["-m", DEFAULT_MODEL, "--backend", "mlx", "-np", "1", "-c", "1024", "--no-warmup",
+                                  "--lora-scaled", f"{store_path(LORA_SMOLLM2)}:4.0"], {})
+    model = load_served_model(settings, fixture_path(DEFAULT_MODEL))
+    try:
+        prompt = model.tokenizer.encode(PROMPTS[0])
+        base = generate(model, [(prompt, GREEDY, 12, {"lora": (0.0,)})])[0][0]
+        timings = scenario(model, NGRAM_SIMPLE, which=(0,), ngram_size_n=1, ngram_size_m=4)
+        adapted = generate(model, [(prompt, GREEDY, 12)])[0][0]
+        assert adapted != base
+        assert timings[0].draft_rounds > 0
+    finally:
+        model.engine.shutdown()
