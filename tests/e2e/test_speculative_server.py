@@ -7,6 +7,7 @@ against plain decoding in tests/models/test_speculative.py.
 
 from __future__ import annotations
 
+import json
 import re
 
 import httpx
@@ -46,3 +47,15 @@ def test_grammar_and_stop_hold_under_speculation(server):
     assert re.fullmatch(r"(ab|b)+", out["content"]), out["content"]
     out = completion(server, prompt="Count: 1, 2, 3,", n_predict=24, stop=[","])
     assert out["stop_type"] == "word" and out["stopping_word"] == "," and "," not in out["content"]
+
+
+def test_chat_completions_carry_timings_when_drafted(server):
+    body = {"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8, "temperature": 0}
+    r = httpx.post(server.base_url + "/v1/chat/completions", json=body, timeout=120).json()
+    assert r["timings"]["draft_kind"] == "draft-simple" and r["timings"]["predicted_n"] == r["usage"]["completion_tokens"]
+    with httpx.stream("POST", server.base_url + "/v1/chat/completions", json={**body, "stream": True},
+                      timeout=120) as s:
+        frames = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: {")]
+    finish = [f for f in frames if f["choices"] and f["choices"][0]["finish_reason"]]
+    assert len(finish) == 1 and finish[0]["timings"]["draft_rounds"] >= 1
+    assert all("timings" not in f for f in frames if f is not finish[0])
