@@ -553,7 +553,8 @@ class Engine:
         """This step's forwards: all decoding rows together, then prefill chunks (each its
         own forward: padding a chunk's width onto every decode row would waste compute)
         under the `batch_size` token budget. Without continuous batching, prompts are only
-        processed when nothing is decoding. Rows with a draft verify after the plan instead."""
+        processed when nothing is decoding. Rows with a draft are verified in the decode forward
+        instead (`_forward`'s `drafted`)."""
         verifying = {id(r) for r, _ in drafted}
         decode = [(r, [r.next_token]) for r in self._rows if not r.pending and id(r) not in verifying]
         groups = [decode] if decode else []
@@ -570,21 +571,25 @@ class Engine:
     def _step(self) -> None:
         spec = self.speculator
         drafted = spec.draft(self, [r for r in self._rows if not r.pending]) if spec is not None else []
-        for group in self._plan(drafted):
-            self._forward(group)
-        if drafted:
-            spec.verify(self, drafted)
+        groups = self._plan(drafted)
+        if drafted and not (groups and not groups[0][0][0].pending):
+            groups.insert(0, [])  # no plain decode row: the verify rows make the decode forward alone
+        for i, group in enumerate(groups):
+            self._forward(group, drafted if i == 0 else ())
 
-    def _forward(self, plan: list[tuple[_Row, list[int]]]) -> None:
+    def _forward(self, plan: list[tuple[_Row, list[int]]], drafted=()) -> None:
+        """One backend forward over `plan`; the decode forward also carries the drafted rows'
+        verify positions (engine/speculative.py), which are sampled after the plan's rows."""
         now = time.perf_counter()
         for row, _ in plan:
             if row.slot < 0:
                 row.slot, row.t_start = self._free_slot(row), now
                 self._progress(row)
+        verify, spans = self.speculator.verify_rows(drafted) if drafted else ([], [])
         logits = self.backend.forward([ForwardRow(toks, row.cache, row.request.steering, row.request.capture,
-                                                   row.request.lora) for row, toks in plan])
+                                                   row.request.lora) for row, toks in plan] + verify)
         self._stats.n_decode_total += 1
-        self._stats.n_busy_slots_total += len(plan)
+        self._stats.n_busy_slots_total += len(plan) + len(spans)
         for i, (row, toks) in enumerate(plan):
             if row.pending:
                 del row.pending[: len(toks)]
@@ -599,6 +604,8 @@ class Engine:
                 self._stats.t_prompt_processing_total += prompt_ms
                 self._stats.t_prompt_processing += prompt_ms
             self._sample(row, logits[i])
+        if spans:
+            self.speculator.accept(self, spans, logits[len(plan):])
 
     def _progress(self, row: _Row) -> None:
         if row.request.return_progress:

@@ -178,7 +178,8 @@ class _At:
 
 
 class Speculator:
-    """The engine's speculation seam: `draft` before the step's forwards, `verify` after."""
+    """The engine's speculation seam: `draft` before the step's plan, `verify_rows` joining the
+    decode forward, `accept` after it, `before_release` when a row leaves."""
 
     def __init__(self, config: SpecConfig, drafter) -> None:
         self.config, self.drafter = config, drafter
@@ -212,12 +213,11 @@ class Speculator:
             return []
         return [(row, d) for row, d in zip(owners, self.drafter.propose(items)) if d and len(d) >= n_min]
 
-    def verify(self, engine, drafted: list[tuple[object, list[int]]]) -> None:
-        """One batched target forward over every drafted row's [last, d1..dk], each position its
-        own one-token row at its own offset of the row's sequence (so each is computed exactly
-        as a plain decode step would compute it); then each row samples its positions in order
-        with its own chain until a sampled token differs from the draft (it is emitted instead)
-        or the row ends, and the KV of the positions it did not keep is trimmed."""
+    def verify_rows(self, drafted: list[tuple[object, list[int]]]) -> tuple[list, list]:
+        """The forward rows that verify every drafted row's [last, d1..dk], each position its own
+        one-token row at its own offset of the row's sequence (so each is computed exactly as a
+        plain decode step would compute it; the engine runs them in its decode forward), and the
+        spans `accept` reads their logits by."""
         batch, spans = [], []
         for row, draft in drafted:
             seq, toks = row.cache, [row.next_token] + draft
@@ -227,9 +227,12 @@ class Speculator:
             batch += [ForwardRow([t], _At(seq, base + j), row.request.steering, None, row.request.lora)
                       for j, t in enumerate(toks)]
             seq.tokens.extend(toks)  # every position's K/V is written by this forward
-        logits = engine.backend.forward(batch)
-        engine._stats.n_decode_total += 1
-        engine._stats.n_busy_slots_total += len(spans)
+        return batch, spans
+
+    def accept(self, engine, spans: list, logits) -> None:
+        """Each drafted row samples its positions in order with its own chain until a sampled
+        token differs from the draft (it is emitted instead) or the row ends; the KV of the
+        positions it did not keep is trimmed."""
         for row, draft, base, at in spans:
             self._accept(engine, row, draft, base, logits[at:at + len(draft) + 1])
 
