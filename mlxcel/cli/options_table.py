@@ -18,7 +18,6 @@ from mlxcel.cli import options_spec as sp
 from mlxcel.cli.options_model import (
     ALIASED,
     BY_DESIGN,
-    DEFERRED,
     FLAG,
     NOT_APPLICABLE,
     PAIR,
