@@ -135,6 +135,8 @@ def load_served_model(settings: ServerSettings, path: Path, served_id: str | Non
                     context_shift=settings.context_shift, keep=settings.keep, special=settings.special,
                     sleep_idle_seconds=settings.sleep_idle_seconds, reload=lambda: backend_with_adapters()[0])
     engine.lora = lora
+    if served_id is None and settings.speculative is not None:  # the draft was chosen for the -m model only
+        engine.speculator = load_speculator(settings, settings.speculative, engine, tokenizer, choice.backend)
     if settings.warmup:
         seq = backend.new_sequence()
         backend.forward([ForwardRow([0], seq)])  # first-call costs off the request path
@@ -160,6 +162,30 @@ def load_served_model(settings: ServerSettings, path: Path, served_id: str | Non
     served.vision = vision
     load_default_grammar(settings, served)
     return served
+
+
+def load_speculator(settings: ServerSettings, config, engine, tokenizer, backend_name: str):
+    """The engine's Speculator for `config`: an n-gram drafter, or the draft checkpoint loaded on
+    the target's backend (the CLI checked its vocabulary and backend before the load started)."""
+    from mlxcel.engine.engine import BLOCK_SIZE
+    from mlxcel.engine.speculative import DRAFT, ModelDrafter, NgramDrafter, Speculator
+
+    if config.kind != DRAFT:
+        return Speculator(config, NgramDrafter(config))
+    from dataclasses import replace
+
+    from mlxcel.models.rope_overrides import RopeOverrides
+
+    path = config.draft_model
+    # the draft runs as its checkpoint says: --rope-* overrides and LoRA adapters are the target's
+    draft, choice = load_backend(replace(settings, rope=RopeOverrides()), path)
+    if choice.backend != backend_name:
+        raise RuntimeError(f"the draft model {path.name} would run on {choice.backend}, the target on {backend_name}")
+    drafter = ModelDrafter(draft, config, n_ctx_slot=engine.n_ctx_slot, parallel=engine.parallel,
+                           batch_size=engine.batch_size, block_size=BLOCK_SIZE,
+                           target_vocab=engine.backend.info.vocab_size)
+    log.info("speculative decoding: draft-simple with %s (n_max %d)", path.name, config.n_max)
+    return Speculator(config, drafter)
 
 
 def load_vision(settings: ServerSettings, path: Path, backend, tokenizer):

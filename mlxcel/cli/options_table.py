@@ -14,10 +14,10 @@ from functools import partial
 from mlxcel.cli import options_apply as a
 from mlxcel.cli import options_lora as lo
 from mlxcel.cli import options_sampling as sa
+from mlxcel.cli import options_spec as sp
 from mlxcel.cli.options_model import (
     ALIASED,
     BY_DESIGN,
-    DEFERRED,
     FLAG,
     NOT_APPLICABLE,
     PAIR,
@@ -48,7 +48,10 @@ ONE_DEVICE = "mlxcel runs the whole model on one MLX device and does not split i
 MOE_CPU = "mlxcel keeps every expert on the MLX device; there is no CPU expert placement"
 LOAD = "mlxcel reads SafeTensors through MLX and has no mlock / direct-I/O load mode; accepted: --load-mode auto|mmap"
 GGML_ONLY = "this is a GGML backend setting with no MLX counterpart"
-NO_DRAFT = "mlxcel has no draft model to place; this tunes speculative decoding"
+NO_DRAFT = "the draft model runs on the target's backend and device; there is no draft layer placement to tune"
+NO_DRAFT_SAMPLING = "mlxcel's draft sampling always runs on the draft's own device, so there is no switch to make"
+NGRAM_OTHER = ("mlxcel's only n-gram drafter is ngram-simple (--spec-type refuses {mode}), so this {mode} knob has "
+               "nothing to tune: the default is accepted, any other value refused")
 UI = "mlxcel ships no web UI and executes no server-side tools; use the HTTP API directly (the --no-... form is accepted)"
 GGUF = "mlxcel loads MLX SafeTensors checkpoints, not GGUF files; pass an MLX checkpoint with -m <dir|owner/name>"
 
@@ -71,11 +74,12 @@ PRESETS = {
 
 def _preset(name: str) -> Option:
     if name == "--spec-default":
-        why = ("this preset enables b10621's n-gram drafter; mlxcel has no n-gram speculative decoding, "
-               "start without it")
+        why = ("this preset enables b10621's ngram-mod drafter, which mlxcel does not implement; mlxcel's n-gram "
+               "drafter is --spec-type ngram-simple")
     else:
         repo = PRESETS[name]
-        extra = " (speculative drafting is not available, so the draft half is dropped)" if name.endswith("-spec") else ""
+        extra = (" plus --spec-draft-model <a small MLX checkpoint with the same vocabulary>" if name.endswith("-spec")
+                 else "")
         why = (f"this preset downloads a GGUF model and rewrites server parameters; the nearest MLX checkpoint is "
                f"{repo}: run `mlxcel-server -m {repo}` or `mlxcel serve -m {repo}`{extra}")
     return X(name, state=NOT_APPLICABLE, why=why)
@@ -268,9 +272,11 @@ _COMMON: tuple[Option, ...] = (
     C("--log-timestamps, --no-log-timestamps", PAIR, env="LLAMA_ARG_LOG_TIMESTAMPS", default="true", state=SUPPORTED,
       apply=a.flag_to("log_timestamps"), help="timestamp on each log line"),
     C("--spec-draft-type-k, -ctkd, --cache-type-k-draft", VALUE, mv="TYPE", env="LLAMA_ARG_SPEC_DRAFT_CACHE_TYPE_K",
-      default="f16", state=DEFERRED, inert=eq("f16")),
+      default="f16", state=SUPPORTED, apply=a.cache_type("spec_draft_cache_type_k"),
+      help="draft model KV cache type for K (f16 only, as --cache-type-k)"),
     C("--spec-draft-type-v, -ctvd, --cache-type-v-draft", VALUE, mv="TYPE", env="LLAMA_ARG_SPEC_DRAFT_CACHE_TYPE_V",
-      default="f16", state=DEFERRED, inert=eq("f16")),
+      default="f16", state=SUPPORTED, apply=a.cache_type("spec_draft_cache_type_v"),
+      help="draft model KV cache type for V (f16 only, as --cache-type-v)"),
 )
 
 _SAMPLING: tuple[Option, ...] = (
@@ -352,7 +358,7 @@ _SAMPLING: tuple[Option, ...] = (
 
 _SPEC: tuple[Option, ...] = (
     D("--spec-draft-hf, -hfd, -hfrd, --hf-repo-draft", VALUE, mv="<user>/<model>", env="LLAMA_ARG_SPEC_DRAFT_HF_REPO",
-      state=DEFERRED),
+      state=ALIASED, apply=sp.apply_draft_hf, help="Hugging Face repository of the MLX draft checkpoint (wins over -md)"),
     ggml_draft("--spec-draft-threads, -td, --threads-draft", mv="N", why=THREADS, inert=le(0)),
     ggml_draft("--spec-draft-threads-batch, -tbd, --threads-batch-draft", mv="N", why=THREADS, inert=le(0)),
     ggml_draft("--spec-draft-cpu-mask, -Cd, --cpu-mask-draft", mv="M", why=POOL, inert=eq("")),
@@ -369,33 +375,49 @@ _SPEC: tuple[Option, ...] = (
     ggml_draft("--spec-draft-cpu-moe, -cmoed, --cpu-moe-draft", FLAG, env="LLAMA_ARG_SPEC_DRAFT_CPU_MOE", why=MOE_CPU),
     ggml_draft("--spec-draft-n-cpu-moe, --spec-draft-ncmoe, -ncmoed, --n-cpu-moe-draft", mv="N",
                env="LLAMA_ARG_SPEC_DRAFT_N_CPU_MOE", why=MOE_CPU, inert=eq("0")),
-    D("--spec-draft-n-max", VALUE, mv="N", env="LLAMA_ARG_SPEC_DRAFT_N_MAX", default="3", state=DEFERRED, inert=eq("3")),
-    D("--spec-draft-n-min", VALUE, mv="N", env="LLAMA_ARG_SPEC_DRAFT_N_MIN", default="0", state=DEFERRED, inert=eq("0")),
+    D("--spec-draft-n-max", VALUE, mv="N", env="LLAMA_ARG_SPEC_DRAFT_N_MAX", default="3", state=SUPPORTED,
+      apply=sp.bounded_int("spec_draft_n_max", 1), help="draft tokens per verify round (draft model)"),
+    D("--spec-draft-n-min", VALUE, mv="N", env="LLAMA_ARG_SPEC_DRAFT_N_MIN", default="0", state=SUPPORTED,
+      apply=sp.bounded_int("spec_draft_n_min", 0), help="a shorter draft is dropped (draft model)"),
     D("--spec-draft-p-split, --draft-p-split", VALUE, mv="P", env="LLAMA_ARG_SPEC_DRAFT_P_SPLIT", default="0.10",
-      state=DEFERRED, inert=eq("0.1")),
+      state=SUPPORTED, apply=sp.apply_p_split, help="checked and unused, as in b10621"),
     D("--spec-draft-p-min, --draft-p-min", VALUE, mv="P", env="LLAMA_ARG_SPEC_DRAFT_P_MIN", default="0.00",
-      state=DEFERRED, inert=eq("0")),
+      state=SUPPORTED, apply=sp.apply_p_min, help="stop drafting when the draft's top probability is lower"),
     ggml_draft("--spec-draft-backend-sampling, --no-spec-draft-backend-sampling", PAIR,
-               env="LLAMA_ARG_SPEC_DRAFT_BACKEND_SAMPLING", default="true", why=NO_DRAFT, inert=always),
+               env="LLAMA_ARG_SPEC_DRAFT_BACKEND_SAMPLING", default="true", why=NO_DRAFT_SAMPLING, inert=always),
     ggml_draft("--spec-draft-device, -devd, --device-draft", mv="<dev1,dev2,..>",
                why="mlxcel runs on the one MLX device and has no backend device list"),
     ggml_draft("--spec-draft-ngl, -ngld, --gpu-layers-draft, --n-gpu-layers-draft", mv="N",
                env="LLAMA_ARG_N_GPU_LAYERS_DRAFT", default="auto", why=NO_DRAFT, inert=eq("auto", "all")),
-    D("--spec-draft-model, -md, --model-draft", VALUE, mv="FNAME", env="LLAMA_ARG_SPEC_DRAFT_MODEL", state=DEFERRED,
-      path_value=True),
-    D("--spec-type", VALUE, mv="TYPES", env="LLAMA_ARG_SPEC_TYPE", default="none", state=DEFERRED, inert=eq("none")),
-    D("--spec-ngram-mod-n-min", VALUE, mv="N", default="48", state=DEFERRED, inert=eq("48")),
-    D("--spec-ngram-mod-n-max", VALUE, mv="N", default="64", state=DEFERRED, inert=eq("64")),
-    D("--spec-ngram-mod-n-match", VALUE, mv="N", default="24", state=DEFERRED, inert=eq("24")),
-    D("--spec-ngram-simple-size-n", VALUE, mv="N", default="12", state=DEFERRED, inert=eq("12")),
-    D("--spec-ngram-simple-size-m", VALUE, mv="N", default="48", state=DEFERRED, inert=eq("48")),
-    D("--spec-ngram-simple-min-hits", VALUE, mv="N", default="1", state=DEFERRED, inert=eq("1")),
-    D("--spec-ngram-map-k-size-n", VALUE, mv="N", default="12", state=DEFERRED, inert=eq("12")),
-    D("--spec-ngram-map-k-size-m", VALUE, mv="N", default="48", state=DEFERRED, inert=eq("48")),
-    D("--spec-ngram-map-k-min-hits", VALUE, mv="N", default="1", state=DEFERRED, inert=eq("1")),
-    D("--spec-ngram-map-k4v-size-n", VALUE, mv="N", default="12", state=DEFERRED, inert=eq("12")),
-    D("--spec-ngram-map-k4v-size-m", VALUE, mv="N", default="48", state=DEFERRED, inert=eq("48")),
-    D("--spec-ngram-map-k4v-min-hits", VALUE, mv="N", default="1", state=DEFERRED, inert=eq("1")),
+    D("--spec-draft-model, -md, --model-draft", VALUE, mv="FNAME", env="LLAMA_ARG_SPEC_DRAFT_MODEL", state=SUPPORTED,
+      apply=sp.apply_draft_model, path_value=True,
+      help="draft checkpoint (dir | owner/name) with the target's vocabulary; alone it selects draft-simple"),
+    D("--spec-type", VALUE, mv="TYPES", env="LLAMA_ARG_SPEC_TYPE", default="none", state=SUPPORTED,
+      apply=sp.apply_spec_type, help="none | draft-simple | ngram-simple (the other b10621 types are refused)"),
+    D("--spec-ngram-mod-n-min", VALUE, mv="N", default="48", state=NOT_APPLICABLE, inert=eq("48"),
+      why=NGRAM_OTHER.format(mode="ngram-mod")),
+    D("--spec-ngram-mod-n-max", VALUE, mv="N", default="64", state=NOT_APPLICABLE, inert=eq("64"),
+      why=NGRAM_OTHER.format(mode="ngram-mod")),
+    D("--spec-ngram-mod-n-match", VALUE, mv="N", default="24", state=NOT_APPLICABLE, inert=eq("24"),
+      why=NGRAM_OTHER.format(mode="ngram-mod")),
+    D("--spec-ngram-simple-size-n", VALUE, mv="N", default="12", state=SUPPORTED,
+      apply=sp.bounded_int("spec_ngram_simple_size_n", 1), help="ngram-simple: length of the looked-up n-gram"),
+    D("--spec-ngram-simple-size-m", VALUE, mv="N", default="48", state=SUPPORTED,
+      apply=sp.bounded_int("spec_ngram_simple_size_m", 1), help="ngram-simple: longest continuation drafted"),
+    D("--spec-ngram-simple-min-hits", VALUE, mv="N", default="1", state=SUPPORTED,
+      apply=sp.bounded_int("spec_ngram_simple_min_hits", 0), help="checked; ngram-simple never reads it, as in b10621"),
+    D("--spec-ngram-map-k-size-n", VALUE, mv="N", default="12", state=NOT_APPLICABLE, inert=eq("12"),
+      why=NGRAM_OTHER.format(mode="ngram-map-k")),
+    D("--spec-ngram-map-k-size-m", VALUE, mv="N", default="48", state=NOT_APPLICABLE, inert=eq("48"),
+      why=NGRAM_OTHER.format(mode="ngram-map-k")),
+    D("--spec-ngram-map-k-min-hits", VALUE, mv="N", default="1", state=NOT_APPLICABLE, inert=eq("1"),
+      why=NGRAM_OTHER.format(mode="ngram-map-k")),
+    D("--spec-ngram-map-k4v-size-n", VALUE, mv="N", default="12", state=NOT_APPLICABLE, inert=eq("12"),
+      why=NGRAM_OTHER.format(mode="ngram-map-k4v")),
+    D("--spec-ngram-map-k4v-size-m", VALUE, mv="N", default="48", state=NOT_APPLICABLE, inert=eq("48"),
+      why=NGRAM_OTHER.format(mode="ngram-map-k4v")),
+    D("--spec-ngram-map-k4v-min-hits", VALUE, mv="N", default="1", state=NOT_APPLICABLE, inert=eq("1"),
+      why=NGRAM_OTHER.format(mode="ngram-map-k4v")),
     # removed upstream: b10621 itself refuses these, so refusing them is matching behaviour
     D("--draft, --draft-n, --draft-max", VALUE, mv="N", env="LLAMA_ARG_DRAFT_MAX", state=SUPPORTED, hidden=True,
       why=_removed("--spec-draft-n-max or --spec-ngram-mod-n-max")),
@@ -413,8 +435,9 @@ NO_SLOT_STATE = ("mlxcel keeps no per-slot retained prompts, shared KV buffer or
                  "prompt reuse goes through one process-wide prefix cache")
 
 _SERVER: tuple[Option, ...] = (
-    X("-lcs, --lookup-cache-static", VALUE, mv="FNAME", state=DEFERRED, path_value=True),
-    X("-lcd, --lookup-cache-dynamic", VALUE, mv="FNAME", state=DEFERRED, path_value=True),
+    X("-lcs, --lookup-cache-static", VALUE, mv="FNAME", state=NOT_APPLICABLE, path_value=True, apply=sp.refuse_lookup_cache),
+    X("-lcd, --lookup-cache-dynamic", VALUE, mv="FNAME", state=NOT_APPLICABLE, path_value=True,
+      apply=sp.refuse_lookup_cache),
     X("-ctxcp, --ctx-checkpoints, --swa-checkpoints", VALUE, mv="N", env="LLAMA_ARG_CTX_CHECKPOINTS", default="32",
       state=NOT_APPLICABLE, inert=eq("0"), why=NO_SLOT_STATE + " (accepted: 0)"),
     X("-cms, --checkpoint-min-step", VALUE, mv="N", env="LLAMA_ARG_CHECKPOINT_MIN_SPACING_NT", default="8192",

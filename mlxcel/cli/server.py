@@ -50,6 +50,12 @@ def resolve(settings: ServerSettings) -> Path:
         from mlxcel.cli.options_lora import load_for_checkpoint
 
         settings.lora_loaded = load_for_checkpoint(settings, path)
+    from mlxcel.cli.options_spec import check_draft, resolve_draft, spec_config
+
+    draft = resolve_draft(settings, resolve_ref) if settings.spec_type != "none" else None
+    settings.speculative = spec_config(settings, draft)
+    if draft is not None:
+        check_draft(settings, path, draft)
     return path
 
 
@@ -116,6 +122,9 @@ def main(argv: list[str] | None = None, prog: str = "mlxcel-server") -> int:
     from mlxcel.router.mode import is_router
 
     if is_router(settings):  # --models-dir / --models-preset without a model: the router (mlxcel/router)
+        from mlxcel.cli.options_spec import refuse_unused
+
+        refuse_unused(settings, "the router's model pool instead (--models-dir / --models-preset)")
         serve_router(settings)
         return 0
     # mode switch: --embeddings / --reranking serve a side worker and no chat model
@@ -125,6 +134,9 @@ def main(argv: list[str] | None = None, prog: str = "mlxcel-server") -> int:
         from mlxcel.cli.options_lora import refuse_without_generation
 
         refuse_without_generation(settings)
+        from mlxcel.cli.options_spec import refuse_unused
+
+        refuse_unused(settings, "none (--embeddings / --reranking)")
     if path is None and any(s.kind in (EMBEDDING, RERANKER) for s in plan.sides):
         choose_backend(settings, None)  # an embedder / reranker runs on the same choice (Whisper is MLX's)
     serve(settings, path, plan)

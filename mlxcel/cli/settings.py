@@ -83,6 +83,19 @@ class ServerSettings:
     ubatch_size: int | None = None  # accepted and reported only (no micro-batch on MLX)
     cache_type_k: str = "f16"
     cache_type_v: str = "f16"
+    # speculative decoding (cli/options_spec.py; engine/speculative.py)
+    spec_type: str | None = None  # none | draft-simple | ngram-simple; None: not given (-md alone selects draft)
+    spec_draft_model: str | None = None  # -md as given
+    spec_draft_hf: str | None = None  # --spec-draft-hf as given (wins over -md)
+    spec_draft_n_max: int = 3
+    spec_draft_n_min: int = 0
+    spec_draft_p_min: float = 0.0
+    spec_ngram_simple_size_n: int = 12
+    spec_ngram_simple_size_m: int = 48
+    spec_ngram_simple_min_hits: int = 1  # checked only: ngram-simple never reads it (as in b10621)
+    spec_draft_cache_type_k: str = "f16"
+    speculative: object | None = None  # the resolved engine SpecConfig (cli/options_spec.spec_config)
+    spec_draft_cache_type_v: str = "f16"
     gpu_layers: str | None = None  # integer values are checked once the checkpoint is known
     metrics: bool = False
     props: bool = False

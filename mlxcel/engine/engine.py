@@ -99,6 +99,7 @@ class _Row:
     has_new_line: bool = False
     grammar: object | None = None  # this row's GrammarMatcher (engine/grammar.py), if constrained
     budget: object | None = None  # this row's BudgetTracker (engine/reasoning_budget.py), if budgeted
+    spec: object | None = None  # this row's RowSpec (engine/speculative.py) once it speculated
 
     @property
     def request(self) -> GenerationRequest:
@@ -131,7 +132,7 @@ class Engine:
                  cache_budget_bytes: int | None = 2048 << 20, cont_batching: bool = True,
                  max_queue_depth: int = 64, context_shift: bool = False, keep: int = 0,
                  special: bool = False, sleep_idle_seconds: int = -1,
-                 reload: Callable[[], Backend] | None = None) -> None:
+                 reload: Callable[[], Backend] | None = None, speculator=None) -> None:
         self.backend = backend
         self.tokenizer = tokenizer
         self.parallel = max(1, parallel)
@@ -143,6 +144,7 @@ class Engine:
         self.context_shift = context_shift  # at the bound: drop tokens after n_keep instead of stopping
         self.keep = keep  # the server's default n_keep (--keep)
         self.special = special  # --special: special tokens are rendered as their text
+        self.speculator = speculator  # engine/speculative.Speculator (--spec-type / -md), or None
         self._outstanding = 0  # submitted and not yet retired (queued or holding a slot)
         self._count_lock = threading.Lock()
         self._cache_prompt, self._cache_budget = cache_prompt, cache_budget_bytes
@@ -538,6 +540,8 @@ class Engine:
 
     def _release(self, row: _Row) -> None:
         """Give the row's KV back, offering its full blocks to the prefix cache first."""
+        if self.speculator is not None:
+            self.speculator.before_release(row)  # trims a mid-verification KV first
         if row.slot >= 0:
             self.slot_tokens[row.slot] = list(row.cache.tokens)
         if row.request.cache_prompt and not row.shifted and row.request.media is None:
@@ -545,15 +549,17 @@ class Engine:
         row.cache.release()
         self.prefix_cache.trim()
 
-    def _plan(self) -> list[list[tuple[_Row, list[int]]]]:
+    def _plan(self, drafted: list[tuple[_Row, list[int]]] = ()) -> list[list[tuple[_Row, list[int]]]]:
         """This step's forwards: all decoding rows together, then prefill chunks (each its
         own forward: padding a chunk's width onto every decode row would waste compute)
         under the `batch_size` token budget. Without continuous batching, prompts are only
-        processed when nothing is decoding."""
-        decode = [(r, [r.next_token]) for r in self._rows if not r.pending]
+        processed when nothing is decoding. Rows with a draft are verified in the decode forward
+        instead (`_forward`'s `drafted`)."""
+        verifying = {id(r) for r, _ in drafted}
+        decode = [(r, [r.next_token]) for r in self._rows if not r.pending and id(r) not in verifying]
         groups = [decode] if decode else []
-        budget = max(self.batch_size - len(decode), 1)
-        if decode and not self.cont_batching:
+        budget = max(self.batch_size - len(decode) - sum(len(d) + 1 for _, d in drafted), 1)
+        if (decode or drafted) and not self.cont_batching:
             return groups
         for r in self._rows:
             if r.pending and budget > 0:
@@ -563,19 +569,27 @@ class Engine:
         return groups
 
     def _step(self) -> None:
-        for group in self._plan():
-            self._forward(group)
+        spec = self.speculator
+        drafted = spec.draft(self, [r for r in self._rows if not r.pending]) if spec is not None else []
+        groups = self._plan(drafted)
+        if drafted and not (groups and not groups[0][0][0].pending):
+            groups.insert(0, [])  # no plain decode row: the verify rows make the decode forward alone
+        for i, group in enumerate(groups):
+            self._forward(group, drafted if i == 0 else ())
 
-    def _forward(self, plan: list[tuple[_Row, list[int]]]) -> None:
+    def _forward(self, plan: list[tuple[_Row, list[int]]], drafted=()) -> None:
+        """One backend forward over `plan`; the decode forward also carries the drafted rows'
+        verify positions (engine/speculative.py), which are sampled after the plan's rows."""
         now = time.perf_counter()
         for row, _ in plan:
             if row.slot < 0:
                 row.slot, row.t_start = self._free_slot(row), now
                 self._progress(row)
+        verify, spans = self.speculator.verify_rows(drafted) if drafted else ([], [])
         logits = self.backend.forward([ForwardRow(toks, row.cache, row.request.steering, row.request.capture,
-                                                   row.request.lora) for row, toks in plan])
+                                                   row.request.lora) for row, toks in plan] + verify)
         self._stats.n_decode_total += 1
-        self._stats.n_busy_slots_total += len(plan)
+        self._stats.n_busy_slots_total += len(plan) + len(spans)
         for i, (row, toks) in enumerate(plan):
             if row.pending:
                 del row.pending[: len(toks)]
@@ -590,6 +604,8 @@ class Engine:
                 self._stats.t_prompt_processing_total += prompt_ms
                 self._stats.t_prompt_processing += prompt_ms
             self._sample(row, logits[i])
+        if spans:
+            self.speculator.accept(self, spans, logits[len(plan):])
 
     def _progress(self, row: _Row) -> None:
         if row.request.return_progress:
@@ -697,8 +713,9 @@ class Engine:
     def _timings(self, row: _Row, now: float | None = None) -> Timings:
         now = time.perf_counter() if now is None else now
         t_first = row.t_first or now
+        extra = self.speculator.timings(row) if self.speculator is not None else {}
         return Timings(cache_n=row.n_cached, prompt_n=len(row.request.prompt) - row.n_cached, prompt_ms=(t_first - row.t_start) * 1e3,
-                       predicted_n=len(row.generated), predicted_ms=(now - t_first) * 1e3)
+                       predicted_n=len(row.generated), predicted_ms=(now - t_first) * 1e3, **extra)
 
     def _finish(self, row: _Row, event: TokenEvent) -> None:
         now = time.perf_counter()

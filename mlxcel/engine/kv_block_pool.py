@@ -110,6 +110,18 @@ class SequenceKV:
         pos = np.arange(start, stop)
         return np.asarray(self.blocks, dtype=np.int64)[pos // bs] * bs + pos % bs
 
+    def truncate(self, n: int) -> None:
+        """Forget positions n onward (a rejected speculative draft): whole blocks past the new
+        end go back; the tail of the last kept block is overwritten by the next tokens. Only
+        positions this sequence wrote itself are ever dropped, never a shared full block's."""
+        if n >= self.length:
+            return
+        keep_blocks = -(-n // self.allocator.block_size)
+        for b in self.blocks[keep_blocks:]:
+            self.allocator.unref(b)
+        del self.blocks[keep_blocks:]
+        del self.tokens[n:]
+
     def release(self) -> None:
         for b in self.blocks:
             self.allocator.unref(b)

@@ -51,6 +51,11 @@ class Timings:
     prompt_ms: float = 0.0
     predicted_n: int = 0
     predicted_ms: float = 0.0
+    # speculative decoding, set only once a verify round ran (engine/speculative.py)
+    draft_n: int | None = None  # draft tokens verified
+    draft_n_accepted: int | None = None  # of which the target emitted as drafted
+    draft_rounds: int | None = None  # verify forwards (mean accepted per round = accepted / rounds)
+    draft_kind: str | None = None  # which drafter: draft-simple | ngram-simple
 
 
 @dataclass

@@ -88,7 +88,13 @@ def _non_canonical(d: Path) -> None:
 
 
 BD = ("sampling-and-grammar", "option:--temp")
-DEFERRED = ("speculative", "option:--spec-type")
+DEFERRED = ("runtime-and-context", "field:message_delimiters")
+
+
+def _as_deferred(**changes):
+    """The sample entry made deferred (the committed manifest may hold none), then changed."""
+    return _edit(*DEFERRED, state="deferred", divergence=[], **changes)
+
 SUPPORTED = ("transport-tls-cors", "option:--host")
 RATIONALE_OK = {"kind": "policy", "reason": "r", "revisit_if": "x"}
 
@@ -96,10 +102,10 @@ CASES = {
     "unknown state": (_edit(*DEFERRED, state="partial"), "is not one of"),
     "supported with divergence": (_edit(*SUPPORTED, divergence=["differs"]),
                                   "may not record a divergence"),
-    "deferred without issue": (_edit(*DEFERRED, issue=None), "needs the issue"),
-    "deferred without notes": (_edit(*DEFERRED, notes=""), "needs notes"),
-    "issue outside shard owners": (_edit(*DEFERRED, issue=9), "does not own this shard"),
-    "rationale on deferred": (_edit(*DEFERRED, rationale=RATIONALE_OK),
+    "deferred without issue": (_as_deferred(issue=None), "needs the issue"),
+    "deferred without notes": (_as_deferred(notes=""), "needs notes"),
+    "issue outside shard owners": (_as_deferred(issue=9), "does not own this shard"),
+    "rationale on deferred": (_as_deferred(rationale=RATIONALE_OK),
                               "rationale must be null"),
     "by_design without divergence": (_edit(*BD, divergence=[]), "must record its divergence"),
     "by_design without test": (_edit(*BD, test=None), "needs a test"),
@@ -121,10 +127,10 @@ CASES = {
     "runtime env binding without test": (
         _edit_claim(*SUPPORTED, env_binding="runtime", env_test=None), "needs an env_test"),
     "supported without claim": (_edit(*SUPPORTED, mlxcel=None), "needs an mlxcel claim"),
-    "test pointer to missing file": (_edit(*DEFERRED, test="tests/compat/nope.py::test_x"),
+    "test pointer to missing file": (_as_deferred(test="tests/compat/nope.py::test_x"),
                                      "no file"),
     "test pointer to missing function": (
-        _edit(*DEFERRED, test="tests/compat/test_manifest_valid.py::test_nope"),
+        _as_deferred(test="tests/compat/test_manifest_valid.py::test_nope"),
         "is not defined"),
     "aliased route claim equal to b10621": (
         _edit("routes", "route:GET /health", state="aliased"), "different mlxcel route"),

@@ -68,7 +68,8 @@ def test_props_post_acknowledges_and_get_reports_the_key_set(smol):
         "chat_template", "chat_template_caps", "bos_token", "eos_token", "build_info", "is_sleeping",
         "cors_proxy_enabled",
         # mlxcel's extensions
-        "capabilities", "backend", "geometry", "kv_cache"}
+        "capabilities", "backend", "geometry", "kv_cache", "speculative"}
+    assert props["speculative"] is None  # no --spec-type / -md: nothing speculates
     auto = choose("auto", "auto")  # these settings leave --backend/--device at auto
     backend = props["backend"]
     assert (backend["name"], backend["device"], backend["reason"]) == (auto.backend, auto.device, auto.reason)

@@ -27,7 +27,9 @@ PROMPT = "The history of the city of Paris begins"
 
 
 def test_every_registered_family_has_a_parity_fixture():
-    assert set(FAMILIES) == set(FAMILY_FIXTURES)
+    # torch-only (vision-language) families are held to transformers in tests/models/test_vlm_torch.py
+    assert {t for t, f in FAMILIES.items() if f.mlx_module is not None} == set(FAMILY_FIXTURES)
+    assert {t for t, f in FAMILIES.items() if f.mlx_module is None} == {"qwen2_vl"}
 
 
 @pytest.mark.parametrize("family", sorted(FAMILY_FIXTURES))

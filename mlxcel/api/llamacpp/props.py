@@ -77,6 +77,8 @@ def props_json(app_state: AppState, model: ServedModel) -> dict:
         "geometry": {"n_ctx": model.engine.n_ctx, "n_ctx_slot": model.n_ctx, "n_parallel": model.engine.parallel,
                      "n_batch": model.engine.batch_size, "n_ubatch": s.ubatch_size},
         "kv_cache": model.engine.kv_usage(),
+        # the resolved speculative decoding (--spec-type / -md): null when off
+        "speculative": spec.config.props() if (spec := model.engine.speculator) is not None else None,
     }
 
 

@@ -26,13 +26,17 @@ def timings_json(t: Timings, tokens_evaluated: int) -> dict[str, Any]:
 
     p_tok, p_sec = per(t.prompt_ms, prompt_n)
     g_tok, g_sec = per(t.predicted_ms, t.predicted_n - 1)
-    return {
+    out = {
         "cache_n": t.cache_n,
         "prompt_n": prompt_n, "prompt_ms": t.prompt_ms,
         "prompt_per_token_ms": p_tok, "prompt_per_second": p_sec,
         "predicted_n": t.predicted_n, "predicted_ms": t.predicted_ms,
         "predicted_per_token_ms": g_tok, "predicted_per_second": g_sec,
     }
+    if t.draft_n is not None:  # only once a verify round ran, as b10621 gates its pair
+        out.update(draft_n=t.draft_n, draft_n_accepted=t.draft_n_accepted, draft_rounds=t.draft_rounds,
+                   draft_kind=t.draft_kind)
+    return out
 
 
 def progress_json(p: PromptProgress) -> dict[str, Any]:

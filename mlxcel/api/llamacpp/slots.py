@@ -27,10 +27,10 @@ from mlxcel.engine.slot_actions import ACTIONS, RESTORE_FAILED
 from mlxcel.engine.types import EngineError, GenerationRequest, SlotInfo
 
 
-def slot_json(info: SlotInfo, defaults: GenerationRequest) -> dict:
+def slot_json(info: SlotInfo, defaults: GenerationRequest, speculative: bool = False) -> dict:
     req = info.request or defaults
     return {
-        "id": info.id, "n_ctx": info.n_ctx, "speculative": False, "is_processing": info.is_processing,
+        "id": info.id, "n_ctx": info.n_ctx, "speculative": speculative, "is_processing": info.is_processing,
         "id_task": info.id_task, "n_prompt_tokens": info.n_prompt_tokens,
         "n_prompt_tokens_processed": info.n_prompt_tokens_processed,
         "n_prompt_tokens_cache": info.n_prompt_tokens_cache,
@@ -53,7 +53,8 @@ async def get_slots(request: Request, app_state: AppState) -> list:
         raise ApiError(503, "no slot available", code="unavailable", type="unavailable_error")
     defaults = GenerationRequest(prompt=[], params=model.defaults, max_tokens=model.n_predict,
                                  ignore_eos=model.ignore_eos)
-    return [slot_json(s, defaults) for s in infos]
+    spec = model.engine.speculator is not None  # every slot speculates when the server does
+    return [slot_json(s, defaults, spec) for s in infos]
 
 
 _STOI = re.compile(r"[ \t\n\v\f\r]*[+-]?[0-9]+")  # std::stoi: a leading integer, the rest ignored

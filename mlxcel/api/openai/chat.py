@@ -25,6 +25,7 @@ from mlxcel.api.openai.fields import (
 from mlxcel.api.openai.schemas import ChatCompletionRequest
 from mlxcel.api.openai import response_format as rf
 from mlxcel.api.state import AppState, ServedModel
+from mlxcel.api.llamacpp.render import timings_json
 from mlxcel.engine.chat_template import TemplateError, render_chat, render_plain
 from mlxcel.engine.reasoning import primed
 from mlxcel.steering import requests as steer
@@ -215,6 +216,8 @@ async def chat_completions(request: Request, app_state: AppState) -> Any:
                                           "finish_reason": out.finish_reason(ev.finish_reason) if last else None}]}
                     if last:
                         chunk["usage"] = g.usage([("", ev)])
+                        if drafted(ev):
+                            chunk["timings"] = timings_json(ev.timings, ev.prompt_tokens)
                     yield g.sse(chunk)
                 if ev.done and include_usage:
                     yield g.sse({**base, "object": "chat.completion.chunk", "choices": [], "usage": g.usage([("", ev)])})
@@ -237,9 +240,17 @@ async def chat_completions(request: Request, app_state: AppState) -> Any:
                     for i, ((text, ev), o) in enumerate(zip(results, outputs))],
         "usage": g.usage(results),
     }
+    if drafted(results[0][1]):
+        response_body["timings"] = timings_json(results[0][1].timings, results[0][1].prompt_tokens)
     if reader is not None:
         response_body["millm"] = {"sae_activations": reader.render()}
     return g.json_response(response_body, {**headers, **steer_headers})
+
+
+def drafted(ev) -> bool:
+    """A speculated request carries b10621's top-level `timings` object (with the draft counters);
+    upstream puts it on every chat completion, mlxcel only where a verify round ran."""
+    return ev.timings is not None and ev.timings.draft_n is not None
 
 
 async def _score(model: ServedModel, spec: sc.ScoringSpec, convs: list[tuple[str, list[dict[str, Any]]]],

@@ -1,0 +1,176 @@
+"""Speculative decoding on real checkpoints: the text is plain decoding's text.
+
+SmolLM2 drafting for itself accepts nearly everything (the accept path); a random-weight llama
+on SmolLM2's exact vocabulary (json-tools-tiny) is rejected nearly always (the rollback path);
+ngram-simple drafts from a repetitive prompt. Each is compared token for token with the same
+request decoded plainly, on both backends at fp32, and the KV blocks all return afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from mlxcel.engine.sampling_params import SamplingParams
+from mlxcel.engine.speculative import (
+    DRAFT, NGRAM_SIMPLE, ModelDrafter, NgramDrafter, SpecConfig, Speculator, ngram_simple_draft,
+)
+from mlxcel.engine.types import GenerationRequest
+from tests.conftest import DEFAULT_MODEL, fixture_path
+from tests.fixtures import JSON_TOOLS_TINY, available
+from tests.models.test_engine import make_model
+
+GREEDY = SamplingParams(temperature=0.0)
+SEEDED = SamplingParams(temperature=0.9, top_k=40, top_p=0.95, min_p=0.05, seed=1234)
+PROMPTS = ("Once upon a time in a quiet village,",
+           "List the days of the week: Monday, Tuesday, Wednesday, Thursday, Friday, Saturday, Sunday. "
+           "Again: Monday, Tuesday,")
+
+
+def test_ngram_simple_proposes_the_continuation_of_the_last_match():
+    ctx = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2]
+    assert ngram_simple_draft(ctx, 3, size_n=3, size_m=4) == [4, 5, 6, 7]
+    assert ngram_simple_draft(ctx, 99, size_n=3, size_m=4) == []  # no earlier occurrence
+    assert ngram_simple_draft(ctx[:8], 3, size_n=3, size_m=4) == []  # too short a context
+    # the continuation is cut at the end of the context
+    assert ngram_simple_draft([0, 7, 7, 7, 7, 7, 7, 1, 2, 3, 9, 1, 2], 3, size_n=3, size_m=8) == [9, 1, 2]
+
+
+def attach(model, kind, draft_model=None, **kw):
+    from mlxcel.runtime import load_backend
+
+    config = SpecConfig(kind=kind, draft_model=draft_model, **kw)
+    if kind == NGRAM_SIMPLE:
+        model.engine.speculator = Speculator(config, NgramDrafter(config))
+        return
+    from mlxcel.cli.settings import ServerSettings
+    from mlxcel.engine.engine import BLOCK_SIZE
+
+    draft, _ = load_backend(ServerSettings(backend=model.info.backend), draft_model)
+    e = model.engine
+    model.engine.speculator = Speculator(config, ModelDrafter(
+        draft, config, n_ctx_slot=e.n_ctx_slot, parallel=e.parallel, batch_size=e.batch_size, block_size=BLOCK_SIZE,
+        target_vocab=model.info.vocab_size))
+
+
+async def run(model, prompt, params, max_tokens, kw=None):
+    kw = kw or {}
+    handle = model.engine.submit(GenerationRequest(prompt=prompt, params=params, max_tokens=max_tokens, **kw))
+    tokens, last = [], None
+    async for ev in handle:
+        if ev.token is not None:
+            tokens.append(ev.token)
+        last = ev
+    assert last.error is None, last.error
+    return tokens, last
+
+
+def generate(model, requests, concurrent=False):
+    """One request at a time unless `concurrent` (at bf16 torch a row's logits shift with the other
+    rows' padded lengths; the tests run at fp32, where a row is computed the same in any batch)."""
+    async def go():
+        if concurrent:
+            return await asyncio.gather(*(run(model, *r) for r in requests))
+        return [await run(model, *r) for r in requests]
+    return asyncio.run(go())
+
+
+@pytest.fixture(scope="module", params=["mlx", "torch"])
+def model(request):
+    # torch at fp32: at bf16 its attention sums over the batch's padded key length in blocks, so a
+    # row's logits move with the other rows' lengths (plain decoding beside a longer row shows the
+    # same shift); a verify batch holds rows of several lengths, so only fp32 is exact there
+    m = make_model(backend=request.param, parallel=2, ctx_size=2048, dtype="float32")
+    yield m
+    m.engine.shutdown()
+
+
+def scenario(model, kind, draft=None, which=(0, 1, 2), concurrent=False, **kw):
+    """Plain decoding first, then the same requests speculated: identical tokens and stop."""
+    prompts = [model.tokenizer.encode(p) for p in PROMPTS]
+    reqs = [(prompts[0], GREEDY, 16), (prompts[1], GREEDY, 16), (prompts[0], SEEDED, 12)]
+    reqs = [reqs[i] for i in which]
+    model.engine.speculator = None
+    plain = generate(model, reqs, concurrent)
+    attach(model, kind, draft, **kw)
+    try:
+        spec = generate(model, reqs, concurrent)
+    finally:
+        model.engine.speculator = None
+    for (tp, ep), (ts, es) in zip(plain, spec):
+        assert ts == tp
+        assert (es.finish_reason, es.stop_type) == (ep.finish_reason, ep.stop_type)
+    kv = model.engine.kv_usage()
+    assert kv["used_blocks"] == kv["cached_blocks"]  # every row's blocks came back (the cache keeps its own)
+    return [e.timings for _, e in spec]
+
+
+def test_self_draft_accepts_and_matches_plain_decoding(model):
+    timings = scenario(model, DRAFT, fixture_path(DEFAULT_MODEL), which=(0, 2), n_max=4)
+    for t in timings:
+        assert t.draft_kind == DRAFT and t.draft_rounds > 0
+        assert t.draft_n_accepted > 0 and t.draft_n_accepted <= t.draft_n <= 4 * t.draft_rounds
+    assert timings[0].draft_n_accepted >= timings[0].draft_n // 2  # a model agrees with itself when greedy
+
+
+@pytest.mark.skipif(not available(JSON_TOOLS_TINY), reason="random-weight draft fixture not built")
+def test_random_draft_is_rejected_and_rolled_back(model):
+    timings = scenario(model, DRAFT, fixture_path(JSON_TOOLS_TINY), which=(0,), n_max=3)
+    for t in timings:
+        assert t.draft_rounds > 0 and t.draft_n_accepted < t.draft_n
+
+
+def test_ngram_simple_matches_plain_decoding(model):
+    # side by side: steps where one row verifies and the other decodes plainly share one forward
+    timings = scenario(model, NGRAM_SIMPLE, which=(1, 0), concurrent=True, ngram_size_n=2, ngram_size_m=6)
+    assert timings[0].draft_rounds > 0  # the repetitive prompt gives the lookup something to find
+
+
+@pytest.mark.skipif(not available(JSON_TOOLS_TINY), reason="random-weight draft fixture not built")
+def test_draft_p_min_stops_drafting_and_the_draft_cache_follows_the_context():
+    from mlxcel.backends.mlx.backend import MLXBackend
+    from mlxcel.engine.speculative import RowSpec
+
+    be = MLXBackend(fixture_path(JSON_TOOLS_TINY), dtype="float32")
+    ctx = list(range(100, 140))
+
+    def drafter(p_min):
+        return ModelDrafter(be, SpecConfig(kind=DRAFT, n_max=4, p_min=p_min), n_ctx_slot=256, parallel=2,
+                            batch_size=16, block_size=16, target_vocab=49152)
+
+    d = drafter(0.0)
+    a, b = RowSpec(), RowSpec()
+    first = d.propose([(a, ctx, 7, 4), (b, ctx[:20], 8, 2)])
+    assert [len(x) for x in first] == [4, 2]
+    assert a.seq.tokens == ctx + [7] + first[0][:3]  # the last draft token is never fed
+    again = d.propose([(a, ctx + [7, 9], 11, 4)])  # the context diverged after `7`: re-synchronised
+    assert a.seq.tokens[:len(ctx) + 3] == ctx + [7, 9, 11]
+    assert len(again[0]) == 4
+    d.release(a)
+    d.release(b)
+    assert a.seq is None and be.allocator.used_blocks == 0
+    assert drafter(1.0).propose([(RowSpec(), ctx, 7, 4)]) == [[]]  # no draft token is that certain
+
+
+def test_lora_rows_speculate_with_their_own_scales():
+    """A verify row carries the request's adapter scales: speculated text under a LoRA adapter is
+    the adapted model's plain text (and differs from the base model's)."""
+    from mlxcel.cli.flags import parse_server_args
+    from mlxcel.runtime import load_served_model
+    from tests.fixtures import LORA_SMOLLM2, fixture_path as store_path, lora_available
+
+    if not lora_available(LORA_SMOLLM2):
+        pytest.skip("LoRA fixture not built")
+    settings = parse_server_args(["-m", DEFAULT_MODEL, "--backend", "mlx", "-np", "1", "-c", "1024", "--no-warmup",
+                                  "--lora-scaled", f"{store_path(LORA_SMOLLM2)}:4.0"], {})
+    model = load_served_model(settings, fixture_path(DEFAULT_MODEL))
+    try:
+        prompt = model.tokenizer.encode(PROMPTS[0])
+        base = generate(model, [(prompt, GREEDY, 12, {"lora": (0.0,)})])[0][0]
+        timings = scenario(model, NGRAM_SIMPLE, which=(0,), ngram_size_n=1, ngram_size_m=4)
+        adapted = generate(model, [(prompt, GREEDY, 12)])[0][0]
+        assert adapted != base
+        assert timings[0].draft_rounds > 0
+    finally:
+        model.engine.shutdown()
