@@ -189,6 +189,7 @@ class Engine:
 
     def drop_backend(self) -> None:
         """Sleep: let go of the weights, the KV pool and the prompt cache that lived in it."""
+        self._pipe.reset()  # a step queued ahead holds the old pool's arrays
         self.backend = None
         self.prefix_cache = PrefixCache(BlockAllocator(RESERVED + 1, BLOCK_SIZE), 0)
 
