@@ -147,8 +147,9 @@ class Engine:
         self.keep = keep  # the server's default n_keep (--keep)
         self.special = special  # --special: special tokens are rendered as their text
         self.speculator = speculator  # engine/speculative.Speculator (--spec-type / -md), or None
-        # greedy rows queue their next forward before the host books the token (engine/decode_pipeline.py)
-        self.pipeline_decode = True
+        # greedy rows queue their next forward before the host books the token (engine/decode_pipeline.py);
+        # on by default only where the backend's evaluation overlaps the host (not MLX on a CPU)
+        self.pipeline_decode = bool(getattr(backend, "eval_overlaps_host", False))
         self._pipe = DecodePipeline()
         self._outstanding = 0  # submitted and not yet retired (queued or holding a slot)
         self._count_lock = threading.Lock()

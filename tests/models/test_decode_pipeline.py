@@ -37,6 +37,9 @@ def test_device_greedy_only_when_the_host_pick_is_the_raw_argmax():
 def model():
     m = make_model(backend="mlx")
     backend = m.engine.backend
+    # the default follows whether async evaluation overlaps the host (not on MLX's CPU device)
+    assert m.engine.pipeline_decode == backend.eval_overlaps_host == (m.info.device != "cpu")
+    m.engine.pipeline_decode = True
     calls = [0]
     original = backend.decode_greedy
 

@@ -160,6 +160,13 @@ class MLXBackend(RowSteering):
         mx.async_eval(nxt, *self.storage.arrays())
         return nxt
 
+    @property
+    def eval_overlaps_host(self) -> bool:
+        """Whether an async_eval returns while the device still computes, so queueing the next
+        step ahead hides host work (Metal). On the CPU, MLX's async_eval returns only when the
+        step is nearly done (measured: docs/benchmarks.md, "MLX single-stream (round 3)")."""
+        return not on_cpu()
+
     def _as_delta(self, block: np.ndarray) -> mx.array:
         return mx.array(block).astype(_DTYPES[self.info.dtype])
 
