@@ -127,5 +127,6 @@ class DecodePipeline:
                 row.cache.tokens[row.lazy_pos] = token
             engine._take(row, int(token), None)
             row.lazy_pos = None  # still decoding: the queued forward's input is this token
-        if self.ahead is not None and not any(id(r) in {id(x) for x in engine._rows} for r in self.ahead.rows):
+        live = {id(r) for r in engine._rows}
+        if self.ahead is not None and not any(id(r) in live for r in self.ahead.rows):
             self.ahead = None  # every row stopped: the queued step's outputs are never read
