@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mlxcel.backends.base import Backend, ForwardRow
+from mlxcel.engine.decode_pipeline import DecodePipeline
 from mlxcel.engine.detokenize import IncrementalDetokenizer
 from mlxcel.engine.kv_block_pool import RESERVED, BlockAllocator, OutOfBlocks
 from mlxcel.engine.kv_prefix_cache import PrefixCache
@@ -100,6 +101,7 @@ class _Row:
     grammar: object | None = None  # this row's GrammarMatcher (engine/grammar.py), if constrained
     budget: object | None = None  # this row's BudgetTracker (engine/reasoning_budget.py), if budgeted
     spec: object | None = None  # this row's RowSpec (engine/speculative.py) once it speculated
+    lazy_pos: int | None = None  # a KV position queued ahead whose token is not booked yet (decode_pipeline.py)
 
     @property
     def request(self) -> GenerationRequest:
@@ -145,6 +147,10 @@ class Engine:
         self.keep = keep  # the server's default n_keep (--keep)
         self.special = special  # --special: special tokens are rendered as their text
         self.speculator = speculator  # engine/speculative.Speculator (--spec-type / -md), or None
+        # greedy rows queue their next forward before the host books the token (engine/decode_pipeline.py);
+        # on by default only where the backend's evaluation overlaps the host (not MLX on a CPU)
+        self.pipeline_decode = bool(getattr(backend, "eval_overlaps_host", False))
+        self._pipe = DecodePipeline()
         self._outstanding = 0  # submitted and not yet retired (queued or holding a slot)
         self._count_lock = threading.Lock()
         self._cache_prompt, self._cache_budget = cache_prompt, cache_budget_bytes
@@ -184,6 +190,7 @@ class Engine:
 
     def drop_backend(self) -> None:
         """Sleep: let go of the weights, the KV pool and the prompt cache that lived in it."""
+        self._pipe.reset()  # a step queued ahead holds the old pool's arrays
         self.backend = None
         self.prefix_cache = PrefixCache(BlockAllocator(RESERVED + 1, BLOCK_SIZE), 0)
 
@@ -390,6 +397,7 @@ class Engine:
                     self._step()
                 except Exception as e:  # a broken step fails its rows, not the server
                     log.exception("engine step failed")
+                    self._pipe.reset()
                     for row in list(self._rows):
                         self._finish(row, TokenEvent(error=f"generation failed: {e}", error_code="server_error"))
 
@@ -540,6 +548,9 @@ class Engine:
 
     def _release(self, row: _Row) -> None:
         """Give the row's KV back, offering its full blocks to the prefix cache first."""
+        if row.lazy_pos is not None:  # the row stopped on a token whose successor was queued ahead
+            row.cache.truncate(row.lazy_pos)
+            row.lazy_pos = None
         if self.speculator is not None:
             self.speculator.before_release(row)  # trims a mid-verification KV first
         if row.slot >= 0:
@@ -569,6 +580,9 @@ class Engine:
         return groups
 
     def _step(self) -> None:
+        if (self.pipeline_decode and self.speculator is None and hasattr(self.backend, "decode_greedy")
+                and self._pipe.step(self)):
+            return
         spec = self.speculator
         drafted = spec.draft(self, [r for r in self._rows if not r.pending]) if spec is not None else []
         groups = self._plan(drafted)
@@ -586,8 +600,7 @@ class Engine:
                 row.slot, row.t_start = self._free_slot(row), now
                 self._progress(row)
         verify, spans = self.speculator.verify_rows(drafted) if drafted else ([], [])
-        logits = self.backend.forward([ForwardRow(toks, row.cache, row.request.steering, row.request.capture,
-                                                   row.request.lora) for row, toks in plan] + verify)
+        logits = self.backend.forward([self._forward_row(row, toks) for row, toks in plan] + verify)
         self._stats.n_decode_total += 1
         self._stats.n_busy_slots_total += len(plan) + len(spans)
         for i, (row, toks) in enumerate(plan):
@@ -606,6 +619,12 @@ class Engine:
             self._sample(row, logits[i])
         if spans:
             self.speculator.accept(self, spans, logits[len(plan):])
+
+    @staticmethod
+    def _forward_row(row: _Row, tokens: list[int]) -> ForwardRow:
+        """The backend's view of one row for a step: its tokens, KV, steering, captures, LoRA scales."""
+        req = row.request
+        return ForwardRow(tokens, row.cache, req.steering, req.capture, req.lora)
 
     def _progress(self, row: _Row) -> None:
         if row.request.return_progress:
@@ -652,6 +671,11 @@ class Engine:
                     return
             sampled = sample_row(logits, req.params, row.sampler, history=req.prompt + row.generated, mask=mask)
             token, probs = sampled.token, sampled.probs
+        self._take(row, token, probs)
+
+    def _take(self, row: _Row, token: int, probs) -> None:
+        """Book one chosen token: detokenize, stop-check, then finish the row or push its event."""
+        req = row.request
         if row.budget is not None:
             row.budget.observe(token)
         row.generated.append(token)

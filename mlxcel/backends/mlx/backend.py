@@ -115,20 +115,25 @@ class MLXBackend(RowSteering):
         their rotation and the new sequence continues at seq's logical position."""
         return compacted(seq, keep, discard, self.storage.copy_slots)
 
-    def _run(self, rows: list[ForwardRow], fn=None) -> tuple[mx.array, StepPlan]:
-        """One forward of `fn` (default: the whole model, giving logits) over the rows."""
+    def _run(self, rows: list[ForwardRow], fn=None, ids: mx.array | None = None) -> tuple[mx.array, StepPlan]:
+        """One forward of `fn` (default: the whole model, giving logits) over the rows; `ids`
+        ([B] on the device) replaces the rows' tokens in a one-token decode step."""
         for r in rows:
             r.cache.reserve(len(r.tokens))
         plan = StepPlan([(r.cache, len(r.tokens)) for r in rows])
-        ids = np.zeros((plan.batch, plan.nmax), dtype=np.int32)
-        for i, r in enumerate(rows):
-            ids[i, : len(r.tokens)] = r.tokens
+        if ids is None:
+            host = np.zeros((plan.batch, plan.nmax), dtype=np.int32)
+            for i, r in enumerate(rows):
+                host[i, : len(r.tokens)] = r.tokens
+            ids = mx.array(host)
+        else:
+            ids = ids.reshape(plan.batch, 1)
         views = [PagedBatchView(self.storage, li, plan) for li in range(self.info.num_layers)]
         self._prepare_step(rows)
         if self.lora is not None:
             self.lora.begin([r.lora for r in rows])
         try:
-            logits = (fn or self.model)(mx.array(ids), cache=views)
+            logits = (fn or self.model)(ids, cache=views)
         finally:
             self._deltas = {}
             if self.lora is not None:
@@ -144,6 +149,23 @@ class MLXBackend(RowSteering):
         if self._reads:
             self._deliver_reads(rows, plan.n)
         return np.array(last, copy=False)
+
+    def decode_greedy(self, rows: list[ForwardRow], ids: mx.array | None = None) -> mx.array:
+        """Queue one decode step (one token per row, from the rows or from `ids`, a previous
+        step's result) and return each row's argmax next token, [B] uint32, evaluating
+        asynchronously: the caller builds the next step before reading this one
+        (engine/decode_pipeline.py). Rows that read residuals never come here."""
+        logits, _ = self._run(rows, ids=ids)
+        nxt = mx.argmax(logits[:, -1, :], axis=-1)
+        mx.async_eval(nxt, *self.storage.arrays())
+        return nxt
+
+    @property
+    def eval_overlaps_host(self) -> bool:
+        """Whether an async_eval returns while the device still computes, so queueing the next
+        step ahead hides host work (Metal). On the CPU, MLX's async_eval returns only when the
+        step is nearly done (measured: docs/benchmarks.md, "MLX single-stream (round 3)")."""
+        return not on_cpu()
 
     def _as_delta(self, block: np.ndarray) -> mx.array:
         return mx.array(block).astype(_DTYPES[self.info.dtype])
