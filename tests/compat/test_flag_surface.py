@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from mlxcel.cli.flags import _parse_given, dump_flag_surface, parse_server_args, prepass, uvicorn_kwargs
+from mlxcel.cli.flags import _parse_given, parse_server_args, prepass, uvicorn_kwargs
 from mlxcel.cli.introspect import completion_bash
 from mlxcel.cli.options_apply import check_gpu_layers
 from mlxcel.cli.options_model import STATES

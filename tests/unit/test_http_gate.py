@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 
 import httpx
 from litestar import Litestar, Request, get, post
@@ -42,13 +41,13 @@ async def apply_template(request: Request) -> dict:
 
 @post("/completions")
 async def native_completions(request: Request) -> dict:
-    data = await request.json()
+    await request.json()
     return {"native": True}
 
 
 @post("/v1/completions")
 async def oai_completions(request: Request) -> dict:
-    data = await request.json()
+    await request.json()
     return {"oai": True}
 
 
