@@ -18,9 +18,10 @@ its tokens are booked without queueing another, and the plain path takes over.
 A backend opts in with `decode_greedy(rows, ids) -> lazy argmax` (the MLX backend does); the
 torch backend keeps the plain path. Output is the plain path's, token for token. The engine
 turns it on by default only where the backend says its evaluation overlaps the host
-(`eval_overlaps_host`): on MLX's CPU device async_eval returns only once the step is nearly
-done, so there is nothing to hide the host work behind and the pipelined loop measured a few
-percent slower than the plain one (docs/benchmarks.md, "MLX single-stream (round 3)").
+(`eval_overlaps_host`). On MLX's CPU device it is off: under load async_eval returned only once
+the step was nearly done and the pipelined loop measured a few percent slower, although on an idle
+machine it measured ~20% faster (docs/benchmarks.md, "MLX single-stream (round 3)"), so the CPU
+default is still to be settled.
 """
 
 from __future__ import annotations

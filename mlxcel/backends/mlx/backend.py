@@ -163,8 +163,9 @@ class MLXBackend(RowSteering):
     @property
     def eval_overlaps_host(self) -> bool:
         """Whether an async_eval returns while the device still computes, so queueing the next
-        step ahead hides host work (Metal). On the CPU, MLX's async_eval returns only when the
-        step is nearly done (measured: docs/benchmarks.md, "MLX single-stream (round 3)")."""
+        step ahead hides host work (Metal). Off on the CPU: under load there it returned only when
+        the step was nearly done; on an idle machine it did overlap (docs/benchmarks.md, "MLX
+        single-stream (round 3)"), so this default is still to be settled."""
         return not on_cpu()
 
     def _as_delta(self, block: np.ndarray) -> mx.array:
