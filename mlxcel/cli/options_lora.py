@@ -19,30 +19,24 @@ from mlxcel.models.lora import LoraError, LoraSet, check_path, checkpoint_shapes
 from mlxcel.models.lora import parse_lora, parse_lora_scaled, validate
 
 
-def apply_lora(settings: Any, values: list[str], spelling: str) -> None:
+def _checked_specs(values: list[str], spelling: str, parse) -> list:
+    """Every adapter the option's values name, each path checked; a LoraError is a startup refusal."""
     try:
-        specs = [s for v in values for s in parse_lora(v, spelling)]
+        specs = [s for v in values for s in parse(v, spelling)]
+        for spec in specs:
+            check_path(spec.path)
     except LoraError as e:
         raise StartupRefusal(str(e)) from None
-    for spec in specs:
-        try:
-            check_path(spec.path)
-        except LoraError as e:
-            raise StartupRefusal(str(e)) from None
-    settings.lora = [*specs, *settings.lora]  # --lora's adapters ahead of --lora-scaled's
+    return specs
+
+
+def apply_lora(settings: Any, values: list[str], spelling: str) -> None:
+    # --lora's adapters ahead of --lora-scaled's
+    settings.lora = [*_checked_specs(values, spelling, parse_lora), *settings.lora]
 
 
 def apply_lora_scaled(settings: Any, values: list[str], spelling: str) -> None:
-    try:
-        specs = [s for v in values for s in parse_lora_scaled(v, spelling)]
-    except LoraError as e:
-        raise StartupRefusal(str(e)) from None
-    for spec in specs:
-        try:
-            check_path(spec.path)
-        except LoraError as e:
-            raise StartupRefusal(str(e)) from None
-    settings.lora = [*settings.lora, *specs]
+    settings.lora = [*settings.lora, *_checked_specs(values, spelling, parse_lora_scaled)]
 
 
 def refuse_without_generation(settings: Any) -> None:

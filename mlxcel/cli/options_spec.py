@@ -59,18 +59,20 @@ def bounded_int(field: str, low: int):
     return apply
 
 
-def apply_p_min(settings: Any, value: str, spelling: str) -> None:
+def _probability(value: str, spelling: str) -> float:
     p = as_float(value, spelling)
     if not 0.0 <= p <= 1.0:
         raise StartupRefusal(f"invalid value for {spelling}: {value!r} (expected a probability in [0, 1])")
-    settings.spec_draft_p_min = p
+    return p
+
+
+def apply_p_min(settings: Any, value: str, spelling: str) -> None:
+    settings.spec_draft_p_min = _probability(value, spelling)
 
 
 def apply_p_split(_settings: Any, value: str, spelling: str) -> None:
     """Parsed and checked; b10621 reads it nowhere either (it configured a tree split it no longer has)."""
-    p = as_float(value, spelling)
-    if not 0.0 <= p <= 1.0:
-        raise StartupRefusal(f"invalid value for {spelling}: {value!r} (expected a probability in [0, 1])")
+    _probability(value, spelling)
 
 
 def apply_draft_model(settings: Any, value: str, _spelling: str) -> None:

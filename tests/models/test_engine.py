@@ -37,8 +37,8 @@ def model(request):
     m.engine.shutdown()
 
 
-async def run(model, prompt, max_tokens=16, **kw):
-    handle = model.engine.submit(GenerationRequest(prompt=prompt, params=GREEDY, max_tokens=max_tokens, **kw))
+async def run(model, prompt, max_tokens=16, params=GREEDY, **kw):
+    handle = model.engine.submit(GenerationRequest(prompt=prompt, params=params, max_tokens=max_tokens, **kw))
     tokens, last = [], None
     async for ev in handle:
         if ev.token is not None:

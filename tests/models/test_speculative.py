@@ -16,10 +16,10 @@ from mlxcel.engine.sampling_params import SamplingParams
 from mlxcel.engine.speculative import (
     DRAFT, NGRAM_SIMPLE, ModelDrafter, NgramDrafter, SpecConfig, Speculator, ngram_simple_draft,
 )
-from mlxcel.engine.types import GenerationRequest
 from tests.conftest import DEFAULT_MODEL, fixture_path
 from tests.fixtures import JSON_TOOLS_TINY, available
 from tests.models.test_engine import make_model
+from tests.models.test_engine import run as run_engine
 
 GREEDY = SamplingParams(temperature=0.0)
 SEEDED = SamplingParams(temperature=0.9, top_k=40, top_p=0.95, min_p=0.05, seed=1234)
@@ -55,15 +55,7 @@ def attach(model, kind, draft_model=None, **kw):
 
 
 async def run(model, prompt, params, max_tokens, kw=None):
-    kw = kw or {}
-    handle = model.engine.submit(GenerationRequest(prompt=prompt, params=params, max_tokens=max_tokens, **kw))
-    tokens, last = [], None
-    async for ev in handle:
-        if ev.token is not None:
-            tokens.append(ev.token)
-        last = ev
-    assert last.error is None, last.error
-    return tokens, last
+    return await run_engine(model, prompt, max_tokens, params, **(kw or {}))
 
 
 def generate(model, requests, concurrent=False):
