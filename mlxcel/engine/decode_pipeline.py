@@ -15,17 +15,16 @@ is donated, exactly as if the extra step never ran. Any change to the batch (an 
 prompt chunk, a row that is not greedy, a cancelled or finished row) settles the queued step:
 its tokens are booked without queueing another, and the plain path takes over.
 
-A backend opts in with `decode_greedy(rows, ids) -> lazy argmax` (the MLX backend does); the
-torch backend keeps the plain path. Output is the plain path's, token for token. The engine
-turns it on by default only where the backend says its evaluation overlaps the host
-(`eval_overlaps_host`). On MLX's CPU device it is off: under load async_eval returned only once
-the step was nearly done and the pipelined loop measured a few percent slower, although on an idle
-machine it measured ~20% faster (docs/benchmarks.md, "MLX single-stream (round 3)"), so the CPU
-default is still to be settled.
+A backend opts in with `decode_greedy(rows, ids, bias) -> lazy argmax` (the MLX backend does);
+the torch backend keeps the plain path. Output is the plain path's, token for token. On MLX's
+CPU device the overlap is real on an idle machine (the pipelined engine measured ~20% faster;
+docs/benchmarks.md, "MLX single-stream") and cost 1-7% only while other processes held every
+core, so it is on wherever the backend offers it.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,11 +36,16 @@ PLACEHOLDER = -1
 
 
 def device_greedy(p: SamplingParams) -> bool:
-    """Whether the host sampler's pick for these parameters is always the first highest raw
-    logit (what a device argmax returns): temperature <= 0 with no dynamic range, and every
+    """Whether the host sampler's pick for these parameters is always the first highest biased
+    logit (what a device argmax over logits + logit_bias returns; ignore_eos is such a bias):
+    temperature <= 0 with no dynamic range, and every
     other stage of the chain either off or one that always keeps the highest logit (top-k,
     top-p, min-p and top-n-sigma keep it and break ties by the lowest id, as argmax does)."""
-    if p.mirostat != 0 or p.logit_bias or p.n_probs > 0 or p.uses_adaptive_p:
+    if p.mirostat != 0 or p.n_probs > 0 or p.uses_adaptive_p:
+        return False
+    # the host refuses a +inf logit (left to it), and adds in float64 before rounding: only
+    # biases exact in fp32 give the device's fp32 sum bit for bit
+    if any(v == math.inf or (v != -math.inf and float(np.float32(v)) != v) for v in p.logit_bias.values()):
         return False
     if "temperature" not in p.samplers or p.temperature > 0.0 or p.dynatemp_range > 0.0:
         return False
@@ -112,7 +116,8 @@ class DecodePipeline:
             for r in rows:
                 r.lazy_pos = r.cache.length
             fwd = [engine._forward_row(r, [PLACEHOLDER]) for r in rows]
-        out = engine.backend.decode_greedy(fwd, tokens)
+        bias = [r.request.params.logit_bias for r in rows]
+        out = engine.backend.decode_greedy(fwd, tokens, bias if any(bias) else None)
         engine._stats.n_decode_total += 1
         engine._stats.n_busy_slots_total += len(rows)
         return _Ahead(list(rows), out)

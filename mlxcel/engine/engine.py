@@ -147,9 +147,9 @@ class Engine:
         self.keep = keep  # the server's default n_keep (--keep)
         self.special = special  # --special: special tokens are rendered as their text
         self.speculator = speculator  # engine/speculative.Speculator (--spec-type / -md), or None
-        # greedy rows queue their next forward before the host books the token (engine/decode_pipeline.py);
-        # on by default only where the backend's evaluation overlaps the host (not MLX on a CPU)
-        self.pipeline_decode = bool(getattr(backend, "eval_overlaps_host", False))
+        # greedy rows queue their next forward before the host books the token (engine/decode_pipeline.py),
+        # wherever the backend can pick a token on its device
+        self.pipeline_decode = hasattr(backend, "decode_greedy")
         self._pipe = DecodePipeline()
         self._outstanding = 0  # submitted and not yet retired (queued or holding a slot)
         self._count_lock = threading.Lock()
@@ -580,8 +580,7 @@ class Engine:
         return groups
 
     def _step(self) -> None:
-        if (self.pipeline_decode and self.speculator is None and hasattr(self.backend, "decode_greedy")
-                and self._pipe.step(self)):
+        if self.pipeline_decode and self.speculator is None and self._pipe.step(self):
             return
         spec = self.speculator
         drafted = spec.draft(self, [r for r in self._rows if not r.pending]) if spec is not None else []

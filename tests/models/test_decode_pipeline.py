@@ -8,6 +8,7 @@ path really ran. Afterwards every KV block is back (only the prefix cache holds 
 from __future__ import annotations
 
 import asyncio
+import math
 from dataclasses import replace
 
 import pytest
@@ -25,27 +26,27 @@ def test_device_greedy_only_when_the_host_pick_is_the_raw_argmax():
     assert not device_greedy(SamplingParams())  # temperature 0.8 draws
     for change in ({"repeat_penalty": 1.1}, {"presence_penalty": 0.5}, {"dry_multiplier": 0.8},
                    {"typical_p": 0.9}, {"xtc_probability": 0.5, "xtc_threshold": 0.1}, {"mirostat": 2},
-                   {"n_probs": 3}, {"logit_bias": {5: 1.0}}, {"dynatemp_range": 0.5},
+                   {"n_probs": 3}, {"logit_bias": {5: 0.1}}, {"logit_bias": {5: math.inf}}, {"dynatemp_range": 0.5},
                    {"samplers": ("top_k", "top_p")}, {"samplers": ("temperature", "adaptive_p"),
                                                       "adaptive_target": 0.5}):
         assert not device_greedy(replace(GREEDY, **change)), change
     assert device_greedy(replace(GREEDY, repeat_penalty=1.3, repeat_last_n=0))  # a zero window is off
     assert device_greedy(replace(GREEDY, xtc_probability=0.5, xtc_threshold=0.6))  # XTC never fires
+    # biases exact in fp32 (ignore_eos bans the end tokens with -inf) are added on the device
+    assert device_greedy(replace(GREEDY, logit_bias={5: -math.inf, 7: 2.5}))
 
 
 @pytest.fixture(scope="module")
 def model():
     m = make_model(backend="mlx")
     backend = m.engine.backend
-    # the default follows whether async evaluation overlaps the host (not on MLX's CPU device)
-    assert m.engine.pipeline_decode == backend.eval_overlaps_host == (m.info.device != "cpu")
-    m.engine.pipeline_decode = True
+    assert m.engine.pipeline_decode  # on by default wherever the backend picks tokens on its device
     calls = [0]
     original = backend.decode_greedy
 
-    def counted(rows, ids=None):
+    def counted(rows, ids=None, bias=None):
         calls[0] += 1
-        return original(rows, ids)
+        return original(rows, ids, bias)
 
     backend.decode_greedy = counted
     m.calls = calls
@@ -99,6 +100,25 @@ def test_max_tokens_and_eos_match_the_plain_path(model):
     off, on = both(model, tok.encode(CHAT.format("What is 2+2? Answer with just the number.")), max_tokens=40)
     assert on == off and on[-1][3] == "eos"  # the reply ends on its end-of-turn token
     assert_blocks_back(model)
+
+
+def test_logit_bias_and_ignore_eos_match_the_plain_path(model):
+    """ignore_eos as the routes spell it (the end tokens banned by a -inf bias) and a boost
+    that changes the text: the device adds the bias before its argmax, as the host chain does."""
+    tok = model.tokenizer
+    chat = tok.encode(CHAT.format("What is 2+2? Answer with just the number."))
+    ban = {t: -math.inf for t in tok.eos_token_ids}
+    off, on = both(model, chat, max_tokens=20, ignore_eos=True, params=replace(GREEDY, logit_bias=ban))
+    assert on == off and on[-1][2] == "length"  # ran past the end-of-turn it stops on unbiased
+    plain = [e[0] for e in collect_view(model, chat, max_tokens=12)]
+    boost = {tok.encode(" four")[0]: 8.0, tok.encode("4")[0]: -4.0}
+    off, on = both(model, chat, max_tokens=12, params=replace(GREEDY, logit_bias=boost))
+    assert on == off and [e[0] for e in on] != plain
+    assert_blocks_back(model)
+
+
+def collect_view(model, prompt, **kw):
+    return view(collect(model, prompt, **kw))
 
 
 def test_stop_string_matches_the_plain_path(model):

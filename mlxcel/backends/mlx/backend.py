@@ -150,23 +150,25 @@ class MLXBackend(RowSteering):
             self._deliver_reads(rows, plan.n)
         return np.array(last, copy=False)
 
-    def decode_greedy(self, rows: list[ForwardRow], ids: mx.array | None = None) -> mx.array:
+    def decode_greedy(self, rows: list[ForwardRow], ids: mx.array | None = None,
+                      bias: list | None = None) -> mx.array:
         """Queue one decode step (one token per row, from the rows or from `ids`, a previous
         step's result) and return each row's argmax next token, [B] uint32, evaluating
         asynchronously: the caller builds the next step before reading this one
-        (engine/decode_pipeline.py). Rows that read residuals never come here."""
+        (engine/decode_pipeline.py). `bias`: per row, {token id: added logit} (-inf bans).
+        Rows that read residuals never come here."""
         logits, _ = self._run(rows, ids=ids)
-        nxt = mx.argmax(logits[:, -1, :], axis=-1)
+        last = logits[:, -1, :]
+        if bias is not None:
+            dense = np.zeros((len(rows), last.shape[-1]), dtype=np.float32)
+            for i, b in enumerate(bias):
+                for tok, value in b.items():
+                    if 0 <= tok < dense.shape[1]:
+                        dense[i, tok] += value
+            last = last.astype(mx.float32) + mx.array(dense)
+        nxt = mx.argmax(last, axis=-1)
         mx.async_eval(nxt, *self.storage.arrays())
         return nxt
-
-    @property
-    def eval_overlaps_host(self) -> bool:
-        """Whether an async_eval returns while the device still computes, so queueing the next
-        step ahead hides host work (Metal). Off on the CPU: under load there it returned only when
-        the step was nearly done; on an idle machine it did overlap (docs/benchmarks.md, "MLX
-        single-stream (round 3)"), so this default is still to be settled."""
-        return not on_cpu()
 
     def _as_delta(self, block: np.ndarray) -> mx.array:
         return mx.array(block).astype(_DTYPES[self.info.dtype])

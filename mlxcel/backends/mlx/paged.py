@@ -76,11 +76,19 @@ class StepPlan:
             read[i, : self.lengths[i]] = seq.slots(0, self.lengths[i])
         self.write = mx.array(write.reshape(-1))
         self.read = mx.array(read)
-        # RoPE reads logical positions (ahead of the stored length after a context shift)
-        self.offset = mx.array(np.asarray([seq.position for seq, _ in rows], dtype=np.int32))
+        # one row whose slots run in order reads its history as a slice (a view, no gather)
+        self.span = None
+        if b == 1 and np.all(np.diff(read[0]) == 1):
+            self.span = (int(read[0, 0]), int(read[0, -1]) + 1)
+        # RoPE reads logical positions (ahead of the stored length after a context shift);
+        # one row passes a plain int, as mlx-lm's own cache does
+        positions = [seq.position for seq, _ in rows]
+        self.offset = positions[0] if b == 1 else mx.array(np.asarray(positions, dtype=np.int32))
         self._masks: dict[int | None, mx.array] = {}
 
-    def mask(self, window: int | None) -> mx.array:
+    def mask(self, window: int | None) -> mx.array | None:
+        if self.batch == 1 and self.nmax == 1 and (window is None or window >= self.lmax):
+            return None  # one query that sees the whole history: no mask, as mlx-lm decodes
         if window not in self._masks:
             # query j of row i sits at position offset_i + j (padded queries repeat the last)
             j = np.minimum(np.arange(self.nmax)[None, :], np.asarray(self.n)[:, None] - 1)
@@ -107,8 +115,12 @@ class PagedBatchView:
         st.ensure(li, h, dk, dv)
         st.keys[li][self.plan.write] = keys.transpose(0, 2, 1, 3).reshape(b * n, h, dk)
         st.values[li][self.plan.write] = values.transpose(0, 2, 1, 3).reshape(b * n, h, dv)
-        k = st.keys[li][self.plan.read].transpose(0, 2, 1, 3)
-        v = st.values[li][self.plan.read].transpose(0, 2, 1, 3)
+        if self.plan.span is not None:
+            lo, hi = self.plan.span
+            k, v = st.keys[li][lo:hi][None], st.values[li][lo:hi][None]
+        else:
+            k, v = st.keys[li][self.plan.read], st.values[li][self.plan.read]
+        k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
         return k, v
 
     def make_mask(self, n: int, window_size: int | None = None, return_array: bool = False):
