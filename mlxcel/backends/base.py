@@ -43,6 +43,54 @@ class ForwardRow:
     lora: tuple[float, ...] | None = None
 
 
+@dataclass(frozen=True)
+class RowLayout:
+    """Where each row's tokens sit in one forward's [batch, tokens] input.
+
+    Padded: row i is batch entry i, right-padded to the longest row (one-token decode rows, or
+    one row alone). Packed: rows of different lengths with some longer than one token (a
+    prefill chunk beside decode rows) run as one sequence of all their tokens end to end, so
+    the whole step is one forward and no row is padded to a chunk's width; attention then
+    runs per row (each backend's packed attention)."""
+
+    n: tuple[int, ...]
+    packed: bool
+
+    @classmethod
+    def of(cls, n) -> RowLayout:
+        n = tuple(n)
+        return cls(n, len(n) > 1 and max(n) > 1)
+
+    @property
+    def starts(self) -> list[int]:
+        """Each row's first token index in the packed sequence."""
+        return np.concatenate([[0], np.cumsum(self.n)[:-1]]).astype(int).tolist()
+
+    def per_token(self, block: np.ndarray) -> np.ndarray:
+        """A per-row [B, 1, ...] block as the input is laid out: unchanged when padded,
+        [1, T, ...] (each row's entry repeated over its tokens) when packed."""
+        return np.repeat(block[:, 0], self.n, axis=0)[None] if self.packed else block
+
+    def last(self) -> tuple[list[int], list[int]]:
+        """(batch index, token index) of each row's last token."""
+        if self.packed:
+            return [0] * len(self.n), [s + k - 1 for s, k in zip(self.starts, self.n)]
+        return list(range(len(self.n))), [k - 1 for k in self.n]
+
+    def padded_groups(self) -> list[list[int]]:
+        """Row indices of the padded forwards that replace one packed forward where a family
+        cannot pack: the one-token rows together, each longer row alone."""
+        one = [i for i, k in enumerate(self.n) if k == 1]
+        return ([one] if one else []) + [[i] for i, k in enumerate(self.n) if k > 1]
+
+    def rows(self, x: Any, i: int) -> Any:
+        """Row i's [n, ...] entries of a [batch, tokens, ...] tensor."""
+        if self.packed:
+            s = self.starts[i]
+            return x[0, s: s + self.n[i]]
+        return x[i, : self.n[i]]
+
+
 def steering_blocks(rows: list[ForwardRow]) -> dict[int, np.ndarray]:
     """Per steered layer, one fp32 [B, 1, hidden] delta block for the step (zeros for rows
     without a delta at that layer, so they pass through unchanged); empty when nobody steers."""
@@ -93,10 +141,12 @@ class RowSteering:
             self._reads[layer] = (hidden, out)
         return out
 
-    def _prepare_step(self, rows: list[ForwardRow]) -> None:
-        """One [B, 1, hidden] delta per steered layer (zeros for rows without one), and the
-        layers some row reads; both empty when no row asks, so the forward is untouched."""
+    def _prepare_step(self, rows: list[ForwardRow], layout: RowLayout) -> None:
+        """One [B, 1, hidden] delta per steered layer (zeros for rows without one; [1, T, hidden]
+        when the rows are packed), and the layers some row reads; both empty when no row asks,
+        so the forward is untouched."""
         blocks, read = steering_blocks(rows), read_layers(rows)
+        blocks = {li: layout.per_token(b) for li, b in blocks.items()}
         for li in blocks.keys() | read:
             if li not in self._hooked:
                 self.hooks.add(li, self._layer_hook)
@@ -104,14 +154,13 @@ class RowSteering:
         self._deltas = {li: self._as_delta(b) for li, b in blocks.items()}
         self._reads = {li: None for li in read}
 
-    def _deliver_reads(self, rows: list[ForwardRow], lengths: list[int]) -> None:
+    def _deliver_reads(self, rows: list[ForwardRow], layout: RowLayout) -> None:
         """Hand each capturing row its [n, hidden] fp32 residuals before / after the delta."""
         reads, self._reads = self._reads, {}
         for i, r in enumerate(rows):
             for li, fn in (r.capture or {}).items():
                 pre, post = reads[li]
-                n = lengths[i]
-                fn(list(r.tokens), self._as_numpy(pre[i, :n]), self._as_numpy(post[i, :n]))
+                fn(list(r.tokens), self._as_numpy(layout.rows(pre, i)), self._as_numpy(layout.rows(post, i)))
 
 
 class Backend(Protocol):

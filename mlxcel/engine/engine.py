@@ -1,7 +1,7 @@
 """The engine: one loop on its own thread turns requests into token events.
 
-Each step plans the rows to run (every decoding row together in one batched forward, plus
-prompt chunks under the `batch_size` token budget, each its own forward), then samples,
+Each step plans the rows to run (every decoding row plus prompt chunks under the `batch_size`
+token budget) as one forward, which the backend packs when row lengths differ, then samples,
 detokenizes and stop-checks each row that finished its prompt. KV lives in a paged block
 pool (kv_block_pool.py); admission adopts the longest cached prefix (kv_prefix_cache.py)
 and release donates full blocks back. The only bridge to asyncio is `RequestHandle`:
@@ -560,39 +560,36 @@ class Engine:
         row.cache.release()
         self.prefix_cache.trim()
 
-    def _plan(self, drafted: list[tuple[_Row, list[int]]] = ()) -> list[list[tuple[_Row, list[int]]]]:
-        """This step's forwards: all decoding rows together, then prefill chunks (each its
-        own forward: padding a chunk's width onto every decode row would waste compute)
-        under the `batch_size` token budget. Without continuous batching, prompts are only
-        processed when nothing is decoding. Rows with a draft are verified in the decode forward
-        instead (`_forward`'s `drafted`)."""
+    def _plan(self, drafted: list[tuple[_Row, list[int]]] = ()) -> list[tuple[_Row, list[int]]]:
+        """This step's one forward: every decoding row, then prefill chunks under the
+        `batch_size` token budget (the backend packs rows of different lengths, so a chunk
+        costs the decode rows nothing). Without continuous batching, prompts are only processed
+        when nothing is decoding. Rows with a draft are verified in the same forward instead
+        (`_forward`'s `drafted`)."""
         verifying = {id(r) for r, _ in drafted}
-        decode = [(r, [r.next_token]) for r in self._rows if not r.pending and id(r) not in verifying]
-        groups = [decode] if decode else []
-        budget = max(self.batch_size - len(decode) - sum(len(d) + 1 for _, d in drafted), 1)
-        if (decode or drafted) and not self.cont_batching:
-            return groups
+        plan = [(r, [r.next_token]) for r in self._rows if not r.pending and id(r) not in verifying]
+        budget = max(self.batch_size - len(plan) - sum(len(d) + 1 for _, d in drafted), 1)
+        if (plan or drafted) and not self.cont_batching:
+            return plan
         for r in self._rows:
             if r.pending and budget > 0:
                 chunk = r.pending[:budget]
                 budget -= len(chunk)
-                groups.append([(r, chunk)])
-        return groups
+                plan.append((r, chunk))
+        return plan
 
     def _step(self) -> None:
         if self.pipeline_decode and self.speculator is None and self._pipe.step(self):
             return
         spec = self.speculator
         drafted = spec.draft(self, [r for r in self._rows if not r.pending]) if spec is not None else []
-        groups = self._plan(drafted)
-        if drafted and not (groups and not groups[0][0][0].pending):
-            groups.insert(0, [])  # no plain decode row: the verify rows make the decode forward alone
-        for i, group in enumerate(groups):
-            self._forward(group, drafted if i == 0 else ())
+        plan = self._plan(drafted)
+        if plan or drafted:
+            self._forward(plan, drafted)
 
     def _forward(self, plan: list[tuple[_Row, list[int]]], drafted=()) -> None:
-        """One backend forward over `plan`; the decode forward also carries the drafted rows'
-        verify positions (engine/speculative.py), which are sampled after the plan's rows."""
+        """The step's one backend forward over `plan` and the drafted rows' verify positions
+        (engine/speculative.py), which are sampled after the plan's rows."""
         now = time.perf_counter()
         for row, _ in plan:
             if row.slot < 0:

@@ -13,7 +13,9 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.utils import load_model
 
-from mlxcel.backends.base import ForwardRow, ModelInfo, RowSteering, compacted, kv_bytes_per_token
+from mlxcel.backends.base import ForwardRow, ModelInfo, RowLayout, RowSteering, compacted, kv_bytes_per_token
+from mlxcel.backends.mlx import packed
+from mlxcel.backends.mlx.packed import PackedBatchView, PackedPlan
 from mlxcel.backends.mlx.paged import PagedBatchView, PagedStorage, StepPlan
 from mlxcel.engine.kv_block_pool import BlockAllocator, SequenceKV
 from mlxcel.models.hooks import install_hooks
@@ -74,6 +76,8 @@ class MLXBackend(RowSteering):
         mx.eval(model.parameters())
         self.model = model
         self.hooks = install_hooks(model)
+        # rows of different lengths share one forward where the family takes the packed seams
+        self.packs_rows = packed.install(model)
         self._init_steering()  # per-step SAE deltas and residual reads (backends/base.RowSteering)
         self.lora = None  # MLXLoraTerms once adapters are attached
         self.info = ModelInfo(
@@ -115,39 +119,49 @@ class MLXBackend(RowSteering):
         their rotation and the new sequence continues at seq's logical position."""
         return compacted(seq, keep, discard, self.storage.copy_slots)
 
-    def _run(self, rows: list[ForwardRow], fn=None, ids: mx.array | None = None) -> tuple[mx.array, StepPlan]:
-        """One forward of `fn` (default: the whole model, giving logits) over the rows; `ids`
-        ([B] on the device) replaces the rows' tokens in a one-token decode step."""
+    def _run(self, rows: list[ForwardRow], fn=None, ids: mx.array | None = None) -> tuple[mx.array, RowLayout]:
+        """One forward of `fn` (default: the whole model, giving logits) over the rows, packed
+        when their lengths differ (base.RowLayout); `ids` ([B] on the device) replaces the rows'
+        tokens in a one-token decode step."""
         for r in rows:
             r.cache.reserve(len(r.tokens))
-        plan = StepPlan([(r.cache, len(r.tokens)) for r in rows])
-        if ids is None:
-            host = np.zeros((plan.batch, plan.nmax), dtype=np.int32)
-            for i, r in enumerate(rows):
-                host[i, : len(r.tokens)] = r.tokens
-            ids = mx.array(host)
+        layout = RowLayout.of([len(r.tokens) for r in rows])
+        kv = [(r.cache, len(r.tokens)) for r in rows]
+        if layout.packed and self.packs_rows:
+            plan = PackedPlan(kv, layout)
+            ids = mx.array(np.concatenate([r.tokens for r in rows]).astype(np.int32))[None]
+            views = [PackedBatchView(self.storage, li, plan) for li in range(self.info.num_layers)]
         else:
-            ids = ids.reshape(plan.batch, 1)
-        views = [PagedBatchView(self.storage, li, plan) for li in range(self.info.num_layers)]
-        self._prepare_step(rows)
+            layout = RowLayout(layout.n, False)
+            plan = StepPlan(kv)
+            if ids is None:
+                host = np.zeros((plan.batch, plan.nmax), dtype=np.int32)
+                for i, r in enumerate(rows):
+                    host[i, : len(r.tokens)] = r.tokens
+                ids = mx.array(host)
+            else:
+                ids = ids.reshape(plan.batch, 1)
+            views = [PagedBatchView(self.storage, li, plan) for li in range(self.info.num_layers)]
+        self._prepare_step(rows, layout)
         if self.lora is not None:
-            self.lora.begin([r.lora for r in rows])
+            self.lora.begin([r.lora for r in rows], layout)
         try:
-            logits = (fn or self.model)(ids, cache=views)
+            out = (fn or self.model)(ids, cache=views)
         finally:
             self._deltas = {}
             if self.lora is not None:
                 self.lora.end()
         for r in rows:
             r.cache.tokens.extend(r.tokens)
-        return logits, plan
+        return out, layout
 
     def forward(self, rows: list[ForwardRow]) -> np.ndarray:
-        logits, plan = self._run(rows)
-        last = logits[mx.arange(plan.batch), mx.array([n - 1 for n in plan.n])].astype(mx.float32)
+        logits, layout = self._run(rows)
+        b, t = layout.last()
+        last = logits[mx.array(b), mx.array(t)].astype(mx.float32)
         mx.eval(last, *self.storage.arrays(), *(a for pair in self._reads.values() for a in pair))
         if self._reads:
-            self._deliver_reads(rows, plan.n)
+            self._deliver_reads(rows, layout)
         return np.array(last, copy=False)
 
     def decode_greedy(self, rows: list[ForwardRow], ids: mx.array | None = None,

@@ -3,8 +3,8 @@
 A target linear keeps its class's behaviour and parameter paths (quantized ones included):
 its class is swapped for a subclass whose `__call__` runs the original and then adds
 `((x @ A^T) @ B'^T) * s` for every adapter the step uses, `s` being the rows' [B, 1, 1]
-scale block. A step whose rows all sit at 0.0 adds nothing at all, so the forward is the
-base model's, bit for bit.
+scale block ([1, T, 1] when the step's rows are packed). A step whose rows all sit at 0.0
+adds nothing at all, so the forward is the base model's, bit for bit.
 """
 
 from __future__ import annotations
@@ -59,8 +59,9 @@ class MLXLoraTerms:
             object.__setattr__(m, "_mlxcel_lora", self)
             object.__setattr__(m, "_mlxcel_lora_key", name)
 
-    def begin(self, rows_scales) -> None:
-        self._step = {k: mx.array(v.reshape(-1, 1, 1)).astype(self._dtype)
+    def begin(self, rows_scales, layout) -> None:
+        """The step's scale blocks: [B, 1, 1], or [1, T, 1] over packed rows (base.RowLayout)."""
+        self._step = {k: mx.array(layout.per_token(v.reshape(-1, 1, 1))).astype(self._dtype)
                       for k, v in scale_blocks(rows_scales, self.n).items()}
 
     def end(self) -> None:

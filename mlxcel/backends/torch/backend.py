@@ -16,12 +16,15 @@ from __future__ import annotations
 
 import json
 import logging
+from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from mlxcel.backends.base import ForwardRow, ModelInfo, RowSteering, compacted, kv_bytes_per_token
+from mlxcel.backends.base import ForwardRow, ModelInfo, RowLayout, RowSteering, compacted, kv_bytes_per_token
+from mlxcel.backends.torch import packed
+from mlxcel.backends.torch.packed import PackedPlan, packed_step
 from mlxcel.backends.torch.paged import PagedStepCache, PagedStorage, StepPlan
 from mlxcel.backends.torch.row_gemv import install_row_gemv
 from mlxcel.engine.kv_block_pool import BlockAllocator, SequenceKV
@@ -118,6 +121,7 @@ def install_torch_hooks(layers) -> LayerHooks:
 
 class TorchBackend(RowSteering):
     name = "torch"
+    can_pack = True  # a text family's steps may pack rows (backends/torch/packed.py)
 
     def __init__(self, path: str | Path, dtype: str = "auto", device: str = "cpu", threads: int = -1,
                  rope: RopeOverrides | None = None, compile: bool = False) -> None:
@@ -152,6 +156,9 @@ class TorchBackend(RowSteering):
         self.base = self._decoder_stack(model)
         # --torch-compile: one dynamic-shape graph set for the decoder stack, compiled on first use
         self._base_forward = torch.compile(self.base, dynamic=True) if compile else self.base
+        # rows of different lengths share one forward where the family takes the packed
+        # attention (not under compile: its per-step plan lives outside the graph)
+        self.packs_rows = self.can_pack and not compile and packed.install(self.model)
         self.lm_head = model.get_output_embeddings()
         self.softcap = getattr(model.config, "final_logit_softcapping", None)
         text_config = model.config.get_text_config()
@@ -217,27 +224,37 @@ class TorchBackend(RowSteering):
         kinds = set(self._layer_types)
         return {k: plan.mask(self._window if k == "sliding_attention" else None, dtype) for k in kinds}
 
-    def _run(self, rows: list[ForwardRow]) -> tuple[torch.Tensor, StepPlan]:
+    def _run(self, rows: list[ForwardRow]) -> tuple[torch.Tensor, RowLayout]:
+        """One forward over the rows, packed when their lengths differ (base.RowLayout)."""
         for r in rows:
             r.cache.reserve(len(r.tokens))
-        plan = StepPlan([(r.cache, len(r.tokens)) for r in rows], self.device)
-        if self._base_forward is not self.base:
-            plan.read_start = None  # compiled: one KV read path, so block order cannot force a recompile
-        ids = np.zeros((plan.batch, plan.nmax), dtype=np.int64)
-        for i, r in enumerate(rows):
-            ids[i, : len(r.tokens)] = r.tokens
-        self._prepare_step(rows)
+        layout = RowLayout.of([len(r.tokens) for r in rows])
+        if not self.packs_rows:
+            layout = RowLayout(layout.n, False)
+        kv = [(r.cache, len(r.tokens)) for r in rows]
+        if layout.packed:
+            plan = PackedPlan(kv, layout, self.storage, self.device)
+            ids = np.concatenate([r.tokens for r in rows]).astype(np.int64)[None]
+        else:
+            plan = StepPlan(kv, self.device)
+            if self._base_forward is not self.base:
+                plan.read_start = None  # compiled: one KV read path, so block order cannot force a recompile
+            ids = np.zeros((plan.batch, plan.nmax), dtype=np.int64)
+            for i, r in enumerate(rows):
+                ids[i, : len(r.tokens)] = r.tokens
+        self._prepare_step(rows, layout)
         if self.lora is not None:
-            self.lora.begin([r.lora for r in rows])
+            self.lora.begin([r.lora for r in rows], layout)
         try:
-            out = self._forward_stack(torch.from_numpy(ids).to(self.device), plan, rows)
+            with packed_step(plan) if layout.packed else nullcontext():
+                out = self._forward_stack(torch.from_numpy(ids).to(self.device), plan, rows)
         finally:
             self._deltas = {}
             if self.lora is not None:
                 self.lora.end()
         for r in rows:
             r.cache.tokens.extend(r.tokens)
-        return out.last_hidden_state, plan
+        return out.last_hidden_state, layout
 
     def _forward_stack(self, ids: torch.Tensor, plan: StepPlan, rows: list[ForwardRow]):
         return self._base_forward(input_ids=ids, attention_mask=self._masks(plan), position_ids=plan.position_ids,
@@ -257,11 +274,17 @@ class TorchBackend(RowSteering):
 
     @torch.inference_mode()
     def forward(self, rows: list[ForwardRow]) -> np.ndarray:
-        hidden, plan = self._run(rows)
-        last = hidden[torch.arange(plan.batch, device=self.device), plan.last]
-        logits = self._logits(last)
+        if not self.packs_rows and RowLayout.of([len(r.tokens) for r in rows]).packed:
+            # a family that cannot pack: the step's rows as padded forwards, logits in row order
+            got: dict[int, np.ndarray] = {}
+            for g in RowLayout.of([len(r.tokens) for r in rows]).padded_groups():
+                got.update(zip(g, self.forward([rows[i] for i in g])))
+            return np.stack([got[i] for i in range(len(rows))])
+        hidden, layout = self._run(rows)
+        b, t = layout.last()
+        logits = self._logits(hidden[torch.tensor(b, device=self.device), torch.tensor(t, device=self.device)])
         if self._reads:
-            self._deliver_reads(rows, plan.n)
+            self._deliver_reads(rows, layout)
         return logits
 
     @torch.inference_mode()

@@ -31,8 +31,9 @@ class TorchLoraTerms:
         for name, terms in self._terms.items():
             linears[name].register_forward_hook(self._hook(terms.terms))
 
-    def begin(self, rows_scales) -> None:
-        self._step = {k: torch.from_numpy(v.reshape(-1, 1, 1)).to(self._device, self._dtype)
+    def begin(self, rows_scales, layout) -> None:
+        """The step's scale blocks: [B, 1, 1], or [1, T, 1] over packed rows (base.RowLayout)."""
+        self._step = {k: torch.from_numpy(layout.per_token(v.reshape(-1, 1, 1))).to(self._device, self._dtype)
                       for k, v in scale_blocks(rows_scales, self.n).items()}
 
     def end(self) -> None:

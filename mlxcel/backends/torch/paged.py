@@ -71,6 +71,8 @@ def _consecutive(slots: np.ndarray) -> bool:
 class StepPlan:
     """Index tensors, positions and masks shared by every layer of one forward over `rows`."""
 
+    packed = False  # rows right-padded to the longest (backends/torch/packed.PackedPlan packs them)
+
     def __init__(self, rows: list[tuple[SequenceKV, int]], device: torch.device) -> None:
         bs = rows[0][0].allocator.block_size
         self.n = [n for _, n in rows]
@@ -129,6 +131,8 @@ class PagedStepCache(Cache):
         keys, values = st.keys[layer_idx], st.values[layer_idx]
         keys.index_copy_(0, plan.write, key_states.transpose(1, 2).reshape(b * n, h, dk).to(keys.dtype))
         values.index_copy_(0, plan.write, value_states.transpose(1, 2).reshape(b * n, h, dv).to(values.dtype))
+        if plan.packed:
+            return key_states, value_states  # packed attention reads each row's history itself
         if plan.read_start is not None:
             k = keys.narrow(0, plan.read_start, plan.lmax).unsqueeze(0).transpose(1, 2)
             v = values.narrow(0, plan.read_start, plan.lmax).unsqueeze(0).transpose(1, 2)

@@ -51,6 +51,8 @@ class Media:
 class TorchVLMBackend(TorchBackend):
     """TorchBackend for a vision-language family: same KV, hooks and steering seam."""
 
+    can_pack = False  # image rows carry 3-axis positions per row; mixed steps run padded forwards
+
     def _load_model(self, path: Path, dtype: torch.dtype, extra: dict):
         import json
 

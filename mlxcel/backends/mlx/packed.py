@@ -1,0 +1,181 @@
+"""Packed steps on MLX: rows of different lengths as one sequence through one forward.
+
+A step that mixes a prefill chunk with decode rows (base.RowLayout.packed) feeds the mlx-lm
+family all its tokens as one [1, T] sequence, so every linear, norm and MLP runs once over
+all rows and no decode row is padded to a chunk's width. Two places must still see rows:
+RoPE (each token at its own row's position) and attention (each row attends only its own
+history). mlxcel owns both seams (`install`): each attention's `rope` is wrapped to take a
+per-token position array, and the family module's `scaled_dot_product_attention` name points
+at a dispatcher that hands a packed view's attention to the view. The view attends per row
+group: the one-token rows together (padded to their longest history, as a decode step does),
+each longer row on its own with its causal mask.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+from mlx_lm.models import base as mlx_base
+
+from mlxcel.backends.base import RowLayout
+from mlxcel.engine.kv_block_pool import NULL_BLOCK, SequenceKV
+
+_sdpa = mlx_base.scaled_dot_product_attention
+
+
+class TokenPositions:
+    """A packed step's RoPE offset: every token's logical position, [T] int32."""
+
+    def __init__(self, positions: mx.array) -> None:
+        self.positions = positions
+
+
+class PackedMask:
+    """What a packed view's make_mask returns: only the window, read back by `attend`."""
+
+    def __init__(self, window: int | None) -> None:
+        self.window = window
+
+
+class PackedRope(nn.Module):
+    """A family's RoPE module that also takes per-token positions."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def __call__(self, x: mx.array, offset=0) -> mx.array:
+        if isinstance(offset, TokenPositions):
+            # [1, H, T, D] as T one-token rows: mx.fast.rope takes one offset per batch entry
+            return self.inner(x.swapaxes(0, 2), offset=offset.positions).swapaxes(0, 2)
+        return self.inner(x, offset=offset)
+
+
+def _dispatch_sdpa(queries, keys, values, cache, scale, mask, sinks=None):
+    if isinstance(cache, PackedBatchView):
+        return cache.attend(queries, scale, mask, sinks)
+    return _sdpa(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
+
+
+def install(model: nn.Module) -> bool:
+    """Route the family's RoPE and attention through the packed seams; False (nothing changed)
+    when the family does not have the shape these seams expect, and its steps stay padded."""
+    module = sys.modules.get(type(model).__module__)
+    layers = getattr(model, "layers", None)
+    if module is None or not hasattr(module, "scaled_dot_product_attention") or not layers:
+        return False
+    attns = [getattr(layer, "self_attn", None) for layer in layers]
+    if any(a is None or not isinstance(getattr(a, "rope", None), nn.Module) for a in attns):
+        return False
+    module.scaled_dot_product_attention = _dispatch_sdpa
+    for attn in attns:
+        if not isinstance(attn.rope, PackedRope):
+            attn.rope = PackedRope(attn.rope)
+    return True
+
+
+class _Group:
+    """Rows attended together: their query token indices, history slots and query positions."""
+
+    def __init__(self, tokens, read: np.ndarray, qpos: np.ndarray) -> None:
+        self.tokens = tokens  # mx.array of token indices (one-token rows) or a slice (one row)
+        self.lmax = read.shape[1]
+        # one row whose slots run in order reads its history as a slice (a view, no gather)
+        self.span = None
+        if read.shape[0] == 1 and np.all(np.diff(read[0]) == 1):
+            self.span = (int(read[0, 0]), int(read[0, -1]) + 1)
+        self.read = mx.array(read)
+        self.qpos = qpos  # [b, nq] positions in the stored history
+        self._masks: dict[int | None, mx.array] = {}
+
+    def mask(self, window: int | None) -> mx.array:
+        if window not in self._masks:
+            kpos = np.arange(self.lmax)[None, None, :]
+            allowed = kpos <= self.qpos[:, :, None]
+            if window is not None:
+                allowed &= kpos > self.qpos[:, :, None] - window
+            self._masks[window] = mx.array(allowed[:, None, :, :])
+        return self._masks[window]
+
+
+class PackedPlan:
+    """Index arrays shared by every layer of one packed forward over `rows`."""
+
+    def __init__(self, rows: list[tuple[SequenceKV, int]], layout: RowLayout) -> None:
+        bs = rows[0][0].allocator.block_size
+        self.layout = layout
+        offsets = [seq.length for seq, _ in rows]
+        self.write = mx.array(np.concatenate([seq.slots(o, o + n) for (seq, n), o in zip(rows, offsets)]))
+        # RoPE reads logical positions (ahead of the stored length after a context shift)
+        pos = np.concatenate([seq.position + np.arange(n) for seq, n in rows]).astype(np.int32)
+        self.offset = TokenPositions(mx.array(pos))
+        starts = layout.starts
+        one = [i for i, (_, n) in enumerate(rows) if n == 1]
+        self.groups: list[_Group] = []
+        order: list[int] = []
+        if one:
+            lmax = max(offsets[i] + 1 for i in one)
+            read = np.full((len(one), lmax), NULL_BLOCK * bs, dtype=np.int64)
+            for k, i in enumerate(one):
+                read[k, : offsets[i] + 1] = rows[i][0].slots(0, offsets[i] + 1)
+            qpos = np.asarray([[offsets[i]] for i in one])
+            self.groups.append(_Group(mx.array([starts[i] for i in one]), read, qpos))
+            order += [starts[i] for i in one]
+        for i, (seq, n) in enumerate(rows):
+            if n > 1:
+                read = np.asarray(seq.slots(0, offsets[i] + n), dtype=np.int64)[None]
+                qpos = (offsets[i] + np.arange(n))[None]
+                self.groups.append(_Group(slice(starts[i], starts[i] + n), read, qpos))
+                order += range(starts[i], starts[i] + n)
+        # the groups' outputs come out in `order`; this puts them back in token order
+        self.unperm = None if order == sorted(order) else mx.array(np.argsort(order))
+
+
+class PackedBatchView:
+    """One layer's cache, as mlx-lm sees it, for one packed step."""
+
+    def __init__(self, storage, layer: int, plan: PackedPlan) -> None:
+        self.storage, self.layer, self.plan = storage, layer, plan
+        self.offset = plan.offset
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        """Store the step's keys/values; attention reads the history itself (`attend`), so the
+        returned arrays only pass through the family's code."""
+        _, h, t, dk = keys.shape
+        dv = values.shape[-1]
+        st, li = self.storage, self.layer
+        st.ensure(li, h, dk, dv)
+        st.keys[li][self.plan.write] = keys[0].transpose(1, 0, 2)
+        st.values[li][self.plan.write] = values[0].transpose(1, 0, 2)
+        return keys, values
+
+    def make_mask(self, n: int, window_size: int | None = None, return_array: bool = False) -> PackedMask:
+        return PackedMask(window_size)
+
+    def attend(self, queries: mx.array, scale: float, mask, sinks=None) -> mx.array:
+        """[1, H, T, D] attention output, each row over its own history."""
+        window = mask.window if isinstance(mask, PackedMask) else None
+        st, li = self.storage, self.layer
+        outs = []
+        for g in self.plan.groups:
+            if isinstance(g.tokens, slice):
+                q = queries[:, :, g.tokens]
+            else:
+                q = queries[:, :, g.tokens].transpose(2, 1, 0, 3)  # [b, H, 1, D]: one row per token
+            if g.span is not None:
+                lo, hi = g.span
+                k, v = st.keys[li][lo:hi][None], st.values[li][lo:hi][None]
+            else:
+                k, v = st.keys[li][g.read], st.values[li][g.read]
+            k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
+            o = mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=g.mask(window), sinks=sinks)
+            outs.append(o if isinstance(g.tokens, slice) else o.transpose(2, 1, 0, 3))
+        out = outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=2)
+        return out if self.plan.unperm is None else out[:, :, self.plan.unperm]
+
+    @property
+    def nbytes(self) -> int:
+        return self.storage.nbytes
