@@ -54,7 +54,12 @@ class RequestHandle:
         self.retired = False  # the engine's queue accounting is done with it
 
     def _push(self, event: TokenEvent) -> None:  # engine thread
-        self._loop.call_soon_threadsafe(self._queue.put_nowait, event)
+        if self.cancelled:
+            return  # nobody reads it; the row is reaped at the next step
+        try:
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, event)
+        except RuntimeError:  # the caller's event loop is closed: the request is gone
+            self.cancelled = True
 
     def cancel(self) -> None:
         if not self.finished and not self.cancelled:
@@ -399,7 +404,12 @@ class Engine:
                     log.exception("engine step failed")
                     self._pipe.reset()
                     for row in list(self._rows):
-                        self._finish(row, TokenEvent(error=f"generation failed: {e}", error_code="server_error"))
+                        try:
+                            self._finish(row, TokenEvent(error=f"generation failed: {e}", error_code="server_error"))
+                        except Exception:  # the loop outlives any one row's cleanup
+                            log.exception("failing a row after a broken step failed too")
+                            if row in self._rows:
+                                self._rows.remove(row)
 
     def _drain(self, block: bool) -> None:
         try:

@@ -180,3 +180,22 @@ def test_cancel_mid_stream_and_a_second_request_mid_decode(model):
 
 async def _tokens(handle):
     return [ev.token async for ev in handle if ev.token is not None]
+
+
+@pytest.mark.timeout(300)
+def test_a_request_whose_event_loop_closed_does_not_stop_the_engine(model):
+    """A caller that walks away without cancel() (its event loop closes while its row still
+    decodes, a token queued ahead) ends that request only: the engine thread lives on."""
+    a = model.tokenizer.encode("Write a very long essay about the sea.")
+
+    async def abandon():
+        handle = model.engine.submit(GenerationRequest(prompt=a, params=GREEDY, max_tokens=200))
+        async for ev in handle:
+            if ev.token is not None:
+                return
+
+    asyncio.run(abandon())
+    assert model.engine._thread.is_alive()
+    got = [e.token for e in collect(model, a, max_tokens=5) if e.token is not None]
+    assert len(got) == 5
+    assert_blocks_back(model)

@@ -4,11 +4,11 @@ A step that mixes a prefill chunk with decode rows (base.RowLayout.packed) feeds
 family all its tokens as one [1, T] sequence, so every linear, norm and MLP runs once over
 all rows and no decode row is padded to a chunk's width. Two places must still see rows:
 RoPE (each token at its own row's position) and attention (each row attends only its own
-history). mlxcel owns both seams (`install`): each attention's `rope` is wrapped to take a
-per-token position array, and the family module's `scaled_dot_product_attention` name points
-at a dispatcher that hands a packed view's attention to the view. The view attends per row
-group: the one-token rows together (padded to their longest history, as a decode step does),
-each longer row on its own with its causal mask.
+history). mlxcel owns both seams (`install`): each attention's `rope` gets a subclass that
+also takes a per-token position array, and the family module's `scaled_dot_product_attention`
+name points at a dispatcher that hands a packed view's attention to the view. The view attends
+per row group: the one-token rows together (padded to their longest history, as a decode step
+does), each longer row on its own with its causal mask.
 """
 
 from __future__ import annotations
@@ -40,18 +40,22 @@ class PackedMask:
         self.window = window
 
 
-class PackedRope(nn.Module):
-    """A family's RoPE module that also takes per-token positions."""
+_PACKED_ROPE: dict[type, type] = {}
 
-    def __init__(self, inner: nn.Module) -> None:
-        super().__init__()
-        self.inner = inner
 
-    def __call__(self, x: mx.array, offset=0) -> mx.array:
-        if isinstance(offset, TokenPositions):
-            # [1, H, T, D] as T one-token rows: mx.fast.rope takes one offset per batch entry
-            return self.inner(x.swapaxes(0, 2), offset=offset.positions).swapaxes(0, 2)
-        return self.inner(x, offset=offset)
+def _packed_rope_class(cls: type) -> type:
+    """A family's RoPE class that also takes per-token positions; everything else unchanged
+    (the module keeps its attributes: base, scale, dims)."""
+    if cls not in _PACKED_ROPE:
+
+        def __call__(self, x, offset=0):
+            if isinstance(offset, TokenPositions):
+                # [1, H, T, D] as T one-token rows: mx.fast.rope takes one offset per batch entry
+                return cls.__call__(self, x.swapaxes(0, 2), offset=offset.positions).swapaxes(0, 2)
+            return cls.__call__(self, x, offset=offset)
+
+        _PACKED_ROPE[cls] = type(f"Packed{cls.__name__}", (cls,), {"__call__": __call__})
+    return _PACKED_ROPE[cls]
 
 
 def _dispatch_sdpa(queries, keys, values, cache, scale, mask, sinks=None):
@@ -72,8 +76,8 @@ def install(model: nn.Module) -> bool:
         return False
     module.scaled_dot_product_attention = _dispatch_sdpa
     for attn in attns:
-        if not isinstance(attn.rope, PackedRope):
-            attn.rope = PackedRope(attn.rope)
+        if type(attn.rope) not in _PACKED_ROPE.values():
+            attn.rope.__class__ = _packed_rope_class(type(attn.rope))
     return True
 
 
