@@ -185,15 +185,22 @@ def test_context_length_exceeded_on_every_route_before_any_stream(openai_client,
     assert "maximum context length is" in e.value.message and "10000000 for the completion" in e.value.message
 
 
-def test_n_choices_each_its_own_row(openai_client):
+def test_n_choices_each_its_own_row(default_server, openai_client):
+    # every call prefills cold: in bf16 a prompt-cache hit changes the prefill's shapes and with
+    # them the logits' rounding (up to ~0.5 on SmolLM2), which a temperature-1 draw can see
     kw = dict(model=DEFAULT_MODEL, messages=[{"role": "user", "content": "Say a random word."}],
-              max_tokens=4, temperature=1.0, seed=11)
+              max_tokens=4, temperature=1.0, seed=11, extra_body={"cache_prompt": False})
     r = openai_client.chat.completions.create(n=2, **kw)
     assert [c.index for c in r.choices] == [0, 1]
     again = openai_client.chat.completions.create(n=2, **kw)
     assert [c.message.content for c in again.choices] == [c.message.content for c in r.choices]
     alone = openai_client.chat.completions.create(**kw)
-    assert alone.choices[0].message.content == r.choices[0].message.content
+    if default_server.dtype == "bfloat16":
+        # torch's bf16 one-row decode (a matrix-vector product) rounds differently from the
+        # two-row step: the n=1 request is only its own run's twin (docs/benchmarks.md)
+        assert openai_client.chat.completions.create(**kw).choices[0].message.content == alone.choices[0].message.content
+    else:
+        assert alone.choices[0].message.content == r.choices[0].message.content
     with pytest.raises(openai.BadRequestError) as e:
         openai_client.chat.completions.create(n=2, stream=True, **kw)
     assert e.value.param == "n" and e.value.code == "field_not_honoured"
@@ -262,8 +269,9 @@ def test_seed_header_and_fingerprint(openai_client, fingerprint):
 
 
 def test_same_seed_same_text_alone_and_beside_concurrent_traffic(openai_client):
+    # cold prefills (see test_n_choices_each_its_own_row): a prompt-cache hit changes bf16 rounding
     kw = dict(model=DEFAULT_MODEL, messages=[{"role": "user", "content": "Write a short poem about the sea."}],
-              max_tokens=12, temperature=1.0, top_p=0.95, seed=424242)
+              max_tokens=12, temperature=1.0, top_p=0.95, seed=424242, extra_body={"cache_prompt": False})
     first = openai_client.chat.completions.create(**kw).choices[0]
     second = openai_client.chat.completions.create(**kw).choices[0]
     assert (second.message.content, second.finish_reason) == (first.message.content, first.finish_reason)

@@ -4,9 +4,10 @@ The torch counterpart of backends/mlx/packed.py. A step that mixes a prefill chu
 decode rows (base.RowLayout.packed) feeds transformers' family one [1, T] sequence of all its
 tokens, with per-token position ids (transformers builds RoPE from them, so rotation needs no
 seam). Attention is the one seam: the model runs under mlxcel's registered attention
-implementation, which is torch SDPA unchanged except during a packed step, when each row
-attends its own paged history: the one-token rows together (padded to their longest
-history, as a decode step does), each longer row on its own with its causal mask.
+implementation, which is transformers' SDPA unchanged except during a packed step, when each
+row attends its own paged history: the one-token rows together (padded to their longest
+history, as a decode step does), each longer row on its own with its causal mask, each group
+through the same SDPA call a padded forward of those rows would make.
 """
 
 from __future__ import annotations
@@ -42,9 +43,7 @@ def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=N
     if plan is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, **kwargs)
-    if kwargs.get("softcap") is not None:
-        raise ValueError("packed attention does not take attention logit soft-capping")
-    return plan.attend(module.layer_idx, getattr(module, "sliding_window", None), query, scaling), None
+    return plan.attend(module, query, scaling, dropout=dropout, **kwargs), None
 
 
 AttentionInterface.register(IMPLEMENTATION, _attention)
@@ -127,12 +126,14 @@ class PackedPlan:
         """What the model is handed as its mask: a placeholder (attention builds its own per group)."""
         return torch.zeros((1, 1, 1, 1), dtype=dtype, device=self.device)
 
-    def attend(self, layer: int, window: int | None, query: torch.Tensor, scaling: float | None) -> torch.Tensor:
-        """[1, T, H, D] attention output for packed queries [1, H, T, D], each row over its history."""
+    def attend(self, module, query: torch.Tensor, scaling: float | None, **kwargs) -> torch.Tensor:
+        """[1, T, H, D] attention output for packed queries [1, H, T, D], each row over its
+        history, through transformers' own SDPA call per group: the same call, on the same
+        shapes, that a padded forward of those rows makes, so the packed step rounds alike."""
+        layer, window = module.layer_idx, getattr(module, "sliding_window", None)
         keys, values = self.storage.keys[layer], self.storage.values[layer]
         _, kvh, dk = keys.shape
         dv = values.shape[-1]
-        gqa = query.shape[1] != kvh
         outs = []
         for g in self.groups:
             if isinstance(g.tokens, slice):
@@ -145,10 +146,7 @@ class PackedPlan:
             else:
                 k = keys.index_select(0, g.read).view(g.b, g.lmax, kvh, dk).transpose(1, 2)
                 v = values.index_select(0, g.read).view(g.b, g.lmax, kvh, dv).transpose(1, 2)
-            o = torch.nn.functional.scaled_dot_product_attention(
-                q, k.to(q.dtype), v.to(q.dtype), attn_mask=g.mask(window, q.dtype), scale=scaling, enable_gqa=gqa)
-            outs.append(o if isinstance(g.tokens, slice) else o.squeeze(2).transpose(0, 1).unsqueeze(0))
-        out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
-        if self.unperm is not None:
-            out = out.index_select(2, self.unperm)
-        return out.transpose(1, 2).contiguous()
+            o, _ = sdpa_attention_forward(module, q, k, v, g.mask(window, q.dtype), scaling=scaling, **kwargs)
+            outs.append(o if isinstance(g.tokens, slice) else o.reshape(1, g.b, *o.shape[2:]))  # [1, n, H, D]
+        out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
+        return out if self.unperm is None else out.index_select(1, self.unperm)
