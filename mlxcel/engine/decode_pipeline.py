@@ -38,9 +38,9 @@ PLACEHOLDER = -1
 def device_greedy(p: SamplingParams) -> bool:
     """Whether the host sampler's pick for these parameters is always the first highest biased
     logit (what a device argmax over logits + logit_bias returns; ignore_eos is such a bias):
-    temperature <= 0 with no dynamic range, and every
-    other stage of the chain either off or one that always keeps the highest logit (top-k,
-    top-p, min-p and top-n-sigma keep it and break ties by the lowest id, as argmax does)."""
+    temperature <= 0 with no dynamic range, and every other stage of the chain either off or
+    one that always keeps the highest logit (top-k, top-p, min-p and top-n-sigma keep it and
+    break ties by the lowest id, as argmax does)."""
     if p.mirostat != 0 or p.n_probs > 0 or p.uses_adaptive_p:
         return False
     # the host refuses a +inf logit (left to it), and adds in float64 before rounding: only
