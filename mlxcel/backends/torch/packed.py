@@ -99,8 +99,6 @@ class PackedPlan:
         # RoPE reads logical positions (ahead of the stored length after a context shift)
         pos = np.concatenate([seq.position + np.arange(n) for seq, n in rows]).astype(np.int64)
         self.position_ids = _to_device(pos[None], device)
-        b, t = layout.last()
-        self.last_batch, self.last = _to_device(np.asarray(b, np.int64), device), _to_device(np.asarray(t, np.int64), device)
         starts = layout.starts
         one = [i for i, n in enumerate(self.n) if n == 1]
         self.groups: list[_Group] = []

@@ -96,7 +96,6 @@ class StepPlan:
         # one row whose slots run in order (a fresh pool's blocks) reads its history as a view
         self.read_start = int(read[0, 0]) if b == 1 and _consecutive(read[0]) else None
         self.position_ids = _to_device(self._qpos.astype(np.int64) + shift[:, None], device)
-        self.last = _to_device(np.asarray(self.n, dtype=np.int64) - 1, device)
         self._masks: dict[int | None, torch.Tensor] = {}
 
     def mask(self, window: int | None = None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
