@@ -91,6 +91,61 @@ class RowLayout:
         return x[i, : self.n[i]]
 
 
+@dataclass
+class AttendGroup:
+    """Rows of a packed step that attend together: the one-token rows as one padded batch, or
+    one longer row. Plain numpy; each backend turns it into its own index tensors."""
+
+    tokens: list[int] | slice  # the queries' token indices in the packed sequence
+    read: np.ndarray  # [b, lmax] KV slots of each row's history (padding reads the null block)
+    qpos: np.ndarray  # [b, nq] each query's position in its stored history
+
+    def allowed(self, window: int | None) -> np.ndarray:
+        """[b, 1, nq, lmax] bool: which stored keys each query may attend."""
+        return causal_allowed(self.qpos, self.read.shape[1], window)[:, None]
+
+
+def causal_allowed(qpos: np.ndarray, lmax: int, window: int | None) -> np.ndarray:
+    """[b, nq, lmax] bool: key k is visible to the query at qpos when k <= qpos (and, with a
+    sliding window, k > qpos - window)."""
+    kpos = np.arange(lmax)[None, None, :]
+    allowed = kpos <= qpos[:, :, None]
+    if window is not None:
+        allowed &= kpos > qpos[:, :, None] - window
+    return allowed
+
+
+def attend_groups(rows: list[tuple[Any, int]], layout: RowLayout, null_slot: int) -> tuple[list[AttendGroup], list[int]]:
+    """A packed step's attention groups over (sequence, new tokens) rows (each sequence's
+    `length` not yet advanced), and the token order their outputs come out in."""
+    offsets = [seq.length for seq, _ in rows]
+    starts = layout.starts
+    one = [i for i, (_, n) in enumerate(rows) if n == 1]
+    groups: list[AttendGroup] = []
+    order: list[int] = []
+    if one:
+        lmax = max(offsets[i] + 1 for i in one)
+        read = np.full((len(one), lmax), null_slot, dtype=np.int64)
+        for k, i in enumerate(one):
+            read[k, : offsets[i] + 1] = rows[i][0].slots(0, offsets[i] + 1)
+        groups.append(AttendGroup([starts[i] for i in one], read, np.asarray([[offsets[i]] for i in one])))
+        order += [starts[i] for i in one]
+    for i, (seq, n) in enumerate(rows):
+        if n > 1:
+            read = np.asarray(seq.slots(0, offsets[i] + n), dtype=np.int64)[None]
+            groups.append(AttendGroup(slice(starts[i], starts[i] + n), read, (offsets[i] + np.arange(n))[None]))
+            order += range(starts[i], starts[i] + n)
+    return groups, order
+
+
+def packed_positions(rows: list[tuple[Any, int]]) -> tuple[np.ndarray, np.ndarray]:
+    """(KV slots to write, logical RoPE positions) of every token of a packed step, [T] each;
+    positions run ahead of the stored length after a context shift."""
+    write = np.concatenate([seq.slots(seq.length, seq.length + n) for seq, n in rows]).astype(np.int64)
+    pos = np.concatenate([seq.position + np.arange(n) for seq, n in rows]).astype(np.int64)
+    return write, pos
+
+
 def steering_blocks(rows: list[ForwardRow]) -> dict[int, np.ndarray]:
     """Per steered layer, one fp32 [B, 1, hidden] delta block for the step (zeros for rows
     without a delta at that layer, so they pass through unchanged); empty when nobody steers."""

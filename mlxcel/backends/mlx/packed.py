@@ -20,7 +20,7 @@ import mlx.nn as nn
 import numpy as np
 from mlx_lm.models import base as mlx_base
 
-from mlxcel.backends.base import RowLayout
+from mlxcel.backends.base import AttendGroup, RowLayout, attend_groups, packed_positions
 from mlxcel.engine.kv_block_pool import NULL_BLOCK, SequenceKV
 
 _sdpa = mlx_base.scaled_dot_product_attention
@@ -82,26 +82,22 @@ def install(model: nn.Module) -> bool:
 
 
 class _Group:
-    """Rows attended together: their query token indices, history slots and query positions."""
+    """One attention group (base.AttendGroup) as MLX index arrays, with its masks."""
 
-    def __init__(self, tokens, read: np.ndarray, qpos: np.ndarray) -> None:
-        self.tokens = tokens  # mx.array of token indices (one-token rows) or a slice (one row)
-        self.lmax = read.shape[1]
+    def __init__(self, g: AttendGroup) -> None:
+        self.g = g
+        self.tokens = g.tokens if isinstance(g.tokens, slice) else mx.array(g.tokens)
+        self.lmax = g.read.shape[1]
         # one row whose slots run in order reads its history as a slice (a view, no gather)
         self.span = None
-        if read.shape[0] == 1 and np.all(np.diff(read[0]) == 1):
-            self.span = (int(read[0, 0]), int(read[0, -1]) + 1)
-        self.read = mx.array(read)
-        self.qpos = qpos  # [b, nq] positions in the stored history
+        if g.read.shape[0] == 1 and np.all(np.diff(g.read[0]) == 1):
+            self.span = (int(g.read[0, 0]), int(g.read[0, -1]) + 1)
+        self.read = mx.array(g.read)
         self._masks: dict[int | None, mx.array] = {}
 
     def mask(self, window: int | None) -> mx.array:
         if window not in self._masks:
-            kpos = np.arange(self.lmax)[None, None, :]
-            allowed = kpos <= self.qpos[:, :, None]
-            if window is not None:
-                allowed &= kpos > self.qpos[:, :, None] - window
-            self._masks[window] = mx.array(allowed[:, None, :, :])
+            self._masks[window] = mx.array(self.g.allowed(window))
         return self._masks[window]
 
 
@@ -110,30 +106,11 @@ class PackedPlan:
 
     def __init__(self, rows: list[tuple[SequenceKV, int]], layout: RowLayout) -> None:
         bs = rows[0][0].allocator.block_size
-        self.layout = layout
-        offsets = [seq.length for seq, _ in rows]
-        self.write = mx.array(np.concatenate([seq.slots(o, o + n) for (seq, n), o in zip(rows, offsets)]))
-        # RoPE reads logical positions (ahead of the stored length after a context shift)
-        pos = np.concatenate([seq.position + np.arange(n) for seq, n in rows]).astype(np.int32)
-        self.offset = TokenPositions(mx.array(pos))
-        starts = layout.starts
-        one = [i for i, (_, n) in enumerate(rows) if n == 1]
-        self.groups: list[_Group] = []
-        order: list[int] = []
-        if one:
-            lmax = max(offsets[i] + 1 for i in one)
-            read = np.full((len(one), lmax), NULL_BLOCK * bs, dtype=np.int64)
-            for k, i in enumerate(one):
-                read[k, : offsets[i] + 1] = rows[i][0].slots(0, offsets[i] + 1)
-            qpos = np.asarray([[offsets[i]] for i in one])
-            self.groups.append(_Group(mx.array([starts[i] for i in one]), read, qpos))
-            order += [starts[i] for i in one]
-        for i, (seq, n) in enumerate(rows):
-            if n > 1:
-                read = np.asarray(seq.slots(0, offsets[i] + n), dtype=np.int64)[None]
-                qpos = (offsets[i] + np.arange(n))[None]
-                self.groups.append(_Group(slice(starts[i], starts[i] + n), read, qpos))
-                order += range(starts[i], starts[i] + n)
+        write, pos = packed_positions(rows)
+        self.write = mx.array(write)
+        self.offset = TokenPositions(mx.array(pos.astype(np.int32)))
+        groups, order = attend_groups(rows, layout, NULL_BLOCK * bs)
+        self.groups = [_Group(g) for g in groups]
         # the groups' outputs come out in `order`; this puts them back in token order
         self.unperm = None if order == sorted(order) else mx.array(np.argsort(order))
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
+from mlxcel.backends.base import causal_allowed
 from mlxcel.engine.kv_block_pool import NULL_BLOCK, SCRATCH_BLOCK, BlockAllocator, SequenceKV, grown_slots
 
 
@@ -93,11 +94,7 @@ class StepPlan:
             # query j of row i sits at position offset_i + j (padded queries repeat the last)
             j = np.minimum(np.arange(self.nmax)[None, :], np.asarray(self.n)[:, None] - 1)
             qpos = np.asarray(self.offsets)[:, None] + j  # [B, nmax]
-            kpos = np.arange(self.lmax)[None, None, :]
-            allowed = kpos <= qpos[:, :, None]
-            if window is not None:
-                allowed &= kpos > qpos[:, :, None] - window
-            self._masks[window] = mx.array(allowed[:, None, :, :])
+            self._masks[window] = mx.array(causal_allowed(qpos, self.lmax, window)[:, None])
         return self._masks[window]
 
 

@@ -274,10 +274,11 @@ class TorchBackend(RowSteering):
 
     @torch.inference_mode()
     def forward(self, rows: list[ForwardRow]) -> np.ndarray:
-        if not self.packs_rows and RowLayout.of([len(r.tokens) for r in rows]).packed:
+        wanted = RowLayout.of([len(r.tokens) for r in rows])
+        if wanted.packed and not self.packs_rows:
             # a family that cannot pack: the step's rows as padded forwards, logits in row order
             got: dict[int, np.ndarray] = {}
-            for g in RowLayout.of([len(r.tokens) for r in rows]).padded_groups():
+            for g in wanted.padded_groups():
                 got.update(zip(g, self.forward([rows[i] for i in g])))
             return np.stack([got[i] for i in range(len(rows))])
         hidden, layout = self._run(rows)

@@ -21,8 +21,8 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from mlxcel.backends.base import RowLayout
-from mlxcel.backends.torch.paged import _consecutive, _to_device
+from mlxcel.backends.base import AttendGroup, RowLayout, attend_groups, packed_positions
+from mlxcel.backends.torch.paged import _consecutive, _to_device, additive_mask
 from mlxcel.engine.kv_block_pool import NULL_BLOCK, SequenceKV
 
 IMPLEMENTATION = "mlxcel_packed"
@@ -61,26 +61,20 @@ def install(model) -> bool:
 
 
 class _Group:
-    """Rows attended together: their query token indices, history slots and query positions."""
+    """One attention group (base.AttendGroup) as torch index tensors, with its masks."""
 
-    def __init__(self, tokens, read: np.ndarray, qpos: np.ndarray, device: torch.device) -> None:
-        self.tokens = tokens  # a LongTensor of token indices (one-token rows) or a slice (one row)
-        self.b, self.lmax = read.shape
-        self.start = int(read[0, 0]) if self.b == 1 and _consecutive(read[0]) else None
-        self.read = _to_device(read.reshape(-1), device)
-        self.qpos, self.device = qpos, device
+    def __init__(self, g: AttendGroup, device: torch.device) -> None:
+        self.g, self.device = g, device
+        self.tokens = g.tokens if isinstance(g.tokens, slice) else _to_device(np.asarray(g.tokens, np.int64), device)
+        self.b, self.lmax = g.read.shape
+        self.start = int(g.read[0, 0]) if self.b == 1 and _consecutive(g.read[0]) else None
+        self.read = _to_device(g.read.reshape(-1), device)
         self._masks: dict[tuple, torch.Tensor] = {}
 
     def mask(self, window: int | None, dtype: torch.dtype) -> torch.Tensor:
         """[b, 1, nq, lmax] additive, in the compute dtype (see paged.StepPlan.mask)."""
         if (window, dtype) not in self._masks:
-            kpos = np.arange(self.lmax)[None, None, :]
-            allowed = kpos <= self.qpos[:, :, None]
-            if window is not None:
-                allowed &= kpos > self.qpos[:, :, None] - window
-            allowed = _to_device(np.ascontiguousarray(allowed[:, None]), self.device)
-            additive = torch.zeros(allowed.shape, dtype=dtype, device=self.device)
-            self._masks[(window, dtype)] = additive.masked_fill_(~allowed, torch.finfo(dtype).min)
+            self._masks[(window, dtype)] = additive_mask(self.g.allowed(window), dtype, self.device)
         return self._masks[(window, dtype)]
 
 
@@ -91,32 +85,13 @@ class PackedPlan:
 
     def __init__(self, rows: list[tuple[SequenceKV, int]], layout: RowLayout, storage, device: torch.device) -> None:
         bs = rows[0][0].allocator.block_size
-        self.layout, self.storage, self.device = layout, storage, device
-        self.n = list(layout.n)
-        self.offsets = [seq.length for seq, _ in rows]
-        write = np.concatenate([seq.slots(o, o + n) for (seq, n), o in zip(rows, self.offsets)])
-        self.write = _to_device(np.asarray(write, np.int64), device)
-        # RoPE reads logical positions (ahead of the stored length after a context shift)
-        pos = np.concatenate([seq.position + np.arange(n) for seq, n in rows]).astype(np.int64)
+        self.storage, self.device = storage, device
+        self.offsets = [seq.length for seq, _ in rows]  # get_seq_length reads these
+        write, pos = packed_positions(rows)
+        self.write = _to_device(write, device)
         self.position_ids = _to_device(pos[None], device)
-        starts = layout.starts
-        one = [i for i, n in enumerate(self.n) if n == 1]
-        self.groups: list[_Group] = []
-        order: list[int] = []
-        if one:
-            lmax = max(self.offsets[i] + 1 for i in one)
-            read = np.full((len(one), lmax), NULL_BLOCK * bs, dtype=np.int64)
-            for k, i in enumerate(one):
-                read[k, : self.offsets[i] + 1] = rows[i][0].slots(0, self.offsets[i] + 1)
-            idx = _to_device(np.asarray([starts[i] for i in one], np.int64), device)
-            self.groups.append(_Group(idx, read, np.asarray([[self.offsets[i]] for i in one]), device))
-            order += [starts[i] for i in one]
-        for i, (seq, n) in enumerate(rows):
-            if n > 1:
-                read = np.asarray(seq.slots(0, self.offsets[i] + n), dtype=np.int64)[None]
-                qpos = (self.offsets[i] + np.arange(n))[None]
-                self.groups.append(_Group(slice(starts[i], starts[i] + n), read, qpos, device))
-                order += range(starts[i], starts[i] + n)
+        groups, order = attend_groups(rows, layout, NULL_BLOCK * bs)
+        self.groups = [_Group(g, device) for g in groups]
         # the groups' outputs come out in `order`; this puts them back in token order
         self.unperm = None if order == sorted(order) else _to_device(np.argsort(order).astype(np.int64), device)
 

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from transformers.cache_utils import Cache
 
+from mlxcel.backends.base import causal_allowed
 from mlxcel.engine.kv_block_pool import NULL_BLOCK, SCRATCH_BLOCK, BlockAllocator, SequenceKV, grown_slots
 
 
@@ -64,6 +65,12 @@ def _to_device(a: np.ndarray, device: torch.device) -> torch.Tensor:
     return t.to(device)
 
 
+def additive_mask(allowed: np.ndarray, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A boolean visibility array as SDPA's additive mask: 0 where allowed, dtype's minimum not."""
+    allowed_t = _to_device(np.ascontiguousarray(allowed), device)
+    return torch.zeros(allowed_t.shape, dtype=dtype, device=device).masked_fill_(~allowed_t, torch.finfo(dtype).min)
+
+
 def _consecutive(slots: np.ndarray) -> bool:
     return bool(slots[-1] - slots[0] == len(slots) - 1 and (len(slots) < 2 or (np.diff(slots) == 1).all()))
 
@@ -103,13 +110,7 @@ class StepPlan:
         not. Built once per step in the compute dtype: a boolean mask would be converted to
         this form again inside every layer's attention call."""
         if window not in self._masks:
-            kpos = np.arange(self.lmax)[None, None, :]
-            allowed = kpos <= self._qpos[:, :, None]
-            if window is not None:
-                allowed &= kpos > self._qpos[:, :, None] - window
-            allowed = _to_device(np.ascontiguousarray(allowed[:, None, :, :]), self.device)
-            additive = torch.zeros(allowed.shape, dtype=dtype, device=self.device)
-            self._masks[window] = additive.masked_fill_(~allowed, torch.finfo(dtype).min)
+            self._masks[window] = additive_mask(causal_allowed(self._qpos, self.lmax, window)[:, None], dtype, self.device)
         return self._masks[window]
 
 
