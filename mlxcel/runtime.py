@@ -72,9 +72,9 @@ def select_backend(settings: ServerSettings, path: Path | None = None):
                         vision=is_vision(config))
     except BackendRefused as e:
         raise StartupRefusal(str(e)) from None
-    if choice.backend == "mlx" and settings.threads > 0:
-        raise StartupRefusal(f"--threads {settings.threads}: the thread count applies to the torch backend; MLX has "
-                             f"no CPU thread setting (drop it, or pass --backend torch)")
+    if choice.backend == "mlx" and choice.device != "cpu" and settings.threads > 0:
+        raise StartupRefusal(f"--threads {settings.threads}: on Metal the GPU runs MLX's products, there is no CPU "
+                             f"thread count to set (drop it, or pass --device cpu or --backend torch)")
     if choice.backend == "mlx" and settings.torch_compile:
         raise StartupRefusal("--torch-compile applies to the torch backend; MLX compiles nothing here "
                              "(drop it, or pass --backend torch)")
@@ -98,7 +98,11 @@ def load_backend(settings: ServerSettings, path: Path):
 
     if choice.device == "cpu":
         mx.set_default_device(mx.cpu)
-    return MLXBackend(path, dtype=settings.dtype, rope=settings.rope), choice
+    backend = MLXBackend(path, dtype=settings.dtype, rope=settings.rope, threads=settings.threads)
+    if backend.split_modules:
+        log.info("MLX CPU: %d large products split over %d threads (--threads)", backend.split_modules,
+                 backend.threads)
+    return backend, choice
 
 
 def load_served_model(settings: ServerSettings, path: Path, served_id: str | None = None) -> ServedModel:

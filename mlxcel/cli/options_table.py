@@ -148,7 +148,9 @@ _COMMON: tuple[Option, ...] = (
     C("--completion-bash", state=SUPPORTED, apply=lambda *_: None, help="print a bash completion script and exit"),
     C("-t, --threads", VALUE, mv="N", env="LLAMA_ARG_THREADS", default="-1", state=SUPPORTED,
       apply=a.setter("threads", "int"),
-      help="CPU threads for the torch backend (-1 = torch's default, all cores); refused on the MLX backend"),
+      help="CPU threads: torch's thread count (-1 = torch's default, all cores); on MLX's CPU device, the "
+           "threads each large matrix product is split over (-1 = 2 where there are 2+ cores); "
+           "refused with MLX on Metal"),
     ggml("-tb, --threads-batch", mv="N", why=THREADS, inert=le(0)),
     ggml("-C, --cpu-mask", mv="M", default="", why=POOL, inert=eq("")),
     ggml("-Cr, --cpu-range", mv="lo-hi", why=POOL),

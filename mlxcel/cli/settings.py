@@ -51,7 +51,7 @@ class ServerSettings:
     backend: str = "auto"  # auto | mlx | torch; the CLI resolves it (backends/select.py) before loading
     device: str = "auto"  # auto | cpu | cuda[:N] | mps | metal
     backend_reason: str = ""  # why the CLI resolved --backend/--device as it did (startup line, /props)
-    threads: int = -1  # torch CPU threads; <= 0 keeps torch's default (all cores)
+    threads: int = -1  # torch CPU threads / MLX CPU threads per large product; <= 0 keeps the default
     torch_compile: bool = False  # --torch-compile: the torch backend's forward through torch.compile
     warmup: bool = True
     # sampling defaults (None = the checkpoint's generation_config.json, else the b10621 default)

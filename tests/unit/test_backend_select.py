@@ -1,7 +1,10 @@
 """Backend/device selection and the flags that feed it: --backend, --device (b10621's -dev,
-translated), MLXCEL_DEVICE, and -t/--threads (honoured on torch, refused on MLX)."""
+translated), MLXCEL_DEVICE, and -t/--threads (torch's thread count; MLX CPU's threads per large product;
+refused for MLX on Metal)."""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 
@@ -61,15 +64,24 @@ def test_device_flag_translates_llama_names_and_refuses_lists():
         parse_server_args(["--backend", "jax"], {})
 
 
-def test_threads_flag_reaches_settings_and_is_refused_on_mlx():
+def test_threads_flag_reaches_settings_and_each_backend(monkeypatch):
+    from mlxcel.backends import select
+    from mlxcel.backends.mlx.backend import product_threads
+
     assert parse_server_args(["-t", "2"], {}).threads == 2
     assert parse_server_args([], {"LLAMA_ARG_THREADS": "3"}).threads == 3
     assert select_backend(ServerSettings(backend="torch", device="cpu", threads=2)).backend == "torch"
-    assert select_backend(ServerSettings(backend="mlx", device="cpu", threads=-1)).backend == "mlx"
     assert select_backend(ServerSettings(backend="auto", device="auto", threads=2)).backend == "torch"
+    # MLX on the CPU: the threads each large product is split over (split_products.py)
+    assert select_backend(ServerSettings(backend="mlx", device="cpu", threads=4)).backend == "mlx"
+    assert product_threads(4) == 4 and product_threads(1) == 1
+    assert product_threads(-1) == min(2, os.cpu_count() or 1)
+    # MLX on Metal has no CPU thread count to set: refused, naming what to do instead
+    monkeypatch.setattr(select, "choose", lambda *a, **k: select.Choice("mlx", "metal", "requested"))
+    assert select_backend(ServerSettings(backend="mlx", device="metal", threads=-1)).device == "metal"
     with pytest.raises(StartupRefusal) as e:
-        select_backend(ServerSettings(backend="mlx", device="cpu", threads=4))
-    assert "--threads 4" in str(e.value.code) and "--backend torch" in str(e.value.code)
+        select_backend(ServerSettings(backend="mlx", device="metal", threads=4))
+    assert "--threads 4" in str(e.value.code) and "--device cpu" in str(e.value.code)
 
 
 def test_mlx_quantized_checkpoints_stay_on_mlx():

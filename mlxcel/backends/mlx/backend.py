@@ -7,6 +7,7 @@ On a CPU device the compute dtype defaults to fp32: MLX's Linux CPU kernels for 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import mlx.core as mx
@@ -14,7 +15,7 @@ import numpy as np
 from mlx_lm.utils import load_model
 
 from mlxcel.backends.base import ForwardRow, ModelInfo, RowLayout, RowSteering, compacted, kv_bytes_per_token
-from mlxcel.backends.mlx import packed
+from mlxcel.backends.mlx import packed, split_products
 from mlxcel.backends.mlx.packed import PackedBatchView, PackedPlan
 from mlxcel.backends.mlx.paged import PagedBatchView, PagedStorage, StepPlan
 from mlxcel.engine.kv_block_pool import BlockAllocator, SequenceKV
@@ -52,6 +53,14 @@ def context_length(config: dict) -> int:
     return 4096
 
 
+def product_threads(requested: int) -> int:
+    """How many CPU threads a large product uses (--threads; -1: two where the machine has
+    them, the count measured in docs/benchmarks.md). 1 on Metal, where the GPU runs it."""
+    if not on_cpu():
+        return 1
+    return requested if requested > 0 else min(2, os.cpu_count() or 1)
+
+
 def quantization_label(config: dict) -> str | None:
     q = config.get("quantization")
     if not q:
@@ -62,7 +71,8 @@ def quantization_label(config: dict) -> str | None:
 class MLXBackend(RowSteering):
     name = "mlx"
 
-    def __init__(self, path: str | Path, dtype: str = "auto", rope: RopeOverrides | None = None) -> None:
+    def __init__(self, path: str | Path, dtype: str = "auto", rope: RopeOverrides | None = None,
+                 threads: int = -1) -> None:
         path = Path(path)
         config = json.loads((path / "config.json").read_text())
         family_for(config)  # refuse an unknown model_type before reading weights
@@ -76,6 +86,9 @@ class MLXBackend(RowSteering):
         mx.eval(model.parameters())
         self.model = model
         self.hooks = install_hooks(model)
+        # on the CPU, large products use more than MLX's one stream thread (split_products.py)
+        self.threads = product_threads(threads)
+        self.split_modules = split_products.install(model, self.threads)
         # rows of different lengths share one forward where the family takes the packed seams
         self.packs_rows = packed.install(model)
         self._init_steering()  # per-step SAE deltas and residual reads (backends/base.RowSteering)
