@@ -54,8 +54,9 @@ def test_split_products_give_the_unsplit_logits(ref):
     for x, y in zip(a, b):
         assert x.shape == y.shape
         assert float(np.abs(x - y).max()) <= TOL and (x.argmax(-1) == y.argmax(-1)).all()
-    # the split path really ran: every split module holds its row blocks
-    split = [m for _, m in two.model.named_modules() if isinstance(m, (SplitLinear, SplitEmbedding))]
+    # the split path really ran: every split module holds its two row blocks
+    split = [m for _, m in two.model.named_modules() if getattr(m, "_mlxcel_parts", 1) == 2]
+    assert len(split) == two.split_modules
     assert all(len(m.__dict__["_mlxcel_pieces"][1]) == 2 for m in split)
 
 
@@ -71,7 +72,9 @@ def test_a_split_linear_with_bias_and_three_threads_matches_nn_linear():
     split.update(ref.parameters())
     small = nn.Linear(16, 16)
     model = nn.Sequential(split, small)
-    assert install(model, 3) == 1 and type(small) is nn.Linear  # below the threshold: untouched
+    assert install(model, 3) == 1 and small._mlxcel_parts == 1  # below the threshold: one thread
+    x = mx.random.normal((2, 3, 16))
+    assert float(mx.abs(small(x) - (x @ small.weight.T + small.bias)).max()) <= 1e-6
     for rows in (1, 5):
         x = mx.random.normal((rows, 256))
         want, got = ref(x), split(x)

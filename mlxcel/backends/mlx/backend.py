@@ -15,7 +15,7 @@ import numpy as np
 from mlx_lm.utils import load_model
 
 from mlxcel.backends.base import ForwardRow, ModelInfo, RowLayout, RowSteering, compacted, kv_bytes_per_token
-from mlxcel.backends.mlx import packed, split_products
+from mlxcel.backends.mlx import cpu_ops, packed, split_products
 from mlxcel.backends.mlx.packed import PackedBatchView, PackedPlan
 from mlxcel.backends.mlx.paged import PagedBatchView, PagedStorage, StepPlan
 from mlxcel.engine.kv_block_pool import BlockAllocator, SequenceKV
@@ -86,9 +86,13 @@ class MLXBackend(RowSteering):
         mx.eval(model.parameters())
         self.model = model
         self.hooks = install_hooks(model)
-        # on the CPU, large products use more than MLX's one stream thread (split_products.py)
         self.threads = product_threads(threads)
-        self.split_modules = split_products.install(model, self.threads)
+        self.split_modules = 0
+        if on_cpu():
+            # large products use more than MLX's one stream thread (split_products.py), and
+            # RoPE / RMSNorm build smaller graphs than their CPU fallbacks (cpu_ops.py)
+            self.split_modules = split_products.install(model, self.threads)
+            cpu_ops.install(model)
         # rows of different lengths share one forward where the family takes the packed seams
         self.packs_rows = packed.install(model)
         self._init_steering()  # per-step SAE deltas and residual reads (backends/base.RowSteering)

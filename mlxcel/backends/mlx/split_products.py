@@ -21,8 +21,9 @@ from contextlib import nullcontext
 import mlx.core as mx
 import mlx.nn as nn
 
-# Below this a product is too short for a thread handoff to pay (576x576 fp32 is 1.3 MB).
-MIN_WEIGHT_BYTES = 1 << 20
+# Below this a product is too short for its share of a second thread to pay for the extra ops
+# (SmolLM2's 576x576 fp32 projections, 1.3 MB, measured the same split or not).
+MIN_WEIGHT_BYTES = 2 << 20
 
 _local = threading.local()
 
@@ -38,58 +39,62 @@ def _helper_streams(n: int) -> list:
 
 
 def _pieces(module, weight: mx.array, parts: int) -> list[mx.array]:
-    """The weight's row blocks, as views of it; rebuilt if the weight array was replaced."""
+    """The weight's row blocks, transposed to [in, out_i], as evaluated views of it (no copy,
+    and no transpose op per call); rebuilt if the weight array was replaced."""
     cached = module.__dict__.get("_mlxcel_pieces")
     if cached is not None and cached[0] is weight:
         return cached[1]
     bounds = [weight.shape[0] * i // parts for i in range(parts + 1)]
-    pieces = [weight[lo:hi] for lo, hi in zip(bounds, bounds[1:])]
+    pieces = [weight[lo:hi].T for lo, hi in zip(bounds, bounds[1:])]
     mx.eval(pieces)
     module.__dict__["_mlxcel_pieces"] = (weight, pieces)
     return pieces
 
 
-def split_product(module, x: mx.array, weight: mx.array, bias: mx.array | None, parts: int) -> mx.array:
-    """x @ weight.T (+ bias) with the weight's row blocks on `parts` streams."""
+def product(module, x: mx.array, weight: mx.array, bias: mx.array | None, parts: int) -> mx.array:
+    """x @ weight.T (+ bias), the weight's row blocks on `parts` streams, over x as 2-D rows."""
     pieces = _pieces(module, weight, parts)
-    if bias is not None:
-        bounds = [p.shape[0] for p in pieces]
-        starts = [sum(bounds[:i]) for i in range(parts)]
-        biases = [bias[s:s + n] for s, n in zip(starts, bounds)]
-    outs = []
-    for i, (w, stream) in enumerate(zip(pieces, [None] + _helper_streams(parts - 1))):
+    lead = x.shape[:-1]
+    x = x.reshape(-1, x.shape[-1])
+    outs, start = [], 0
+    for w, stream in zip(pieces, [None] + _helper_streams(parts - 1)):
         with mx.stream(stream) if stream is not None else nullcontext():
-            # addmm keeps the bias inside the product, as nn.Linear does
-            outs.append(x @ w.T if bias is None else mx.addmm(biases[i], x, w.T))
-    return mx.concatenate(outs, axis=-1)
+            if bias is None:
+                outs.append(x @ w)
+            else:  # addmm keeps the bias inside the product, as nn.Linear does
+                outs.append(mx.addmm(bias[start:start + w.shape[1]] if parts > 1 else bias, x, w))
+        start += w.shape[1]
+    y = outs[0] if parts == 1 else mx.concatenate(outs, axis=-1)
+    return y.reshape(*lead, y.shape[-1])
 
 
 class SplitLinear(nn.Linear):
     def __call__(self, x):
         bias = self["bias"] if "bias" in self else None
-        return split_product(self, x, self["weight"], bias, self._mlxcel_parts)
+        return product(self, x, self["weight"], bias, self._mlxcel_parts)
 
 
 class SplitEmbedding(nn.Embedding):
     """A tied LM head: the embedding's as_linear is the largest product of a decode step."""
 
     def as_linear(self, x):
-        return split_product(self, x, self.weight, None, self._mlxcel_parts)
+        return product(self, x, self.weight, None, self._mlxcel_parts)
 
 
 def install(model: nn.Module, parts: int) -> int:
-    """Split the model's large float linears and tied embeddings over `parts` threads; returns
-    how many modules now split (0 when parts < 2). Quantized linears keep their own kernels."""
-    if parts < 2:
-        return 0
+    """Route the model's float linears (and a tied LM head) through `product`: the large ones
+    split over `parts` threads, the others on one. Returns how many split (0 when parts < 2).
+    Quantized linears keep their own kernels. Call only on the CPU device."""
     n = 0
     for _, m in model.named_modules():
-        if type(m) is nn.Linear and m.weight.nbytes >= MIN_WEIGHT_BYTES:
+        big = m.weight.nbytes >= MIN_WEIGHT_BYTES if isinstance(m, (nn.Linear, nn.Embedding)) else False
+        if type(m) is nn.Linear:
             m.__class__ = SplitLinear
-        elif type(m) is nn.Embedding and m.weight.nbytes >= MIN_WEIGHT_BYTES:
+        elif type(m) is nn.Embedding and big:
             m.__class__ = SplitEmbedding
         else:
             continue
-        object.__setattr__(m, "_mlxcel_parts", parts)
-        n += 1
+        split = big and parts > 1
+        object.__setattr__(m, "_mlxcel_parts", parts if split else 1)
+        n += split
     return n
