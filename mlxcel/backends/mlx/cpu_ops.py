@@ -47,6 +47,11 @@ def _tables(t: int, offset, dims: int, base: float, scale: float, dtype) -> tupl
     return cos, sin
 
 
+@partial(mx.compile, shapeless=True)
+def _rotate(x1, x2, cos, sin):
+    return x1 * cos - x2 * sin, x1 * sin + x2 * cos
+
+
 class TableRoPE(nn.RoPE):
     """nn.RoPE whose CPU graph takes its cos/sin from the step's shared tables."""
 
@@ -55,8 +60,7 @@ class TableRoPE(nn.RoPE):
             return super().__call__(x, offset)
         cos, sin = _tables(x.shape[2], offset, self.dims, float(self.base), float(self.scale), x.dtype)
         half, d = self.dims // 2, self.dims
-        x1, x2 = x[..., :half], x[..., half:d]
-        parts = [x1 * cos - x2 * sin, x1 * sin + x2 * cos]
+        parts = list(_rotate(x[..., :half], x[..., half:d], cos, sin))
         if d < x.shape[-1]:
             parts.append(x[..., d:])
         return mx.concatenate(parts, axis=-1)
