@@ -76,7 +76,7 @@ def select_backend(settings: ServerSettings, path: Path | None = None):
         raise StartupRefusal(f"--threads {settings.threads}: on Metal the GPU runs MLX's products, there is no CPU "
                              f"thread count to set (drop it, or pass --device cpu or --backend torch)")
     if choice.backend == "mlx" and settings.torch_compile:
-        raise StartupRefusal("--torch-compile applies to the torch backend; MLX compiles nothing here "
+        raise StartupRefusal("--torch-compile applies to the torch backend, whose forward it compiles "
                              "(drop it, or pass --backend torch)")
     return choice
 

@@ -33,7 +33,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default="auto", choices=("auto", "mlx", "torch"))
     p.add_argument("--device", default=os.environ.get("MLXCEL_DEVICE", "auto"),
                    help="auto, cpu, cuda[:N], mps, metal (env: MLXCEL_DEVICE)")
-    p.add_argument("-t", "--threads", type=int, default=-1, help="CPU threads (torch: its thread count; MLX CPU: threads per large product; -1 = default)")
+    p.add_argument("-t", "--threads", type=int, default=-1,
+                   help="CPU threads (torch: its thread count; MLX CPU: threads per large product; -1 = default)")
 
 
 def add_parser(sub) -> None:

@@ -33,7 +33,7 @@ def _tables(t: int, offset, dims: int, base: float, scale: float, dtype) -> tupl
     key = (t, dims, base, scale, dtype)
     hit = cache.get(key)
     # an int offset is the same position for equal values; an array only for the same object
-    if hit is not None and (hit[0] is offset or isinstance(offset, int) and isinstance(hit[0], int) and hit[0] == offset):
+    if hit is not None and (hit[0] is offset or type(offset) is type(hit[0]) is int and hit[0] == offset):
         return hit[1], hit[2]
     off = mx.array(offset, mx.int32) if isinstance(offset, int) else offset
     if off.size > 1:
@@ -60,7 +60,11 @@ class TableRoPE(nn.RoPE):
             return super().__call__(x, offset)
         cos, sin = _tables(x.shape[2], offset, self.dims, float(self.base), float(self.scale), x.dtype)
         half, d = self.dims // 2, self.dims
-        parts = list(_rotate(x[..., :half], x[..., half:d], cos, sin))
+        x1, x2 = x[..., :half], x[..., half:d]
+        if x.dtype == mx.float32:
+            parts = list(_rotate(x1, x2, cos, sin))
+        else:  # a fused kernel may keep a narrower dtype's intermediates wider: stay op by op
+            parts = [x1 * cos - x2 * sin, x1 * sin + x2 * cos]
         if d < x.shape[-1]:
             parts.append(x[..., d:])
         return mx.concatenate(parts, axis=-1)

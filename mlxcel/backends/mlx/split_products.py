@@ -9,8 +9,8 @@ the others on helper streams (each MLX CPU stream is a thread of its own), and t
 outputs are concatenated. Each output element is the same dot product as before, so the
 result is the unsplit product's (tests/models/test_split_products.py).
 
-Measured on the 2-core machine (docs/benchmarks.md, "Round 5"): a synced SmolLM2 decode step
-21% faster at one row, 19-26% at 8-16 rows, prefill 8%.
+Measured on the 2-core machine (docs/benchmarks.md, "Round 5"; a 1 MiB threshold): synced
+SmolLM2 decode steps 21% faster at one row, 19-26% at 8-16 rows, a prefill 8%.
 """
 
 from __future__ import annotations
