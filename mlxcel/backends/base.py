@@ -105,6 +105,15 @@ class AttendGroup:
         return causal_allowed(self.qpos, self.read.shape[1], window)[:, None]
 
 
+def contiguous_start(read: np.ndarray) -> int | None:
+    """[b, lmax] read slots: the first slot when one row's slots run in order (a fresh pool's
+    blocks), so its history is a slice of the pool instead of a gather; else None."""
+    if read.shape[0] != 1:
+        return None
+    slots = read[0]
+    return int(slots[0]) if len(slots) < 2 or bool((np.diff(slots) == 1).all()) else None
+
+
 def causal_allowed(qpos: np.ndarray, lmax: int, window: int | None) -> np.ndarray:
     """[b, nq, lmax] bool: key k is visible to the query at qpos when k <= qpos (and, with a
     sliding window, k > qpos - window)."""

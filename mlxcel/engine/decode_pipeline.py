@@ -17,10 +17,11 @@ its tokens are booked without queueing another, and the plain path takes over.
 
 A backend opts in with `decode_greedy(rows, ids, bias) -> lazy argmax` (the MLX backend does);
 the torch backend keeps the plain path. Output is the plain path's, token for token. On MLX's
-CPU device the overlap is real on an idle machine (the pipelined engine measured ~20% faster
-than synced steps in round 3 and ~4-5% once large products ran on both cores, round 5;
-docs/benchmarks.md) and cost 1-7% only while other processes held every core, so it is on
-wherever the backend offers it.
+CPU device the overlap was real on an idle machine (the pipelined engine measured ~20% faster
+than the plain one in round 3, docs/benchmarks.md) and cost 1-7% only while other processes
+held every core, so it is on wherever the backend offers it. Since large products use both
+cores (round 5) the two paths measure alike (one run: plain 1.114x, pipelined 1.106x of
+mlx_lm.generate): the second core the overlap used is now busy with the products.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ import mlx.nn as nn
 import numpy as np
 from mlx_lm.models import base as mlx_base
 
-from mlxcel.backends.base import AttendGroup, RowLayout, attend_groups, packed_positions
+from mlxcel.backends.base import AttendGroup, RowLayout, attend_groups, contiguous_start, packed_positions
 from mlxcel.engine.kv_block_pool import NULL_BLOCK, SequenceKV
 
 _sdpa = mlx_base.scaled_dot_product_attention
@@ -88,10 +88,7 @@ class _Group:
         self.g = g
         self.tokens = g.tokens if isinstance(g.tokens, slice) else mx.array(g.tokens)
         self.lmax = g.read.shape[1]
-        # one row whose slots run in order reads its history as a slice (a view, no gather)
-        self.span = None
-        if g.read.shape[0] == 1 and np.all(np.diff(g.read[0]) == 1):
-            self.span = (int(g.read[0, 0]), int(g.read[0, -1]) + 1)
+        self.read_start = contiguous_start(g.read)  # one row in order: its history is a slice
         self.read = mx.array(g.read)
         self._masks: dict[int | None, mx.array] = {}
 
@@ -146,8 +143,8 @@ class PackedBatchView:
                 q = queries[:, :, g.tokens]
             else:
                 q = queries[:, :, g.tokens].transpose(2, 1, 0, 3)  # [b, H, 1, D]: one row per token
-            if g.span is not None:
-                lo, hi = g.span
+            if g.read_start is not None:
+                lo, hi = g.read_start, g.read_start + g.lmax
                 k, v = st.keys[li][lo:hi][None], st.values[li][lo:hi][None]
             else:
                 k, v = st.keys[li][g.read], st.values[li][g.read]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
-from mlxcel.backends.base import causal_allowed
+from mlxcel.backends.base import causal_allowed, contiguous_start
 from mlxcel.engine.kv_block_pool import NULL_BLOCK, SCRATCH_BLOCK, BlockAllocator, SequenceKV, grown_slots
 
 
@@ -77,10 +77,7 @@ class StepPlan:
             read[i, : self.lengths[i]] = seq.slots(0, self.lengths[i])
         self.write = mx.array(write.reshape(-1))
         self.read = mx.array(read)
-        # one row whose slots run in order reads its history as a slice (a view, no gather)
-        self.span = None
-        if b == 1 and np.all(np.diff(read[0]) == 1):
-            self.span = (int(read[0, 0]), int(read[0, -1]) + 1)
+        self.read_start = contiguous_start(read)  # one row in order: its history is a slice
         # RoPE reads logical positions (ahead of the stored length after a context shift);
         # one row passes a plain int, as mlx-lm's own cache does
         positions = [seq.position for seq, _ in rows]
@@ -112,8 +109,8 @@ class PagedBatchView:
         st.ensure(li, h, dk, dv)
         st.keys[li][self.plan.write] = keys.transpose(0, 2, 1, 3).reshape(b * n, h, dk)
         st.values[li][self.plan.write] = values.transpose(0, 2, 1, 3).reshape(b * n, h, dv)
-        if self.plan.span is not None:
-            lo, hi = self.plan.span
+        if self.plan.read_start is not None:
+            lo, hi = self.plan.read_start, self.plan.read_start + self.plan.lmax
             k, v = st.keys[li][lo:hi][None], st.values[li][lo:hi][None]
         else:
             k, v = st.keys[li][self.plan.read], st.values[li][self.plan.read]

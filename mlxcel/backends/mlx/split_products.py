@@ -69,6 +69,8 @@ def product(module, x: mx.array, weight: mx.array, bias: mx.array | None, parts:
 
 
 class SplitLinear(nn.Linear):
+    """nn.Linear through `product` (split over `_mlxcel_parts` threads, 1 for small weights)."""
+
     def __call__(self, x):
         bias = self["bias"] if "bias" in self else None
         return product(self, x, self["weight"], bias, self._mlxcel_parts)

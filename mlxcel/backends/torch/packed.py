@@ -21,8 +21,8 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from mlxcel.backends.base import AttendGroup, RowLayout, attend_groups, packed_positions
-from mlxcel.backends.torch.paged import _consecutive, _to_device, additive_mask
+from mlxcel.backends.base import AttendGroup, RowLayout, attend_groups, contiguous_start, packed_positions
+from mlxcel.backends.torch.paged import _to_device, additive_mask
 from mlxcel.engine.kv_block_pool import NULL_BLOCK, SequenceKV
 
 IMPLEMENTATION = "mlxcel_packed"
@@ -67,7 +67,7 @@ class _Group:
         self.g, self.device = g, device
         self.tokens = g.tokens if isinstance(g.tokens, slice) else _to_device(np.asarray(g.tokens, np.int64), device)
         self.b, self.lmax = g.read.shape
-        self.start = int(g.read[0, 0]) if self.b == 1 and _consecutive(g.read[0]) else None
+        self.start = contiguous_start(g.read)
         self.read = _to_device(g.read.reshape(-1), device)
         self._masks: dict[tuple, torch.Tensor] = {}
 

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from transformers.cache_utils import Cache
 
-from mlxcel.backends.base import causal_allowed
+from mlxcel.backends.base import causal_allowed, contiguous_start
 from mlxcel.engine.kv_block_pool import NULL_BLOCK, SCRATCH_BLOCK, BlockAllocator, SequenceKV, grown_slots
 
 
@@ -71,10 +71,6 @@ def additive_mask(allowed: np.ndarray, dtype: torch.dtype, device: torch.device)
     return torch.zeros(allowed_t.shape, dtype=dtype, device=device).masked_fill_(~allowed_t, torch.finfo(dtype).min)
 
 
-def _consecutive(slots: np.ndarray) -> bool:
-    return bool(slots[-1] - slots[0] == len(slots) - 1 and (len(slots) < 2 or (np.diff(slots) == 1).all()))
-
-
 class StepPlan:
     """Index tensors, positions and masks shared by every layer of one forward over `rows`."""
 
@@ -101,7 +97,7 @@ class StepPlan:
         self.write = _to_device(write.reshape(-1), device)
         self.read = _to_device(read.reshape(-1), device)
         # one row whose slots run in order (a fresh pool's blocks) reads its history as a view
-        self.read_start = int(read[0, 0]) if b == 1 and _consecutive(read[0]) else None
+        self.read_start = contiguous_start(read)
         self.position_ids = _to_device(self._qpos.astype(np.int64) + shift[:, None], device)
         self._masks: dict[int | None, torch.Tensor] = {}
 
