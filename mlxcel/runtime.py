@@ -90,8 +90,11 @@ def load_backend(settings: ServerSettings, path: Path):
             from mlxcel.backends.torch.vlm import TorchVLMBackend as backend_class
         else:
             from mlxcel.backends.torch.backend import TorchBackend as backend_class
-        return backend_class(path, dtype=settings.dtype, device=choice.device, threads=settings.threads,
-                             rope=settings.rope, compile=settings.torch_compile), choice
+        backend = backend_class(path, dtype=settings.dtype, device=choice.device, threads=settings.threads,
+                                rope=settings.rope, compile=settings.torch_compile, build_env=settings.build_env)
+        if backend.device.type == "cpu" and backend.info.dtype == "bfloat16":
+            log.info("torch CPU: one-row bf16 linears via %s", backend.row_kernel)
+        return backend, choice
     import mlx.core as mx
 
     from mlxcel.backends.mlx.backend import MLXBackend

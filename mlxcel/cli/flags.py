@@ -252,6 +252,10 @@ def _print_and_exit(given: dict[str, Given], prog: str, environ: Mapping[str, st
     raise SystemExit(0)
 
 
+# The variables native builds read (mlxcel/native_build.py, backends/torch/row_gemv.py).
+BUILD_ENV = ("CC", "CXX", "PATH", "HOME", "XDG_CACHE_HOME", "MLXCEL_KERNEL_CACHE")
+
+
 def parse_server_args(
     argv: Sequence[str], environ: Mapping[str, str] | None = None, *, prog: str = "mlxcel-server"
 ) -> ServerSettings:
@@ -286,6 +290,7 @@ def parse_server_args(
     settings.cli_given = frozenset(given)  # a router preset yields to these (mlxcel/router/preset.py)
 
     settings.pooling_env = environ.get("MLXCEL_EMBEDDING_POOLING") or None
+    settings.build_env = {k: environ[k] for k in BUILD_ENV if k in environ}
     settings.allow_private_media_urls = environ.get("MLXCEL_ALLOW_PRIVATE_MEDIA_URLS", "") == "1"
     for var, attr in (("CLUSTER_INTENSITY_MIN", "cluster_intensity_min"),
                       ("CIRCUIT_INTENSITY_MIN", "circuit_intensity_min")):

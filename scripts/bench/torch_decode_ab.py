@@ -8,9 +8,10 @@ Prints text; not a test.
 
     python -m scripts.bench.torch_decode_ab -m DIR --arms bfloat16:stock bfloat16:gemv float32:gemv
 
-Variants: stock (torch's nn.Linear.forward), gemv (mlxcel's one-row matrix-vector path,
-the backend's default for bf16 on a CPU), compile (gemv plus --torch-compile; its compile time is
-printed once, outside the rounds).
+Variants: stock (torch's nn.Linear.forward), gemv (one-row linears through torch.mv), kernel
+(one-row bf16 linears through mlxcel's kernel, kernels/cpu/bf16_rows.cpp: the server's default
+for bf16 on a CPU), compile (kernel plus --torch-compile; its compile time is printed once,
+outside the rounds).
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ def weight_bytes(model) -> int:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("-m", "--model", type=Path, required=True)
-    p.add_argument("--arms", nargs="+", default=["bfloat16:stock", "bfloat16:gemv", "float32:gemv"])
+    p.add_argument("--arms", nargs="+", default=["bfloat16:gemv", "bfloat16:kernel", "float32:stock"])
     p.add_argument("--threads", type=int, default=-1)
     p.add_argument("--steps", type=int, default=16, help="decode steps per arm per round")
     p.add_argument("--rounds", type=int, default=5)
@@ -63,11 +64,19 @@ def main() -> None:
     args = p.parse_args()
 
     from mlxcel.backends.base import ForwardRow
-    from mlxcel.backends.torch.row_gemv import install_row_gemv, remove_row_gemv
+    import os
+
+    from mlxcel.backends.torch.row_gemv import install_row_gemv, load_row_kernel, remove_row_gemv
     from mlxcel.cli.settings import ServerSettings
     from mlxcel.runtime import load_backend
 
-    variants = {"stock": remove_row_gemv, "gemv": install_row_gemv, "compile": install_row_gemv}
+    kernel = load_row_kernel(os.environ)
+    print(f"row kernel: {kernel.path}", flush=True)
+
+    def with_kernel(model):
+        return install_row_gemv(model, kernel)
+
+    variants = {"stock": remove_row_gemv, "gemv": install_row_gemv, "kernel": with_kernel, "compile": with_kernel}
     backends = {}
     for arm in args.arms:
         dtype, variant = arm.split(":")

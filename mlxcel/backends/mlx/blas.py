@@ -10,7 +10,7 @@ searching the global scope before its own dependencies, so the shim must be load
 the first `import mlx.core`; afterwards interposition is impossible and we say so.
 
 The shim is compiled once per (source, OpenBLAS library, compiler) with the system C compiler
-into a cache folder. Without a compiler or the wheel, the reference BLAS stays and the caller
+into a cache folder (mlxcel/native_build.py). Without a compiler or the wheel, the reference BLAS stays and the caller
 logs the one-line reason; `MLXCEL_BLAS=openblas` turns that fallback into a refusal.
 
 Modes (the CLI passes the environment mapping in; nothing here reads os.environ):
@@ -22,15 +22,12 @@ Modes (the CLI passes the environment mapping in; nothing here reads os.environ)
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import os
-import shutil
-import subprocess
 import sys
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+
+from mlxcel import native_build
 
 MODES = ("auto", "openblas", "reference")
 SHIM_SOURCE = Path(__file__).with_name("blas_shim") / "shim.c"
@@ -39,7 +36,6 @@ OPENBLAS_PREFIX = "scipy_"
 # OpenBLAS's own thread pool fights MLX's CPU stream thread for the cores: on 2 cores a
 # 576x1536 product took 15-30 ms with 2 OpenBLAS threads against 0.3-0.9 ms with one.
 OPENBLAS_THREADS = 1
-COMPILE_TIMEOUT_S = 120
 
 # Handles kept for the life of the process: dlclose on a shim MLX is bound to would crash.
 _loaded: dict[str, ctypes.CDLL] = {}
@@ -79,52 +75,32 @@ def find_openblas() -> OpenBLAS:
 
 
 def find_compiler(environ: Mapping[str, str]) -> str:
-    for name in ([environ["CC"]] if environ.get("CC") else []) + ["cc", "gcc", "clang"]:
-        path = shutil.which(name, path=environ.get("PATH"))
-        if path:
-            return path
-    raise BlasUnavailable("no C compiler found (tried $CC, cc, gcc, clang)")
+    try:
+        return native_build.find_compiler(environ)
+    except native_build.BuildUnavailable as e:
+        raise BlasUnavailable(str(e)) from None
 
 
 def cache_dir(environ: Mapping[str, str]) -> Path:
     if environ.get("MLXCEL_BLAS_CACHE"):
         return Path(environ["MLXCEL_BLAS_CACHE"])
-    base = environ.get("XDG_CACHE_HOME") or str(Path(environ.get("HOME") or tempfile.gettempdir()) / ".cache")
-    return Path(base) / "mlxcel" / "blas"
+    return native_build.cache_root(environ) / "blas"
 
 
 def build_shim(openblas: OpenBLAS, compiler: str, out_dir: Path) -> Path:
     """Compile the shim unless an identical build is cached; returns the .so path."""
-    source = SHIM_SOURCE.read_bytes()
     st = openblas.library.stat()
-    key = hashlib.sha256(b"\0".join([
-        source, str(openblas.library).encode(), str(st.st_size).encode(), str(st.st_mtime_ns).encode(),
-        compiler.encode(), OPENBLAS_PREFIX.encode(),
-    ])).hexdigest()[:16]
-    target = out_dir / f"mlxcel-blas-shim-{key}.so"
-    if target.is_file():
-        return target
+    key = [SHIM_SOURCE.read_bytes(), str(openblas.library).encode(), str(st.st_size).encode(),
+           str(st.st_mtime_ns).encode(), compiler.encode(), OPENBLAS_PREFIX.encode()]
+
+    def command(out: str) -> list[str]:
+        return [compiler, "-O2", "-shared", "-fPIC", f"-DOB_PREFIX={OPENBLAS_PREFIX}", "-o", out,
+                str(SHIM_SOURCE), str(openblas.library), f"-Wl,-rpath,{openblas.library.parent}"]
+
     try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise BlasUnavailable(f"cannot create the shim cache {out_dir}: {e}") from None
-    # Build beside the target and rename, so a concurrent start never loads a half-written file.
-    fd, tmp = tempfile.mkstemp(prefix=".build-", suffix=".so", dir=out_dir)
-    os.close(fd)
-    cmd = [compiler, "-O2", "-shared", "-fPIC", f"-DOB_PREFIX={OPENBLAS_PREFIX}",
-           "-o", tmp, str(SHIM_SOURCE), str(openblas.library),
-           f"-Wl,-rpath,{openblas.library.parent}"]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        os.unlink(tmp)
-        raise BlasUnavailable(f"compiling the BLAS shim failed: {e}") from None
-    if proc.returncode != 0:
-        os.unlink(tmp)
-        first = (proc.stderr.strip().splitlines() or ["no output"])[0]
-        raise BlasUnavailable(f"compiling the BLAS shim failed (exit {proc.returncode}): {first}")
-    os.replace(tmp, target)
-    return target
+        return native_build.build_cached(out_dir, "mlxcel-blas-shim", key, command, "the BLAS shim")
+    except native_build.BuildUnavailable as e:
+        raise BlasUnavailable(str(e)) from None
 
 
 def load_shim(shim: Path, openblas: OpenBLAS, threads: int = OPENBLAS_THREADS) -> str:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -26,11 +27,12 @@ from mlxcel.backends.base import ForwardRow, ModelInfo, RowLayout, RowSteering, 
 from mlxcel.backends.torch import packed
 from mlxcel.backends.torch.packed import PackedPlan, packed_step
 from mlxcel.backends.torch.paged import PagedStepCache, PagedStorage, StepPlan
-from mlxcel.backends.torch.row_gemv import install_row_gemv
+from mlxcel.backends.torch.row_gemv import RowKernel, install_row_gemv, load_row_kernel
 from mlxcel.engine.kv_block_pool import BlockAllocator, SequenceKV
 from mlxcel.models.hooks import LayerHooks
 from mlxcel.models.registry import family_for
 from mlxcel.models.rope_overrides import RopeOverrides, RopeRefused, config_overrides, hf_rope_parameters
+from mlxcel.native_build import BuildUnavailable
 
 log = logging.getLogger("mlxcel.backend.torch")
 
@@ -124,7 +126,8 @@ class TorchBackend(RowSteering):
     can_pack = True  # a text family's steps may pack rows (backends/torch/packed.py)
 
     def __init__(self, path: str | Path, dtype: str = "auto", device: str = "cpu", threads: int = -1,
-                 rope: RopeOverrides | None = None, compile: bool = False) -> None:
+                 rope: RopeOverrides | None = None, compile: bool = False,
+                 build_env: Mapping[str, str] | None = None) -> None:
         import transformers
 
         path = Path(path)
@@ -149,10 +152,11 @@ class TorchBackend(RowSteering):
             raise RopeRefused(f"the {config['model_type']} family did not take the requested RoPE override "
                               f"({want}); it cannot be honoured here")
         self.model = model.to(self.device).eval()
+        self.row_kernel = "torch"  # what runs one-row linears (startup log, /props)
         if self.device.type == "cpu" and compute == "bfloat16":
-            # one-row decode linears as matrix-vector products: less CPU per token in bf16; fp32
-            # measured even, so it keeps torch's own path (docs/benchmarks.md, round 3)
-            install_row_gemv(self.model)
+            # one-row decode linears through mlxcel's kernel, else torch.mv: less time per token
+            # in bf16; fp32 measured even, so it keeps torch's own path (docs/benchmarks.md)
+            install_row_gemv(self.model, self._row_kernel(build_env))
         self.base = self._decoder_stack(model)
         # --torch-compile: one dynamic-shape graph set for the decoder stack, compiled on first use
         self._base_forward = torch.compile(self.base, dynamic=True) if compile else self.base
@@ -182,6 +186,19 @@ class TorchBackend(RowSteering):
             config={**config.get("text_config", {}), **config},  # a VLM keeps its geometry in text_config
         )
         self.configure_kv(num_blocks=(self.info.context_length // 16) + 8, block_size=16)
+
+    def _row_kernel(self, build_env: Mapping[str, str] | None) -> RowKernel | None:
+        if build_env is None:
+            self.row_kernel = "torch.mv"
+            return None
+        try:
+            kernel = load_row_kernel(build_env)
+        except BuildUnavailable as e:
+            self.row_kernel = "torch.mv"
+            log.warning("one-row bf16 linears use torch.mv, slower: %s", e)
+            return None
+        self.row_kernel = f"mlxcel bf16 row kernel ({kernel.path.name})"
+        return kernel
 
     def _load_model(self, path: Path, dtype: torch.dtype, extra: dict):
         import transformers

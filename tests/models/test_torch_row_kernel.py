@@ -1,0 +1,117 @@
+"""mlxcel's one-row bf16 kernel (kernels/cpu/bf16_rows.cpp) against its plain-op reference.
+
+Reference: F.linear in fp32 on the same bf16 values, rounded to bf16 once. The kernel sums in
+fp32 in a different order (and, with AVX512-BF16, rounds each pair's partial sum), so results
+may differ by one bf16 step; the bound below is two steps of the largest output (2 * 2^-7
+relative). Then the served model: SmolLM2 in bf16 with the kernel against the same model with
+torch's own linears, logits within the bf16 noise of a 30-layer stack and the same greedy text.
+
+The kernel is built with the system C++ compiler on first use (~10 s) and cached; on the CI
+machine kind a compiler is present, so a build failure fails these tests instead of skipping.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from mlxcel.backends.torch.row_gemv import install_row_gemv, load_row_kernel, remove_row_gemv
+from tests.conftest import DEFAULT_MODEL, fixture_path
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    return load_row_kernel(os.environ)
+
+
+def _close(got: torch.Tensor, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> None:
+    want = F.linear(x.float(), w.float(), None if b is None else b.float())
+    assert got.dtype == torch.bfloat16 and got.shape == want.shape
+    scale = float(want.abs().max())
+    err = float((got.float() - want).abs().max())
+    assert err <= 2 * 2.0 ** -7 * scale, f"max abs error {err} for outputs up to {scale}"
+
+
+@pytest.mark.parametrize("out_features,in_features", [(576, 576), (192, 576), (1536, 576), (576, 1536),
+                                                      (4099, 576), (7, 37), (3, 100), (50, 33)])
+def test_kernel_matches_fp32_reference(kernel, out_features, in_features):
+    g = torch.Generator().manual_seed(out_features * 7 + in_features)
+    w = torch.randn(out_features, in_features, generator=g).to(torch.bfloat16)
+    x = torch.randn(1, 1, in_features, generator=g).to(torch.bfloat16)
+    b = torch.randn(out_features, generator=g).to(torch.bfloat16)
+    with torch.inference_mode():
+        _close(kernel.op(x, w, None), x, w, None)
+        _close(kernel.op(x, w, b), x, w, b)
+        strided = torch.randn(in_features, 3, generator=g).to(torch.bfloat16)[:, 1]  # a non-contiguous row
+        _close(kernel.op(strided, w, None), strided, w, None)
+
+
+def test_kernel_refuses_what_it_does_not_take(kernel):
+    w = torch.randn(8, 16).to(torch.bfloat16)
+    with torch.inference_mode():
+        with pytest.raises(RuntimeError, match="one activation row"):
+            kernel.op(torch.randn(2, 16).to(torch.bfloat16), w, None)
+        with pytest.raises(RuntimeError, match="bf16"):
+            kernel.op(torch.randn(1, 16), w.float(), None)
+        with pytest.raises(RuntimeError, match="contiguous"):
+            kernel.op(torch.randn(1, 16).to(torch.bfloat16), torch.randn(16, 8).to(torch.bfloat16).t(), None)
+
+
+def test_linears_take_the_kernel_for_one_row_only(kernel):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 96, bias=True), torch.nn.Linear(96, 32, bias=False))
+    model = model.to(torch.bfloat16)
+    one, many = torch.randn(1, 1, 64).to(torch.bfloat16), torch.randn(3, 2, 64).to(torch.bfloat16)
+    with torch.inference_mode():
+        want_many = model(many)
+        assert install_row_gemv(model, kernel) == 2
+        calls = []
+        model[0].register_forward_hook(lambda m, args, out: calls.append(out.shape))
+        got_one, got_many = model(one), model(many)
+        hidden = model[0](one)
+        remove_row_gemv(model)
+        want_one = model(one)
+    assert calls[:2] == [torch.Size([1, 1, 96]), torch.Size([3, 2, 96])]
+    assert torch.equal(got_many, want_many)  # several rows: torch's own linear
+    _close(hidden, one, model[0].weight.detach(), model[0].bias.detach())
+    torch.testing.assert_close(got_one.float(), want_one.float(), atol=3e-2, rtol=3e-2)
+
+
+def test_served_model_with_kernel_matches_torch_linears():
+    from mlxcel.backends.base import ForwardRow
+    from mlxcel.backends.torch.backend import TorchBackend
+    from mlxcel.engine.tokenizer import Tokenizer
+
+    path = fixture_path(DEFAULT_MODEL)
+    with_kernel = TorchBackend(path, dtype="bfloat16", build_env=os.environ)
+    assert with_kernel.row_kernel.startswith("mlxcel bf16 row kernel")
+    plain = TorchBackend(path, dtype="bfloat16")
+    assert plain.row_kernel == "torch.mv"
+    remove_row_gemv(plain.model)  # torch's own F.linear: the reference path
+    ids = Tokenizer(path).encode("The capital of France is")
+    texts, worst = [], 0.0
+    for backend in (with_kernel, plain):
+        seq = backend.new_sequence()
+        logits = backend.forward([ForwardRow(ids, seq)])[0]
+        out, steps = [int(logits.argmax())], [logits]
+        for _ in range(12):
+            steps.append(backend.forward([ForwardRow([out[-1]], seq)])[0])
+            out.append(int(steps[-1].argmax()))
+        texts.append((out, steps))
+    (a, la), (b, lb) = texts
+    assert a == b, "greedy text differs between the kernel and torch's linears"
+    for x, y in zip(la[1:], lb[1:]):  # decode steps: one row, the kernel's path
+        worst = max(worst, float(np.abs(x - y).max() / np.abs(y).max()))
+    assert worst <= 0.05, f"decode logits differ by {worst:.3f} of their range"
+
+
+def test_without_a_compiler_the_reason_is_given(tmp_path):
+    from mlxcel.native_build import BuildUnavailable
+
+    env = {"PATH": str(tmp_path), "MLXCEL_KERNEL_CACHE": str(tmp_path / "cache")}
+    with pytest.raises(BuildUnavailable, match="no C\\+\\+ compiler"):
+        load_row_kernel(env)
