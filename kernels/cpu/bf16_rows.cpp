@@ -4,18 +4,22 @@
 // cost is reading the weights once. torch's bf16 CPU kernels read them at 7-11 GB/s for that
 // shape here (docs/benchmarks.md, round 6); this one streams four weight rows at a time with a
 // prefetch ahead, multiplies bf16 pairs natively (AVX512-BF16, else widened to fp32), sums in
-// fp32, rounds to bf16 (nearest-even) and splits the rows over torch's own thread pool. More
-// than one row stays with torch: with the weights read once, its GEMM measured as fast here.
+// fp32, rounds to bf16 (nearest-even) and splits the rows with its own helper threads (see
+// Helpers). More than one row stays with torch: with the weights read once, its GEMM measured
+// as fast here.
 // Reference: F.linear in fp32 on the same bf16 values (tests/models/test_torch_row_kernel.py).
-#include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <c10/util/BFloat16.h>
 #include <torch/library.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <functional>
+#include <thread>
 #include <vector>
 
 #if defined(__AVX512BW__)
@@ -94,6 +98,108 @@ void block(const uint16_t* x, const uint16_t* w, int64_t k, float* out) {
 }
 #endif
 
+// The kernel's own helper threads. The server runs torch's OpenMP pool with passive waiting
+// (cli/server.py: spinning workers slowed everything sharing 2 cores), and waking a sleeping
+// worker for each of a decode step's ~200 products cost up to ~13 ms per token here. These helpers
+// spin briefly after each product (the next one comes within tens of microseconds inside a
+// step), then sleep; the calling thread never waits for a sleeping helper: both claim chunks
+// from one counter, so a helper that is late only takes fewer.
+class Helpers {
+ public:
+  using Fn = std::function<void(int64_t)>;
+
+  explicit Helpers(int count) {
+    for (int i = 0; i < count; ++i) std::thread([this] { loop(); }).detach();
+  }
+
+  // fn(0) .. fn(chunks - 1), each once, on this thread and any helper awake to join. A second
+  // caller meanwhile (another model's engine thread) runs its chunks alone.
+  void run(int64_t chunks, const Fn& fn) {
+    bool idle = false;
+    if (!busy_.compare_exchange_strong(idle, true, std::memory_order_acquire)) {
+      for (int64_t c = 0; c < chunks; ++c) fn(c);
+      return;
+    }
+    const uint32_t gen = ++gen_;  // wraps after 2^32 products, harmlessly
+    Job& job = jobs_[gen & 1];
+    job.fn = &fn;
+    job.chunks.store(chunks, std::memory_order_relaxed);
+    job.done.store(0, std::memory_order_relaxed);
+    ticket_.store(static_cast<uint64_t>(gen) << 32);  // publishes the job; seq_cst pairs with the sleepers' count
+    if (sleepers_.load() > 0) ticket_.notify_all();
+    claim(gen);
+    // a helper still finishing its last chunk; yield now and then in case the OS preempted it
+    for (int spins = 1; job.done.load(std::memory_order_acquire) < chunks; ++spins) {
+      pause();
+      if (spins % 4096 == 0) std::this_thread::yield();
+    }
+    busy_.store(false, std::memory_order_release);
+  }
+
+ private:
+  struct Job {
+    const Fn* fn = nullptr;
+    std::atomic<int64_t> chunks{0};
+    std::atomic<int64_t> done{0};
+  };
+
+  static void pause() {
+#if defined(__x86_64__)
+    __builtin_ia32_pause();
+#endif
+  }
+
+  // Take chunks of job `gen` until none is left (or a newer job replaced it).
+  void claim(uint32_t gen) {
+    Job& job = jobs_[gen & 1];
+    uint64_t t = ticket_.load(std::memory_order_acquire);
+    for (;;) {
+      if (static_cast<uint32_t>(t >> 32) != gen || static_cast<int64_t>(t & 0xffffffffu) >= job.chunks.load(std::memory_order_relaxed))
+        return;
+      if (!ticket_.compare_exchange_weak(t, t + 1, std::memory_order_acq_rel)) continue;
+      (*job.fn)(static_cast<int64_t>(t & 0xffffffffu));
+      job.done.fetch_add(1, std::memory_order_release);
+      t = ticket_.load(std::memory_order_acquire);
+    }
+  }
+
+  void loop() {
+    uint32_t seen = 0;
+    auto idle_since = std::chrono::steady_clock::now();
+    for (;;) {
+      const uint64_t t = ticket_.load(std::memory_order_acquire);
+      if (static_cast<uint32_t>(t >> 32) != seen) {
+        seen = static_cast<uint32_t>(t >> 32);
+        claim(seen);
+        idle_since = std::chrono::steady_clock::now();
+      } else if (std::chrono::steady_clock::now() - idle_since < kSpin) {
+        for (int i = 0; i < 64; ++i) pause();
+      } else {
+        sleepers_.fetch_add(1);
+        ticket_.wait(t);  // returns at once if a job was published since t was read
+        sleepers_.fetch_sub(1);
+        idle_since = std::chrono::steady_clock::now();
+      }
+    }
+  }
+
+  static constexpr auto kSpin = std::chrono::microseconds(200);  // a step's gaps are tens of us
+  std::atomic<uint64_t> ticket_{0};  // job generation << 32 | next chunk
+  std::atomic<int> sleepers_{0};
+  std::atomic<bool> busy_{false};  // a caller holds the helpers
+  uint32_t gen_ = 0;  // jobs published (guarded by busy_)
+  Job jobs_[2];  // a stale helper validates its generation before using a slot
+};
+
+// Set once by set_helpers (row_gemv.py passes torch's thread count minus one); never destroyed:
+// detached threads outlive static destruction at exit. Without helpers every product runs on
+// the calling thread.
+std::atomic<Helpers*> g_helpers{nullptr};
+
+void set_helpers(int64_t count) {
+  if (count > 0 && g_helpers.load() == nullptr) g_helpers.store(new Helpers(static_cast<int>(count)));
+}
+
 at::Tensor rows_linear(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 && weight.scalar_type() == at::kBFloat16, "bf16 tensors only");
   TORCH_CHECK(weight.dim() == 2 && weight.is_contiguous(), "weight must be a contiguous [out, in] matrix");
@@ -117,11 +223,12 @@ at::Tensor rows_linear(const at::Tensor& x, const at::Tensor& weight, const std:
   auto* ys = reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>());
   const float* bp = bf.empty() ? nullptr : bf.data();
   const int64_t blocks = (n + kRows - 1) / kRows;
-  // grain: ~64 KiB of weights per task, so small matrices stay on one thread
+  // grain: ~64 KiB of weights per chunk, so small matrices stay on the calling thread
   const int64_t grain = std::max<int64_t>(1, 65536 / (kRows * k * 2));
-  at::parallel_for(0, blocks, grain, [&](int64_t b0, int64_t b1) {
+  const int64_t chunks = (blocks + grain - 1) / grain;
+  const Helpers::Fn chunk = [&](int64_t c) {
     float out[kRows];
-    for (int64_t blk = b0; blk < b1; ++blk) {
+    for (int64_t blk = c * grain, end = std::min(blocks, blk + grain); blk < end; ++blk) {
       const int64_t n0 = blk * kRows;
       const int64_t nb = std::min(kRows, n - n0);
       if (nb == kRows) {
@@ -131,7 +238,13 @@ at::Tensor rows_linear(const at::Tensor& x, const at::Tensor& weight, const std:
       }
       for (int64_t r = 0; r < nb; ++r) ys[n0 + r] = narrow(out[r] + (bp ? bp[n0 + r] : 0.0f));
     }
-  });
+  };
+  Helpers* pool = g_helpers.load(std::memory_order_acquire);
+  if (chunks == 1 || pool == nullptr) {
+    for (int64_t c = 0; c < chunks; ++c) chunk(c);
+  } else {
+    pool->run(chunks, chunk);
+  }
   return y;
 }
 
@@ -140,4 +253,5 @@ at::Tensor rows_linear(const at::Tensor& x, const at::Tensor& weight, const std:
 TORCH_LIBRARY(mlxcel_cpu, lib) {
   lib.def("rows_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
   lib.impl("rows_linear", c10::DispatchKey::CPU, &rows_linear);
+  lib.def("set_helpers(int count) -> ()", &set_helpers);
 }

@@ -66,17 +66,16 @@ def main() -> None:
     from mlxcel.backends.base import ForwardRow
     import os
 
-    from mlxcel.backends.torch.row_gemv import install_row_gemv, load_row_kernel, remove_row_gemv
+    from mlxcel.backends.torch.row_gemv import load_row_kernel, remove_row_gemv
     from mlxcel.cli.settings import ServerSettings
     from mlxcel.runtime import load_backend
 
     kernel = load_row_kernel(os.environ)
     print(f"row kernel: {kernel.path}", flush=True)
 
-    def with_kernel(model):
-        return install_row_gemv(model, kernel)
-
-    variants = {"stock": remove_row_gemv, "gemv": install_row_gemv, "kernel": with_kernel, "compile": with_kernel}
+    variants = {"stock": lambda b: (b.set_row_linears(None), remove_row_gemv(b.model)),
+                "gemv": lambda b: b.set_row_linears(None), "kernel": lambda b: b.set_row_linears(kernel),
+                "compile": lambda b: b.set_row_linears(kernel)}
     backends = {}
     for arm in args.arms:
         dtype, variant = arm.split(":")
@@ -93,7 +92,7 @@ def main() -> None:
 
     def run(arm: str) -> tuple[float, float]:
         backend = backend_of(arm)
-        variants[arm.split(":")[1]](backend.model)
+        variants[arm.split(":")[1]](backend)
         seq = backend.new_sequence()
         nxt = int(backend.forward([ForwardRow(prompt, seq)])[0].argmax())
         for _ in range(2):

@@ -13,12 +13,12 @@ import pstats
 import time
 from pathlib import Path
 
-MATMUL_OPS = ("aten::mm", "aten::mv", "aten::addmv_", "mkldnn::_linear_pointwise", "aten::addmm", "aten::bmm", "aten::matmul",
+MATMUL_OPS = ("mlxcel_cpu::rows_linear", "aten::mm", "aten::mv", "aten::addmv_", "mkldnn::_linear_pointwise", "aten::addmm", "aten::bmm", "aten::matmul",
               "aten::linear", "aten::_scaled_dot_product_flash_attention_for_cpu",
               "aten::scaled_dot_product_attention")
 # op self time by what it serves in a decode step (ops not named here count as "other")
 CATEGORIES = {
-    "linears (mm/mv)": ("aten::mm", "aten::mv", "aten::addmv_", "mkldnn::_linear_pointwise", "aten::addmm", "aten::linear",
+    "linears (mm/mv)": ("mlxcel_cpu::rows_linear", "aten::mm", "aten::mv", "aten::addmv_", "mkldnn::_linear_pointwise", "aten::addmm", "aten::linear",
                         "aten::matmul"),
     "attention (sdpa)": ("aten::_scaled_dot_product_flash_attention_for_cpu", "aten::scaled_dot_product_attention",
                          "aten::_scaled_dot_product_attention_math"),
@@ -41,8 +41,9 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--steps", type=int, default=32)
     p.add_argument("--timing-only", action="store_true", help="print the per-token times only")
-    p.add_argument("--variant", choices=("gemv", "stock"), default="gemv",
-                   help="one-row linears through torch.mv (the backend's CPU bf16 default) or torch's Linear.forward")
+    p.add_argument("--variant", choices=("kernel", "gemv", "stock"), default="kernel",
+                   help="one-row bf16 linears through mlxcel's kernel (the server's CPU bf16 default), torch.mv, "
+                        "or torch's Linear.forward")
     args = p.parse_args()
 
     import torch
@@ -53,9 +54,13 @@ def main() -> None:
 
     settings = ServerSettings(backend="torch", device="cpu", dtype=args.dtype, threads=args.threads)
     backend, _ = load_backend(settings, args.model)
-    from mlxcel.backends.torch.row_gemv import install_row_gemv, remove_row_gemv
+    import os
 
-    (remove_row_gemv if args.variant == "stock" else install_row_gemv)(backend.model)
+    from mlxcel.backends.torch.row_gemv import load_row_kernel, remove_row_gemv
+
+    backend.set_row_linears(load_row_kernel(os.environ) if args.variant == "kernel" else None)
+    if args.variant == "stock":
+        remove_row_gemv(backend.model)
     seq = backend.new_sequence()
     prompt = [(i * 37) % 1000 + 100 for i in range(128)]
     nxt = int(backend.forward([ForwardRow(prompt, seq)])[0].argmax())

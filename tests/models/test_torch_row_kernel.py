@@ -115,3 +115,31 @@ def test_without_a_compiler_the_reason_is_given(tmp_path):
     env = {"PATH": str(tmp_path), "MLXCEL_KERNEL_CACHE": str(tmp_path / "cache")}
     with pytest.raises(BuildUnavailable, match="no C\\+\\+ compiler"):
         load_row_kernel(env)
+
+
+def test_two_callers_at_once_each_get_their_own_answer(kernel):
+    """Two engine threads (router mode, a side model) may call the kernel together: one holds
+    the helper threads, the other runs alone; neither may see the other's rows."""
+    import threading
+
+    g = torch.Generator().manual_seed(5)
+    work = [(torch.randn(1, 576, generator=g).to(torch.bfloat16), torch.randn(8192, 576, generator=g).to(torch.bfloat16))
+            for _ in range(2)]
+    with torch.inference_mode():
+        want = [kernel.op(x, w, None) for x, w in work]
+    bad: list[int] = []
+
+    def caller(i: int) -> None:
+        x, w = work[i]
+        with torch.inference_mode():
+            for _ in range(200):
+                if not torch.equal(kernel.op(x, w, None), want[i]):
+                    bad.append(i)
+
+    threads = [threading.Thread(target=caller, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads), "a caller is stuck"
+    assert not bad

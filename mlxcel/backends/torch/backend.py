@@ -156,7 +156,7 @@ class TorchBackend(RowSteering):
         if self.device.type == "cpu" and compute == "bfloat16":
             # one-row decode linears through mlxcel's kernel, else torch.mv: less time per token
             # in bf16; fp32 measured even, so it keeps torch's own path (docs/benchmarks.md)
-            install_row_gemv(self.model, self._row_kernel(build_env))
+            self.set_row_linears(self._row_kernel(build_env))
         self.base = self._decoder_stack(model)
         # --torch-compile: one dynamic-shape graph set for the decoder stack, compiled on first use
         self._base_forward = torch.compile(self.base, dynamic=True) if compile else self.base
@@ -189,16 +189,19 @@ class TorchBackend(RowSteering):
 
     def _row_kernel(self, build_env: Mapping[str, str] | None) -> RowKernel | None:
         if build_env is None:
-            self.row_kernel = "torch.mv"
             return None
         try:
             kernel = load_row_kernel(build_env)
         except BuildUnavailable as e:
-            self.row_kernel = "torch.mv"
             log.warning("one-row bf16 linears use torch.mv, slower: %s", e)
             return None
-        self.row_kernel = f"mlxcel bf16 row kernel ({kernel.path.name})"
         return kernel
+
+    def set_row_linears(self, kernel: RowKernel | None) -> None:
+        """One-row linears through mlxcel's kernel, or torch.mv when None (benchmarks switch)."""
+        install_row_gemv(self.model, kernel)
+        self.row_kernel = (f"mlxcel bf16 row kernel ({kernel.path.name}, {kernel.threads} threads)"
+                           if kernel is not None else "torch.mv")
 
     def _load_model(self, path: Path, dtype: torch.dtype, extra: dict):
         import transformers

@@ -33,6 +33,7 @@ RowOp = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor
 class RowKernel:
     op: RowOp  # (x [.., in] holding one row, weight [out, in], bias [out] or None) -> [.., out], bf16
     path: Path
+    threads: int  # the calling thread plus the kernel's own helpers
 
 
 def _mv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -88,14 +89,13 @@ def build_row_kernel(environ: Mapping[str, str]) -> Path:
     lib_dir = cpp_extension.library_paths()[0]
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
     # -march=native: the cache key carries this CPU's flags, so another CPU builds its own
-    flags = ["-O3", "-march=native", "-std=c++20", "-shared", "-fPIC", "-fopenmp", "-w",
+    flags = ["-O3", "-march=native", "-std=c++20", "-shared", "-fPIC", "-pthread", "-w",
              f"-D_GLIBCXX_USE_CXX11_ABI={abi}"]
     key = [KERNEL_SOURCE.read_bytes(), torch.__version__.encode(), compiler.encode(), " ".join(flags).encode(),
            _cpu_flags(), lib_dir.encode()]
 
     def command(out: str) -> list[str]:
         includes = [f"-I{p}" for p in cpp_extension.include_paths()]
-        # libgomp by soname: the process reuses the one torch loaded, so one OpenMP pool serves both
         return [compiler, *flags, *includes, str(KERNEL_SOURCE), "-o", out, f"-L{lib_dir}", "-lc10", "-ltorch_cpu",
                 f"-Wl,-rpath,{lib_dir}"]
 
@@ -104,12 +104,16 @@ def build_row_kernel(environ: Mapping[str, str]) -> Path:
     return native_build.build_cached(cache, "mlxcel-bf16-rows", key, command, "the bf16 row kernel")
 
 
-def load_row_kernel(environ: Mapping[str, str]) -> RowKernel:
-    """Build (or reuse) and load the kernel; raises native_build.BuildUnavailable."""
+def load_row_kernel(environ: Mapping[str, str], threads: int | None = None) -> RowKernel:
+    """Build (or reuse) and load the kernel, splitting each product over `threads` (default:
+    torch's thread count; the first load in a process fixes it); raises
+    native_build.BuildUnavailable."""
     path = build_row_kernel(environ)
     if not hasattr(torch.ops.mlxcel_cpu, "rows_linear"):
         try:
             torch.ops.load_library(str(path))
         except OSError as e:
             raise native_build.BuildUnavailable(f"loading {path} failed: {e}") from None
-    return RowKernel(torch.ops.mlxcel_cpu.rows_linear, path)
+    threads = torch.get_num_threads() if threads is None else threads
+    torch.ops.mlxcel_cpu.set_helpers(max(0, threads - 1))
+    return RowKernel(torch.ops.mlxcel_cpu.rows_linear, path, threads)
