@@ -1,13 +1,13 @@
-// One-row bf16 linears for the torch backend on the CPU: y[n] = sum_k x[k] * w[n, k] (+ b[n]).
+// Few-row bf16 linears for the torch backend on the CPU: y[m, n] = sum_k x[m, k] * w[n, k] (+ b[n]).
 //
-// A single-stream decode step multiplies one activation row by every weight matrix, so its
-// cost is reading the weights once. torch's bf16 CPU kernels read them at 7-11 GB/s for that
-// shape here (docs/benchmarks.md, round 6); this one streams four weight rows at a time with a
-// prefetch ahead, multiplies bf16 pairs natively (AVX512-BF16, else widened to fp32), sums in
-// fp32, rounds to bf16 (nearest-even) and splits the rows with its own helper threads (see
-// Helpers). More than one row stays with torch: with the weights read once, its GEMM measured
-// as fast here.
-// Reference: F.linear in fp32 on the same bf16 values (tests/models/test_torch_row_kernel.py).
+// A decode step multiplies one activation row per sequence by every weight matrix, so its cost
+// is reading the weights. torch's bf16 CPU kernels read them at 7-11 GB/s for one row here
+// (docs/benchmarks.md, round 6); this one streams four weight rows at a time with a prefetch
+// ahead, multiplies bf16 pairs natively (AVX512-BF16, else widened to fp32), sums in fp32,
+// rounds to bf16 (nearest-even) and splits the output rows with its own helper threads (see
+// Helpers). Up to eight activation rows share one pass over the weights, and a row's result
+// does not depend on the others in the call. Reference: F.linear in fp32 on the same bf16
+// values (tests/models/test_torch_row_kernel.py).
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <c10/util/BFloat16.h>
@@ -65,38 +65,74 @@ inline __m512 madd(__m512 acc, __m512i w, __m512i x) {
 }
 #endif
 
-constexpr int64_t kRows = 4;       // weight rows per block: four independent sums in flight
-constexpr int64_t kAhead = 2;      // blocks prefetched ahead: measured 15.9 against 12.6 GB/s without
+constexpr int64_t kMaxRows = 8;    // activation rows per pass over the weights
+constexpr int64_t kAhead = 8;      // weight rows prefetched ahead: measured 15.9 against 12.6 GB/s without
 
+// Every activation row's result is computed the same way whatever else the call holds: one
+// fp32 sum per (row, output) over the same steps in the same order, reduced the same way, so a
+// row alone and a row among eight give the same bits (engine batch invariance rests on this).
 #if defined(__AVX512BW__)
-// Dot products of x with weight rows [0, R) of w; the R sums stay in registers.
-template <int R>
+// Weight rows [0, R) of w against activation rows [0, M) of x; the R * M sums stay in registers.
+template <int R, int M>
 void block(const uint16_t* x, const uint16_t* w, int64_t k, float* out) {
-  __m512 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  __m512 acc[R][M];
+  for (int r = 0; r < R; ++r)
+    for (int i = 0; i < M; ++i) acc[r][i] = _mm512_setzero_ps();
   for (int64_t j = 0; j < k; j += kStep) {
     const Mask mask = tail_mask(k - j);
-    const __m512i xv = load(x + j, mask);
+    __m512i xv[M];
+    for (int i = 0; i < M; ++i) xv[i] = load(x + i * k + j, mask);
     for (int r = 0; r < R; ++r) {
-      _mm_prefetch(reinterpret_cast<const char*>(w + (kAhead * kRows + r) * k + j), _MM_HINT_T0);
-      acc[r] = madd(acc[r], load(w + r * k + j, mask), xv);
+      _mm_prefetch(reinterpret_cast<const char*>(w + (kAhead + r) * k + j), _MM_HINT_T0);
+      const __m512i wv = load(w + r * k + j, mask);
+      for (int i = 0; i < M; ++i) acc[r][i] = madd(acc[r][i], wv, xv[i]);
     }
   }
-  for (int r = 0; r < R; ++r) out[r] = _mm512_reduce_add_ps(acc[r]);
+  for (int r = 0; r < R; ++r)
+    for (int i = 0; i < M; ++i) out[i * R + r] = _mm512_reduce_add_ps(acc[r][i]);
 }
 #else
 // Portable form: sixteen partial sums per dot product, which compilers vectorise without -ffast-math.
-template <int R>
+template <int R, int M>
 void block(const uint16_t* x, const uint16_t* w, int64_t k, float* out) {
-  for (int r = 0; r < R; ++r) {
-    float part[16] = {0};
-    for (int64_t j = 0; j < k; ++j) part[j & 15] += widen(w[r * k + j]) * widen(x[j]);
-    float s = 0;
-    for (int l = 0; l < 16; ++l) s += part[l];
-    out[r] = s;
-  }
+  for (int r = 0; r < R; ++r)
+    for (int i = 0; i < M; ++i) {
+      float part[16] = {0};
+      for (int64_t j = 0; j < k; ++j) part[j & 15] += widen(w[r * k + j]) * widen(x[i * k + j]);
+      float s = 0;
+      for (int l = 0; l < 16; ++l) s += part[l];
+      out[i * R + r] = s;
+    }
 }
 #endif
+
+using BlockFn = void (*)(const uint16_t*, const uint16_t*, int64_t, float*);
+
+// Weight rows per block for m activation rows: four sums in flight for one row, and no more
+// than eight accumulators' worth of registers beyond that.
+struct Plan {
+  int64_t rows;
+  BlockFn full, single;  // a block of `rows` weight rows, and one weight row (a matrix's tail)
+};
+
+template <int M>
+Plan plan_for() {
+  constexpr int R = M <= 2 ? 4 : M <= 4 ? 2 : 1;
+  return {R, &block<R, M>, &block<1, M>};
+}
+
+Plan plan_for_rows(int64_t m) {
+  switch (m) {
+    case 1: return plan_for<1>();
+    case 2: return plan_for<2>();
+    case 3: return plan_for<3>();
+    case 4: return plan_for<4>();
+    case 5: return plan_for<5>();
+    case 6: return plan_for<6>();
+    case 7: return plan_for<7>();
+    default: return plan_for<8>();
+  }
+}
 
 // The kernel's own helper threads. The server runs torch's OpenMP pool with passive waiting
 // (cli/server.py: spinning workers slowed everything sharing 2 cores), and waking a sleeping
@@ -204,8 +240,8 @@ at::Tensor rows_linear(const at::Tensor& x, const at::Tensor& weight, const std:
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 && weight.scalar_type() == at::kBFloat16, "bf16 tensors only");
   TORCH_CHECK(weight.dim() == 2 && weight.is_contiguous(), "weight must be a contiguous [out, in] matrix");
   const int64_t n = weight.size(0), k = weight.size(1);
-  TORCH_CHECK(x.size(-1) == k, "x's last dimension must equal the weight's input size");
-  TORCH_CHECK(x.numel() == k, "one activation row per call");
+  TORCH_CHECK(x.size(-1) == k && x.numel() > 0, "x's last dimension must equal the weight's input size");
+  const int64_t rows = x.numel() / k;
   at::Tensor xc = x.contiguous();
   const auto* xs = reinterpret_cast<const uint16_t*>(xc.data_ptr<at::BFloat16>());
   const auto* ws = reinterpret_cast<const uint16_t*>(weight.data_ptr<at::BFloat16>());
@@ -222,28 +258,39 @@ at::Tensor rows_linear(const at::Tensor& x, const at::Tensor& weight, const std:
   at::Tensor y = at::empty(shape, x.options());
   auto* ys = reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>());
   const float* bp = bf.empty() ? nullptr : bf.data();
-  const int64_t blocks = (n + kRows - 1) / kRows;
-  // grain: ~64 KiB of weights per chunk, so small matrices stay on the calling thread
-  const int64_t grain = std::max<int64_t>(1, 65536 / (kRows * k * 2));
-  const int64_t chunks = (blocks + grain - 1) / grain;
-  const Helpers::Fn chunk = [&](int64_t c) {
-    float out[kRows];
-    for (int64_t blk = c * grain, end = std::min(blocks, blk + grain); blk < end; ++blk) {
-      const int64_t n0 = blk * kRows;
-      const int64_t nb = std::min(kRows, n - n0);
-      if (nb == kRows) {
-        block<kRows>(xs, ws + n0 * k, k, out);
-      } else {
-        for (int64_t r = 0; r < nb; ++r) block<1>(xs, ws + (n0 + r) * k, k, out + r);
-      }
-      for (int64_t r = 0; r < nb; ++r) ys[n0 + r] = narrow(out[r] + (bp ? bp[n0 + r] : 0.0f));
-    }
-  };
   Helpers* pool = g_helpers.load(std::memory_order_acquire);
-  if (chunks == 1 || pool == nullptr) {
-    for (int64_t c = 0; c < chunks; ++c) chunk(c);
-  } else {
-    pool->run(chunks, chunk);
+  for (int64_t m0 = 0; m0 < rows; m0 += kMaxRows) {  // one pass over the weights per eight rows
+    const int64_t m = std::min(kMaxRows, rows - m0);
+    const Plan plan = plan_for_rows(m);
+    const uint16_t* xm = xs + m0 * k;
+    const int64_t blocks = (n + plan.rows - 1) / plan.rows;
+    // grain: ~64 KiB of weights per chunk, so small matrices stay on the calling thread
+    const int64_t grain = std::max<int64_t>(1, 65536 / (plan.rows * k * 2));
+    const int64_t chunks = (blocks + grain - 1) / grain;
+    const Helpers::Fn chunk = [&](int64_t c) {
+      float out[kMaxRows * 4];
+      for (int64_t blk = c * grain, end = std::min(blocks, blk + grain); blk < end; ++blk) {
+        const int64_t n0 = blk * plan.rows;
+        const int64_t nb = std::min(plan.rows, n - n0);
+        if (nb == plan.rows) {
+          plan.full(xm, ws + n0 * k, k, out);
+        } else {
+          for (int64_t r = 0; r < nb; ++r) {
+            float one[kMaxRows];
+            plan.single(xm, ws + (n0 + r) * k, k, one);
+            for (int64_t i = 0; i < m; ++i) out[i * nb + r] = one[i];
+          }
+        }
+        for (int64_t i = 0; i < m; ++i)
+          for (int64_t r = 0; r < nb; ++r)
+            ys[(m0 + i) * n + n0 + r] = narrow(out[i * nb + r] + (bp ? bp[n0 + r] : 0.0f));
+      }
+    };
+    if (chunks == 1 || pool == nullptr) {
+      for (int64_t c = 0; c < chunks; ++c) chunk(c);
+    } else {
+      pool->run(chunks, chunk);
+    }
   }
   return y;
 }

@@ -41,6 +41,9 @@ class ForwardRow:
     capture: dict[int, Callable[[list[int], np.ndarray, np.ndarray], None]] | None = None
     # this row's LoRA scale per loaded adapter (None: all 0.0); see models/lora.py
     lora: tuple[float, ...] | None = None
+    # a generated token (a decode step), not prompt tokens: a backend may compute decode rows by
+    # a path of their own, as long as it is the same whatever else the step holds
+    decode: bool = False
 
 
 @dataclass(frozen=True)

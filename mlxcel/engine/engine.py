@@ -630,7 +630,7 @@ class Engine:
     def _forward_row(row: _Row, tokens: list[int]) -> ForwardRow:
         """The backend's view of one row for a step: its tokens, KV, steering, captures, LoRA scales."""
         req = row.request
-        return ForwardRow(tokens, row.cache, req.steering, req.capture, req.lora)
+        return ForwardRow(tokens, row.cache, req.steering, req.capture, req.lora, decode=not row.pending)
 
     def _progress(self, row: _Row) -> None:
         if row.request.return_progress:

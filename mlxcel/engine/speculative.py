@@ -132,7 +132,7 @@ class ModelDrafter:
             feeds.append(missing[-1])
         drafts: list[list[int]] = [[] for _ in items]
         active = list(range(len(items)))
-        logits = be.forward([ForwardRow([feeds[i]], items[i][0].seq) for i in active])
+        logits = be.forward([ForwardRow([feeds[i]], items[i][0].seq, decode=True) for i in active])
         while active:
             nxt = []
             for j, i in enumerate(active):
@@ -149,7 +149,7 @@ class ModelDrafter:
                     nxt.append(i)
             active = nxt
             if active:
-                logits = be.forward([ForwardRow([drafts[i][-1]], items[i][0].seq) for i in active])
+                logits = be.forward([ForwardRow([drafts[i][-1]], items[i][0].seq, decode=True) for i in active])
         return drafts
 
     def release(self, spec: RowSpec) -> None:
@@ -224,7 +224,7 @@ class Speculator:
             base = seq.length
             seq.reserve(len(toks))
             spans.append((row, draft, base, len(batch)))
-            batch += [ForwardRow([t], _At(seq, base + j), row.request.steering, None, row.request.lora)
+            batch += [ForwardRow([t], _At(seq, base + j), row.request.steering, None, row.request.lora, decode=True)
                       for j, t in enumerate(toks)]
             seq.tokens.extend(toks)  # every position's K/V is written by this forward
         return batch, spans

@@ -45,17 +45,17 @@ def main() -> None:
     sync()
     prefill = len(prompt) / (time.perf_counter() - t)
     for _ in range(4):
-        nxt = int(backend.forward([ForwardRow([nxt], seq)])[0].argmax())
+        nxt = int(backend.forward([ForwardRow([nxt], seq, decode=True)])[0].argmax())
     t = time.perf_counter()
     for _ in range(args.steps):
-        nxt = int(backend.forward([ForwardRow([nxt], seq)])[0].argmax())
+        nxt = int(backend.forward([ForwardRow([nxt], seq, decode=True)])[0].argmax())
     single = args.steps / (time.perf_counter() - t)
     seqs = [backend.new_sequence() for _ in range(8)]
     for s in seqs:
         backend.forward([ForwardRow(prompt[:64], s)])
     t = time.perf_counter()
     for _ in range(args.steps // 2):
-        backend.forward([ForwardRow([5], s) for s in seqs])
+        backend.forward([ForwardRow([5], s, decode=True) for s in seqs])
     batched = 8 * (args.steps // 2) / (time.perf_counter() - t)
     print(json.dumps({"backend": choice.backend, "device": choice.device, "dtype": backend.info.dtype,
                       "prefill_tok_s": round(prefill, 1), "decode_tok_s": round(single, 1),

@@ -82,7 +82,7 @@ def main() -> None:
         logits = backend.forward([ForwardRow(list(ids), seq)])
         out = [int(np.argmax(logits[0]))]
         while len(out) < a.tokens:
-            logits = backend.forward([ForwardRow([out[-1]], seq)])
+            logits = backend.forward([ForwardRow([out[-1]], seq, decode=True)])
             out.append(int(np.argmax(logits[0])))
         dt = time.perf_counter() - t0
         seq.release()

@@ -73,7 +73,7 @@ def main() -> None:
     kernel = load_row_kernel(os.environ)
     print(f"row kernel: {kernel.path}", flush=True)
 
-    variants = {"stock": lambda b: (b.set_row_linears(None), remove_row_gemv(b.model)),
+    variants = {"stock": lambda b: (b.set_row_linears(None), remove_row_gemv(b.base, b.lm_head)),
                 "gemv": lambda b: b.set_row_linears(None), "kernel": lambda b: b.set_row_linears(kernel),
                 "compile": lambda b: b.set_row_linears(kernel)}
     backends = {}
@@ -96,10 +96,10 @@ def main() -> None:
         seq = backend.new_sequence()
         nxt = int(backend.forward([ForwardRow(prompt, seq)])[0].argmax())
         for _ in range(2):
-            nxt = int(backend.forward([ForwardRow([nxt], seq)])[0].argmax())
+            nxt = int(backend.forward([ForwardRow([nxt], seq, decode=True)])[0].argmax())
         c, w = time.process_time(), time.perf_counter()
         for _ in range(args.steps):
-            nxt = int(backend.forward([ForwardRow([nxt], seq)])[0].argmax())
+            nxt = int(backend.forward([ForwardRow([nxt], seq, decode=True)])[0].argmax())
         wall, cpu = (time.perf_counter() - w) / args.steps, (time.process_time() - c) / args.steps
         seq.release()
         return wall, cpu

@@ -60,14 +60,14 @@ def main() -> None:
 
     backend.set_row_linears(load_row_kernel(os.environ) if args.variant == "kernel" else None)
     if args.variant == "stock":
-        remove_row_gemv(backend.model)
+        remove_row_gemv(backend.base, backend.lm_head)
     seq = backend.new_sequence()
     prompt = [(i * 37) % 1000 + 100 for i in range(128)]
     nxt = int(backend.forward([ForwardRow(prompt, seq)])[0].argmax())
 
     def step():
         nonlocal nxt
-        nxt = int(backend.forward([ForwardRow([nxt], seq)])[0].argmax())
+        nxt = int(backend.forward([ForwardRow([nxt], seq, decode=True)])[0].argmax())
 
     for _ in range(4):
         step()

@@ -1,4 +1,5 @@
-"""mlxcel's one-row bf16 kernel (kernels/cpu/bf16_rows.cpp) against its plain-op reference.
+"""mlxcel's few-row bf16 kernel (kernels/cpu/bf16_rows.cpp) against its plain-op reference, its
+row independence, and the routing that sends decode rows to it (backends/torch/row_gemv.py).
 
 Reference: F.linear in fp32 on the same bf16 values, rounded to bf16 once. The kernel sums in
 fp32 in a different order (and, with AVX512-BF16, rounds each pair's partial sum), so results
@@ -19,7 +20,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mlxcel.backends.torch.row_gemv import install_row_gemv, load_row_kernel, remove_row_gemv
+from mlxcel.backends.torch.row_gemv import ALL, install_row_gemv, load_row_kernel, remove_row_gemv
 from tests.conftest import DEFAULT_MODEL, fixture_path
 
 
@@ -53,32 +54,51 @@ def test_kernel_matches_fp32_reference(kernel, out_features, in_features):
 def test_kernel_refuses_what_it_does_not_take(kernel):
     w = torch.randn(8, 16).to(torch.bfloat16)
     with torch.inference_mode():
-        with pytest.raises(RuntimeError, match="one activation row"):
-            kernel.op(torch.randn(2, 16).to(torch.bfloat16), w, None)
+        with pytest.raises(RuntimeError, match="last dimension"):
+            kernel.op(torch.randn(2, 15).to(torch.bfloat16), w, None)
         with pytest.raises(RuntimeError, match="bf16"):
             kernel.op(torch.randn(1, 16), w.float(), None)
         with pytest.raises(RuntimeError, match="contiguous"):
             kernel.op(torch.randn(1, 16).to(torch.bfloat16), torch.randn(16, 8).to(torch.bfloat16).t(), None)
 
 
-def test_linears_take_the_kernel_for_one_row_only(kernel):
+def test_a_row_gets_the_same_bits_alone_and_among_others(kernel):
+    """Up to eight rows share a pass over the weights, more take several; each row's result
+    must not depend on the call's other rows (engine batch invariance)."""
+    g = torch.Generator().manual_seed(3)
+    for out_features, in_features in [(576, 576), (4099, 576), (7, 37)]:
+        w = torch.randn(out_features, in_features, generator=g).to(torch.bfloat16)
+        b = torch.randn(out_features, generator=g).to(torch.bfloat16)
+        x = torch.randn(19, in_features, generator=g).to(torch.bfloat16)
+        with torch.inference_mode():
+            alone = torch.cat([kernel.op(x[i:i + 1], w, b) for i in range(len(x))])
+            for m in range(1, len(x) + 1):
+                assert torch.equal(kernel.op(x[:m], w, b), alone[:m]), f"{m} rows"
+            assert torch.equal(kernel.op(x[:12].reshape(3, 4, in_features), w, b).reshape(12, -1), alone[:12])
+        _close(alone, x, w, b)
+
+
+def test_routing_sends_decode_rows_to_the_kernel_and_prompt_rows_to_torch(kernel):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 96, bias=True), torch.nn.Linear(96, 32, bias=False))
     model = model.to(torch.bfloat16)
-    one, many = torch.randn(1, 1, 64).to(torch.bfloat16), torch.randn(3, 2, 64).to(torch.bfloat16)
+    x = torch.randn(1, 5, 64).to(torch.bfloat16)  # a packed step: rows 1 and 3 are decode rows
     with torch.inference_mode():
-        want_many = model(many)
-        assert install_row_gemv(model, kernel) == 2
+        torch_path = model(x)
+        routing = install_row_gemv(kernel, model)
         calls = []
         model[0].register_forward_hook(lambda m, args, out: calls.append(out.shape))
-        got_one, got_many = model(one), model(many)
-        hidden = model[0](one)
+        assert torch.equal(model(x), torch_path)  # no decode rows: torch's linear
+        with routing.decode_rows(torch.tensor([1, 3])):
+            mixed = model(x)
+        with routing.decode_rows(ALL):
+            decode = model(x[:, [1, 3]])
         remove_row_gemv(model)
-        want_one = model(one)
-    assert calls[:2] == [torch.Size([1, 1, 96]), torch.Size([3, 2, 96])]
-    assert torch.equal(got_many, want_many)  # several rows: torch's own linear
-    _close(hidden, one, model[0].weight.detach(), model[0].bias.detach())
-    torch.testing.assert_close(got_one.float(), want_one.float(), atol=3e-2, rtol=3e-2)
+    assert calls == [torch.Size([1, 5, 96])] * 2 + [torch.Size([1, 2, 96])]
+    assert torch.equal(mixed[:, [0, 2, 4]], torch_path[:, [0, 2, 4]])
+    assert torch.equal(mixed[:, [1, 3]], decode)  # a decode row's bits do not depend on its step
+    assert routing.rows is None  # reset after each forward
+    torch.testing.assert_close(decode.float(), torch_path[:, [1, 3]].float(), atol=3e-2, rtol=3e-2)
 
 
 def test_served_model_with_kernel_matches_torch_linears():
@@ -91,7 +111,7 @@ def test_served_model_with_kernel_matches_torch_linears():
     assert with_kernel.row_kernel.startswith("mlxcel bf16 row kernel")
     plain = TorchBackend(path, dtype="bfloat16")
     assert plain.row_kernel == "torch.mv"
-    remove_row_gemv(plain.model)  # torch's own F.linear: the reference path
+    remove_row_gemv(plain.base, plain.lm_head)  # torch's own F.linear: the reference path
     ids = Tokenizer(path).encode("The capital of France is")
     texts, worst = [], 0.0
     for backend in (with_kernel, plain):
@@ -99,12 +119,12 @@ def test_served_model_with_kernel_matches_torch_linears():
         logits = backend.forward([ForwardRow(ids, seq)])[0]
         out, steps = [int(logits.argmax())], [logits]
         for _ in range(12):
-            steps.append(backend.forward([ForwardRow([out[-1]], seq)])[0])
+            steps.append(backend.forward([ForwardRow([out[-1]], seq, decode=True)])[0])
             out.append(int(steps[-1].argmax()))
         texts.append((out, steps))
     (a, la), (b, lb) = texts
     assert a == b, "greedy text differs between the kernel and torch's linears"
-    for x, y in zip(la[1:], lb[1:]):  # decode steps: one row, the kernel's path
+    for x, y in zip(la[1:], lb[1:]):  # decode steps: the kernel's path
         worst = max(worst, float(np.abs(x - y).max() / np.abs(y).max()))
     assert worst <= 0.05, f"decode logits differ by {worst:.3f} of their range"
 

@@ -27,7 +27,7 @@ from mlxcel.backends.base import ForwardRow, ModelInfo, RowLayout, RowSteering, 
 from mlxcel.backends.torch import packed
 from mlxcel.backends.torch.packed import PackedPlan, packed_step
 from mlxcel.backends.torch.paged import PagedStepCache, PagedStorage, StepPlan
-from mlxcel.backends.torch.row_gemv import RowKernel, install_row_gemv, load_row_kernel
+from mlxcel.backends.torch.row_gemv import ALL, RowKernel, RowRouting, install_row_gemv, load_row_kernel
 from mlxcel.engine.kv_block_pool import BlockAllocator, SequenceKV
 from mlxcel.models.hooks import LayerHooks
 from mlxcel.models.registry import family_for
@@ -152,18 +152,20 @@ class TorchBackend(RowSteering):
             raise RopeRefused(f"the {config['model_type']} family did not take the requested RoPE override "
                               f"({want}); it cannot be honoured here")
         self.model = model.to(self.device).eval()
-        self.row_kernel = "torch"  # what runs one-row linears (startup log, /props)
-        if self.device.type == "cpu" and compute == "bfloat16":
-            # one-row decode linears through mlxcel's kernel, else torch.mv: less time per token
-            # in bf16; fp32 measured even, so it keeps torch's own path (docs/benchmarks.md)
-            self.set_row_linears(self._row_kernel(build_env))
         self.base = self._decoder_stack(model)
+        self.lm_head = model.get_output_embeddings()
+        self.row_kernel = "torch"  # what runs decode rows' linears (the startup log says)
+        self._routing = RowRouting(None)
+        if self.device.type == "cpu" and compute == "bfloat16":
+            # decode rows' linears through mlxcel's kernel (not under --torch-compile: the graph
+            # would trace it), else torch.mv for one row: less time per token in bf16; fp32
+            # measured even, so it keeps torch's own path (docs/benchmarks.md)
+            self.set_row_linears(None if compile else self._row_kernel(build_env))
         # --torch-compile: one dynamic-shape graph set for the decoder stack, compiled on first use
         self._base_forward = torch.compile(self.base, dynamic=True) if compile else self.base
         # rows of different lengths share one forward where the family takes the packed
         # attention (not under compile: its per-step plan lives outside the graph)
         self.packs_rows = self.can_pack and not compile and packed.install(self.model)
-        self.lm_head = model.get_output_embeddings()
         self.softcap = getattr(model.config, "final_logit_softcapping", None)
         text_config = model.config.get_text_config()
         self._layer_types = getattr(text_config, "layer_types", None)
@@ -198,8 +200,9 @@ class TorchBackend(RowSteering):
         return kernel
 
     def set_row_linears(self, kernel: RowKernel | None) -> None:
-        """One-row linears through mlxcel's kernel, or torch.mv when None (benchmarks switch)."""
-        install_row_gemv(self.model, kernel)
+        """Decode rows' linears through mlxcel's kernel, or torch.mv for one row when None
+        (benchmarks switch); the language model's linears only (a vision tower's stay torch's)."""
+        self._routing = install_row_gemv(kernel, self.base, self.lm_head)
         self.row_kernel = (f"mlxcel bf16 row kernel ({kernel.path.name}, {kernel.threads} threads)"
                            if kernel is not None else "torch.mv")
 
@@ -266,7 +269,8 @@ class TorchBackend(RowSteering):
         if self.lora is not None:
             self.lora.begin([r.lora for r in rows], layout)
         try:
-            with packed_step(plan) if layout.packed else nullcontext():
+            with packed_step(plan) if layout.packed else nullcontext(), \
+                    self._routing.decode_rows(self._decode_rows(rows, layout)):
                 out = self._forward_stack(torch.from_numpy(ids).to(self.device), plan, rows)
         finally:
             self._deltas = {}
@@ -275,6 +279,23 @@ class TorchBackend(RowSteering):
         for r in rows:
             r.cache.tokens.extend(r.tokens)
         return out.last_hidden_state, layout
+
+    def _decode_rows(self, rows: list[ForwardRow], layout: RowLayout | None = None) -> torch.Tensor | str | None:
+        """The step's decode rows as row_gemv.RowRouting reads them: positions in the flattened
+        [batch * tokens] input when `layout` is given, else row numbers (the LM head's input)."""
+        dec = [i for i, r in enumerate(rows) if r.decode and len(r.tokens) == 1]
+        if not dec:
+            return None
+        if len(dec) == len(rows) and (layout is None or max(layout.n) == 1):
+            return ALL
+        if layout is None:
+            at = dec
+        elif layout.packed:
+            starts = layout.starts
+            at = [starts[i] for i in dec]
+        else:
+            at = [i * max(layout.n) for i in dec]
+        return torch.tensor(at, dtype=torch.long, device=self.device)
 
     def _forward_stack(self, ids: torch.Tensor, plan: StepPlan, rows: list[ForwardRow]):
         return self._base_forward(input_ids=ids, attention_mask=self._masks(plan), position_ids=plan.position_ids,
@@ -303,7 +324,8 @@ class TorchBackend(RowSteering):
             return np.stack([got[i] for i in range(len(rows))])
         hidden, layout = self._run(rows)
         b, t = layout.last()
-        logits = self._logits(hidden[torch.tensor(b, device=self.device), torch.tensor(t, device=self.device)])
+        with self._routing.decode_rows(self._decode_rows(rows)):
+            logits = self._logits(hidden[torch.tensor(b, device=self.device), torch.tensor(t, device=self.device)])
         if self._reads:
             self._deliver_reads(rows, layout)
         return logits

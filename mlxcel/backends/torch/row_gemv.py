@@ -1,13 +1,19 @@
-"""One-row linears on the CPU: the single-stream decode step's weight reads.
+"""Decode rows' linears on the CPU: the weight reads of a decode step.
 
-A single-stream decode step multiplies one activation row by every weight matrix, so its cost
-is reading the weights. torch's CPU `linear` sends that to its matrix-matrix path, which in
-bf16 reads the weights well under the memory bandwidth; `torch.mv` on the same [out, in]
-weight does better, and mlxcel's own kernel (kernels/cpu/bf16_rows.cpp, built once per machine
-with the system C++ compiler against the installed torch) better still (docs/benchmarks.md,
-"Torch CPU decode", rounds 3 and 6). The modules stay `nn.Linear` (only the instance's
-`forward` changes), so anything that finds linears by type or hooks them (LoRA terms, per-layer
-hooks) still sees them; more than one row goes through `F.linear` as before.
+A decode step multiplies one activation row per sequence by every weight matrix, so its cost
+is reading the weights. torch's CPU `linear` reads bf16 weights well under the memory bandwidth
+for a few rows; mlxcel's own kernel (kernels/cpu/bf16_rows.cpp, built once per machine with the
+system C++ compiler against the installed torch) reads them faster (docs/benchmarks.md, "Torch
+CPU decode", round 6). Its sums run in another order than torch's, so a row's last bits differ
+between the two paths; to keep a sequence's tokens independent of what shares its step, the
+path is chosen by what a row *is*: every decode row (`ForwardRow.decode`) takes the kernel,
+alone, beside other decode rows, or inside a packed step beside a prefill chunk, and prompt
+tokens always take torch's. The backend says which rows those are around each forward
+(`RowRouting.rows`). The modules stay `nn.Linear` (only the instance's `forward` changes), so
+anything that finds linears by type or hooks them (LoRA terms, per-layer hooks) still sees them.
+
+Without the kernel (no compiler, fp32) a one-row input runs `torch.mv` (`addmv` with a bias),
+which gave torch's `linear` bits for that row in bf16 here (tested) and reads bf16 faster.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from __future__ import annotations
 import platform
 import types
 from collections.abc import Callable, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -27,45 +34,72 @@ from mlxcel import native_build
 KERNEL_SOURCE = Path(__file__).resolve().parents[3] / "kernels" / "cpu" / "bf16_rows.cpp"
 
 RowOp = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
+ALL = "all"  # RowRouting.rows: every row of the input is a decode row
 
 
 @dataclass(frozen=True)
 class RowKernel:
-    op: RowOp  # (x [.., in] holding one row, weight [out, in], bias [out] or None) -> [.., out], bf16
+    op: RowOp  # (x [.., in], weight [out, in], bias [out] or None) -> [.., out], bf16, row by row
     path: Path
     threads: int  # the calling thread plus the kernel's own helpers
 
 
+class RowRouting:
+    """Which rows of the current forward's flattened [tokens, in] input are decode rows: None
+    (none: torch's linear), ALL, or a LongTensor of row indices."""
+
+    def __init__(self, kernel: RowKernel | None) -> None:
+        self.kernel = kernel
+        self.rows: torch.Tensor | str | None = None
+
+    @contextmanager
+    def decode_rows(self, rows: torch.Tensor | str | None):
+        self.rows = rows
+        try:
+            yield
+        finally:
+            self.rows = None
+
+
 def _mv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    y = torch.mv(weight, x.reshape(-1))
-    if bias is not None:
-        y = y + bias
+    # addmv adds the bias before rounding, as linear does (mv + bias would round twice)
+    y = torch.mv(weight, x.reshape(-1)) if bias is None else torch.addmv(bias, weight, x.reshape(-1))
     return y.view(*x.shape[:-1], weight.shape[0])
 
 
-def _row_forward(self: torch.nn.Linear, x: torch.Tensor, op: RowOp) -> torch.Tensor:
-    if x.numel() != self.in_features:
+def _row_forward(self: torch.nn.Linear, x: torch.Tensor, routing: RowRouting, kernel: bool) -> torch.Tensor:
+    rows = routing.rows if kernel else None
+    if rows is None:
+        if x.numel() == self.in_features:
+            return _mv(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
-    return op(x, self.weight, self.bias)
+    op = routing.kernel.op
+    if isinstance(rows, str):
+        return op(x, self.weight, self.bias)
+    y = F.linear(x, self.weight, self.bias)
+    y.view(-1, self.out_features)[rows] = op(x.reshape(-1, self.in_features)[rows], self.weight, self.bias)
+    return y
 
 
-def install_row_gemv(model: torch.nn.Module, kernel: RowKernel | None = None) -> int:
-    """Give every plain nn.Linear of `model` the one-row path (mlxcel's kernel for bf16 weights
-    when one is given, torch.mv otherwise); returns how many."""
-    count = 0
-    for module in model.modules():
-        if type(module) is torch.nn.Linear:
-            fits = kernel is not None and module.weight.dtype == torch.bfloat16 and module.weight.is_contiguous()
-            module.forward = types.MethodType(partial(_row_forward, op=kernel.op if fits else _mv), module)
-            count += 1
-    return count
+def install_row_gemv(kernel: RowKernel | None, *roots: torch.nn.Module) -> RowRouting:
+    """Give every plain nn.Linear under `roots` the decode-row path (mlxcel's kernel where the
+    weight is bf16 and a kernel is given; torch.mv for one row otherwise); returns the routing
+    the backend sets per forward."""
+    routing = RowRouting(kernel)
+    for root in roots:
+        for module in root.modules():
+            if type(module) is torch.nn.Linear:
+                fits = kernel is not None and module.weight.dtype == torch.bfloat16 and module.weight.is_contiguous()
+                module.forward = types.MethodType(partial(_row_forward, routing=routing, kernel=fits), module)
+    return routing
 
 
-def remove_row_gemv(model: torch.nn.Module) -> None:
+def remove_row_gemv(*roots: torch.nn.Module) -> None:
     """Back to torch's own Linear.forward (benchmarks compare the two)."""
-    for module in model.modules():
-        if type(module) is torch.nn.Linear and "forward" in module.__dict__:
-            del module.forward
+    for root in roots:
+        for module in root.modules():
+            if type(module) is torch.nn.Linear and "forward" in module.__dict__:
+                del module.forward
 
 
 def _cpu_flags() -> bytes:
