@@ -54,7 +54,7 @@ class ServerSettings:
     threads: int = -1  # torch CPU threads / MLX CPU threads per large product; <= 0 keeps the default
     torch_compile: bool = False  # --torch-compile: the torch backend's forward through torch.compile
     # what building native pieces reads (compiler, PATH, cache folder: mlxcel/native_build.py);
-    # None builds nothing (the torch backend then keeps torch's own one-row kernels)
+    # None builds nothing (the torch backend's decode rows then keep torch's kernels)
     build_env: dict[str, str] | None = None
     warmup: bool = True
     # sampling defaults (None = the checkpoint's generation_config.json, else the b10621 default)

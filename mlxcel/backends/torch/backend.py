@@ -193,11 +193,10 @@ class TorchBackend(RowSteering):
         if build_env is None:
             return None
         try:
-            kernel = load_row_kernel(build_env)
+            return load_row_kernel(build_env)
         except BuildUnavailable as e:
-            log.warning("one-row bf16 linears use torch.mv, slower: %s", e)
+            log.warning("decode rows' bf16 linears use torch's kernels, slower: %s", e)
             return None
-        return kernel
 
     def set_row_linears(self, kernel: RowKernel | None) -> None:
         """Decode rows' linears through mlxcel's kernel, or torch.mv for one row when None
