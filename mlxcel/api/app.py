@@ -57,6 +57,9 @@ def build_litestar(state: AppState) -> Litestar:
             Exception: internal_error_handler,
         },
         openapi_config=None,
+        # logging stays as cli/logging_setup.py configured it (Litestar's default config would
+        # replace the root handler at startup, switching every later line to its own format)
+        logging_config=None,
         debug=False,
     )
 

@@ -214,4 +214,4 @@ def build_router_litestar(pool: RouterPool | None) -> Litestar:
                     dependencies={"pool": Provide(provide_pool, sync_to_thread=False),
                                   "app_state": Provide(provide_state, sync_to_thread=False)},
                     exception_handlers={RouterError: _router_error}, on_startup=[startup],
-                    openapi_config=None, debug=False)
+                    openapi_config=None, logging_config=None, debug=False)  # logging: as in api/app.py

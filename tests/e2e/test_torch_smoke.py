@@ -8,6 +8,7 @@ MLXCEL_TEST_DEVICE picks the device (default cpu); gpu_check.sh sets it to cuda.
 from __future__ import annotations
 
 import os
+import re
 
 import httpx
 import pytest
@@ -37,6 +38,9 @@ def test_props_and_log_name_the_torch_backend(torch_server):
     assert backend["reason"] == "requested"
     log = torch_server.log()
     assert "backend torch on" in log
+    # one line format from start to end: Litestar must not replace the CLI's logging when it starts
+    loaded = next(line for line in log.splitlines() if " loaded: " in line)
+    assert re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} I model ", loaded), loaded
     if backend["device"] == "cpu" and backend["compute_dtype"] == "bfloat16":
         # the CI machine kind has a C++ compiler: the served model runs mlxcel's row kernel
         assert "decode rows' bf16 linears via mlxcel bf16 row kernel" in log
