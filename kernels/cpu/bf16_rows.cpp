@@ -190,10 +190,10 @@ class Helpers {
     Job& job = jobs_[gen & 1];
     uint64_t t = ticket_.load(std::memory_order_acquire);
     for (;;) {
-      if (static_cast<uint32_t>(t >> 32) != gen || static_cast<int64_t>(t & 0xffffffffu) >= job.chunks.load(std::memory_order_relaxed))
-        return;
+      const int64_t next = static_cast<int64_t>(t & 0xffffffffu);
+      if (static_cast<uint32_t>(t >> 32) != gen || next >= job.chunks.load(std::memory_order_relaxed)) return;
       if (!ticket_.compare_exchange_weak(t, t + 1, std::memory_order_acq_rel)) continue;
-      (*job.fn)(static_cast<int64_t>(t & 0xffffffffu));
+      (*job.fn)(next);
       job.done.fetch_add(1, std::memory_order_release);
       t = ticket_.load(std::memory_order_acquire);
     }

@@ -143,8 +143,8 @@ def test_two_callers_at_once_each_get_their_own_answer(kernel):
     import threading
 
     g = torch.Generator().manual_seed(5)
-    work = [(torch.randn(1, 576, generator=g).to(torch.bfloat16), torch.randn(8192, 576, generator=g).to(torch.bfloat16))
-            for _ in range(2)]
+    work = [(torch.randn(1, 576, generator=g), torch.randn(8192, 576, generator=g)) for _ in range(2)]
+    work = [(x.to(torch.bfloat16), w.to(torch.bfloat16)) for x, w in work]
     with torch.inference_mode():
         want = [kernel.op(x, w, None) for x, w in work]
     bad: list[int] = []

@@ -10,8 +10,9 @@ searching the global scope before its own dependencies, so the shim must be load
 the first `import mlx.core`; afterwards interposition is impossible and we say so.
 
 The shim is compiled once per (source, OpenBLAS library, compiler) with the system C compiler
-into a cache folder (mlxcel/native_build.py). Without a compiler or the wheel, the reference BLAS stays and the caller
-logs the one-line reason; `MLXCEL_BLAS=openblas` turns that fallback into a refusal.
+into a cache folder (mlxcel/native_build.py). Without a compiler or the wheel, the reference
+BLAS stays and the caller logs the one-line reason; `MLXCEL_BLAS=openblas` turns that fallback
+into a refusal.
 
 Modes (the CLI passes the environment mapping in; nothing here reads os.environ):
   auto       Linux: use the shim when it can be built, else the reference BLAS (default)
