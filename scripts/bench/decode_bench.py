@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from pathlib import Path
 
@@ -27,7 +28,8 @@ def main() -> None:
     from mlxcel.cli.settings import ServerSettings
     from mlxcel.runtime import load_backend
 
-    settings = ServerSettings(backend=args.backend, device=args.device, dtype=args.dtype, threads=args.threads)
+    settings = ServerSettings(backend=args.backend, device=args.device, dtype=args.dtype, threads=args.threads,
+                              build_env=dict(os.environ))  # as served: the torch kernel for decode rows
     backend, choice = load_backend(settings, args.model)
     prompt = [(i * 37) % 1000 + 100 for i in range(128)]
 
