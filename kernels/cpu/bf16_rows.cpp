@@ -14,13 +14,10 @@
 #include <torch/library.h>
 
 #include <algorithm>
-#include <atomic>
-#include <chrono>
 #include <cstdint>
-#include <cstring>
-#include <functional>
-#include <thread>
 #include <vector>
+
+#include "helpers.h"
 
 #if defined(__AVX512BW__)
 #include <immintrin.h>
@@ -28,20 +25,10 @@
 
 namespace {
 
-inline float widen(uint16_t v) {
-  uint32_t bits = static_cast<uint32_t>(v) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
-}
-
-inline uint16_t narrow(float f) {  // round to nearest even, as torch's own conversion does
-  uint32_t bits;
-  std::memcpy(&bits, &f, sizeof bits);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;  // NaN
-  bits += 0x7fffu + ((bits >> 16) & 1u);
-  return static_cast<uint16_t>(bits >> 16);
-}
+using mlxcel::g_helpers;
+using mlxcel::Helpers;
+using mlxcel::narrow;
+using mlxcel::widen;
 
 #if defined(__AVX512BF16__)
 // Native bf16 pair products (AVX512-BF16): 32 weights per instruction, no widening.
@@ -136,104 +123,6 @@ Plan plan_for_rows(int64_t m) {
   }
 }
 
-// The kernel's own helper threads. The server runs torch's OpenMP pool with passive waiting
-// (cli/server.py: spinning workers slowed everything sharing 2 cores), and waking a sleeping
-// worker for each of a decode step's ~200 products cost up to ~13 ms per token here. These helpers
-// spin briefly after each product (the next one comes within tens of microseconds inside a
-// step), then sleep; the calling thread never waits for a sleeping helper: both claim chunks
-// from one counter, so a helper that is late only takes fewer.
-class Helpers {
- public:
-  using Fn = std::function<void(int64_t)>;
-
-  explicit Helpers(int count) {
-    for (int i = 0; i < count; ++i) std::thread([this] { loop(); }).detach();
-  }
-
-  // fn(0) .. fn(chunks - 1), each once, on this thread and any helper awake to join. A second
-  // caller meanwhile (another model's engine thread) runs its chunks alone.
-  void run(int64_t chunks, const Fn& fn) {
-    bool idle = false;
-    if (!busy_.compare_exchange_strong(idle, true, std::memory_order_acquire)) {
-      for (int64_t c = 0; c < chunks; ++c) fn(c);
-      return;
-    }
-    const uint32_t gen = ++gen_;  // wraps after 2^32 products, harmlessly
-    Job& job = jobs_[gen & 1];
-    job.fn = &fn;
-    job.chunks.store(chunks, std::memory_order_relaxed);
-    job.done.store(0, std::memory_order_relaxed);
-    ticket_.store(static_cast<uint64_t>(gen) << 32);  // publishes the job; seq_cst pairs with the sleepers' count
-    if (sleepers_.load() > 0) ticket_.notify_all();
-    claim(gen);
-    // a helper still finishing its last chunk; yield now and then in case the OS preempted it
-    for (int spins = 1; job.done.load(std::memory_order_acquire) < chunks; ++spins) {
-      pause();
-      if (spins % 4096 == 0) std::this_thread::yield();
-    }
-    busy_.store(false, std::memory_order_release);
-  }
-
- private:
-  struct Job {
-    const Fn* fn = nullptr;
-    std::atomic<int64_t> chunks{0};
-    std::atomic<int64_t> done{0};
-  };
-
-  static void pause() {
-#if defined(__x86_64__)
-    __builtin_ia32_pause();
-#endif
-  }
-
-  // Take chunks of job `gen` until none is left (or a newer job replaced it).
-  void claim(uint32_t gen) {
-    Job& job = jobs_[gen & 1];
-    uint64_t t = ticket_.load(std::memory_order_acquire);
-    for (;;) {
-      const int64_t next = static_cast<int64_t>(t & 0xffffffffu);
-      if (static_cast<uint32_t>(t >> 32) != gen || next >= job.chunks.load(std::memory_order_relaxed)) return;
-      if (!ticket_.compare_exchange_weak(t, t + 1, std::memory_order_acq_rel)) continue;
-      (*job.fn)(next);
-      job.done.fetch_add(1, std::memory_order_release);
-      t = ticket_.load(std::memory_order_acquire);
-    }
-  }
-
-  void loop() {
-    uint32_t seen = 0;
-    auto idle_since = std::chrono::steady_clock::now();
-    for (;;) {
-      const uint64_t t = ticket_.load(std::memory_order_acquire);
-      if (static_cast<uint32_t>(t >> 32) != seen) {
-        seen = static_cast<uint32_t>(t >> 32);
-        claim(seen);
-        idle_since = std::chrono::steady_clock::now();
-      } else if (std::chrono::steady_clock::now() - idle_since < kSpin) {
-        for (int i = 0; i < 64; ++i) pause();
-      } else {
-        sleepers_.fetch_add(1);
-        ticket_.wait(t);  // returns at once if a job was published since t was read
-        sleepers_.fetch_sub(1);
-        idle_since = std::chrono::steady_clock::now();
-      }
-    }
-  }
-
-  static constexpr auto kSpin = std::chrono::microseconds(200);  // a step's gaps are tens of us
-  std::atomic<uint64_t> ticket_{0};  // job generation << 32 | next chunk
-  std::atomic<int> sleepers_{0};
-  std::atomic<bool> busy_{false};  // a caller holds the helpers
-  uint32_t gen_ = 0;  // jobs published (guarded by busy_)
-  Job jobs_[2];  // a stale helper validates its generation before using a slot
-};
-
-// Set once by set_helpers (row_gemv.py passes torch's thread count minus one); never destroyed:
-// detached threads outlive static destruction at exit. Without helpers every product runs on
-// the calling thread.
-std::atomic<Helpers*> g_helpers{nullptr};
-
 void set_helpers(int64_t count) {
   if (count > 0 && g_helpers.load() == nullptr) g_helpers.store(new Helpers(static_cast<int>(count)));
 }
@@ -260,7 +149,6 @@ at::Tensor rows_linear(const at::Tensor& x, const at::Tensor& weight, const std:
   at::Tensor y = at::empty(shape, x.options());
   auto* ys = reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>());
   const float* bp = bf.empty() ? nullptr : bf.data();
-  Helpers* pool = g_helpers.load(std::memory_order_acquire);
   for (int64_t m0 = 0; m0 < rows; m0 += kMaxRows) {  // one pass over the weights per eight rows
     const int64_t m = std::min(kMaxRows, rows - m0);
     const Plan plan = plan_for_rows(m);
@@ -288,11 +176,7 @@ at::Tensor rows_linear(const at::Tensor& x, const at::Tensor& weight, const std:
             ys[(m0 + i) * n + n0 + r] = narrow(out[i * nb + r] + (bp ? bp[n0 + r] : 0.0f));
       }
     };
-    if (chunks == 1 || pool == nullptr) {
-      for (int64_t c = 0; c < chunks; ++c) chunk(c);
-    } else {
-      pool->run(chunks, chunk);
-    }
+    mlxcel::parallel(chunks, chunk);
   }
   return y;
 }

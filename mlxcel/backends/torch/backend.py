@@ -17,15 +17,14 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping
-from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from mlxcel.backends.base import ForwardRow, ModelInfo, RowLayout, RowSteering, compacted, kv_bytes_per_token
-from mlxcel.backends.torch import packed
-from mlxcel.backends.torch.packed import PackedPlan, packed_step
+from mlxcel.backends.torch import fused_ops, packed
+from mlxcel.backends.torch.packed import PackedPlan, step_plan
 from mlxcel.backends.torch.paged import PagedStepCache, PagedStorage, StepPlan
 from mlxcel.backends.torch.row_gemv import ALL, RowKernel, RowRouting, install_row_gemv, load_row_kernel
 from mlxcel.engine.kv_block_pool import BlockAllocator, SequenceKV
@@ -155,17 +154,23 @@ class TorchBackend(RowSteering):
         self.base = self._decoder_stack(model)
         self.lm_head = model.get_output_embeddings()
         self.row_kernel = "torch"  # what runs decode rows' linears (the startup log says)
+        self.fused_ops = "none"  # which per-layer ops run fused (the startup log says)
         self._routing = RowRouting(None)
+        self._fused_attention = False
+        kernel = None
         if self.device.type == "cpu" and compute == "bfloat16":
             # decode rows' linears through mlxcel's kernel (not under --torch-compile: the graph
             # would trace it), else torch.mv for one row: less time per token in bf16; fp32
             # measured even, so it keeps torch's own path (docs/benchmarks.md)
-            self.set_row_linears(None if compile else self._row_kernel(build_env))
+            kernel = None if compile else self._row_kernel(build_env)
+            self.set_row_linears(kernel)
         # --torch-compile: one dynamic-shape graph set for the decoder stack, compiled on first use
         self._base_forward = torch.compile(self.base, dynamic=True) if compile else self.base
         # rows of different lengths share one forward where the family takes the packed
         # attention (not under compile: its per-step plan lives outside the graph)
         self.packs_rows = self.can_pack and not compile and packed.install(self.model)
+        if kernel is not None:
+            self.set_fused_ops(True)
         self.softcap = getattr(model.config, "final_logit_softcapping", None)
         text_config = model.config.get_text_config()
         self._layer_types = getattr(text_config, "layer_types", None)
@@ -204,6 +209,22 @@ class TorchBackend(RowSteering):
         self._routing = install_row_gemv(kernel, self.base, self.lm_head)
         self.row_kernel = (f"mlxcel bf16 row kernel ({kernel.path.name}, {kernel.threads} threads)"
                            if kernel is not None else "torch.mv")
+
+    def set_fused_ops(self, on: bool) -> None:
+        """The kernels' fused norms, RoPE and decode-row attention (fused_ops.py), or the
+        family's own ops (benchmarks switch); needs the kernels loaded (set_row_linears)."""
+        fused_ops.remove_norms(self.model)
+        fused_ops.remove_rope(self.model)
+        self._fused_attention = False
+        self.fused_ops = "none"
+        if not on:
+            return
+        norms = fused_ops.install_norms(self.model)
+        rope = fused_ops.install_rope(self.model)
+        # decode rows attend through the kernel where mlxcel's attention seam is in place
+        self._fused_attention = self.packs_rows
+        self.fused_ops = (f"{norms} RMSNorms, RoPE in {len(rope)} family modules, "
+                          f"decode attention {'on' if self._fused_attention else 'off'}")
 
     def _load_model(self, path: Path, dtype: torch.dtype, extra: dict):
         import transformers
@@ -254,11 +275,13 @@ class TorchBackend(RowSteering):
         if not self.packs_rows:
             layout = RowLayout(layout.n, False)
         kv = [(r.cache, len(r.tokens)) for r in rows]
+        # decode rows attend through the kernel (fused_ops.py), chosen by what a row is
+        decode = [r.decode and len(r.tokens) == 1 for r in rows] if self._fused_attention else None
         if layout.packed:
-            plan = PackedPlan(kv, layout, self.storage, self.device)
+            plan = PackedPlan(kv, layout, self.storage, self.device, decode)
             ids = np.concatenate([r.tokens for r in rows]).astype(np.int64)[None]
         else:
-            plan = StepPlan(kv, self.device)
+            plan = StepPlan(kv, self.device, self.storage, decode)
             if self._base_forward is not self.base:
                 plan.read_start = None  # compiled: one KV read path, so block order cannot force a recompile
             ids = np.zeros((plan.batch, plan.nmax), dtype=np.int64)
@@ -268,8 +291,7 @@ class TorchBackend(RowSteering):
         if self.lora is not None:
             self.lora.begin([r.lora for r in rows], layout)
         try:
-            with packed_step(plan) if layout.packed else nullcontext(), \
-                    self._routing.decode_rows(self._decode_rows(rows, layout)):
+            with step_plan(plan), self._routing.decode_rows(self._decode_rows(rows, layout)):
                 out = self._forward_stack(torch.from_numpy(ids).to(self.device), plan, rows)
         finally:
             self._deltas = {}

@@ -16,8 +16,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 from transformers.cache_utils import Cache
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from mlxcel.backends.base import causal_allowed, contiguous_start
+from mlxcel.backends.torch import fused_ops
 from mlxcel.engine.kv_block_pool import NULL_BLOCK, SCRATCH_BLOCK, BlockAllocator, SequenceKV, grown_slots
 
 
@@ -76,7 +78,11 @@ class StepPlan:
 
     packed = False  # rows right-padded to the longest (backends/torch/packed.PackedPlan packs them)
 
-    def __init__(self, rows: list[tuple[SequenceKV, int]], device: torch.device) -> None:
+    def __init__(self, rows: list[tuple[SequenceKV, int]], device: torch.device, storage: PagedStorage | None = None,
+                 decode: list[bool] | None = None) -> None:
+        """`decode`: which rows are one-token decode rows that attend through the kernel
+        (fused_ops.py) over `storage`; None when it is not in use."""
+        self.storage = storage
         bs = rows[0][0].allocator.block_size
         self.n = [n for _, n in rows]
         self.offsets = [seq.length for seq, _ in rows]
@@ -100,14 +106,58 @@ class StepPlan:
         self.read_start = contiguous_start(read)
         self.position_ids = _to_device(self._qpos.astype(np.int64) + shift[:, None], device)
         self._masks: dict[int | None, torch.Tensor] = {}
+        dec = [i for i, d in enumerate(decode or []) if d and self.n[i] == 1]
+        # every row a decode row: the kernel reads the history itself, so nothing is gathered
+        self.decode_all = bool(dec) and len(dec) == b and nmax == 1
+        self.decode_rows = None if not dec or self.decode_all else _to_device(np.asarray(dec, np.int64), device)
+        if dec:
+            self.table = self.read.view(b, lmax)
+            self.kv_lengths = _to_device(np.asarray(self.lengths, np.int64), device)
 
     def mask(self, window: int | None = None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """[B, 1, nmax, lmax] additive: 0 where a query may attend a key, dtype's minimum where
         not. Built once per step in the compute dtype: a boolean mask would be converted to
         this form again inside every layer's attention call."""
+        if self.decode_all:  # the kernel masks by length (and window) itself
+            return torch.zeros((1, 1, 1, 1), dtype=dtype, device=self.device)
         if window not in self._masks:
             self._masks[window] = additive_mask(causal_allowed(self._qpos, self.lmax, window)[:, None], dtype, self.device)
         return self._masks[window]
+
+    def attend(self, module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+        """The attention output [B, nmax, H, D] for this step's padded rows: SDPA over the
+        gathered history, the decode rows' through the kernel (fused_ops.py)."""
+        decode = (self.decode_all or self.decode_rows is not None) and fused_ops.attention_fits(query, dropout, kwargs)
+        if self.decode_all and decode:
+            keys, values = self.storage.keys[module.layer_idx], self.storage.values[module.layer_idx]
+            out = fused_ops.decode_attention(module, query[:, :, 0], keys, values, self.table, self.kv_lengths, scaling)
+            return out.unsqueeze(1), None
+        if self.decode_all:  # not the kernel's kind of attention: gather the history after all
+            key, value = self.gather(module.layer_idx)
+            window = getattr(module, "sliding_window", None)
+            attention_mask = additive_mask(causal_allowed(self._qpos, self.lmax, window)[:, None], query.dtype,
+                                           self.device)
+        out, weights = sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                              scaling=scaling, **kwargs)
+        if decode:
+            rows = self.decode_rows
+            keys, values = self.storage.keys[module.layer_idx], self.storage.values[module.layer_idx]
+            out[rows, 0] = fused_ops.decode_attention(module, query[rows, :, 0], keys, values, self.table[rows],
+                                                      self.kv_lengths[rows], scaling)
+        return out, weights
+
+    def gather(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every row's history of `layer` [B, kv_heads, lmax, D], right-padded."""
+        keys, values = self.storage.keys[layer], self.storage.values[layer]
+        _, h, dk = keys.shape
+        dv = values.shape[-1]
+        if self.read_start is not None:
+            k = keys.narrow(0, self.read_start, self.lmax).unsqueeze(0).transpose(1, 2)
+            v = values.narrow(0, self.read_start, self.lmax).unsqueeze(0).transpose(1, 2)
+            return k, v
+        k = keys.index_select(0, self.read).view(self.batch, self.lmax, h, dk).transpose(1, 2)
+        v = values.index_select(0, self.read).view(self.batch, self.lmax, h, dv).transpose(1, 2)
+        return k, v
 
 
 class PagedStepCache(Cache):
@@ -127,15 +177,9 @@ class PagedStepCache(Cache):
         keys, values = st.keys[layer_idx], st.values[layer_idx]
         keys.index_copy_(0, plan.write, key_states.transpose(1, 2).reshape(b * n, h, dk).to(keys.dtype))
         values.index_copy_(0, plan.write, value_states.transpose(1, 2).reshape(b * n, h, dv).to(values.dtype))
-        if plan.packed:
-            return key_states, value_states  # packed attention reads each row's history itself
-        if plan.read_start is not None:
-            k = keys.narrow(0, plan.read_start, plan.lmax).unsqueeze(0).transpose(1, 2)
-            v = values.narrow(0, plan.read_start, plan.lmax).unsqueeze(0).transpose(1, 2)
-            return k, v
-        k = keys.index_select(0, plan.read).view(b, plan.lmax, h, dk).transpose(1, 2)
-        v = values.index_select(0, plan.read).view(b, plan.lmax, h, dv).transpose(1, 2)
-        return k, v
+        if plan.packed or plan.decode_all:
+            return key_states, value_states  # the attention reads each row's history itself
+        return plan.gather(layer_idx)
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return min(self.plan.offsets)

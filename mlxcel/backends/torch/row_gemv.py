@@ -18,7 +18,6 @@ which gave torch's `linear` bits for that row in bf16 here (tested) and reads bf
 
 from __future__ import annotations
 
-import platform
 import types
 from collections.abc import Callable, Mapping
 from contextlib import contextmanager
@@ -29,9 +28,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from mlxcel import native_build
-
-KERNEL_SOURCE = Path(__file__).resolve().parents[3] / "kernels" / "cpu" / "bf16_rows.cpp"
+from mlxcel.backends.torch import cpu_kernels
 
 RowOp = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
 ALL = "all"  # RowRouting.rows: every row of the input is a decode row
@@ -102,52 +99,9 @@ def remove_row_gemv(*roots: torch.nn.Module) -> None:
                 del module.forward
 
 
-def _cpu_flags() -> bytes:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                return line.encode()
-    except OSError:
-        pass
-    return platform.processor().encode()
-
-
-def build_row_kernel(environ: Mapping[str, str]) -> Path:
-    """Compile kernels/cpu/bf16_rows.cpp for this CPU and torch unless cached; raises
-    native_build.BuildUnavailable with the reason when it cannot be had."""
-    from torch.utils import cpp_extension
-
-    if not KERNEL_SOURCE.is_file():
-        raise native_build.BuildUnavailable(f"the kernel source {KERNEL_SOURCE} is not installed")
-    compiler = native_build.find_compiler(environ, "CXX", ("c++", "g++", "clang++"), "C++")
-    lib_dir = cpp_extension.library_paths()[0]
-    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
-    # -march=native: the cache key carries this CPU's flags, so another CPU builds its own
-    flags = ["-O3", "-march=native", "-std=c++20", "-shared", "-fPIC", "-pthread", "-w",
-             f"-D_GLIBCXX_USE_CXX11_ABI={abi}"]
-    key = [KERNEL_SOURCE.read_bytes(), torch.__version__.encode(), compiler.encode(), " ".join(flags).encode(),
-           _cpu_flags(), lib_dir.encode()]
-
-    def command(out: str) -> list[str]:
-        includes = [f"-I{p}" for p in cpp_extension.include_paths()]
-        return [compiler, *flags, *includes, str(KERNEL_SOURCE), "-o", out, f"-L{lib_dir}", "-lc10", "-ltorch_cpu",
-                f"-Wl,-rpath,{lib_dir}"]
-
-    cache = Path(environ["MLXCEL_KERNEL_CACHE"]) if environ.get("MLXCEL_KERNEL_CACHE") else \
-        native_build.cache_root(environ) / "kernels"
-    return native_build.build_cached(cache, "mlxcel-bf16-rows", key, command, "the bf16 row kernel")
-
-
 def load_row_kernel(environ: Mapping[str, str], threads: int | None = None) -> RowKernel:
     """Build (or reuse) and load the kernel, splitting each product over `threads` (default:
     torch's thread count; the first load in a process fixes it); raises
     native_build.BuildUnavailable."""
-    path = build_row_kernel(environ)
-    if not hasattr(torch.ops.mlxcel_cpu, "rows_linear"):
-        try:
-            torch.ops.load_library(str(path))
-        except OSError as e:
-            raise native_build.BuildUnavailable(f"loading {path} failed: {e}") from None
-    threads = torch.get_num_threads() if threads is None else threads
-    torch.ops.mlxcel_cpu.set_helpers(max(0, threads - 1))
+    path, threads = cpu_kernels.load(environ, threads)
     return RowKernel(torch.ops.mlxcel_cpu.rows_linear, path, threads)

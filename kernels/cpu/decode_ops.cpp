@@ -1,0 +1,379 @@
+// The small per-layer ops of a decode step, fused, for the torch backend on the CPU.
+//
+// With the weights read fast (bf16_rows.cpp), a one-token step of a small model spends most of
+// its time in transformers' eager ops: an RMSNorm is eight ops, applying RoPE fourteen, and SDPA
+// over a short history costs more to set up than to compute (docs/benchmarks.md, round 7). Each
+// op here does one of those in one call, row by row, so a row's result never depends on what
+// else the call holds:
+//   rms_norm          a family's RMSNorm: Llama's form (normalise, round to the input dtype,
+//                     times the weight) or Gemma's (times 1 + weight in fp32, then round);
+//   rope              q * cos + rotate_half(q) * sin for q and k, rounding after every
+//                     product and sum exactly as the eager ops do, so its bits are theirs;
+//   decode_attention  one query per row over that row's paged keys and values: fp32 scores,
+//                     softmax and weighted sum, read through the row's slot table.
+// References: the families' own modules and transformers' SDPA attention
+// (tests/models/test_torch_decode_ops.py).
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/util/BFloat16.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <tuple>
+#include <vector>
+
+#include "helpers.h"
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+namespace {
+
+using mlxcel::narrow;
+using mlxcel::widen;
+
+inline float load(const uint16_t* p, int64_t i) { return widen(p[i]); }
+inline float load(const float* p, int64_t i) { return p[i]; }
+// the input dtype's rounding of an fp32 value
+inline float round_to(float v, const uint16_t*) { return widen(narrow(v)); }
+inline float round_to(float v, const float*) { return v; }
+inline void store(uint16_t* p, int64_t i, float v) { p[i] = narrow(v); }
+inline void store(float* p, int64_t i, float v) { p[i] = v; }
+
+// sixteen partial sums, so compilers vectorise the reduction without reassociating it
+template <typename A, typename B>
+float dot(const A* a, const B* b, int64_t n) {
+  float part[16] = {0};
+  for (int64_t j = 0; j < n; ++j) part[j & 15] += load(a, j) * load(b, j);
+  float s = 0;
+  for (float v : part) s += v;
+  return s;
+}
+
+void check_float(const at::Tensor& t, at::ScalarType dtype, const char* what) {
+  TORCH_CHECK(t.device().is_cpu(), what, " must be on the CPU");
+  TORCH_CHECK(t.scalar_type() == dtype, what, " must be ", dtype, ", not ", t.scalar_type());
+}
+
+template <typename T>
+T* data(const at::Tensor& t) {
+  return reinterpret_cast<T*>(t.data_ptr());
+}
+
+// ~256 Ki multiply-adds per chunk: a one-token step's ops stay on the calling thread
+constexpr int64_t kGrain = 1 << 18;
+
+template <typename T>
+void rms_norm_rows(const T* x, const T* w, T* y, int64_t rows, int64_t d, float eps, bool offset) {
+  const int64_t per = std::max<int64_t>(1, kGrain / d);
+  mlxcel::parallel((rows + per - 1) / per, [&](int64_t c) {
+    for (int64_t r = c * per, end = std::min(rows, r + per); r < end; ++r) {
+      const T* xr = x + r * d;
+      T* yr = y + r * d;
+      const float inv = 1.0f / std::sqrt(dot(xr, xr, d) / static_cast<float>(d) + eps);
+      for (int64_t j = 0; j < d; ++j) {
+        const float h = load(xr, j) * inv;
+        // Gemma: (x * inv) * (1 + w) in fp32, rounded once; Llama: round, then times w
+        const float v = offset ? h * (1.0f + load(w, j)) : load(w, j) * round_to(h, x);
+        store(yr, j, v);
+      }
+    }
+  });
+}
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, bool offset) {
+  const auto dtype = x.scalar_type();
+  TORCH_CHECK(dtype == at::kBFloat16 || dtype == at::kFloat, "rms_norm takes bf16 or fp32");
+  check_float(x, dtype, "x");
+  check_float(weight, dtype, "weight");
+  const int64_t d = x.size(-1);
+  TORCH_CHECK(weight.dim() == 1 && weight.size(0) == d && weight.is_contiguous(), "weight must be [x.size(-1)]");
+  at::Tensor xc = x.contiguous();
+  at::Tensor y = at::empty(x.sizes(), x.options());
+  const int64_t rows = d ? x.numel() / d : 0;
+  if (dtype == at::kBFloat16) {
+    rms_norm_rows(data<uint16_t>(xc), data<uint16_t>(weight), data<uint16_t>(y), rows, d, static_cast<float>(eps),
+                  offset);
+  } else {
+    rms_norm_rows(data<float>(xc), data<float>(weight), data<float>(y), rows, d, static_cast<float>(eps), offset);
+  }
+  return y;
+}
+
+// x [b, n, heads, dim] rotated by cos/sin [b, n, dim]: each product and the sum round to T
+// as the eager `(x * cos) + (rotate_half(x) * sin)` does.
+template <typename T>
+void rope_rows(const T* x, const T* cos, const T* sin, T* y, int64_t tokens, int64_t heads, int64_t dim) {
+  const int64_t half = dim / 2;
+  for (int64_t t = 0; t < tokens; ++t) {
+    const T* c = cos + t * dim;
+    const T* s = sin + t * dim;
+    for (int64_t h = 0; h < heads; ++h) {
+      const T* xr = x + (t * heads + h) * dim;
+      T* yr = y + (t * heads + h) * dim;
+      for (int64_t j = 0; j < dim; ++j) {
+        const float rot = j < half ? -load(xr, j + half) : load(xr, j - half);
+        const float a = round_to(load(xr, j) * load(c, j), x);
+        const float b = round_to(rot * load(s, j), x);
+        store(yr, j, a + b);
+      }
+    }
+  }
+}
+
+std::tuple<at::Tensor, at::Tensor> rope(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
+                                        const at::Tensor& sin) {
+  const auto dtype = q.scalar_type();
+  TORCH_CHECK(dtype == at::kBFloat16 || dtype == at::kFloat, "rope takes bf16 or fp32");
+  for (const auto* t : {&q, &k, &cos, &sin}) check_float(*t, dtype, "q, k, cos and sin");
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && cos.dim() == 3 && sin.sizes() == cos.sizes(),
+              "rope takes q, k [batch, tokens, heads, dim] and cos, sin [batch, tokens, dim]");
+  const int64_t b = q.size(0), n = q.size(1), dim = q.size(3);
+  TORCH_CHECK(k.size(0) == b && k.size(1) == n && k.size(3) == dim && cos.size(0) == b && cos.size(1) == n &&
+                  cos.size(2) == dim && dim % 2 == 0,
+              "rope: shapes do not agree");
+  at::Tensor qc = q.contiguous(), kc = k.contiguous(), cc = cos.contiguous(), sc = sin.contiguous();
+  at::Tensor qo = at::empty(q.sizes(), q.options()), ko = at::empty(k.sizes(), k.options());
+  const auto run = [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    rope_rows(data<T>(qc), data<T>(cc), data<T>(sc), data<T>(qo), b * n, q.size(2), dim);
+    rope_rows(data<T>(kc), data<T>(cc), data<T>(sc), data<T>(ko), b * n, k.size(2), dim);
+  };
+  if (dtype == at::kBFloat16) {
+    run(static_cast<uint16_t*>(nullptr));
+  } else {
+    run(static_cast<float*>(nullptr));
+  }
+  return {qo, ko};
+}
+
+#if defined(__AVX512F__)
+inline __m512 load16(const uint16_t* p) {
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+#endif
+
+// p[j] = exp(p[j] - top) for j < n; returns their sum. The AVX512 form is Cephes' expf
+// polynomial (about 1 ulp), sixteen scores at a time; std::exp costs ~8 ns a score here.
+inline float exp_shifted(float* p, int64_t n, float top) {
+#if defined(__AVX512F__)
+  const __m512 shift = _mm512_set1_ps(top);
+  __m512 sum = _mm512_setzero_ps();
+  for (int64_t j = 0; j < n; j += 16) {
+    const __mmask16 m = n - j >= 16 ? __mmask16(0xffff) : static_cast<__mmask16>((1u << (n - j)) - 1);
+    __m512 x = _mm512_sub_ps(_mm512_maskz_loadu_ps(m, p + j), shift);
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));  // exp(-87) ~ 1.6e-38: zero at fp32 scale beside the top's 1
+    const __m512 n2 = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    x = _mm512_fnmadd_ps(n2, _mm512_set1_ps(0.693359375f), x);
+    x = _mm512_fnmadd_ps(n2, _mm512_set1_ps(-2.12194440e-4f), x);
+    __m512 y = _mm512_set1_ps(1.9875691500e-4f);
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.3981999507e-3f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(8.3334519073e-3f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(4.1665795894e-2f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.6666665459e-1f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(5.0000001201e-1f));
+    y = _mm512_fmadd_ps(y, _mm512_mul_ps(x, x), _mm512_add_ps(x, _mm512_set1_ps(1.0f)));
+    y = _mm512_scalef_ps(y, n2);
+    _mm512_mask_storeu_ps(p + j, m, y);
+    sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(m, y));
+  }
+  return _mm512_reduce_add_ps(sum);
+#else
+  float sum = 0;
+  for (int64_t j = 0; j < n; ++j) sum += (p[j] = std::exp(p[j] - top));
+  return sum;
+#endif
+}
+
+// q (fp32) . key over n values
+template <typename T>
+float dot_key(const float* q, const T* key, int64_t n) {
+#if defined(__AVX512F__)
+  if (n % 16 == 0) {
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t j = 0; j < n; j += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + j), load16(key + j), acc);
+    return _mm512_reduce_add_ps(acc);
+  }
+#endif
+  return dot(q, key, n);
+}
+
+// acc += p * value over n values
+template <typename T>
+void add_value(float* acc, float p, const T* value, int64_t n) {
+#if defined(__AVX512F__)
+  if (n % 16 == 0) {
+    const __m512 pv = _mm512_set1_ps(p);
+    for (int64_t j = 0; j < n; j += 16)
+      _mm512_storeu_ps(acc + j, _mm512_fmadd_ps(pv, load16(value + j), _mm512_loadu_ps(acc + j)));
+    return;
+  }
+#endif
+  for (int64_t j = 0; j < n; ++j) acc[j] += p * load(value, j);
+}
+
+// Row i's query heads that share key/value head g, over that row's visible slots [first, last).
+template <typename T>
+void attend_group(const T* q, const T* keys, const T* values, T* out, const int64_t* slots, int64_t first,
+                  int64_t last, int64_t g, int64_t group, int64_t kv_heads, int64_t dk, int64_t dv, float scale,
+                  std::vector<float>& work) {
+  const int64_t span = last - first;
+  work.assign(group * (dk + span + dv + 2), 0.0f);
+  float* qf = work.data();            // [group, dk] the queries in fp32
+  float* scores = qf + group * dk;    // [group, span]
+  float* acc = scores + group * span; // [group, dv]
+  float* top = acc + group * dv;      // [group]
+  float* total = top + group;         // [group]
+  for (int64_t r = 0; r < group; ++r) {
+    for (int64_t j = 0; j < dk; ++j) qf[r * dk + j] = load(q + (g * group + r) * dk, j);
+    top[r] = -INFINITY;
+  }
+  for (int64_t t = 0; t < span; ++t) {
+    const T* key = keys + (slots[first + t] * kv_heads + g) * dk;
+    for (int64_t r = 0; r < group; ++r) {
+      const float s = dot_key(qf + r * dk, key, dk) * scale;
+      scores[r * span + t] = s;
+      top[r] = std::max(top[r], s);
+    }
+  }
+  for (int64_t r = 0; r < group; ++r) total[r] = exp_shifted(scores + r * span, span, top[r]);
+  for (int64_t t = 0; t < span; ++t) {
+    const T* value = values + (slots[first + t] * kv_heads + g) * dv;
+    for (int64_t r = 0; r < group; ++r) add_value(acc + r * dv, scores[r * span + t], value, dv);
+  }
+  for (int64_t r = 0; r < group; ++r)
+    for (int64_t j = 0; j < dv; ++j) store(out + (g * group + r) * dv, j, acc[r * dv + j] / total[r]);
+}
+
+#if defined(__AVX512F__)
+// attend_group for dk == dv == 16 * NV: each query head's vectors stay in registers through
+// its pass over the keys and its pass over the values.
+template <typename T, int NV>
+void attend_group_fixed(const T* q, const T* keys, const T* values, T* out, const int64_t* slots, int64_t first,
+                        int64_t last, int64_t g, int64_t group, int64_t kv_heads, float scale,
+                        std::vector<float>& work) {
+  constexpr int64_t D = NV * 16;
+  const int64_t span = last - first;
+  work.resize(span + D);
+  float* scores = work.data();
+  float* row = scores + span;
+  for (int64_t r = 0; r < group; ++r) {
+    const T* qr = q + (g * group + r) * D;
+    __m512 qv[NV];
+    for (int v = 0; v < NV; ++v) qv[v] = load16(qr + v * 16);
+    float top = -INFINITY;
+    for (int64_t t = 0; t < span; ++t) {
+      const T* key = keys + (slots[first + t] * kv_heads + g) * D;
+      __m512 acc = _mm512_mul_ps(qv[0], load16(key));
+      for (int v = 1; v < NV; ++v) acc = _mm512_fmadd_ps(qv[v], load16(key + v * 16), acc);
+      const float s = _mm512_reduce_add_ps(acc) * scale;
+      scores[t] = s;
+      top = std::max(top, s);
+    }
+    const __m512 total = _mm512_set1_ps(exp_shifted(scores, span, top));
+    __m512 o[NV];
+    for (int v = 0; v < NV; ++v) o[v] = _mm512_setzero_ps();
+    for (int64_t t = 0; t < span; ++t) {
+      const T* value = values + (slots[first + t] * kv_heads + g) * D;
+      const __m512 p = _mm512_set1_ps(scores[t]);
+      for (int v = 0; v < NV; ++v) o[v] = _mm512_fmadd_ps(p, load16(value + v * 16), o[v]);
+    }
+    for (int v = 0; v < NV; ++v) _mm512_storeu_ps(row + v * 16, _mm512_div_ps(o[v], total));
+    T* dst = out + (g * group + r) * D;
+    for (int64_t j = 0; j < D; ++j) store(dst, j, row[j]);
+  }
+}
+#endif
+
+// The attention of one (row, kv head) unit: a register-resident form where the head size allows.
+template <typename T>
+void attend_unit(const T* q, const T* keys, const T* values, T* out, const int64_t* slots, int64_t first,
+                 int64_t last, int64_t g, int64_t group, int64_t kv_heads, int64_t dk, int64_t dv, float scale,
+                 std::vector<float>& work) {
+#if defined(__AVX512F__)
+  if (dk == dv) {
+    switch (dk) {
+      case 64: return attend_group_fixed<T, 4>(q, keys, values, out, slots, first, last, g, group, kv_heads, scale, work);
+      case 128: return attend_group_fixed<T, 8>(q, keys, values, out, slots, first, last, g, group, kv_heads, scale, work);
+      case 256: return attend_group_fixed<T, 16>(q, keys, values, out, slots, first, last, g, group, kv_heads, scale, work);
+      default: break;
+    }
+  }
+#endif
+  attend_group(q, keys, values, out, slots, first, last, g, group, kv_heads, dk, dv, scale, work);
+}
+
+at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
+                            const at::Tensor& table, const at::Tensor& lengths, int64_t window, double scale) {
+  const auto dtype = q.scalar_type();
+  TORCH_CHECK(dtype == at::kBFloat16 || dtype == at::kFloat, "decode_attention takes bf16 or fp32");
+  for (const auto* t : {&q, &keys, &values}) check_float(*t, dtype, "q, keys and values");
+  TORCH_CHECK(q.dim() == 3 && keys.dim() == 3 && values.dim() == 3 && keys.is_contiguous() && values.is_contiguous(),
+              "decode_attention takes q [rows, heads, dim] and contiguous keys, values [slots, kv_heads, dim]");
+  TORCH_CHECK(table.scalar_type() == at::kLong && lengths.scalar_type() == at::kLong && table.dim() == 2 &&
+                  lengths.dim() == 1 && table.size(0) == q.size(0) && lengths.size(0) == q.size(0),
+              "decode_attention takes an int64 slot table [rows, keys] and lengths [rows]");
+  const int64_t rows = q.size(0), heads = q.size(1), dk = q.size(2);
+  const int64_t slots = keys.size(0), kv_heads = keys.size(1), dv = values.size(2);
+  TORCH_CHECK(keys.size(2) == dk && values.size(0) == slots && values.size(1) == kv_heads && kv_heads > 0 &&
+                  heads % kv_heads == 0,
+              "decode_attention: q, keys and values do not agree");
+  at::Tensor qc = q.contiguous(), tc = table.contiguous(), lc = lengths.contiguous();
+  const int64_t width = tc.size(1);
+  const int64_t* tab = data<int64_t>(tc);
+  const int64_t* len = data<int64_t>(lc);
+  int64_t work = 0;
+  for (int64_t i = 0; i < rows; ++i) {
+    TORCH_CHECK(len[i] >= 1 && len[i] <= width, "decode_attention: row ", i, " has length ", len[i],
+                " outside its table of ", width);
+    for (int64_t t = 0; t < len[i]; ++t)
+      TORCH_CHECK(tab[i * width + t] >= 0 && tab[i * width + t] < slots, "decode_attention: slot out of range");
+    work += len[i] * heads * (dk + dv);
+  }
+  at::Tensor out = at::empty({rows, heads, dv}, q.options());
+  const int64_t group = heads / kv_heads, units = rows * kv_heads;
+  // one chunk per (row, kv head) once the step is big enough to share; a unit's arithmetic is
+  // the same on any thread
+  const int64_t chunks = work < kGrain ? 1 : units;
+  const int64_t per = (units + chunks - 1) / chunks;
+  const auto run = [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    const T* qs = data<T>(qc);
+    const T* ks = data<T>(keys);
+    const T* vs = data<T>(values);
+    T* os = data<T>(out);
+    mlxcel::parallel(chunks, [&](int64_t c) {
+      std::vector<float> work;
+      for (int64_t u = c * per, end = std::min(units, u + per); u < end; ++u) {
+        const int64_t i = u / kv_heads, g = u % kv_heads;
+        const int64_t first = window > 0 ? std::max<int64_t>(0, len[i] - window) : 0;
+        attend_unit(qs + i * heads * dk, ks, vs, os + i * heads * dv, tab + i * width, first, len[i], g, group,
+                     kv_heads, dk, dv, static_cast<float>(scale), work);
+      }
+    });
+  };
+  if (dtype == at::kBFloat16) {
+    run(static_cast<uint16_t*>(nullptr));
+  } else {
+    run(static_cast<float*>(nullptr));
+  }
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(mlxcel_cpu, lib) {
+  lib.def("rms_norm(Tensor x, Tensor weight, float eps, bool offset) -> Tensor");
+  lib.impl("rms_norm", c10::DispatchKey::CPU, &rms_norm);
+  lib.def("rope(Tensor q, Tensor k, Tensor cos, Tensor sin) -> (Tensor, Tensor)");
+  lib.impl("rope", c10::DispatchKey::CPU, &rope);
+  lib.def("decode_attention(Tensor q, Tensor keys, Tensor values, Tensor table, Tensor lengths, int window, "
+          "float scale) -> Tensor");
+  lib.impl("decode_attention", c10::DispatchKey::CPU, &decode_attention);
+}

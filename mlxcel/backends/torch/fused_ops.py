@@ -1,0 +1,144 @@
+"""A decode step's small per-layer ops through mlxcel's CPU kernels (kernels/cpu/decode_ops.cpp).
+
+Once decode rows' weights are read near the memory rate (row_gemv.py), a one-token step of a
+small model spends most of its time in transformers' eager ops, a few microseconds each:
+eight per RMSNorm, fourteen to apply RoPE, and SDPA's setup over a short history
+(docs/benchmarks.md, round 7). With the kernels loaded (torch CPU, bf16) three seams take them:
+
+- RMSNorm: each norm module of a known form gets the fused norm as its instance `forward`
+  (the module stays itself, as row_gemv's linears do), for every row: a row's result does not
+  depend on the others, and it matches the family's own to the last bf16 bit in tests.
+- RoPE: transformers' attention calls its family module's `apply_rotary_pos_emb` by name, so
+  that name is rebound to the fused op, once per family module and only after a probe finds the
+  op gives that function's exact bits (it rounds after every product and sum as the eager ops
+  do); anything else it is handed (other shapes, under torch.compile) goes to the original.
+- Attention: decode rows (one token, `ForwardRow.decode`) attend their paged history through
+  the kernel, read straight from the slot table, whatever shares their step; other rows keep
+  transformers' SDPA. A row's output depends only on that row (batch invariance), but its last
+  bits differ from SDPA's, so the path follows what a row is, as row_gemv's does.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from functools import partial
+
+import torch
+
+# RMSNorm classes whose forward is known, by form: Llama's rounds the normalised row to the
+# input dtype before the weight; Gemma's multiplies by (1 + weight) in fp32, then rounds
+NORM_FORMS: dict[str, tuple[bool, str]] = {  # class name -> (offset form, eps attribute)
+    "LlamaRMSNorm": (False, "variance_epsilon"),
+    "Qwen2RMSNorm": (False, "variance_epsilon"),
+    "Qwen3RMSNorm": (False, "variance_epsilon"),
+    "Qwen2VLRMSNorm": (False, "variance_epsilon"),
+    "Gemma3RMSNorm": (True, "eps"),
+}
+
+
+def _norm_forward(self: torch.nn.Module, x: torch.Tensor, offset: bool, eps: float) -> torch.Tensor:
+    if x.dtype is self.weight.dtype and x.device.type == "cpu" and not torch.compiler.is_compiling():
+        return torch.ops.mlxcel_cpu.rms_norm(x, self.weight, eps, offset)
+    return type(self).forward(self, x)
+
+
+def install_norms(*roots: torch.nn.Module) -> int:
+    """The fused norm for every RMSNorm of a known form under `roots`; returns how many."""
+    count = 0
+    for root in roots:
+        for module in root.modules():
+            form = NORM_FORMS.get(type(module).__name__)
+            weight = getattr(module, "weight", None)
+            if form is None or not isinstance(weight, torch.Tensor) or weight.dtype not in (torch.bfloat16,
+                                                                                              torch.float32):
+                continue
+            offset, eps_name = form
+            module.forward = types.MethodType(partial(_norm_forward, offset=offset,
+                                                      eps=float(getattr(module, eps_name))), module)
+            count += 1
+    return count
+
+
+def remove_norms(*roots: torch.nn.Module) -> None:
+    """Back to each norm's own forward (benchmarks compare the two)."""
+    for root in roots:
+        for module in root.modules():
+            if type(module).__name__ in NORM_FORMS and "forward" in module.__dict__:
+                del module.forward
+
+
+def _fits_rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
+    if q.dim() != 4 or k.dim() != 4 or cos.dim() != 3 or q.device.type != "cpu":
+        return False
+    if not (q.dtype is k.dtype is cos.dtype is sin.dtype) or q.dtype not in (torch.bfloat16, torch.float32):
+        return False
+    b, _, n, d = q.shape
+    return cos.shape == sin.shape == (b, n, d) and k.shape[0] == b and k.shape[2] == n and k.shape[3] == d
+
+
+def _fused_rope(original, q, k, cos, sin, unsqueeze_dim=1, **kwargs):
+    if kwargs or unsqueeze_dim != 1 or torch.compiler.is_compiling() or not _fits_rope(q, k, cos, sin):
+        return original(q, k, cos, sin, unsqueeze_dim, **kwargs)
+    # [b, heads, n, d] as the op's [b, n, heads, d]: the families' q and k are views of that layout
+    qo, ko = torch.ops.mlxcel_cpu.rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
+    return qo.transpose(1, 2), ko.transpose(1, 2)
+
+
+def _rope_probe_agrees(original) -> bool:
+    gen = torch.Generator().manual_seed(7)
+    for dtype in (torch.bfloat16, torch.float32):
+        q = torch.randn(2, 3, 5, 64, generator=gen).to(dtype)
+        k = torch.randn(2, 1, 5, 64, generator=gen).to(dtype)
+        cos = torch.randn(2, 5, 64, generator=gen).to(dtype)
+        sin = torch.randn(2, 5, 64, generator=gen).to(dtype)
+        try:
+            want = original(q, k, cos, sin)
+        except Exception:  # noqa: BLE001 - another signature: not the form the op computes
+            return False
+        got = _fused_rope(original, q, k, cos, sin)
+        if not all(torch.equal(w, g) for w, g in zip(want, got)):
+            return False
+    return True
+
+
+def install_rope(model: torch.nn.Module) -> list[str]:
+    """Rebind `apply_rotary_pos_emb` in the family modules `model` is built from, where the
+    fused op gives its exact bits; returns those modules' names."""
+    done = []
+    for name in sorted({type(m).__module__ for m in model.modules()}):
+        module = sys.modules.get(name)
+        fn = getattr(module, "apply_rotary_pos_emb", None)
+        if fn is None or not callable(fn):
+            continue
+        if isinstance(fn, partial) and fn.func is _fused_rope:
+            done.append(name)
+            continue
+        if _rope_probe_agrees(fn):
+            setattr(module, "apply_rotary_pos_emb", partial(_fused_rope, fn))
+            done.append(name)
+    return done
+
+
+def remove_rope(model: torch.nn.Module) -> None:
+    """Give the family modules of `model` their own `apply_rotary_pos_emb` back."""
+    for name in {type(m).__module__ for m in model.modules()}:
+        module = sys.modules.get(name)
+        fn = getattr(module, "apply_rotary_pos_emb", None)
+        if isinstance(fn, partial) and fn.func is _fused_rope:
+            setattr(module, "apply_rotary_pos_emb", fn.args[0])
+
+
+def decode_attention(module: torch.nn.Module, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                     table: torch.Tensor, lengths: torch.Tensor, scaling: float | None) -> torch.Tensor:
+    """[rows, heads, dv] for one query per row [rows, heads, dk] over each row's first
+    `lengths` slots of `table` [rows, width] in the paged keys/values of the module's layer."""
+    window = getattr(module, "sliding_window", None) or 0
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    return torch.ops.mlxcel_cpu.decode_attention(query.contiguous(), keys, values, table, lengths, window, scale)
+
+
+def attention_fits(query: torch.Tensor, dropout: float, kwargs: dict) -> bool:
+    """The kernel computes plain softmax attention: no sinks, no logit soft-capping, no dropout."""
+    return (query.device.type == "cpu" and query.dtype in (torch.bfloat16, torch.float32) and not dropout
+            and kwargs.get("s_aux") is None and not kwargs.get("softcap"))
