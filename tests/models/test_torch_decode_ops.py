@@ -1,0 +1,266 @@
+"""mlxcel's fused decode-step ops (kernels/cpu/decode_ops.cpp, backends/torch/fused_ops.py)
+against their references, and the served model with them.
+
+References: the families' own RMSNorm modules and `apply_rotary_pos_emb` (RoPE must give their
+exact bits; the norms may differ by one last-place step: fp32 sums in another order), and for
+attention a float64 softmax over the same bf16/fp32 values (bf16 output: within one rounding
+step of the largest output). Then the served SmolLM2 in bf16: the same greedy text with and
+without the fused ops, logits within bf16 noise, a decode row's logits bit-identical alone,
+beside another decode row and inside a packed step, and the profiler shows which op ran.
+
+The ops are built with the row kernel on first use (tests/models/test_torch_row_kernel.py).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import types
+
+import numpy as np
+import pytest
+import torch
+from transformers.models.gemma3.modeling_gemma3 import Gemma3RMSNorm
+from transformers.models.llama import modeling_llama
+from transformers.models.llama.modeling_llama import LlamaRMSNorm, apply_rotary_pos_emb
+from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
+
+from mlxcel.backends.torch import cpu_kernels, fused_ops
+from tests.conftest import DEFAULT_MODEL, fixture_path
+from tests.fixtures import GEMMA3, QWEN2_TINY, QWEN3_TINY
+
+DTYPES = (torch.bfloat16, torch.float32)
+
+
+@pytest.fixture(scope="module")
+def ops():
+    cpu_kernels.load(os.environ)
+    return torch.ops.mlxcel_cpu
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+@pytest.mark.parametrize("cls", [LlamaRMSNorm, Qwen3RMSNorm, Gemma3RMSNorm])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fused_norm_matches_the_family_module(ops, cls, dtype):
+    g = _gen(1)
+    norm = cls(576, eps=1e-5).to(dtype)
+    norm.weight.data = torch.randn(576, generator=g).to(dtype)
+    x = (torch.randn(3, 7, 576, generator=g) * 4).to(dtype)
+    with torch.inference_mode():
+        want = norm(x)
+        assert fused_ops.install_norms(norm) == 1
+        got = norm(x)
+        fused_ops.remove_norms(norm)
+        assert torch.equal(norm(x), want)  # its own forward back
+    step = 2.0 ** -7 if dtype is torch.bfloat16 else 2.0 ** -22
+    err = float((got.float() - want.float()).abs().max())
+    assert got.dtype == dtype and err <= step * float(want.float().abs().max()), err
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 1, 9, 3, 64), (2, 7, 4, 1, 256), (3, 5, 8, 8, 32)])
+def test_fused_rope_gives_the_eager_bits(ops, dtype, shape):
+    b, n, hq, hk, d = shape
+    g = _gen(2)
+    # the families' layout: [b, n, heads, d] projections viewed as [b, heads, n, d]
+    q = torch.randn(b, n, hq, d, generator=g).to(dtype).transpose(1, 2)
+    k = torch.randn(b, n, hk, d, generator=g).to(dtype).transpose(1, 2)
+    cos, sin = (torch.randn(b, n, d, generator=g).to(dtype) for _ in range(2))
+    want = apply_rotary_pos_emb(q, k, cos, sin)
+    got = fused_ops._fused_rope(apply_rotary_pos_emb, q, k, cos, sin)
+    assert all(torch.equal(w, x) for w, x in zip(want, got))
+    # a shape the op does not take goes to the family's function
+    broadcast = fused_ops._fused_rope(apply_rotary_pos_emb, q, k, cos[:1], sin[:1])
+    assert all(torch.equal(w, x) for w, x in zip(apply_rotary_pos_emb(q, k, cos[:1], sin[:1]), broadcast))
+
+
+def test_rope_is_rebound_only_where_the_probe_agrees(ops):
+    def interleaved(q, k, cos, sin, unsqueeze_dim=1):  # another RoPE form: pairs (0, 1), (2, 3), ...
+        def rot(x):
+            return torch.stack((-x[..., 1::2], x[..., ::2]), dim=-1).flatten(-2)
+        cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+        return q * cos + rot(q) * sin, k * cos + rot(k) * sin
+
+    fake = types.ModuleType("mlxcel_test_fake_family")
+    fake.apply_rotary_pos_emb = interleaved
+    Layer = type("Layer", (torch.nn.Module,), {"__module__": fake.__name__})
+    sys.modules[fake.__name__] = fake
+    try:
+        model = torch.nn.Sequential(Layer(), LlamaRMSNorm(8))
+        done = fused_ops.install_rope(model)
+        assert done == ["transformers.models.llama.modeling_llama"]
+        assert fake.apply_rotary_pos_emb is interleaved
+        assert modeling_llama.apply_rotary_pos_emb is not apply_rotary_pos_emb
+        fused_ops.remove_rope(model)
+        assert modeling_llama.apply_rotary_pos_emb is apply_rotary_pos_emb
+    finally:
+        del sys.modules[fake.__name__]
+        fused_ops.remove_rope(torch.nn.Sequential(LlamaRMSNorm(8)))
+
+
+def _reference(q, keys, values, table, lengths, window, scale):
+    """float64 softmax attention, one query per row, GQA by head groups."""
+    rows, heads, _ = q.shape
+    group = heads // keys.shape[1]
+    out = torch.empty(rows, heads, values.shape[-1], dtype=torch.float64)
+    for i in range(rows):
+        n = int(lengths[i])
+        first = max(0, n - window) if window else 0
+        slots = table[i, first:n]
+        k = keys[slots].double().repeat_interleave(group, dim=1)  # [t, heads, d]
+        v = values[slots].double().repeat_interleave(group, dim=1)
+        p = (torch.einsum("hd,thd->ht", q[i].double(), k) * scale).softmax(-1)
+        out[i] = torch.einsum("ht,thd->hd", p, v)
+    return out
+
+
+def _attention_case(seed, rows, heads, kv_heads, dk, dv, dtype, max_len=200, slots=900):
+    g = _gen(seed)
+    q = torch.randn(rows, heads, dk, generator=g).to(dtype)
+    keys = torch.randn(slots, kv_heads, dk, generator=g).to(dtype)
+    values = torch.randn(slots, kv_heads, dv, generator=g).to(dtype)
+    lengths = torch.randint(1, max_len + 1, (rows,), generator=g)
+    table = torch.stack([torch.randperm(slots, generator=g)[:max_len] for _ in range(rows)])
+    return q, keys, values, table, lengths
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("heads,kv_heads,dk,dv", [(9, 3, 64, 64), (4, 1, 256, 256), (8, 8, 128, 128),
+                                                  (6, 2, 48, 40)])
+@pytest.mark.parametrize("window", [0, 17])
+def test_decode_attention_matches_the_reference(ops, dtype, heads, kv_heads, dk, dv, window):
+    q, keys, values, table, lengths = _attention_case(heads * dk + window, 4, heads, kv_heads, dk, dv, dtype)
+    scale = dk ** -0.5
+    # an attention module as the families have it: a window on sliding layers, else None
+    module = types.SimpleNamespace(sliding_window=window or None)
+    with torch.inference_mode():
+        got = fused_ops.decode_attention(module, q, keys, values, table, lengths, scale)
+    want = _reference(q, keys, values, table, lengths, window, scale)
+    tol = (2.0 ** -7 if dtype is torch.bfloat16 else 1e-5) * float(want.abs().max())
+    err = float((got.double() - want).abs().max())
+    assert got.dtype == dtype and got.shape == want.shape and err <= tol, err
+
+
+def test_a_row_attends_alike_alone_and_among_others(ops):
+    """Long rows split over the helper threads, short ones stay on the caller; a row's bits must
+    not depend on which, nor on the call's other rows (engine batch invariance)."""
+    q, keys, values, table, lengths = _attention_case(5, 6, 9, 3, 64, 64, torch.bfloat16, max_len=700, slots=2000)
+    lengths[0], lengths[1] = 1, 700
+    with torch.inference_mode():
+        together = ops.decode_attention(q, keys, values, table, lengths, 0, 0.125)
+        for i in range(len(q)):
+            alone = ops.decode_attention(q[i:i + 1], keys, values, table[i:i + 1], lengths[i:i + 1], 0, 0.125)
+            assert torch.equal(alone[0], together[i]), f"row {i}"
+
+
+def test_decode_attention_refuses_what_it_does_not_take(ops):
+    q, keys, values, table, lengths = _attention_case(6, 2, 9, 3, 64, 64, torch.bfloat16)
+    with torch.inference_mode():
+        with pytest.raises(RuntimeError, match="slot out of range"):
+            ops.decode_attention(q, keys, values, table + 10_000, lengths, 0, 0.125)
+        with pytest.raises(RuntimeError, match="outside its table"):
+            ops.decode_attention(q, keys, values, table, lengths + 1000, 0, 0.125)
+        with pytest.raises(RuntimeError, match="must be"):
+            ops.decode_attention(q.float(), keys, values, table, lengths, 0, 0.125)
+        with pytest.raises(RuntimeError, match="do not agree"):
+            ops.decode_attention(q[:, :8], keys[:, :3], values, table, lengths, 0, 0.125)
+        with pytest.raises(RuntimeError, match="bf16 or fp32"):
+            ops.rms_norm(torch.ones(4, dtype=torch.float16), torch.ones(4, dtype=torch.float16), 1e-5, False)
+
+
+def _op_counts(fn) -> dict[str, int]:
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        fn()
+    return {e.key: e.count for e in prof.key_averages()}
+
+
+SDPA = "aten::scaled_dot_product_attention"
+
+
+def test_served_model_with_fused_ops(ops):
+    """SmolLM2 bf16 as served (row kernel and fused ops) against the same backend with the
+    family's own ops: same greedy text, decode logits close; a decode row's logits are the same
+    bits alone, beside another decode row and inside a packed step beside a prefill chunk; the
+    profiler shows decode rows taking the kernel and prompt rows SDPA."""
+    from mlxcel.backends.base import ForwardRow
+    from mlxcel.backends.torch.backend import TorchBackend
+    from mlxcel.engine.tokenizer import Tokenizer
+
+    path = fixture_path(DEFAULT_MODEL)
+    backend = TorchBackend(path, dtype="bfloat16", build_env=os.environ)
+    assert backend.fused_ops.endswith("decode attention on"), backend.fused_ops
+    layers = backend.info.num_layers
+    tok = Tokenizer(path)
+    ids = tok.encode("The capital of France is")
+    runs = []
+    try:
+        for fused in (True, False):
+            backend.set_fused_ops(fused)
+            seq = backend.new_sequence()
+            logits = backend.forward([ForwardRow(ids, seq)])[0]
+            out, steps = [int(logits.argmax())], []
+            for _ in range(10):
+                steps.append(backend.forward([ForwardRow([out[-1]], seq, decode=True)])[0])
+                out.append(int(steps[-1].argmax()))
+            runs.append((out, steps))
+    finally:
+        backend.set_fused_ops(True)
+    (a, la), (b, lb) = runs
+    assert a == b, f"greedy text differs: {tok.decode(a)!r} vs {tok.decode(b)!r}"
+    worst = max(float(np.abs(x - y).max() / np.abs(y).max()) for x, y in zip(la, lb))
+    assert worst <= 0.05, f"decode logits differ by {worst:.3f} of their range"
+
+    def decode_step(*others):
+        """The first row's logits after a one-token decode step beside `others`' rows."""
+        seq = backend.new_sequence()
+        backend.forward([ForwardRow(ids, seq)])
+        rows = [ForwardRow([a[0]], seq, decode=True)]
+        for tokens, decode in others:
+            other = backend.new_sequence()
+            if decode:
+                backend.forward([ForwardRow(tok.encode("Once upon a time there"), other)])
+            rows.append(ForwardRow(tokens, other, decode=decode))
+        counts = _op_counts(lambda: rows.__setitem__(0, backend.forward(rows)[0]))
+        return rows[0], counts
+
+    alone, counts = decode_step()
+    assert counts.get("mlxcel_cpu::decode_attention") == layers and SDPA not in counts
+    beside, counts = decode_step(([11], True))
+    assert counts.get("mlxcel_cpu::decode_attention") == layers and SDPA not in counts
+    packed, counts = decode_step((tok.encode("A prompt chunk prefilled in the same step"), False))
+    assert counts.get("mlxcel_cpu::decode_attention") == layers and counts.get(SDPA) == layers
+    assert np.array_equal(alone, beside) and np.array_equal(alone, packed)
+
+
+@pytest.mark.parametrize("ref", [GEMMA3, QWEN2_TINY, QWEN3_TINY])
+def test_other_families_serve_alike_with_fused_ops(ops, ref):
+    """Gemma 3 (its offset norm, sliding-window layers, head size 256) and the Qwen families
+    (Qwen3's per-head q/k norms): the fused ops all installed, the same greedy tokens from a
+    prompt longer than Gemma's 512-token window (its decode rows attend a window's worth), decode
+    logits within bf16 noise (Gemma's differ by up to ~5% of their range between the paths)."""
+    from mlxcel.backends.base import ForwardRow
+    from mlxcel.backends.torch.backend import TorchBackend
+
+    backend = TorchBackend(fixture_path(ref), dtype="bfloat16", build_env=os.environ)
+    assert backend.fused_ops.endswith("RoPE in 1 family modules, decode attention on"), backend.fused_ops
+    prompt = [(i * 37) % 5000 + 100 for i in range(530)]
+    runs = []
+    try:
+        for fused in (True, False):
+            backend.set_fused_ops(fused)
+            seq = backend.new_sequence()
+            out = [int(backend.forward([ForwardRow(prompt, seq)])[0].argmax())]
+            steps = []
+            for _ in range(6):
+                steps.append(backend.forward([ForwardRow([out[-1]], seq, decode=True)])[0])
+                out.append(int(steps[-1].argmax()))
+            runs.append((out, steps))
+    finally:
+        backend.set_fused_ops(True)
+    (a, la), (b, lb) = runs
+    assert a == b
+    worst = max(float(np.abs(x - y).max() / np.abs(y).max()) for x, y in zip(la, lb))
+    assert worst <= 0.08, f"decode logits differ by {worst:.3f} of their range"
