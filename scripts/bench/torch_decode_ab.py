@@ -9,7 +9,8 @@ Prints text; not a test.
     python -m scripts.bench.torch_decode_ab -m DIR --arms bfloat16:stock bfloat16:gemv float32:gemv
 
 Variants: stock (torch's nn.Linear.forward), gemv (one-row linears through torch.mv), kernel
-(one-row bf16 linears through mlxcel's kernel, kernels/cpu/bf16_rows.cpp: the server's default
+(one-row bf16 linears through mlxcel's kernel, kernels/cpu/bf16_rows.cpp), fused (kernel plus
+the fused norms, RoPE and decode attention of kernels/cpu/decode_ops.cpp: the server's default
 for bf16 on a CPU), compile (kernel plus --torch-compile; its compile time is printed once,
 outside the rounds).
 """
@@ -52,7 +53,7 @@ def weight_bytes(model) -> int:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("-m", "--model", type=Path, required=True)
-    p.add_argument("--arms", nargs="+", default=["bfloat16:gemv", "bfloat16:kernel", "float32:stock"])
+    p.add_argument("--arms", nargs="+", default=["bfloat16:kernel", "bfloat16:fused"])
     p.add_argument("--threads", type=int, default=-1)
     p.add_argument("--steps", type=int, default=16, help="decode steps per arm per round")
     p.add_argument("--rounds", type=int, default=5)
@@ -73,9 +74,17 @@ def main() -> None:
     kernel = load_row_kernel(os.environ)
     print(f"row kernel: {kernel.path}", flush=True)
 
-    variants = {"stock": lambda b: (b.set_row_linears(None), remove_row_gemv(b.base, b.lm_head)),
-                "gemv": lambda b: b.set_row_linears(None), "kernel": lambda b: b.set_row_linears(kernel),
-                "compile": lambda b: b.set_row_linears(kernel)}
+    def variant(row_kernel, fused: bool = False, stock: bool = False):
+        def apply(b):
+            b.set_row_linears(row_kernel)
+            if b._base_forward is b.base:  # not under compile
+                b.set_fused_ops(fused)
+            if stock:
+                remove_row_gemv(b.base, b.lm_head)
+        return apply
+
+    variants = {"stock": variant(None, stock=True), "gemv": variant(None), "kernel": variant(kernel),
+                "fused": variant(kernel, fused=True), "compile": variant(kernel)}
     backends = {}
     for arm in args.arms:
         dtype, variant = arm.split(":")
