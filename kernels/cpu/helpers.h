@@ -2,12 +2,17 @@
 // bf16 <-> fp32 conversions and the helper threads that split a kernel's work.
 #pragma once
 
+#include <c10/core/Storage.h>
+
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <mutex>
 #include <thread>
+#include <vector>
 
 namespace mlxcel {
 
@@ -26,7 +31,7 @@ inline uint16_t narrow(float f) {  // round to nearest even, as torch's own conv
   return static_cast<uint16_t>(bits >> 16);
 }
 
-// The kernel's own helper threads. The server runs torch's OpenMP pool with passive waiting
+// The kernels' own helper threads. The server runs torch's OpenMP pool with passive waiting
 // (cli/server.py: spinning workers slowed everything sharing 2 cores), and waking a sleeping
 // worker for each of a decode step's ~200 products cost up to ~13 ms per token here. These helpers
 // spin briefly after each product (the next one comes within tens of microseconds inside a
@@ -64,6 +69,30 @@ class Helpers {
     busy_.store(false, std::memory_order_release);
   }
 
+  // Memory a helper reads into the cache while no job is pending, in order (bf16_rows.cpp
+  // names the weights the next products will read). Replaces the previous list; a range being
+  // read when the list changes continues where it was. Each range holds its tensor's storage,
+  // so memory freed meanwhile (a model unloaded) is never read.
+  struct Range {
+    const char* p;
+    int64_t n;
+    c10::Storage keep;
+  };
+  void read_ahead(std::vector<Range> ranges) {
+    std::lock_guard<std::mutex> lock(ahead_mu_);
+    size_t idx = 0;
+    int64_t off = 0;
+    for (size_t k = 0; k < ranges.size(); ++k)
+      if (ranges[k].p == reading_) {
+        idx = k;
+        off = reading_off_;
+        break;
+      }
+    ahead_ = std::move(ranges);
+    ahead_idx_ = idx;
+    ahead_off_ = off;
+  }
+
  private:
   struct Job {
     const Fn* fn = nullptr;
@@ -91,6 +120,31 @@ class Helpers {
     }
   }
 
+  // Read one slice of the read-ahead list (a load per cache line); false when none is left.
+  bool read_some() {
+    const char* p;
+    int64_t n;
+    c10::Storage keep;  // alive until this slice is read, whatever replaces the list
+    {
+      std::lock_guard<std::mutex> lock(ahead_mu_);
+      if (ahead_idx_ >= ahead_.size()) return false;
+      const Range& r = ahead_[ahead_idx_];
+      keep = r.keep;
+      p = r.p + ahead_off_;
+      n = std::min<int64_t>(kSlice, r.n - ahead_off_);
+      reading_ = r.p;
+      reading_off_ = ahead_off_ += n;
+      if (ahead_off_ >= r.n) {
+        ++ahead_idx_;
+        ahead_off_ = 0;
+      }
+    }
+    uint64_t sink = 0;
+    for (int64_t i = 0; i < n; i += 64) sink += static_cast<unsigned char>(p[i]);
+    sink_.store(sink, std::memory_order_relaxed);  // keeps the loads
+    return true;
+  }
+
   void loop() {
     uint32_t seen = 0;
     auto idle_since = std::chrono::steady_clock::now();
@@ -99,6 +153,8 @@ class Helpers {
       if (static_cast<uint32_t>(t >> 32) != seen) {
         seen = static_cast<uint32_t>(t >> 32);
         claim(seen);
+        idle_since = std::chrono::steady_clock::now();
+      } else if (read_some()) {
         idle_since = std::chrono::steady_clock::now();
       } else if (std::chrono::steady_clock::now() - idle_since < kSpin) {
         for (int i = 0; i < 64; ++i) pause();
@@ -112,6 +168,14 @@ class Helpers {
   }
 
   static constexpr auto kSpin = std::chrono::microseconds(200);  // a step's gaps are tens of us
+  static constexpr int64_t kSlice = 16384;  // read-ahead bytes between looks for a job
+  std::mutex ahead_mu_;
+  std::vector<Range> ahead_;  // guarded by ahead_mu_, as are the three below
+  size_t ahead_idx_ = 0;
+  int64_t ahead_off_ = 0;
+  const char* reading_ = nullptr;
+  int64_t reading_off_ = 0;
+  std::atomic<uint64_t> sink_{0};
   std::atomic<uint64_t> ticket_{0};  // job generation << 32 | next chunk
   std::atomic<int> sleepers_{0};
   std::atomic<bool> busy_{false};  // a caller holds the helpers

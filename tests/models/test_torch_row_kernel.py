@@ -163,3 +163,36 @@ def test_two_callers_at_once_each_get_their_own_answer(kernel):
         t.join(timeout=120)
     assert not any(t.is_alive() for t in threads), "a caller is stuck"
     assert not bad
+
+
+def test_read_ahead_never_reads_freed_weights(kernel):
+    """Between products a helper reads the weights that followed last time into the cache. A
+    model unloaded meanwhile frees its weights (large buffers go back to the OS, so a read would
+    fault): the look-ahead holds only weak references and each read holds its storage. Run in a
+    child process, so a fault shows as a failed exit instead of taking the test run down, with
+    glibc told to map every buffer over 64 KiB on its own (freed: unmapped at once)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent("""
+        import gc, os, torch
+        from mlxcel.backends.torch.row_gemv import load_row_kernel
+        k = load_row_kernel(os.environ, threads=2)
+        x = torch.randn(1, 1024).to(torch.bfloat16)
+        with torch.inference_mode():
+            for round in range(30):
+                ws = [torch.ones(2048, 1024, dtype=torch.bfloat16) for _ in range(6)]  # 4 MiB each
+                for _ in range(3):  # the order is learnt, then read ahead
+                    for w in ws:
+                        k.op(x, w, None)
+                keep = ws[0]
+                del ws, w
+                gc.collect()
+                for _ in range(50):  # names the freed successors of `keep` again
+                    k.op(x, keep, None)
+        print("ok")
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "MALLOC_MMAP_THRESHOLD_": "65536"})
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-2000:]
