@@ -11,8 +11,9 @@ Prints text; not a test.
 Variants: stock (torch's nn.Linear.forward), gemv (one-row linears through torch.mv), kernel
 (one-row bf16 linears through mlxcel's kernel, kernels/cpu/bf16_rows.cpp), fused (kernel plus
 the fused norms, RoPE and decode attention of kernels/cpu/decode_ops.cpp: the server's default
-for bf16 on a CPU), compile (kernel plus --torch-compile; its compile time is printed once,
-outside the rounds).
+for bf16 on a CPU), fused-no-read-ahead (fused, without the row kernel's read-ahead of the next
+weights), compile (kernel plus --torch-compile; its compile time is printed once, outside the
+rounds).
 """
 
 from __future__ import annotations
@@ -74,8 +75,11 @@ def main() -> None:
     kernel = load_row_kernel(os.environ)
     print(f"row kernel: {kernel.path}", flush=True)
 
-    def variant(row_kernel, fused: bool = False, stock: bool = False):
+    import torch
+
+    def variant(row_kernel, fused: bool = False, stock: bool = False, read_ahead: int = 4 << 20):
         def apply(b):
+            torch.ops.mlxcel_cpu.set_read_ahead(read_ahead)
             b.set_row_linears(row_kernel)
             if b._base_forward is b.base:  # not under compile
                 b.set_fused_ops(fused)
@@ -84,7 +88,8 @@ def main() -> None:
         return apply
 
     variants = {"stock": variant(None, stock=True), "gemv": variant(None), "kernel": variant(kernel),
-                "fused": variant(kernel, fused=True), "compile": variant(kernel)}
+                "fused": variant(kernel, fused=True), "fused-no-read-ahead": variant(kernel, fused=True, read_ahead=0),
+                "compile": variant(kernel)}
     backends = {}
     for arm in args.arms:
         dtype, variant = arm.split(":")
