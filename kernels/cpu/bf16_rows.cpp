@@ -198,19 +198,20 @@ at::Tensor rows_linear(const at::Tensor& x, const at::Tensor& weight, const std:
   at::Tensor y = at::empty(shape, x.options());
   auto* ys = reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>());
   const float* bp = bf.empty() ? nullptr : bf.data();
-  for (int64_t m0 = 0; m0 < rows; m0 += kMaxRows) {  // one pass over the weights per eight rows
-    const int64_t m = std::min(kMaxRows, rows - m0);
-    const Plan plan = plan_for_rows(m);
-    const uint16_t* xm = xs + m0 * k;
-    const int64_t blocks = (n + plan.rows - 1) / plan.rows;
-    // grain: ~64 KiB of weights per chunk, so small matrices stay on the calling thread
-    const int64_t grain = std::max<int64_t>(1, 65536 / (plan.rows * k * 2));
-    const int64_t chunks = (blocks + grain - 1) / grain;
-    const Helpers::Fn chunk = [&](int64_t c) {
-      float out[kMaxRows * 4];
-      for (int64_t blk = c * grain, end = std::min(blocks, blk + grain); blk < end; ++blk) {
-        const int64_t n0 = blk * plan.rows;
-        const int64_t nb = std::min(plan.rows, n - n0);
+  // Chunks of ~64 KiB of weight rows (a multiple of 4, so every plan's blocks align as in one
+  // pass over the whole matrix), split over the helpers; each chunk meets every group of eight
+  // activation rows while its weights are in the cache, so many rows read the weights once.
+  const int64_t chunk_rows = std::max<int64_t>(4, 65536 / (k * 2) / 4 * 4);
+  const int64_t chunks = (n + chunk_rows - 1) / chunk_rows;
+  const Helpers::Fn chunk = [&](int64_t c) {
+    float out[kMaxRows * 4];
+    const int64_t n_end = std::min(n, (c + 1) * chunk_rows);
+    for (int64_t m0 = 0; m0 < rows; m0 += kMaxRows) {
+      const int64_t m = std::min(kMaxRows, rows - m0);
+      const Plan plan = plan_for_rows(m);
+      const uint16_t* xm = xs + m0 * k;
+      for (int64_t n0 = c * chunk_rows; n0 < n_end; n0 += plan.rows) {
+        const int64_t nb = std::min(plan.rows, n_end - n0);
         if (nb == plan.rows) {
           plan.full(xm, ws + n0 * k, k, out);
         } else {
@@ -224,9 +225,9 @@ at::Tensor rows_linear(const at::Tensor& x, const at::Tensor& weight, const std:
           for (int64_t r = 0; r < nb; ++r)
             ys[(m0 + i) * n + n0 + r] = narrow(out[i * nb + r] + (bp ? bp[n0 + r] : 0.0f));
       }
-    };
-    mlxcel::parallel(chunks, chunk);
-  }
+    }
+  };
+  mlxcel::parallel(chunks, chunk);
   if (Helpers* pool = g_helpers.load(std::memory_order_acquire); pool != nullptr && g_ahead_bytes.load() > 0)
     pool->read_ahead(g_look_ahead.after(weight, g_ahead_bytes.load()));
   return y;
