@@ -1,8 +1,8 @@
 """Compiling mlxcel's small native pieces once per machine, into a cache folder.
 
 Two pieces are built on the user's machine rather than shipped: the BLAS shim under MLX's CPU
-matmuls (backends/mlx/blas.py) and the torch backend's bf16 kernel for decode rows
-(kernels/cpu/bf16_rows.cpp, backends/torch/row_gemv.py). Both are compiled with the system compiler the first time they
+matmuls (backends/mlx/blas.py) and the torch backend's CPU kernels (kernels/cpu/,
+backends/torch/cpu_kernels.py). Both are compiled with the system compiler the first time they
 are needed, keyed by everything that changes the binary, and renamed into place so a concurrent
 start never loads a half-written file. Callers pass the environment mapping in; nothing here
 reads os.environ.

@@ -13,17 +13,17 @@ import pstats
 import time
 from pathlib import Path
 
-MATMUL_OPS = ("mlxcel_cpu::rows_linear", "aten::mm", "aten::mv", "aten::addmv_", "mkldnn::_linear_pointwise", "aten::addmm", "aten::bmm", "aten::matmul",
+MATMUL_OPS = ("mlxcel_cpu::rows_linear", "mlxcel_cpu::decode_attention", "aten::mm", "aten::mv", "aten::addmv_", "mkldnn::_linear_pointwise", "aten::addmm", "aten::bmm", "aten::matmul",
               "aten::linear", "aten::_scaled_dot_product_flash_attention_for_cpu",
               "aten::scaled_dot_product_attention")
 # op self time by what it serves in a decode step (ops not named here count as "other")
 CATEGORIES = {
     "linears (mm/mv)": ("mlxcel_cpu::rows_linear", "aten::mm", "aten::mv", "aten::addmv_", "mkldnn::_linear_pointwise", "aten::addmm", "aten::linear",
                         "aten::matmul"),
-    "attention (sdpa)": ("aten::_scaled_dot_product_flash_attention_for_cpu", "aten::scaled_dot_product_attention",
-                         "aten::_scaled_dot_product_attention_math"),
+    "attention (sdpa, kernel)": ("aten::_scaled_dot_product_flash_attention_for_cpu", "aten::scaled_dot_product_attention",
+                         "aten::_scaled_dot_product_attention_math", "mlxcel_cpu::decode_attention"),
     "KV scatter/gather": ("aten::index_copy_", "aten::index_select", "aten::narrow"),
-    "norms, rope, activations": ("aten::mul", "aten::add", "aten::pow", "aten::mean", "aten::rsqrt", "aten::silu",
+    "norms, rope, activations": ("mlxcel_cpu::rms_norm", "mlxcel_cpu::rope", "aten::mul", "aten::add", "aten::pow", "aten::mean", "aten::rsqrt", "aten::silu",
                                  "aten::cat", "aten::neg", "aten::cos", "aten::sin", "aten::div_", "aten::sum",
                                  "aten::embedding"),
     "casts and copies": ("aten::to", "aten::_to_copy", "aten::copy_", "aten::contiguous", "aten::clone",
@@ -41,9 +41,10 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--steps", type=int, default=32)
     p.add_argument("--timing-only", action="store_true", help="print the per-token times only")
-    p.add_argument("--variant", choices=("kernel", "gemv", "stock"), default="kernel",
-                   help="one-row bf16 linears through mlxcel's kernel (the server's CPU bf16 default), torch.mv, "
-                        "or torch's Linear.forward")
+    p.add_argument("--variant", choices=("fused", "kernel", "gemv", "stock"), default="fused",
+                   help="mlxcel's row kernel plus its fused norms, RoPE and decode attention (the server's CPU "
+                        "bf16 default), the row kernel alone, one-row linears through torch.mv, or torch's "
+                        "Linear.forward")
     args = p.parse_args()
 
     import torch
@@ -58,7 +59,9 @@ def main() -> None:
 
     from mlxcel.backends.torch.row_gemv import load_row_kernel, remove_row_gemv
 
-    backend.set_row_linears(load_row_kernel(os.environ) if args.variant == "kernel" else None)
+    backend.set_row_linears(load_row_kernel(os.environ) if args.variant in ("fused", "kernel") else None)
+    if args.variant == "fused":
+        backend.set_fused_ops(True)
     if args.variant == "stock":
         remove_row_gemv(backend.base, backend.lm_head)
     seq = backend.new_sequence()
