@@ -10,7 +10,8 @@
 //   rope              q * cos + rotate_half(q) * sin for q and k, rounding after every
 //                     product and sum exactly as the eager ops do, so its bits are theirs;
 //   decode_attention  one query per row over that row's paged keys and values: fp32 scores,
-//                     softmax and weighted sum, read through the row's slot table.
+//                     softmax and weighted sum, read through the row's slot table (after
+//                     writing the rows' new keys and values into their slots, when given).
 // References: the families' own modules and transformers' SDPA attention
 // (tests/models/test_torch_decode_ops.py).
 #include <ATen/core/Tensor.h>
@@ -252,41 +253,79 @@ void attend_group(const T* q, const T* keys, const T* values, T* out, const int6
 }
 
 #if defined(__AVX512F__)
-// attend_group for dk == dv == 16 * NV: each query head's vectors stay in registers through
-// its pass over the keys and its pass over the values.
+// Query heads [h0, h0 + HB) of kv head g, for dk == dv == 16 * NV: the heads' vectors stay in
+// registers, and each key and value row is loaded once for all of them.
+template <typename T, int NV, int HB>
+void attend_heads(const T* q, const T* keys, const T* values, T* out, const int64_t* slots, int64_t first,
+                  int64_t span, int64_t g, int64_t h0, int64_t kv_heads, float scale, float* scores, float* row) {
+  constexpr int64_t D = NV * 16;
+  __m512 qv[HB][NV];
+  float top[HB], total[HB];
+  for (int r = 0; r < HB; ++r) {
+    for (int v = 0; v < NV; ++v) qv[r][v] = load16(q + (h0 + r) * D + v * 16);
+    top[r] = -INFINITY;
+  }
+  for (int64_t t = 0; t < span; ++t) {
+    const T* key = keys + (slots[first + t] * kv_heads + g) * D;
+    __m512 kv[NV];
+    for (int v = 0; v < NV; ++v) kv[v] = load16(key + v * 16);
+    for (int r = 0; r < HB; ++r) {
+      __m512 acc = _mm512_mul_ps(qv[r][0], kv[0]);
+      for (int v = 1; v < NV; ++v) acc = _mm512_fmadd_ps(qv[r][v], kv[v], acc);
+      const float s = _mm512_reduce_add_ps(acc) * scale;
+      scores[r * span + t] = s;
+      top[r] = std::max(top[r], s);
+    }
+  }
+  for (int r = 0; r < HB; ++r) total[r] = exp_shifted(scores + r * span, span, top[r]);
+  __m512 o[HB][NV];
+  for (int r = 0; r < HB; ++r)
+    for (int v = 0; v < NV; ++v) o[r][v] = _mm512_setzero_ps();
+  for (int64_t t = 0; t < span; ++t) {
+    const T* value = values + (slots[first + t] * kv_heads + g) * D;
+    __m512 vv[NV];
+    for (int v = 0; v < NV; ++v) vv[v] = load16(value + v * 16);
+    for (int r = 0; r < HB; ++r) {
+      const __m512 p = _mm512_set1_ps(scores[r * span + t]);
+      for (int v = 0; v < NV; ++v) o[r][v] = _mm512_fmadd_ps(p, vv[v], o[r][v]);
+    }
+  }
+  for (int r = 0; r < HB; ++r) {
+    const __m512 sum = _mm512_set1_ps(total[r]);
+    for (int v = 0; v < NV; ++v) _mm512_storeu_ps(row + v * 16, _mm512_div_ps(o[r][v], sum));
+    T* dst = out + (h0 + r) * D;
+    for (int64_t j = 0; j < D; ++j) store(dst, j, row[j]);
+  }
+}
+
+// attend_group for dk == dv == 16 * NV: the group's heads in blocks of as many as fit in
+// registers beside a key row (a block's heads compute exactly as they would one by one).
 template <typename T, int NV>
 void attend_group_fixed(const T* q, const T* keys, const T* values, T* out, const int64_t* slots, int64_t first,
                         int64_t last, int64_t g, int64_t group, int64_t kv_heads, float scale,
                         std::vector<float>& work) {
-  constexpr int64_t D = NV * 16;
+  constexpr int kFit = NV <= 4 ? 4 : NV <= 8 ? 2 : 1;
+  int64_t block = 1;
+  for (int64_t c = std::min<int64_t>(kFit, group); c > 1; --c)
+    if (group % c == 0) {
+      block = c;
+      break;
+    }
   const int64_t span = last - first;
-  work.resize(span + D);
+  work.resize(kFit * span + NV * 16);
   float* scores = work.data();
-  float* row = scores + span;
-  for (int64_t r = 0; r < group; ++r) {
-    const T* qr = q + (g * group + r) * D;
-    __m512 qv[NV];
-    for (int v = 0; v < NV; ++v) qv[v] = load16(qr + v * 16);
-    float top = -INFINITY;
-    for (int64_t t = 0; t < span; ++t) {
-      const T* key = keys + (slots[first + t] * kv_heads + g) * D;
-      __m512 acc = _mm512_mul_ps(qv[0], load16(key));
-      for (int v = 1; v < NV; ++v) acc = _mm512_fmadd_ps(qv[v], load16(key + v * 16), acc);
-      const float s = _mm512_reduce_add_ps(acc) * scale;
-      scores[t] = s;
-      top = std::max(top, s);
+  float* row = scores + kFit * span;
+  const T* qg = q + g * group * NV * 16;
+  T* og = out + g * group * NV * 16;
+  for (int64_t h0 = 0; h0 < group; h0 += block) {
+    if constexpr (kFit >= 4) {
+      if (block == 4) { attend_heads<T, NV, 4>(qg, keys, values, og, slots, first, span, g, h0, kv_heads, scale, scores, row); continue; }
+      if (block == 3) { attend_heads<T, NV, 3>(qg, keys, values, og, slots, first, span, g, h0, kv_heads, scale, scores, row); continue; }
     }
-    const __m512 total = _mm512_set1_ps(exp_shifted(scores, span, top));
-    __m512 o[NV];
-    for (int v = 0; v < NV; ++v) o[v] = _mm512_setzero_ps();
-    for (int64_t t = 0; t < span; ++t) {
-      const T* value = values + (slots[first + t] * kv_heads + g) * D;
-      const __m512 p = _mm512_set1_ps(scores[t]);
-      for (int v = 0; v < NV; ++v) o[v] = _mm512_fmadd_ps(p, load16(value + v * 16), o[v]);
+    if constexpr (kFit >= 2) {
+      if (block == 2) { attend_heads<T, NV, 2>(qg, keys, values, og, slots, first, span, g, h0, kv_heads, scale, scores, row); continue; }
     }
-    for (int v = 0; v < NV; ++v) _mm512_storeu_ps(row + v * 16, _mm512_div_ps(o[v], total));
-    T* dst = out + (g * group + r) * D;
-    for (int64_t j = 0; j < D; ++j) store(dst, j, row[j]);
+    attend_heads<T, NV, 1>(qg, keys, values, og, slots, first, span, g, h0, kv_heads, scale, scores, row);
   }
 }
 #endif
@@ -309,8 +348,29 @@ void attend_unit(const T* q, const T* keys, const T* values, T* out, const int64
   attend_group(q, keys, values, out, slots, first, last, g, group, kv_heads, dk, dv, scale, work);
 }
 
-at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
-                            const at::Tensor& table, const at::Tensor& lengths, int64_t window, double scale) {
+// Each row's new key and value [rows, kv_heads, dim] into its slot first, when given (a decode
+// step's cache write, done here instead of as two scatter ops per layer).
+void write_slots(const at::Tensor& keys, const at::Tensor& values, const at::Tensor& new_keys, const at::Tensor& new_values,
+                 const at::Tensor& slots) {
+  const int64_t rows = slots.numel(), per_k = keys.size(1) * keys.size(2), per_v = values.size(1) * values.size(2);
+  TORCH_CHECK(slots.scalar_type() == at::kLong && new_keys.scalar_type() == keys.scalar_type() &&
+                  new_values.scalar_type() == values.scalar_type() && new_keys.numel() == rows * per_k &&
+                  new_values.numel() == rows * per_v,
+              "decode_attention: the new keys and values do not match the slots and the cache");
+  at::Tensor sc = slots.contiguous(), kc = new_keys.contiguous(), vc = new_values.contiguous();
+  const int64_t* at = data<int64_t>(sc);
+  const int64_t size = keys.element_size();
+  for (int64_t i = 0; i < rows; ++i) {
+    TORCH_CHECK(at[i] >= 0 && at[i] < keys.size(0), "decode_attention: write slot out of range");
+    std::memcpy(data<char>(keys) + at[i] * per_k * size, data<char>(kc) + i * per_k * size, per_k * size);
+    std::memcpy(data<char>(values) + at[i] * per_v * size, data<char>(vc) + i * per_v * size, per_v * size);
+  }
+}
+
+at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values, const at::Tensor& table,
+                            const at::Tensor& lengths, int64_t window, double scale,
+                            const std::optional<at::Tensor>& new_keys, const std::optional<at::Tensor>& new_values,
+                            const std::optional<at::Tensor>& write_at) {
   const auto dtype = q.scalar_type();
   TORCH_CHECK(dtype == at::kBFloat16 || dtype == at::kFloat, "decode_attention takes bf16 or fp32");
   for (const auto* t : {&q, &keys, &values}) check_float(*t, dtype, "q, keys and values");
@@ -324,6 +384,10 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& keys, const a
   TORCH_CHECK(keys.size(2) == dk && values.size(0) == slots && values.size(1) == kv_heads && kv_heads > 0 &&
                   heads % kv_heads == 0,
               "decode_attention: q, keys and values do not agree");
+  if (write_at.has_value() && write_at->defined()) {
+    TORCH_CHECK(new_keys.has_value() && new_values.has_value(), "decode_attention: slots need new keys and values");
+    write_slots(keys, values, *new_keys, *new_values, *write_at);
+  }
   at::Tensor qc = q.contiguous(), tc = table.contiguous(), lc = lengths.contiguous();
   const int64_t width = tc.size(1);
   const int64_t* tab = data<int64_t>(tc);
@@ -373,7 +437,7 @@ TORCH_LIBRARY_FRAGMENT(mlxcel_cpu, lib) {
   lib.impl("rms_norm", c10::DispatchKey::CPU, &rms_norm);
   lib.def("rope(Tensor q, Tensor k, Tensor cos, Tensor sin) -> (Tensor, Tensor)");
   lib.impl("rope", c10::DispatchKey::CPU, &rope);
-  lib.def("decode_attention(Tensor q, Tensor keys, Tensor values, Tensor table, Tensor lengths, int window, "
-          "float scale) -> Tensor");
+  lib.def("decode_attention(Tensor q, Tensor(a!) keys, Tensor(b!) values, Tensor table, Tensor lengths, int window, "
+          "float scale, Tensor? new_keys=None, Tensor? new_values=None, Tensor? slots=None) -> Tensor");
   lib.impl("decode_attention", c10::DispatchKey::CPU, &decode_attention);
 }

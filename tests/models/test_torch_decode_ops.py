@@ -156,6 +156,23 @@ def test_a_row_attends_alike_alone_and_among_others(ops):
             assert torch.equal(alone[0], together[i]), f"row {i}"
 
 
+def test_decode_attention_stores_the_new_keys_first(ops):
+    """A padded decode step hands each row's new key and value to the kernel, which stores them
+    in the row's slot and then attends: the same as storing by index_copy first."""
+    q, keys, values, table, lengths = _attention_case(8, 3, 9, 3, 64, 64, torch.bfloat16)
+    write = torch.stack([table[i, int(lengths[i]) - 1] for i in range(3)])  # each row's newest slot
+    new_k, new_v = torch.randn(3, 3, 64).to(torch.bfloat16), torch.randn(3, 3, 64).to(torch.bfloat16)
+    with torch.inference_mode():
+        k_ref, v_ref = keys.clone(), values.clone()
+        k_ref.index_copy_(0, write, new_k)
+        v_ref.index_copy_(0, write, new_v)
+        want = ops.decode_attention(q, k_ref, v_ref, table, lengths, 0, 0.125)
+        got = ops.decode_attention(q, keys, values, table, lengths, 0, 0.125, new_k, new_v, write)
+        with pytest.raises(RuntimeError, match="write slot out of range"):
+            ops.decode_attention(q, keys, values, table, lengths, 0, 0.125, new_k, new_v, write + 10_000)
+    assert torch.equal(keys, k_ref) and torch.equal(values, v_ref) and torch.equal(got, want)
+
+
 def test_decode_attention_refuses_what_it_does_not_take(ops):
     q, keys, values, table, lengths = _attention_case(6, 2, 9, 3, 64, 64, torch.bfloat16)
     with torch.inference_mode():

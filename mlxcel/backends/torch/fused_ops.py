@@ -37,10 +37,17 @@ NORM_FORMS: dict[str, tuple[bool, str]] = {  # class name -> (offset form, eps a
 }
 
 
-def _norm_forward(self: torch.nn.Module, x: torch.Tensor, offset: bool, eps: float) -> torch.Tensor:
-    if x.dtype is self.weight.dtype and x.device.type == "cpu" and not torch.compiler.is_compiling():
-        return torch.ops.mlxcel_cpu.rms_norm(x, self.weight, eps, offset)
-    return type(self).forward(self, x)
+def _norm_forward(module: torch.nn.Module, offset: bool, eps: float):
+    """The instance forward of one norm (the weight read once here, as row_gemv's linears do)."""
+    weight, own = module.weight, types.MethodType(type(module).forward, module)
+    op = torch.ops.mlxcel_cpu.rms_norm.default
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        if x.dtype is weight.dtype and x.device.type == "cpu" and not torch.compiler.is_compiling():
+            return op(x, weight, eps, offset)
+        return own(x)
+
+    return forward
 
 
 def install_norms(*roots: torch.nn.Module) -> int:
@@ -54,8 +61,7 @@ def install_norms(*roots: torch.nn.Module) -> int:
                                                                                               torch.float32):
                 continue
             offset, eps_name = form
-            module.forward = types.MethodType(partial(_norm_forward, offset=offset,
-                                                      eps=float(getattr(module, eps_name))), module)
+            module.forward = _norm_forward(module, offset, float(getattr(module, eps_name)))
             count += 1
     return count
 
@@ -130,12 +136,15 @@ def remove_rope(model: torch.nn.Module) -> None:
 
 
 def decode_attention(module: torch.nn.Module, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                     table: torch.Tensor, lengths: torch.Tensor, scaling: float | None) -> torch.Tensor:
+                     table: torch.Tensor, lengths: torch.Tensor, scaling: float | None,
+                     write: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """[rows, heads, dv] for one query per row [rows, heads, dk] over each row's first
-    `lengths` slots of `table` [rows, width] in the paged keys/values of the module's layer."""
+    `lengths` slots of `table` [rows, width] in the paged keys/values of the module's layer;
+    `write`: (new keys [rows, kv_heads, dk], new values, slots [rows]) stored first."""
     window = getattr(module, "sliding_window", None) or 0
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    return torch.ops.mlxcel_cpu.decode_attention(query.contiguous(), keys, values, table, lengths, window, scale)
+    return torch.ops.mlxcel_cpu.decode_attention(query.contiguous(), keys, values, table, lengths, window, scale,
+                                                 *(write or ()))
 
 
 def attention_fits(query: torch.Tensor, dropout: float, kwargs: dict) -> bool:

@@ -91,6 +91,7 @@ class PackedPlan:
     """Index tensors and positions shared by every layer of one packed forward over `rows`."""
 
     packed = True
+    decode_all = False  # (paged.StepPlan's flag) a packed step stores its keys and values before attending
 
     def __init__(self, rows: list[tuple[SequenceKV, int]], layout: RowLayout, storage, device: torch.device,
                  decode: list[bool] | None = None) -> None:

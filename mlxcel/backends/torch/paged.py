@@ -128,11 +128,13 @@ class StepPlan:
         """The attention output [B, nmax, H, D] for this step's padded rows: SDPA over the
         gathered history, the decode rows' through the kernel (fused_ops.py)."""
         decode = (self.decode_all or self.decode_rows is not None) and fused_ops.attention_fits(query, dropout, kwargs)
-        if self.decode_all and decode:
-            keys, values = self.storage.keys[module.layer_idx], self.storage.values[module.layer_idx]
-            out = fused_ops.decode_attention(module, query[:, :, 0], keys, values, self.table, self.kv_lengths, scaling)
+        keys, values = self.storage.keys[module.layer_idx], self.storage.values[module.layer_idx]
+        if self.decode_all and decode:  # the rows' new keys and values are stored by the same call
+            out = fused_ops.decode_attention(module, query[:, :, 0], keys, values, self.table, self.kv_lengths, scaling,
+                                             (key[:, :, 0], value[:, :, 0], self.write))
             return out.unsqueeze(1), None
-        if self.decode_all:  # not the kernel's kind of attention: gather the history after all
+        if self.decode_all:  # not the kernel's kind of attention: store, then gather the history
+            store(self.storage, module.layer_idx, self.write, key, value)
             key, value = self.gather(module.layer_idx)
             window = getattr(module, "sliding_window", None)
             attention_mask = additive_mask(causal_allowed(self._qpos, self.lmax, window)[:, None], query.dtype,
@@ -141,7 +143,6 @@ class StepPlan:
                                               scaling=scaling, **kwargs)
         if decode:
             rows = self.decode_rows
-            keys, values = self.storage.keys[module.layer_idx], self.storage.values[module.layer_idx]
             out[rows, 0] = fused_ops.decode_attention(module, query[rows, :, 0], keys, values, self.table[rows],
                                                       self.kv_lengths[rows], scaling)
         return out, weights
@@ -160,6 +161,15 @@ class StepPlan:
         return k, v
 
 
+def store(storage: PagedStorage, layer: int, write: torch.Tensor, key_states: torch.Tensor,
+          value_states: torch.Tensor) -> None:
+    """A step's new keys/values [B, kv_heads, n, D] into their slots `write` [B * n]."""
+    b, h, n, dk = key_states.shape
+    keys, values = storage.keys[layer], storage.values[layer]
+    keys.index_copy_(0, write, key_states.transpose(1, 2).reshape(b * n, h, dk).to(keys.dtype))
+    values.index_copy_(0, write, value_states.transpose(1, 2).reshape(b * n, h, -1).to(values.dtype))
+
+
 class PagedStepCache(Cache):
     """The transformers cache for one step: every layer reads and writes the paged storage."""
 
@@ -170,15 +180,15 @@ class PagedStepCache(Cache):
         self.storage, self.plan = storage, plan
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
-        b, h, n, dk = key_states.shape
+        _, h, _, dk = key_states.shape
         dv = value_states.shape[-1]
         st, plan = self.storage, self.plan
         st.ensure(layer_idx, h, dk, dv)
-        keys, values = st.keys[layer_idx], st.values[layer_idx]
-        keys.index_copy_(0, plan.write, key_states.transpose(1, 2).reshape(b * n, h, dk).to(keys.dtype))
-        values.index_copy_(0, plan.write, value_states.transpose(1, 2).reshape(b * n, h, dv).to(values.dtype))
-        if plan.packed or plan.decode_all:
-            return key_states, value_states  # the attention reads each row's history itself
+        if plan.decode_all:  # the decode kernel stores them as it attends (StepPlan.attend)
+            return key_states, value_states
+        store(st, layer_idx, plan.write, key_states, value_states)
+        if plan.packed:
+            return key_states, value_states  # packed attention reads each row's history itself
         return plan.gather(layer_idx)
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
