@@ -253,6 +253,15 @@ void attend_group(const T* q, const T* keys, const T* values, T* out, const int6
 }
 
 #if defined(__AVX512F__)
+// A paged history is read row by row through its slot table, a token ago at the least (out of
+// the cache by now): the rows a few positions ahead are requested early.
+constexpr int64_t kAheadRows = 8;
+template <typename T>
+inline void prefetch_row(const T* p, int64_t n) {
+  const char* c = reinterpret_cast<const char*>(p);
+  for (int64_t b = 0; b < n * static_cast<int64_t>(sizeof(T)); b += 64) _mm_prefetch(c + b, _MM_HINT_T0);
+}
+
 // Query heads [h0, h0 + HB) of kv head g, for dk == dv == 16 * NV: the heads' vectors stay in
 // registers, and each key and value row is loaded once for all of them.
 template <typename T, int NV, int HB>
@@ -267,6 +276,7 @@ void attend_heads(const T* q, const T* keys, const T* values, T* out, const int6
   }
   for (int64_t t = 0; t < span; ++t) {
     const T* key = keys + (slots[first + t] * kv_heads + g) * D;
+    if (t + kAheadRows < span) prefetch_row(keys + (slots[first + t + kAheadRows] * kv_heads + g) * D, D);
     __m512 kv[NV];
     for (int v = 0; v < NV; ++v) kv[v] = load16(key + v * 16);
     for (int r = 0; r < HB; ++r) {
@@ -283,6 +293,7 @@ void attend_heads(const T* q, const T* keys, const T* values, T* out, const int6
     for (int v = 0; v < NV; ++v) o[r][v] = _mm512_setzero_ps();
   for (int64_t t = 0; t < span; ++t) {
     const T* value = values + (slots[first + t] * kv_heads + g) * D;
+    if (t + kAheadRows < span) prefetch_row(values + (slots[first + t + kAheadRows] * kv_heads + g) * D, D);
     __m512 vv[NV];
     for (int v = 0; v < NV; ++v) vv[v] = load16(value + v * 16);
     for (int r = 0; r < HB; ++r) {
