@@ -71,9 +71,13 @@ def test_sixteen_streaming_clients_with_cancellations(metrics_server):
     assert metric(text, "mlxcel_kv_blocks_used") == metric(text, "mlxcel_kv_blocks_cached")
     assert metric(text, "mlxcel_kv_blocks_used") + metric(text, "mlxcel_kv_blocks_free") == \
         metric(text, "mlxcel_kv_blocks_total")
-    # and the server still answers
+    # and the server still answers. A question whose greedy answer wins each step by >= 0.8 logit on
+    # SmolLM2 (fp32 and bf16): the plain "What is the capital of France?" opens on a 0.1-logit tie
+    # ("The" / "L"), which bf16 torch can resolve either way once the prompt cache supplies a
+    # system-prompt block computed in the load's packed steps (docs/api.md, benchmarks round 7).
     r = httpx.post(base + "/v1/chat/completions", timeout=120, json={
-        "messages": [{"role": "user", "content": "What is the capital of France?"}], "temperature": 0, "max_tokens": 12})
+        "messages": [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}],
+        "temperature": 0, "max_tokens": 12})
     assert r.status_code == 200 and "Paris" in r.json()["choices"][0]["message"]["content"]
 
 

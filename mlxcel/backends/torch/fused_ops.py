@@ -7,7 +7,8 @@ eight per RMSNorm, fourteen to apply RoPE, and SDPA's setup over a short history
 
 - RMSNorm: each norm module of a known form gets the fused norm as its instance `forward`
   (the module stays itself, as row_gemv's linears do), for every row: a row's result does not
-  depend on the others, and it matches the family's own to the last bf16 bit in tests.
+  depend on the others, and it is within one last-place step of the family's own (fp32 sums in
+  another order; tests).
 - RoPE: transformers' attention calls its family module's `apply_rotary_pos_emb` by name, so
   that name is rebound to the fused op, once per family module and only after a probe finds the
   op gives that function's exact bits (it rounds after every product and sum as the eager ops

@@ -128,7 +128,8 @@ class StepPlan:
         """The attention output [B, nmax, H, D] for this step's padded rows: SDPA over the
         gathered history, the decode rows' through the kernel (fused_ops.py)."""
         decode = (self.decode_all or self.decode_rows is not None) and fused_ops.attention_fits(query, dropout, kwargs)
-        keys, values = self.storage.keys[module.layer_idx], self.storage.values[module.layer_idx]
+        if decode:
+            keys, values = self.storage.keys[module.layer_idx], self.storage.values[module.layer_idx]
         if self.decode_all and decode:  # the rows' new keys and values are stored by the same call
             out = fused_ops.decode_attention(module, query[:, :, 0], keys, values, self.table, self.kv_lengths, scaling,
                                              (key[:, :, 0], value[:, :, 0], self.write))
