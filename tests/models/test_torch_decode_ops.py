@@ -188,6 +188,25 @@ def test_decode_attention_refuses_what_it_does_not_take(ops):
             ops.rms_norm(torch.ones(4, dtype=torch.float16), torch.ones(4, dtype=torch.float16), 1e-5, False)
 
 
+def _greedy_with_and_without(backend, prompt: list[int], steps: int):
+    """(tokens, decode-step logits) of a greedy run with the fused ops, then one without."""
+    from mlxcel.backends.base import ForwardRow
+
+    runs = []
+    try:
+        for fused in (True, False):
+            backend.set_fused_ops(fused)
+            seq = backend.new_sequence()
+            out, logits = [int(backend.forward([ForwardRow(prompt, seq)])[0].argmax())], []
+            for _ in range(steps):
+                logits.append(backend.forward([ForwardRow([out[-1]], seq, decode=True)])[0])
+                out.append(int(logits[-1].argmax()))
+            runs.append((out, logits))
+    finally:
+        backend.set_fused_ops(True)
+    return runs
+
+
 def _op_counts(fn) -> dict[str, int]:
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         fn()
@@ -212,20 +231,7 @@ def test_served_model_with_fused_ops(ops):
     layers = backend.info.num_layers
     tok = Tokenizer(path)
     ids = tok.encode("The capital of France is")
-    runs = []
-    try:
-        for fused in (True, False):
-            backend.set_fused_ops(fused)
-            seq = backend.new_sequence()
-            logits = backend.forward([ForwardRow(ids, seq)])[0]
-            out, steps = [int(logits.argmax())], []
-            for _ in range(10):
-                steps.append(backend.forward([ForwardRow([out[-1]], seq, decode=True)])[0])
-                out.append(int(steps[-1].argmax()))
-            runs.append((out, steps))
-    finally:
-        backend.set_fused_ops(True)
-    (a, la), (b, lb) = runs
+    (a, la), (b, lb) = _greedy_with_and_without(backend, ids, 10)
     assert a == b, f"greedy text differs: {tok.decode(a)!r} vs {tok.decode(b)!r}"
     worst = max(float(np.abs(x - y).max() / np.abs(y).max()) for x, y in zip(la, lb))
     assert worst <= 0.05, f"decode logits differ by {worst:.3f} of their range"
@@ -258,26 +264,11 @@ def test_other_families_serve_alike_with_fused_ops(ops, ref):
     (Qwen3's per-head q/k norms): the fused ops all installed, the same greedy tokens from a
     prompt longer than Gemma's 512-token window (its decode rows attend a window's worth), decode
     logits within bf16 noise (Gemma's differ by up to ~5% of their range between the paths)."""
-    from mlxcel.backends.base import ForwardRow
     from mlxcel.backends.torch.backend import TorchBackend
 
     backend = TorchBackend(fixture_path(ref), dtype="bfloat16", build_env=os.environ)
     assert backend.fused_ops.endswith("RoPE in 1 family modules, decode attention on"), backend.fused_ops
-    prompt = [(i * 37) % 5000 + 100 for i in range(530)]
-    runs = []
-    try:
-        for fused in (True, False):
-            backend.set_fused_ops(fused)
-            seq = backend.new_sequence()
-            out = [int(backend.forward([ForwardRow(prompt, seq)])[0].argmax())]
-            steps = []
-            for _ in range(6):
-                steps.append(backend.forward([ForwardRow([out[-1]], seq, decode=True)])[0])
-                out.append(int(steps[-1].argmax()))
-            runs.append((out, steps))
-    finally:
-        backend.set_fused_ops(True)
-    (a, la), (b, lb) = runs
+    (a, la), (b, lb) = _greedy_with_and_without(backend, [(i * 37) % 5000 + 100 for i in range(530)], 6)
     assert a == b
     worst = max(float(np.abs(x - y).max() / np.abs(y).max()) for x, y in zip(la, lb))
     assert worst <= 0.08, f"decode logits differ by {worst:.3f} of their range"
