@@ -8,7 +8,10 @@ import pytest
 
 from tests.conftest import DEFAULT_MODEL
 
-QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+# "... Answer in one sentence." wins each greedy step by >= 0.8 logit on SmolLM2; the bare question
+# opens on a 0.1-logit tie that bf16 torch may resolve either way once the session's prompt cache
+# holds a system-prompt block computed in another shape (test_load.py, docs/api.md)
+QUESTION = [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]
 
 
 def test_unprefixed_chat_route_is_the_same_handler(default_server, openai_client):
