@@ -130,7 +130,7 @@ Plan plan_for_rows(int64_t m) {
 // cache while the caller is between products (Helpers::read_ahead). A decode step runs the same
 // products in the same order every token, so last token's order names this token's next ones.
 // One helper reads DRAM at ~10 GB/s here, so it covers part of a step's Python gaps' worth;
-// 4 MiB ahead measured best of 2-8 (docs/benchmarks.md, round 7).
+// 4 MiB ahead measured as well as 2 or 8 or better (docs/benchmarks.md, round 7).
 class LookAhead {
  public:
   std::vector<Helpers::Range> after(const at::Tensor& weight, int64_t budget) {

@@ -160,7 +160,7 @@ inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
 #endif
 
 // p[j] = exp(p[j] - top) for j < n; returns their sum. The AVX512 form is Cephes' expf
-// polynomial (about 1 ulp), sixteen scores at a time; std::exp costs ~8 ns a score here.
+// polynomial (about 1 ulp), sixteen scores at a time instead of one std::exp call per score.
 inline float exp_shifted(float* p, int64_t n, float top) {
 #if defined(__AVX512F__)
   const __m512 shift = _mm512_set1_ps(top);
@@ -262,6 +262,17 @@ inline void prefetch_row(const T* p, int64_t n) {
   for (int64_t b = 0; b < n * static_cast<int64_t>(sizeof(T)); b += 64) _mm_prefetch(c + b, _MM_HINT_T0);
 }
 
+// Row t of a paged history (its slot table, kv head g) as NV vectors; row t + kAheadRows is
+// requested meanwhile.
+template <typename T, int NV>
+inline void paged_row(const T* base, const int64_t* slots, int64_t t, int64_t span, int64_t kv_heads, int64_t g,
+                      __m512 (&out)[NV]) {
+  constexpr int64_t D = NV * 16;
+  if (t + kAheadRows < span) prefetch_row(base + (slots[t + kAheadRows] * kv_heads + g) * D, D);
+  const T* row = base + (slots[t] * kv_heads + g) * D;
+  for (int v = 0; v < NV; ++v) out[v] = load16(row + v * 16);
+}
+
 // Query heads [h0, h0 + HB) of kv head g, for dk == dv == 16 * NV: the heads' vectors stay in
 // registers, and each key and value row is loaded once for all of them.
 template <typename T, int NV, int HB>
@@ -275,10 +286,8 @@ void attend_heads(const T* q, const T* keys, const T* values, T* out, const int6
     top[r] = -INFINITY;
   }
   for (int64_t t = 0; t < span; ++t) {
-    const T* key = keys + (slots[first + t] * kv_heads + g) * D;
-    if (t + kAheadRows < span) prefetch_row(keys + (slots[first + t + kAheadRows] * kv_heads + g) * D, D);
     __m512 kv[NV];
-    for (int v = 0; v < NV; ++v) kv[v] = load16(key + v * 16);
+    paged_row(keys, slots + first, t, span, kv_heads, g, kv);
     for (int r = 0; r < HB; ++r) {
       __m512 acc = _mm512_mul_ps(qv[r][0], kv[0]);
       for (int v = 1; v < NV; ++v) acc = _mm512_fmadd_ps(qv[r][v], kv[v], acc);
@@ -292,10 +301,8 @@ void attend_heads(const T* q, const T* keys, const T* values, T* out, const int6
   for (int r = 0; r < HB; ++r)
     for (int v = 0; v < NV; ++v) o[r][v] = _mm512_setzero_ps();
   for (int64_t t = 0; t < span; ++t) {
-    const T* value = values + (slots[first + t] * kv_heads + g) * D;
-    if (t + kAheadRows < span) prefetch_row(values + (slots[first + t + kAheadRows] * kv_heads + g) * D, D);
     __m512 vv[NV];
-    for (int v = 0; v < NV; ++v) vv[v] = load16(value + v * 16);
+    paged_row(values, slots + first, t, span, kv_heads, g, vv);
     for (int r = 0; r < HB; ++r) {
       const __m512 p = _mm512_set1_ps(scores[r * span + t]);
       for (int v = 0; v < NV; ++v) o[r][v] = _mm512_fmadd_ps(p, vv[v], o[r][v]);

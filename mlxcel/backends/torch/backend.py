@@ -24,6 +24,7 @@ import torch
 
 from mlxcel.backends.base import ForwardRow, ModelInfo, RowLayout, RowSteering, compacted, kv_bytes_per_token
 from mlxcel.backends.torch import fused_ops, packed
+from mlxcel.backends.torch.cpu_kernels import cpu_flags
 from mlxcel.backends.torch.packed import PackedPlan, step_plan
 from mlxcel.backends.torch.paged import PagedStepCache, PagedStorage, StepPlan
 from mlxcel.backends.torch.row_gemv import ALL, RowKernel, RowRouting, install_row_gemv, load_row_kernel
@@ -44,18 +45,7 @@ class CheckpointRefused(ValueError):
 
 def cpu_has_bf16() -> bool:
     """Native bf16 dot products on this CPU (x86 AVX512-BF16 / AMX-BF16, arm64 BF16)."""
-    return bool({"avx512_bf16", "amx_bf16", "bf16"} & _cpu_flags())
-
-
-def _cpu_flags() -> set[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    for line in text.splitlines():
-        if line.startswith(("flags", "Features")):
-            return set(line.split(":", 1)[1].split())
-    return set()
+    return bool({"avx512_bf16", "amx_bf16", "bf16"} & cpu_flags())
 
 
 def resolve_dtype(requested: str, checkpoint_dtype: str, device: torch.device) -> str:
@@ -113,6 +103,11 @@ class TorchLayerHooks(LayerHooks):
             return (hidden, *output[1:]) if isinstance(output, tuple) else hidden
 
         return run
+
+
+def _decode_flags(rows: list[ForwardRow]) -> list[bool]:
+    """Which rows are one generated token each: they take the kernels' decode paths."""
+    return [r.decode and len(r.tokens) == 1 for r in rows]
 
 
 def install_torch_hooks(layers) -> LayerHooks:
@@ -275,8 +270,9 @@ class TorchBackend(RowSteering):
         if not self.packs_rows:
             layout = RowLayout(layout.n, False)
         kv = [(r.cache, len(r.tokens)) for r in rows]
+        decoding = _decode_flags(rows)
         # decode rows attend through the kernel (fused_ops.py), chosen by what a row is
-        decode = [r.decode and len(r.tokens) == 1 for r in rows] if self._fused_attention else None
+        decode = decoding if self._fused_attention else None
         if layout.packed:
             plan = PackedPlan(kv, layout, self.storage, self.device, decode)
             ids = np.concatenate([r.tokens for r in rows]).astype(np.int64)[None]
@@ -291,7 +287,7 @@ class TorchBackend(RowSteering):
         if self.lora is not None:
             self.lora.begin([r.lora for r in rows], layout)
         try:
-            with step_plan(plan), self._routing.decode_rows(self._decode_rows(rows, layout)):
+            with step_plan(plan), self._routing.decode_rows(self._decode_rows(decoding, layout)):
                 out = self._forward_stack(torch.from_numpy(ids).to(self.device), plan, rows)
         finally:
             self._deltas = {}
@@ -301,13 +297,14 @@ class TorchBackend(RowSteering):
             r.cache.tokens.extend(r.tokens)
         return out.last_hidden_state, layout
 
-    def _decode_rows(self, rows: list[ForwardRow], layout: RowLayout | None = None) -> torch.Tensor | str | None:
-        """The step's decode rows as row_gemv.RowRouting reads them: positions in the flattened
-        [batch * tokens] input when `layout` is given, else row numbers (the LM head's input)."""
-        dec = [i for i, r in enumerate(rows) if r.decode and len(r.tokens) == 1]
+    def _decode_rows(self, decoding: list[bool], layout: RowLayout | None = None) -> torch.Tensor | str | None:
+        """The step's decode rows (`_decode_flags`) as row_gemv.RowRouting reads them: positions
+        in the flattened [batch * tokens] input when `layout` is given, else row numbers (the LM
+        head's input)."""
+        dec = [i for i, d in enumerate(decoding) if d]
         if not dec:
             return None
-        if len(dec) == len(rows) and (layout is None or max(layout.n) == 1):
+        if len(dec) == len(decoding) and (layout is None or max(layout.n) == 1):
             return ALL
         if layout is None:
             at = dec
@@ -345,7 +342,7 @@ class TorchBackend(RowSteering):
             return np.stack([got[i] for i in range(len(rows))])
         hidden, layout = self._run(rows)
         b, t = layout.last()
-        with self._routing.decode_rows(self._decode_rows(rows)):
+        with self._routing.decode_rows(self._decode_rows(_decode_flags(rows))):
             logits = self._logits(hidden[torch.tensor(b, device=self.device), torch.tensor(t, device=self.device)])
         if self._reads:
             self._deliver_reads(rows, layout)

@@ -21,14 +21,16 @@ SOURCES = ("bf16_rows.cpp", "decode_ops.cpp")
 HEADERS = ("helpers.h",)
 
 
-def _cpu_flags() -> bytes:
+def cpu_flags() -> set[str]:
+    """This CPU's feature flags (/proc/cpuinfo's `flags`, or `Features` on arm64); empty elsewhere."""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                return line.encode()
+        text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        pass
-    return platform.processor().encode()
+        return set()
+    for line in text.splitlines():
+        if line.startswith(("flags", "Features")):
+            return set(line.split(":", 1)[1].split())
+    return set()
 
 
 def build(environ: Mapping[str, str]) -> Path:
@@ -48,7 +50,7 @@ def build(environ: Mapping[str, str]) -> Path:
     flags = ["-O3", "-march=native", "-ffp-contract=off", "-std=c++20", "-shared", "-fPIC", "-pthread", "-w",
              f"-D_GLIBCXX_USE_CXX11_ABI={abi}"]
     key = [*(f.read_bytes() for f in files), torch.__version__.encode(), compiler.encode(), " ".join(flags).encode(),
-           _cpu_flags(), lib_dir.encode()]
+           " ".join(sorted(cpu_flags())).encode() or platform.processor().encode(), lib_dir.encode()]
 
     def command(out: str) -> list[str]:
         includes = [f"-I{p}" for p in cpp_extension.include_paths()]
