@@ -93,8 +93,8 @@ def load_backend(settings: ServerSettings, path: Path):
         backend = backend_class(path, dtype=settings.dtype, device=choice.device, threads=settings.threads,
                                 rope=settings.rope, compile=settings.torch_compile, build_env=settings.build_env)
         if backend.device.type == "cpu" and backend.info.dtype == "bfloat16":
-            log.info("torch CPU: decode rows' bf16 linears via %s; fused ops: %s", backend.row_kernel,
-                     backend.fused_ops)
+            log.info("torch CPU: decode rows' bf16 linears via %s, prompt rows' via %s; fused ops: %s",
+                     backend.row_kernel, backend.prompt_linears, backend.fused_ops)
         return backend, choice
     import mlx.core as mx
 

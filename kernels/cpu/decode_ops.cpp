@@ -82,7 +82,7 @@ void rms_norm_rows(const T* x, const T* w, T* y, int64_t rows, int64_t d, float 
         store(yr, j, v);
       }
     }
-  });
+  }, rows > mlxcel::kPromptRows);
 }
 
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, bool offset) {
@@ -395,8 +395,9 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& keys, const a
   TORCH_CHECK(q.dim() == 3 && keys.dim() == 3 && values.dim() == 3 && keys.is_contiguous() && values.is_contiguous(),
               "decode_attention takes q [rows, heads, dim] and contiguous keys, values [slots, kv_heads, dim]");
   TORCH_CHECK(table.scalar_type() == at::kLong && lengths.scalar_type() == at::kLong && table.dim() == 2 &&
-                  lengths.dim() == 1 && table.size(0) == q.size(0) && lengths.size(0) == q.size(0),
-              "decode_attention takes an int64 slot table [rows, keys] and lengths [rows]");
+                  lengths.dim() == 1 && (table.size(0) == q.size(0) || table.size(0) == 1) &&
+                  lengths.size(0) == q.size(0),
+              "decode_attention takes an int64 slot table [rows or 1, keys] and lengths [rows]");
   const int64_t rows = q.size(0), heads = q.size(1), dk = q.size(2);
   const int64_t slots = keys.size(0), kv_heads = keys.size(1), dv = values.size(2);
   TORCH_CHECK(keys.size(2) == dk && values.size(0) == slots && values.size(1) == kv_heads && kv_heads > 0 &&
@@ -410,14 +411,20 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& keys, const a
   const int64_t width = tc.size(1);
   const int64_t* tab = data<int64_t>(tc);
   const int64_t* len = data<int64_t>(lc);
+  // one table row for every query row: a prompt chunk's tokens, each over its own prefix
+  const int64_t row_stride = tc.size(0) == 1 ? 0 : width;
   int64_t work = 0;
+  std::vector<int64_t> longest(tc.size(0), 0);
   for (int64_t i = 0; i < rows; ++i) {
     TORCH_CHECK(len[i] >= 1 && len[i] <= width, "decode_attention: row ", i, " has length ", len[i],
                 " outside its table of ", width);
-    for (int64_t t = 0; t < len[i]; ++t)
-      TORCH_CHECK(tab[i * width + t] >= 0 && tab[i * width + t] < slots, "decode_attention: slot out of range");
+    int64_t& most = longest[row_stride ? i : 0];
+    most = std::max(most, len[i]);
     work += len[i] * heads * (dk + dv);
   }
+  for (int64_t r = 0; r < tc.size(0); ++r)
+    for (int64_t t = 0; t < longest[r]; ++t)
+      TORCH_CHECK(tab[r * width + t] >= 0 && tab[r * width + t] < slots, "decode_attention: slot out of range");
   at::Tensor out = at::empty({rows, heads, dv}, q.options());
   const int64_t group = heads / kv_heads, units = rows * kv_heads;
   // one chunk per (row, kv head) once the step is big enough to share; a unit's arithmetic is
@@ -435,10 +442,10 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& keys, const a
       for (int64_t u = c * per, end = std::min(units, u + per); u < end; ++u) {
         const int64_t i = u / kv_heads, g = u % kv_heads;
         const int64_t first = window > 0 ? std::max<int64_t>(0, len[i] - window) : 0;
-        attend_unit(qs + i * heads * dk, ks, vs, os + i * heads * dv, tab + i * width, first, len[i], g, group,
+        attend_unit(qs + i * heads * dk, ks, vs, os + i * heads * dv, tab + i * row_stride, first, len[i], g, group,
                      kv_heads, dk, dv, static_cast<float>(scale), work);
       }
-    });
+    }, rows > mlxcel::kPromptRows);
   };
   if (dtype == at::kBFloat16) {
     run(static_cast<uint16_t*>(nullptr));

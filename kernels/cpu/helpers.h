@@ -2,6 +2,7 @@
 // bf16 <-> fp32 conversions and the helper threads that split a kernel's work.
 #pragma once
 
+#include <ATen/Parallel.h>
 #include <c10/core/Storage.h>
 
 #include <algorithm>
@@ -188,14 +189,24 @@ class Helpers {
 // the calling thread.
 inline std::atomic<Helpers*> g_helpers{nullptr};
 
-// fn(0) .. fn(chunks - 1): on the helpers when there are some and more than one chunk.
-inline void parallel(int64_t chunks, const Helpers::Fn& fn) {
+// fn(0) .. fn(chunks - 1): on the helpers when there are some and more than one chunk. A
+// prompt-sized job (`prompt`: many rows) runs on torch's own threads instead: a prompt step's
+// other ops are torch's multi-threaded ones, and a helper spinning after each job (as it should
+// between a decode step's small products) took a core from them (elementwise ops ~5x slower).
+inline void parallel(int64_t chunks, const Helpers::Fn& fn, bool prompt = false) {
   Helpers* pool = g_helpers.load(std::memory_order_acquire);
-  if (chunks == 1 || pool == nullptr) {
+  if (prompt && chunks > 1) {
+    at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t c = begin; c < end; ++c) fn(c);
+    });
+  } else if (chunks == 1 || pool == nullptr) {
     for (int64_t c = 0; c < chunks; ++c) fn(c);
   } else {
     pool->run(chunks, fn);
   }
 }
+
+// More rows than a decode step holds: a prompt chunk's (see parallel).
+constexpr int64_t kPromptRows = 32;
 
 }  // namespace mlxcel

@@ -8,9 +8,11 @@ of a batched matmul the same way whatever else the batch holds, so no tolerance 
 from __future__ import annotations
 
 import asyncio
+import os
 
 import pytest
 
+from mlxcel.cli.flags import BUILD_ENV
 from mlxcel.cli.settings import ServerSettings
 from mlxcel.engine.engine import BLOCK_SIZE
 from mlxcel.engine.sampling_params import SamplingParams
@@ -22,9 +24,10 @@ LONG_TEXT = " ".join(f"Item {i}: the {['red', 'green', 'blue', 'amber'][i % 4]} 
 
 
 def make_model(**overrides):
+    """A served model as the CLI builds it (torch with mlxcel's CPU kernels, as served)."""
     from mlxcel.runtime import load_served_model
 
-    overrides = {"backend": "mlx", **overrides}
+    overrides = {"backend": "mlx", "build_env": {k: os.environ[k] for k in BUILD_ENV if k in os.environ}, **overrides}
     settings = ServerSettings(**{"model": DEFAULT_MODEL, "ctx_size": 8192, "parallel": 4, "warmup": False, **overrides})
     return load_served_model(settings, fixture_path(DEFAULT_MODEL))
 
@@ -86,6 +89,39 @@ def test_prefix_cache_hit_is_identical_and_opt_out_prefills_cold(model):
     assert e1.timings.prompt_n == len(prompt) - e1.timings.cache_n
     assert e2.timings.cache_n == 0 and e2.timings.prompt_n == len(prompt)
     assert e3.timings.cache_n == e1.timings.cache_n  # the opt-out left the store intact
+
+
+def test_a_prefix_cached_under_another_split_gives_the_same_probabilities(model):
+    """The prompt cache supplies blocks computed when another prompt was prefilled (here its
+    first 96 tokens, the rest of this prompt prefilled after them): the same tokens as a cold
+    prefill of the whole prompt, and on torch the same bits of every probability (its CPU
+    kernels compute a prompt token the same way whatever the chunk: backends/torch/row_gemv.py).
+    MLX's matmuls round a row by the call's shape, so its probabilities may differ in the last
+    bits (measured: 1e-7 here)."""
+    prompt = encode(model, "Inventory. " + LONG_TEXT)  # a prompt no other test leaves in the cache
+    params = SamplingParams(temperature=0.0, n_probs=5)
+
+    async def scenario():
+        async def probs(p, **kw):
+            handle = model.engine.submit(GenerationRequest(prompt=p, params=params, max_tokens=8, **kw))
+            out, last = [], None
+            async for ev in handle:
+                if ev.token is not None:
+                    out.append((ev.token, ev.probs.prob, ev.probs.top))
+                last = ev
+            assert last.error is None, last.error
+            return out, last.timings
+
+        cold = await probs(prompt, cache_prompt=False)
+        await probs(prompt[:100] + encode(model, " A different ending."))  # leaves blocks for 96 tokens
+        warm = await probs(prompt)
+        return cold, warm
+
+    (cold, _), (warm, timings) = asyncio.run(scenario())
+    assert timings.cache_n == 96, timings
+    assert [t for t, _, _ in warm] == [t for t, _, _ in cold]
+    if model.info.backend == "torch":
+        assert warm == cold
 
 
 def test_cancel_returns_slot_and_blocks(model):

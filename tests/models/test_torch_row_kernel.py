@@ -1,5 +1,7 @@
 """mlxcel's few-row bf16 kernel (kernels/cpu/bf16_rows.cpp) against its plain-op reference, its
-row independence, and the routing that sends decode rows to it (backends/torch/row_gemv.py).
+row independence, and the routing that sends decode rows to it and prompt rows to the tile
+kernel or torch (backends/torch/row_gemv.py; the tile kernel's own tests:
+test_torch_prompt_tiles.py).
 
 Reference: F.linear in fp32 on the same bf16 values, rounded to bf16 once. The kernel sums in
 fp32 in a different order (and, with AVX512-BF16, rounds each pair's partial sum), so results
@@ -78,27 +80,40 @@ def test_a_row_gets_the_same_bits_alone_and_among_others(kernel):
         _close(alone, x, w, b)
 
 
-def test_routing_sends_decode_rows_to_the_kernel_and_prompt_rows_to_torch(kernel):
+@pytest.mark.parametrize("tiles", [True, False])
+def test_routing_sends_decode_rows_to_the_row_kernel_and_prompt_rows_to_theirs(kernel, tiles):
+    """Decode rows take the row kernel; prompt rows the AMX tile kernel where the CPU has one
+    (`tiles`), else torch's linear."""
+    from dataclasses import replace
+
+    if tiles and kernel.prompt is None:
+        pytest.skip("this CPU has no AMX bf16 tiles")
+    kernel = kernel if tiles else replace(kernel, prompt=None)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 96, bias=True), torch.nn.Linear(96, 32, bias=False))
     model = model.to(torch.bfloat16)
     x = torch.randn(1, 5, 64).to(torch.bfloat16)  # a packed step: rows 1 and 3 are decode rows
+
+    def by_hand(rows: torch.Tensor, op) -> torch.Tensor:
+        return op(op(rows, model[0].weight, model[0].bias), model[1].weight, None)
+
     with torch.inference_mode():
-        torch_path = model(x)
+        prompt_path = by_hand(x, kernel.prompt or (lambda t, w, b: F.linear(t, w, b)))
+        decode_path = by_hand(x[:, [1, 3]], kernel.op)
         routing = install_row_gemv(kernel, model)
         calls = []
         model[0].register_forward_hook(lambda m, args, out: calls.append(out.shape))
-        assert torch.equal(model(x), torch_path)  # no decode rows: torch's linear
+        assert torch.equal(model(x), prompt_path)  # no decode rows
         with routing.decode_rows(torch.tensor([1, 3])):
             mixed = model(x)
         with routing.decode_rows(ALL):
             decode = model(x[:, [1, 3]])
         remove_row_gemv(model)
     assert calls == [torch.Size([1, 5, 96])] * 2 + [torch.Size([1, 2, 96])]
-    assert torch.equal(mixed[:, [0, 2, 4]], torch_path[:, [0, 2, 4]])
-    assert torch.equal(mixed[:, [1, 3]], decode)  # a decode row's bits do not depend on its step
+    assert torch.equal(mixed[:, [0, 2, 4]], prompt_path[:, [0, 2, 4]])
+    assert torch.equal(mixed[:, [1, 3]], decode) and torch.equal(decode, decode_path)
     assert routing.rows is None  # reset after each forward
-    torch.testing.assert_close(decode.float(), torch_path[:, [1, 3]].float(), atol=3e-2, rtol=3e-2)
+    torch.testing.assert_close(decode.float(), prompt_path[:, [1, 3]].float(), atol=3e-2, rtol=3e-2)
 
 
 def test_served_model_with_kernel_matches_torch_linears():

@@ -149,6 +149,7 @@ class TorchBackend(RowSteering):
         self.base = self._decoder_stack(model)
         self.lm_head = model.get_output_embeddings()
         self.row_kernel = "torch"  # what runs decode rows' linears (the startup log says)
+        self.prompt_linears = "torch"  # and prompt rows'
         self.fused_ops = "none"  # which per-layer ops run fused (the startup log says)
         self._routing = RowRouting(None)
         self._fused_attention = False
@@ -204,6 +205,7 @@ class TorchBackend(RowSteering):
         self._routing = install_row_gemv(kernel, self.base, self.lm_head)
         self.row_kernel = (f"mlxcel bf16 row kernel ({kernel.path.name}, {kernel.threads} threads)"
                            if kernel is not None else "torch.mv")
+        self.prompt_linears = "mlxcel AMX tiles" if kernel is not None and kernel.prompt else "torch"
 
     def set_fused_ops(self, on: bool) -> None:
         """The kernels' fused norms, RoPE and decode-row attention (fused_ops.py), or the

@@ -17,7 +17,7 @@ import torch
 from mlxcel import native_build
 
 KERNEL_DIR = Path(__file__).resolve().parents[3] / "kernels" / "cpu"
-SOURCES = ("bf16_rows.cpp", "decode_ops.cpp")
+SOURCES = ("bf16_rows.cpp", "bf16_tiles.cpp", "decode_ops.cpp")
 HEADERS = ("helpers.h",)
 
 

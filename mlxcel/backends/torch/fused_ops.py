@@ -140,8 +140,9 @@ def decode_attention(module: torch.nn.Module, query: torch.Tensor, keys: torch.T
                      table: torch.Tensor, lengths: torch.Tensor, scaling: float | None,
                      write: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """[rows, heads, dv] for one query per row [rows, heads, dk] over each row's first
-    `lengths` slots of `table` [rows, width] in the paged keys/values of the module's layer;
-    `write`: (new keys [rows, kv_heads, dk], new values, slots [rows]) stored first."""
+    `lengths` slots of `table` [rows, width] (or [1, width], one table for every row: a prompt
+    chunk's tokens) in the paged keys/values of the module's layer; `write`: (new keys
+    [rows, kv_heads, dk], new values, slots [rows]) stored first."""
     window = getattr(module, "sliding_window", None) or 0
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     return torch.ops.mlxcel_cpu.decode_attention(query.contiguous(), keys, values, table, lengths, window, scale,

@@ -5,11 +5,11 @@ decode rows (base.RowLayout.packed) feeds transformers' family one [1, T] sequen
 tokens, with per-token position ids (transformers builds RoPE from them, so rotation needs no
 seam). Attention is the one seam: the model runs under mlxcel's registered attention
 implementation, which hands each layer's attention to the step's plan (transformers' SDPA
-unchanged outside a step). In a packed step each row attends its own paged history: the
-one-token rows together (padded to their longest history, as a decode step does), each longer
-row on its own with its causal mask, each group through the same SDPA call a padded forward of
-those rows would make, and decode rows through the decode kernel where it is loaded
-(fused_ops.py), as in a padded step.
+unchanged outside a step). In a packed step each row attends its own paged history: where
+mlxcel's kernel is loaded (fused_ops.py) every query through it, one at a time, as in a padded
+step; else the one-token rows together (padded to their longest history, as a decode step
+does) and each longer row on its own with its causal mask, each group through the same SDPA
+call a padded forward of those rows would make.
 """
 
 from __future__ import annotations
@@ -66,19 +66,17 @@ def install(model) -> bool:
 class _Group:
     """One attention group (base.AttendGroup) as torch index tensors, with its masks."""
 
-    def __init__(self, g: AttendGroup, device: torch.device, decode: list[int] | None = None) -> None:
-        """`decode`: the group's rows that are decode rows (one-token groups only)."""
+    def __init__(self, g: AttendGroup, device: torch.device, kernel: bool = False) -> None:
+        """`kernel`: the group's queries attend through the kernel, one at a time."""
         self.g, self.device = g, device
         self.tokens = g.tokens if isinstance(g.tokens, slice) else _to_device(np.asarray(g.tokens, np.int64), device)
         self.b, self.lmax = g.read.shape
         self.start = contiguous_start(g.read)
         self.read = _to_device(g.read.reshape(-1), device)
         self._masks: dict[tuple, torch.Tensor] = {}
-        self.decode_all = bool(decode) and len(decode) == self.b
-        self.decode = None if not decode or self.decode_all else _to_device(np.asarray(decode, np.int64), device)
-        if decode:
+        if kernel:  # one table row per one-token row, or one longer row's table shared by its queries
             self.table = self.read.view(self.b, self.lmax)
-            self.kv_lengths = _to_device(g.qpos[:, 0].astype(np.int64) + 1, device)
+            self.kv_lengths = _to_device(g.qpos.reshape(-1).astype(np.int64) + 1, device)
 
     def mask(self, window: int | None, dtype: torch.dtype) -> torch.Tensor:
         """[b, 1, nq, lmax] additive, in the compute dtype (see paged.StepPlan.mask)."""
@@ -95,18 +93,17 @@ class PackedPlan:
 
     def __init__(self, rows: list[tuple[SequenceKV, int]], layout: RowLayout, storage, device: torch.device,
                  decode: list[bool] | None = None) -> None:
-        """`decode`: which rows are decode rows that attend through the kernel (fused_ops.py);
-        None when it is not in use."""
+        """`decode`: which rows are decode rows; given when the kernel (fused_ops.py) is in use,
+        and then every query attends through it (None: SDPA per group)."""
         bs = rows[0][0].allocator.block_size
         self.storage, self.device = storage, device
+        self.kernel = decode is not None
         self.offsets = [seq.length for seq, _ in rows]  # get_seq_length reads these
         write, pos = packed_positions(rows)
         self.write = _to_device(write, device)
         self.position_ids = _to_device(pos[None], device)
         groups, order = attend_groups(rows, layout, NULL_BLOCK * bs)
-        one = [i for i, (_, n) in enumerate(rows) if n == 1]  # attend_groups' first group, if any
-        dec = [k for k, i in enumerate(one) if decode and decode[i]]
-        self.groups = [_Group(g, device, dec if isinstance(g.tokens, list) else None) for g in groups]
+        self.groups = [_Group(g, device, kernel=decode is not None) for g in groups]
         # the groups' outputs come out in `order`; this puts them back in token order
         self.unperm = None if order == sorted(order) else _to_device(np.argsort(order).astype(np.int64), device)
 
@@ -117,23 +114,24 @@ class PackedPlan:
     def attend(self, module, query: torch.Tensor, key, value, attention_mask, scaling: float | None,
                dropout: float = 0.0, **kwargs) -> tuple[torch.Tensor, None]:
         """[1, T, H, D] attention output for packed queries [1, H, T, D], each row over its
-        history, through transformers' own SDPA call per group: the same call, on the same
-        shapes, that a padded forward of those rows makes, so the packed step rounds alike;
-        decode rows through the kernel, as in a padded step."""
+        history: through the kernel, one query at a time, as in a padded step, where it is in
+        use; else through transformers' own SDPA call per group: the same call, on the same
+        shapes, that a padded forward of those rows makes, so the packed step rounds alike."""
         layer, window = module.layer_idx, getattr(module, "sliding_window", None)
         keys, values = self.storage.keys[layer], self.storage.values[layer]
         _, kvh, dk = keys.shape
         dv = values.shape[-1]
-        fits = fused_ops.attention_fits(query, dropout, kwargs)
+        kernel = self.kernel and fused_ops.attention_fits(query, dropout, kwargs)
         outs = []
         for g in self.groups:
             if isinstance(g.tokens, slice):
                 q = query[:, :, g.tokens]
             else:
                 q = query[0].index_select(1, g.tokens).transpose(0, 1).unsqueeze(2)  # [b, H, 1, D]
-            if g.decode_all and fits:
-                o = fused_ops.decode_attention(module, q[:, :, 0], keys, values, g.table, g.kv_lengths, scaling)
-                outs.append(o.unsqueeze(0))  # [1, b, H, D]
+            if kernel:
+                rows = q[0].transpose(0, 1) if isinstance(g.tokens, slice) else q[:, :, 0]  # [queries, H, D]
+                o = fused_ops.decode_attention(module, rows, keys, values, g.table, g.kv_lengths, scaling)
+                outs.append(o.unsqueeze(0))  # [1, queries, H, D]
                 continue
             if g.start is not None:
                 k = keys.narrow(0, g.start, g.lmax).unsqueeze(0).transpose(1, 2)
@@ -143,9 +141,6 @@ class PackedPlan:
                 v = values.index_select(0, g.read).view(g.b, g.lmax, kvh, dv).transpose(1, 2)
             o, _ = sdpa_attention_forward(module, q, k, v, g.mask(window, q.dtype), dropout=dropout, scaling=scaling,
                                           **kwargs)
-            if g.decode is not None and fits:
-                o[g.decode, 0] = fused_ops.decode_attention(module, q[g.decode, :, 0], keys, values, g.table[g.decode],
-                                                            g.kv_lengths[g.decode], scaling)
             outs.append(o if isinstance(g.tokens, slice) else o.reshape(1, g.b, *o.shape[2:]))  # [1, n, H, D]
         out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
         return (out if self.unperm is None else out.index_select(1, self.unperm)), None

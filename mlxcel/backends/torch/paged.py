@@ -80,8 +80,9 @@ class StepPlan:
 
     def __init__(self, rows: list[tuple[SequenceKV, int]], device: torch.device, storage: PagedStorage | None = None,
                  decode: list[bool] | None = None) -> None:
-        """`decode`: which rows are one-token decode rows that attend through the kernel
-        (fused_ops.py) over `storage`; None when it is not in use."""
+        """`decode`: which rows are one-token decode rows; given when the kernel (fused_ops.py)
+        is in use over `storage`, and then every row attends through it, one query at a time
+        (None: SDPA)."""
         self.storage = storage
         bs = rows[0][0].allocator.block_size
         self.n = [n for _, n in rows]
@@ -106,47 +107,50 @@ class StepPlan:
         self.read_start = contiguous_start(read)
         self.position_ids = _to_device(self._qpos.astype(np.int64) + shift[:, None], device)
         self._masks: dict[int | None, torch.Tensor] = {}
-        dec = [i for i, d in enumerate(decode or []) if d and self.n[i] == 1]
-        # every row a decode row: the kernel reads the history itself, so nothing is gathered
-        self.decode_all = bool(dec) and len(dec) == b and nmax == 1
-        self.decode_rows = None if not dec or self.decode_all else _to_device(np.asarray(dec, np.int64), device)
-        if dec:
-            self.table = self.read.view(b, lmax)
-            self.kv_lengths = _to_device(np.asarray(self.lengths, np.int64), device)
+        # every query through the kernel, over its row's slots up to its own position: a prompt
+        # token's bits then do not depend on how its prompt was split into chunks (a cached
+        # prefix plus the rest, or whole), as SDPA's blocking made them
+        self.rowwise = decode is not None
+        # every row a decode row: the kernel also stores their keys and values, so nothing is
+        # stored or gathered before attention
+        self.decode_all = self.rowwise and nmax == 1 and all(decode)
+        if self.rowwise:
+            table = self.read.view(b, lmax)
+            self.table = table if nmax == 1 else table.repeat_interleave(nmax, 0) if b > 1 else table
+            self.kv_lengths = _to_device((self._qpos + 1).reshape(-1).astype(np.int64), device)
 
     def mask(self, window: int | None = None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """[B, 1, nmax, lmax] additive: 0 where a query may attend a key, dtype's minimum where
         not. Built once per step in the compute dtype: a boolean mask would be converted to
         this form again inside every layer's attention call."""
-        if self.decode_all:  # the kernel masks by length (and window) itself
+        if self.rowwise:  # the kernel masks by length (and window) itself
             return torch.zeros((1, 1, 1, 1), dtype=dtype, device=self.device)
         if window not in self._masks:
             self._masks[window] = additive_mask(causal_allowed(self._qpos, self.lmax, window)[:, None], dtype, self.device)
         return self._masks[window]
 
     def attend(self, module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
-        """The attention output [B, nmax, H, D] for this step's padded rows: SDPA over the
-        gathered history, the decode rows' through the kernel (fused_ops.py)."""
-        decode = (self.decode_all or self.decode_rows is not None) and fused_ops.attention_fits(query, dropout, kwargs)
-        if decode:
-            keys, values = self.storage.keys[module.layer_idx], self.storage.values[module.layer_idx]
-        if self.decode_all and decode:  # the rows' new keys and values are stored by the same call
-            out = fused_ops.decode_attention(module, query[:, :, 0], keys, values, self.table, self.kv_lengths, scaling,
-                                             (key[:, :, 0], value[:, :, 0], self.write))
-            return out.unsqueeze(1), None
-        if self.decode_all:  # not the kernel's kind of attention: store, then gather the history
-            store(self.storage, module.layer_idx, self.write, key, value)
-            key, value = self.gather(module.layer_idx)
-            window = getattr(module, "sliding_window", None)
-            attention_mask = additive_mask(causal_allowed(self._qpos, self.lmax, window)[:, None], query.dtype,
-                                           self.device)
-        out, weights = sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
-                                              scaling=scaling, **kwargs)
-        if decode:
-            rows = self.decode_rows
-            out[rows, 0] = fused_ops.decode_attention(module, query[rows, :, 0], keys, values, self.table[rows],
-                                                      self.kv_lengths[rows], scaling)
-        return out, weights
+        """The attention output [B, nmax, H, D] for this step's padded rows [B, H, nmax, D]:
+        through the kernel (fused_ops.py) where it is in use and the family's attention is its
+        kind, else SDPA over the gathered history."""
+        if not self.rowwise:  # PagedStepCache.update stored and gathered the history
+            return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                          scaling=scaling, **kwargs)
+        layer = module.layer_idx
+        keys, values = self.storage.keys[layer], self.storage.values[layer]
+        if fused_ops.attention_fits(query, dropout, kwargs):
+            b, h, n, d = query.shape
+            q = query[:, :, 0] if n == 1 else query.transpose(1, 2).reshape(b * n, h, d)
+            # a decode-only step's new keys and values are stored by the same call
+            write = (key[:, :, 0], value[:, :, 0], self.write) if self.decode_all else None
+            out = fused_ops.decode_attention(module, q, keys, values, self.table, self.kv_lengths, scaling, write)
+            return out.view(b, n, h, -1), None
+        if self.decode_all:  # not the kernel's kind of attention: store, then SDPA as without it
+            store(self.storage, layer, self.write, key, value)
+        key, value = self.gather(layer)
+        window = getattr(module, "sliding_window", None)
+        mask = additive_mask(causal_allowed(self._qpos, self.lmax, window)[:, None], query.dtype, self.device)
+        return sdpa_attention_forward(module, query, key, value, mask, dropout=dropout, scaling=scaling, **kwargs)
 
     def gather(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Every row's history of `layer` [B, kv_heads, lmax, D], right-padded."""
@@ -188,8 +192,8 @@ class PagedStepCache(Cache):
         if plan.decode_all:  # the decode kernel stores them as it attends (StepPlan.attend)
             return key_states, value_states
         store(st, layer_idx, plan.write, key_states, value_states)
-        if plan.packed:
-            return key_states, value_states  # packed attention reads each row's history itself
+        if plan.packed or plan.rowwise:
+            return key_states, value_states  # attention reads each row's history itself
         return plan.gather(layer_idx)
 
     def get_seq_length(self, layer_idx: int = 0) -> int:

@@ -1,19 +1,24 @@
-"""Decode rows' linears on the CPU: the weight reads of a decode step.
+"""The language model's linears on the CPU, chosen by what a row is.
 
 A decode step multiplies one activation row per sequence by every weight matrix, so its cost
 is reading the weights. torch's CPU `linear` reads bf16 weights well under the memory bandwidth
-for a few rows; mlxcel's own kernel (kernels/cpu/bf16_rows.cpp, built once per machine with the
-system C++ compiler against the installed torch) reads them faster (docs/benchmarks.md, "Torch
-CPU decode", round 6). Its sums run in another order than torch's, so a row's last bits differ
-between the two paths; to keep a sequence's tokens independent of what shares its step, the
-path is chosen by what a row *is*: every decode row (`ForwardRow.decode`) takes the kernel,
-alone, beside other decode rows, or inside a packed step beside a prefill chunk, and prompt
-tokens always take torch's. The backend says which rows those are around each forward
-(`RowRouting.rows`). The modules stay `nn.Linear` (only the instance's `forward` changes), so
-anything that finds linears by type or hooks them (LoRA terms, per-layer hooks) still sees them.
+for a few rows; mlxcel's own kernel (kernels/cpu/bf16_rows.cpp) reads them faster
+(docs/benchmarks.md, "Torch CPU decode", round 6). Its sums run in another order than torch's,
+so a row's last bits differ between the paths; to keep a sequence's tokens independent of what
+shares its step, the path follows what a row *is*: every decode row (`ForwardRow.decode`) takes
+the row kernel, alone, beside other decode rows, or inside a packed step beside a prefill chunk.
+The backend says which rows those are around each forward (`RowRouting.rows`).
 
-Without the kernel (no compiler, fp32) a one-row input runs `torch.mv` (`addmv` with a bias),
-which gave torch's `linear` bits for that row in bf16 here (tested) and reads bf16 faster.
+Prompt rows take mlxcel's AMX tile kernel where the CPU has one (kernels/cpu/bf16_tiles.cpp):
+torch's bf16 `linear` gives a row other bits when the call holds another number of rows, so a
+prompt prefilled whole and the same prompt after a cached prefix got different KV; the tile
+kernel's rows do not depend on the call's shape (and it runs about as fast as torch's here,
+round 8). Without AMX prompt rows keep torch's `linear`.
+
+The modules stay `nn.Linear` (only the instance's `forward` changes), so anything that finds
+linears by type or hooks them (LoRA terms, per-layer hooks) still sees them. Without the
+kernels (no compiler, fp32) a one-row input runs `torch.mv` (`addmv` with a bias), which gave
+torch's `linear` bits for that row in bf16 here (tested) and reads bf16 faster.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ ALL = "all"  # RowRouting.rows: every row of the input is a decode row
 @dataclass(frozen=True)
 class RowKernel:
     op: RowOp  # (x [.., in], weight [out, in], bias [out] or None) -> [.., out], bf16, row by row
+    prompt: RowOp | None  # the same for prompt rows (AMX tiles), None where the CPU has no AMX
     path: Path
     threads: int  # the calling thread plus the kernel's own helpers
 
@@ -67,16 +73,19 @@ def _row_forward(module: torch.nn.Linear, routing: RowRouting, kernel: bool):
     ~200 of these, and each module attribute lookup costs a microsecond)."""
     weight, bias, in_features, out_features = module.weight, module.bias, module.in_features, module.out_features
     op = routing.kernel.op if kernel else None
+    prompt = routing.kernel.prompt if kernel else None
 
     def forward(x: torch.Tensor) -> torch.Tensor:
         rows = routing.rows if kernel else None
         if rows is None:
+            if prompt is not None:
+                return prompt(x, weight, bias)
             if x.numel() == in_features:
                 return _mv(x, weight, bias)
             return F.linear(x, weight, bias)
         if isinstance(rows, str):
             return op(x, weight, bias)
-        y = F.linear(x, weight, bias)
+        y = F.linear(x, weight, bias) if prompt is None else prompt(x, weight, bias)
         y.view(-1, out_features)[rows] = op(x.reshape(-1, in_features)[rows], weight, bias)
         return y
 
@@ -104,9 +113,10 @@ def remove_row_gemv(*roots: torch.nn.Module) -> None:
                 del module.forward
 
 
-def load_row_kernel(environ: Mapping[str, str], threads: int | None = None) -> RowKernel:
-    """Build (or reuse) and load the kernel, splitting each product over `threads` (default:
-    torch's thread count; the first load in a process fixes it); raises
-    native_build.BuildUnavailable."""
+def load_row_kernel(environ: Mapping[str, str], threads: int | None = None, prompt: bool = True) -> RowKernel:
+    """Build (or reuse) and load the kernels, splitting each product over `threads` (default:
+    torch's thread count; the first load in a process fixes it), with the prompt rows' tile
+    kernel when `prompt` and the CPU has AMX; raises native_build.BuildUnavailable."""
     path, threads = cpu_kernels.load(environ, threads)
-    return RowKernel(torch.ops.mlxcel_cpu.rows_linear, path, threads)
+    ops = torch.ops.mlxcel_cpu
+    return RowKernel(ops.rows_linear, ops.tiles_linear if prompt and ops.tiles_available() else None, path, threads)
