@@ -11,8 +11,9 @@
 // Layout: the weight is the tiles' A operand as it lies in memory (16 weight rows x 32 k), the
 // activations are packed per call into the B operand's pair-interleaved form (16 k pairs x 16
 // rows), so C holds 16 outputs x 16 rows; four C tiles (32 x 32) per pass over k. Edges (rows
-// or k beyond the matrix) read zero-padded copies, never past the tensors.
-// Reference: F.linear in fp32 on the same bf16 values (tests/models/test_torch_row_kernel.py).
+// or k beyond the matrix) read zero-padded copies, never past the tensors. Work is split over
+// torch's own threads (helpers.h, `parallel`'s prompt form).
+// Reference: F.linear in fp32 on the same bf16 values (tests/models/test_torch_prompt_tiles.py).
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <c10/util/BFloat16.h>
@@ -40,6 +41,8 @@ using mlxcel::widen;
 #if MLXCEL_AMX
 constexpr int64_t kT = 16;   // tile rows, and outputs / activation rows per tile
 constexpr int64_t kK = 32;   // bf16 values of k per tile step (64 bytes)
+// k steps per block (see tiles): 32 KiB of weight tiles, an L1's worth, for any k; on SmolLM2's
+// k (576, 1536) 8, 16 and one whole pass measured alike within this host's noise
 constexpr int64_t kBlock = 16;
 
 // Linux hands AMX's tile state to a process only on request (arch_prctl, once per process).
@@ -108,7 +111,7 @@ inline __m256i narrow16(__m512 v) {
 }
 
 // x [rows, k] -> tiles [row block][k step][16 pairs][16 rows] of bf16 pairs, zero past either
-// edge; row blocks rounded up to pairs, as each pass takes two. Split over the helpers.
+// edge; row blocks rounded up to pairs, as each pass takes two.
 std::vector<uint32_t> pack_rows(const uint16_t* x, int64_t rows, int64_t k, int64_t row_blocks, int64_t steps) {
   std::vector<uint32_t> out(row_blocks * steps * kT * kT, 0);
   const mlxcel::Helpers::Fn block = [&](int64_t mb) {
@@ -164,9 +167,9 @@ void tiles(const uint16_t* x, const uint16_t* w, const float* bias, uint16_t* y,
         src[i] = tile;
         stride[i] = kK * 2;
       }
-    // k in blocks of kBlock steps, so the pass's weight tiles for a block stay in L1 while every
-    // row pair meets them; the fp32 sums wait in `sums` between blocks (exact, so the order of
-    // additions, and the bits, are those of one pass over k)
+    // k in blocks of kBlock steps, so the pass's weight tiles for a block can stay in L1 while
+    // every row pair meets them; the fp32 sums wait in `sums` between blocks (stored exactly, so
+    // the order of additions, and the bits, are those of one pass over k)
     thread_local std::vector<float> sums;
     sums.resize(row_blocks / 2 * 4 * kT * kT);
     for (int64_t s0 = 0; s0 < steps; s0 += kBlock) {

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from mlxcel.backends.torch.cpu_kernels import cpu_flags
 from mlxcel.backends.torch.row_gemv import load_row_kernel
 from tests.conftest import DEFAULT_MODEL, fixture_path
-from tests.models.test_engine import LONG_TEXT
+from tests.fixtures import GEMMA3, QWEN2_TINY, QWEN3_TINY
 
 
 @pytest.fixture(scope="module")
@@ -129,16 +129,6 @@ def test_two_callers_at_once_each_get_their_own_answer(tiles):
     assert not bad
 
 
-@pytest.fixture(scope="module")
-def served():
-    from mlxcel.backends.torch.backend import TorchBackend
-    from mlxcel.engine.tokenizer import Tokenizer
-
-    path = fixture_path(DEFAULT_MODEL)
-    backend = TorchBackend(path, dtype="bfloat16", build_env=os.environ)
-    return backend, Tokenizer(path).encode(LONG_TEXT)
-
-
 def _prefill(backend, prompt: list[int], cuts: list[int], beside: list[int] | None = None) -> np.ndarray:
     """The prompt's last logits after prefilling it in chunks ending at `cuts`; with `beside`,
     each chunk shares its step with a decode row of another sequence (a packed step)."""
@@ -162,14 +152,20 @@ def _prefill(backend, prompt: list[int], cuts: list[int], beside: list[int] | No
     return logits
 
 
-def test_prompt_logits_are_the_same_however_the_prefill_was_split(tiles, served):
+@pytest.mark.parametrize("ref", [DEFAULT_MODEL, GEMMA3, QWEN2_TINY, QWEN3_TINY])
+def test_prompt_logits_are_the_same_however_the_prefill_was_split(tiles, ref):
     """Prompt-cache identity on bf16 torch: a cached prefix plus the rest, or any chunking, gives
-    the bits of one whole prefill (the prompt cache stores blocks computed under other splits)."""
-    backend, prompt = served
-    assert backend.prompt_linears == "mlxcel AMX tiles"
-    prompt = prompt[:300]
+    the bits of one whole prefill (the prompt cache stores blocks computed under other splits).
+    530 tokens: past Gemma 3's 512-token window, so its windowed layers' prompt rows attend a
+    window's worth. Each family as served: tile linears, fused norms and RoPE, row-by-row
+    attention."""
+    from mlxcel.backends.torch.backend import TorchBackend
+
+    backend = TorchBackend(fixture_path(ref), dtype="bfloat16", build_env=os.environ)
+    assert backend.prompt_linears == "mlxcel AMX tiles" and backend.fused_ops.endswith("decode attention on")
+    prompt = [(i * 37) % 5000 + 100 for i in range(530)]
     whole = _prefill(backend, prompt, [])
-    for cuts in ([96], [16, 17, 200], [299]):
+    for cuts in ([96], [16, 17, 300], [529]):
         np.testing.assert_array_equal(_prefill(backend, prompt, cuts), whole, err_msg=f"chunks ending at {cuts}")
     np.testing.assert_array_equal(_prefill(backend, prompt, [96], beside=prompt[:40]), whole,
                                   err_msg="chunks beside a decode row (packed steps)")
