@@ -24,14 +24,8 @@
 #include <cstring>
 #include <vector>
 
+#include "amx.h"
 #include "helpers.h"
-
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
-#define MLXCEL_AMX 1
-#include <immintrin.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-#endif
 
 namespace {
 
@@ -45,34 +39,8 @@ constexpr int64_t kK = 32;   // bf16 values of k per tile step (64 bytes)
 // k (576, 1536) 8, 16 and one whole pass measured alike within this host's noise
 constexpr int64_t kBlock = 16;
 
-// Linux hands AMX's tile state to a process only on request (arch_prctl, once per process).
-bool permitted() {
-  static const bool ok = [] {
-    constexpr long kReqXcompPerm = 0x1023, kXtileData = 18;
-    return syscall(SYS_arch_prctl, kReqXcompPerm, kXtileData) == 0;
-  }();
-  return ok;
-}
-
-struct alignas(64) TileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
 // Tile registers: 0-3 accumulators (outputs n0.. x rows m0..), 4-5 weight tiles, 6-7 activation
-// tiles; every tile 16 rows of 64 bytes. A thread's configuration may have been changed by other
-// code (torch's own kernels use AMX too), so each chunk sets it and releases it.
-void configure() {
-  TileConfig cfg;
-  for (int t = 0; t < 8; ++t) {
-    cfg.colsb[t] = 64;
-    cfg.rows[t] = kT;
-  }
-  _tile_loadconfig(&cfg);
-}
+// tiles.
 
 // r[i][j] -> r[j][i] for a 16 x 16 block of 32-bit values (four rounds of shuffles).
 inline void transpose16(__m512 r[16]) {
@@ -143,7 +111,7 @@ void tiles(const uint16_t* x, const uint16_t* w, const float* bias, uint16_t* y,
   const std::vector<uint32_t> xp = pack_rows(x, rows, k, row_blocks, steps);
   const int64_t out_pairs = (n + 2 * kT - 1) / (2 * kT);
   const mlxcel::Helpers::Fn chunk = [&](int64_t c) {
-    configure();
+    mlxcel::amx_configure();
     const int64_t n0 = c * 2 * kT;
     // where each weight tile (2 per step) is read: the matrix itself (16 rows a row apart), or
     // a zero-padded copy where the tile crosses an edge (the last rows, a ragged last step)
@@ -232,7 +200,7 @@ void tiles(const uint16_t* x, const uint16_t* w, const float* bias, uint16_t* y,
 
 bool tiles_available() {
 #if MLXCEL_AMX
-  return permitted();
+  return mlxcel::amx_permitted();
 #else
   return false;
 #endif

@@ -1,4 +1,5 @@
-// The small per-layer ops of a decode step, fused, for the torch backend on the CPU.
+// The small per-layer ops of a decode step, fused, for the torch backend on the CPU; prompt
+// chunks take them too (row by row, so a prompt token's bits do not depend on its chunk).
 //
 // With the weights read fast (bf16_rows.cpp), a one-token step of a small model spends most of
 // its time in transformers' eager ops: an RMSNorm is eight ops, applying RoPE fourteen, and SDPA
@@ -11,7 +12,9 @@
 //                     product and sum exactly as the eager ops do, so its bits are theirs;
 //   decode_attention  one query per row over that row's paged keys and values: fp32 scores,
 //                     softmax and weighted sum, read through the row's slot table (after
-//                     writing the rows' new keys and values into their slots, when given).
+//                     writing the rows' new keys and values into their slots, when given);
+//   prompt_attention  the same for a prompt chunk's tokens, each over its own prefix of one
+//                     table: scores from AMX tiles where they apply (prompt_rows_amx).
 // References: the families' own modules and transformers' SDPA attention
 // (tests/models/test_torch_decode_ops.py).
 #include <ATen/core/Tensor.h>
@@ -22,9 +25,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
+#include "amx.h"
 #include "helpers.h"
 
 #if defined(__AVX512F__)
@@ -366,6 +372,117 @@ void attend_unit(const T* q, const T* keys, const T* values, T* out, const int64
   attend_group(q, keys, values, out, slots, first, last, g, group, kv_heads, dk, dv, scale, work);
 }
 
+#if MLXCEL_AMX
+// o[r] += p[r][t] * v[t] for t in [t0, t1), R query rows at once sharing each value row load;
+// then out row r = o[r] / total[r]. Outside a row's own span its p are zero: fma(0, v, o) is o
+// exactly (values are finite), so a row's bits are those of summing its span alone.
+template <int NV, int R>
+void weigh_values(const float* vf, float* const* p, const float* total, int64_t t0, int64_t t1, uint16_t* const* dst) {
+  constexpr int64_t D = NV * 16;
+  __m512 o[R][NV];
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < NV; ++v) o[r][v] = _mm512_setzero_ps();
+  for (int64_t t = t0; t < t1; ++t) {
+    __m512 vv[NV];
+    for (int v = 0; v < NV; ++v) vv[v] = _mm512_loadu_ps(vf + t * D + v * 16);
+    for (int r = 0; r < R; ++r) {
+      const __m512 pt = _mm512_set1_ps(p[r][t]);
+      for (int v = 0; v < NV; ++v) o[r][v] = _mm512_fmadd_ps(pt, vv[v], o[r][v]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    alignas(64) float row[D];
+    const __m512 sum = _mm512_set1_ps(total[r]);
+    for (int v = 0; v < NV; ++v) _mm512_store_ps(row + v * 16, _mm512_div_ps(o[r][v], sum));
+    for (int64_t j = 0; j < D; ++j) store(dst[r], j, row[j]);
+  }
+}
+
+// Prompt rows' attention, query rows [r0, r0 + n) over one slot table, for dk == dv == 16 * NV
+// (bf16). A prompt chunk's queries share their keys, so the scores come from AMX tiles: 16
+// queries of one head x 16 keys per tile, each score one tile element summed over the head
+// dimension in fixed 32-wide steps, so a query's scores do not depend on which queries share
+// its tile (a prompt split into other chunks gets the same bits). Then per query: fp32 softmax
+// over its span and its values summed in fp32, in key order (weigh_values).
+template <int NV>
+void prompt_rows_amx(const uint16_t* q, const uint16_t* keys, const uint16_t* values, uint16_t* out,
+                     const int64_t* slots, const int64_t* len, int64_t r0, int64_t n, int64_t heads,
+                     int64_t kv_heads, int64_t window, float scale) {
+  constexpr int64_t D = NV * 16, S = D / 32, kT = 16;  // S tile steps over the head dimension
+  constexpr int kRows = NV <= 4 ? 4 : NV <= 8 ? 2 : 1;  // queries per pass over the values
+  const int64_t group = heads / kv_heads;
+  const auto first_of = [&](int64_t i) { return window > 0 ? std::max<int64_t>(0, len[i] - window) : 0; };
+  int64_t most = 0, least = INT64_MAX;
+  for (int64_t i = r0; i < r0 + n; ++i) {
+    most = std::max(most, len[i]);
+    least = std::min(least, first_of(i));
+  }
+  const int64_t blocks = (most + kT - 1) / kT, width = blocks * kT;
+  // keys as tiles [kv head][key block][step][16 pairs][16 keys] of bf16 pairs; values in fp32
+  // [kv head][key][D], both read once here instead of once per query
+  std::vector<uint32_t> kp(kv_heads * blocks * S * kT * kT, 0);
+  std::vector<float> vf(kv_heads * width * D);
+  mlxcel::parallel(kv_heads, [&](int64_t g) {
+    for (int64_t j = least; j < most; ++j) {
+      const auto* src = reinterpret_cast<const uint32_t*>(keys + (slots[j] * kv_heads + g) * D);
+      uint32_t* dst = kp.data() + (g * blocks + j / kT) * S * kT * kT + j % kT;
+      for (int64_t p = 0; p < D / 2; ++p) dst[(p / kT) * kT * kT + (p % kT) * kT] = src[p];
+      const uint16_t* v = values + (slots[j] * kv_heads + g) * D;
+      for (int64_t d = 0; d < D; ++d) vf[(g * width + j) * D + d] = widen(v[d]);
+    }
+  }, true);
+  const int64_t query_blocks = (n + kT - 1) / kT;
+  mlxcel::parallel(heads * query_blocks, [&](int64_t u) {
+    const int64_t h = u / query_blocks, t0 = r0 + (u % query_blocks) * kT, g = h / group;
+    const int64_t tn = std::min(kT, r0 + n - t0);
+    alignas(64) uint16_t qt[kT * D] = {};  // the block's queries of head h, zero past the last
+    int64_t block_most = 0, block_least = INT64_MAX;
+    for (int64_t r = 0; r < tn; ++r) {
+      std::memcpy(qt + r * D, q + ((t0 + r) * heads + h) * D, D * 2);
+      block_most = std::max(block_most, len[t0 + r]);
+      block_least = std::min(block_least, first_of(t0 + r));
+    }
+    thread_local std::vector<float> scores;  // [16 queries][width]
+    scores.resize(kT * width);
+    mlxcel::amx_configure();
+    for (int64_t kb = block_least / kT; kb * kT < block_most; ++kb) {
+      _tile_zero(0);
+      for (int64_t s = 0; s < S; ++s) {
+        _tile_loadd(1, qt + s * 32, D * 2);
+        _tile_loadd(2, kp.data() + ((g * blocks + kb) * S + s) * kT * kT, 64);
+        _tile_dpbf16ps(0, 1, 2);
+      }
+      _tile_stored(0, scores.data() + kb * kT, width * 4);
+    }
+    _tile_release();
+    float total[kT];
+    float* p[kT];
+    uint16_t* dst[kT];
+    for (int64_t r = 0; r < tn; ++r) {  // each query's softmax over its own span [first, len)
+      const int64_t i = t0 + r, first = first_of(i), span = len[i] - first;
+      float* row = scores.data() + r * width;
+      __m512 top = _mm512_set1_ps(-INFINITY);
+      for (int64_t j = 0; j < span; j += 16) {
+        const __mmask16 m = span - j >= 16 ? __mmask16(0xffff) : static_cast<__mmask16>((1u << (span - j)) - 1);
+        const __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, row + first + j), _mm512_set1_ps(scale));
+        _mm512_mask_storeu_ps(row + first + j, m, v);
+        top = _mm512_mask_max_ps(top, m, top, v);
+      }
+      total[r] = exp_shifted(row + first, span, _mm512_reduce_max_ps(top));
+      std::fill(row + block_least, row + first, 0.0f);
+      std::fill(row + len[i], row + block_most, 0.0f);
+      p[r] = row;
+      dst[r] = out + (i * heads + h) * D;
+    }
+    const float* vg = vf.data() + g * width * D;
+    int64_t r = 0;
+    for (; r + kRows <= tn; r += kRows)
+      weigh_values<NV, kRows>(vg, p + r, total + r, block_least, block_most, dst + r);
+    for (; r < tn; ++r) weigh_values<NV, 1>(vg, p + r, total + r, block_least, block_most, dst + r);
+  }, true);
+}
+#endif
+
 // Each row's new key and value [rows, kv_heads, dim] into its slot first, when given (a decode
 // step's cache write, done here instead of as two scatter ops per layer).
 void write_slots(const at::Tensor& keys, const at::Tensor& values, const at::Tensor& new_keys, const at::Tensor& new_values,
@@ -385,10 +502,11 @@ void write_slots(const at::Tensor& keys, const at::Tensor& values, const at::Ten
   }
 }
 
-at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values, const at::Tensor& table,
-                            const at::Tensor& lengths, int64_t window, double scale,
-                            const std::optional<at::Tensor>& new_keys, const std::optional<at::Tensor>& new_values,
-                            const std::optional<at::Tensor>& write_at) {
+// decode_attention and prompt_attention: `prompt` takes the AMX scores where they apply.
+at::Tensor attention(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values, const at::Tensor& table,
+                     const at::Tensor& lengths, int64_t window, double scale, const std::optional<at::Tensor>& new_keys,
+                     const std::optional<at::Tensor>& new_values, const std::optional<at::Tensor>& write_at,
+                     bool prompt) {
   const auto dtype = q.scalar_type();
   TORCH_CHECK(dtype == at::kBFloat16 || dtype == at::kFloat, "decode_attention takes bf16 or fp32");
   for (const auto* t : {&q, &keys, &values}) check_float(*t, dtype, "q, keys and values");
@@ -426,6 +544,24 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& keys, const a
     for (int64_t t = 0; t < longest[r]; ++t)
       TORCH_CHECK(tab[r * width + t] >= 0 && tab[r * width + t] < slots, "decode_attention: slot out of range");
   at::Tensor out = at::empty({rows, heads, dv}, q.options());
+#if MLXCEL_AMX
+  if (prompt && dtype == at::kBFloat16 && dk == dv && (dk == 64 || dk == 128 || dk == 256) &&
+      mlxcel::amx_permitted()) {
+    const auto run = [&](auto nv) {
+      constexpr int NV = decltype(nv)::value;
+      // the rows sharing one table run together; a table per row: each row alone
+      const int64_t together = row_stride == 0 ? rows : 1;
+      for (int64_t r0 = 0; r0 < rows; r0 += together)
+        prompt_rows_amx<NV>(data<uint16_t>(qc), data<uint16_t>(keys), data<uint16_t>(values), data<uint16_t>(out),
+                            tab + (row_stride == 0 ? 0 : r0 * width), len, r0, together, heads, kv_heads, window,
+                            static_cast<float>(scale));
+    };
+    if (dk == 64) run(std::integral_constant<int, 4>{});
+    if (dk == 128) run(std::integral_constant<int, 8>{});
+    if (dk == 256) run(std::integral_constant<int, 16>{});
+    return out;
+  }
+#endif
   const int64_t group = heads / kv_heads, units = rows * kv_heads;
   // one chunk per (row, kv head) once the step is big enough to share; a unit's arithmetic is
   // the same on any thread
@@ -455,6 +591,18 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& keys, const a
   return out;
 }
 
+at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values, const at::Tensor& table,
+                            const at::Tensor& lengths, int64_t window, double scale,
+                            const std::optional<at::Tensor>& new_keys, const std::optional<at::Tensor>& new_values,
+                            const std::optional<at::Tensor>& write_at) {
+  return attention(q, keys, values, table, lengths, window, scale, new_keys, new_values, write_at, false);
+}
+
+at::Tensor prompt_attention(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values, const at::Tensor& table,
+                            const at::Tensor& lengths, int64_t window, double scale) {
+  return attention(q, keys, values, table, lengths, window, scale, std::nullopt, std::nullopt, std::nullopt, true);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(mlxcel_cpu, lib) {
@@ -465,4 +613,7 @@ TORCH_LIBRARY_FRAGMENT(mlxcel_cpu, lib) {
   lib.def("decode_attention(Tensor q, Tensor(a!) keys, Tensor(b!) values, Tensor table, Tensor lengths, int window, "
           "float scale, Tensor? new_keys=None, Tensor? new_values=None, Tensor? slots=None) -> Tensor");
   lib.impl("decode_attention", c10::DispatchKey::CPU, &decode_attention);
+  lib.def("prompt_attention(Tensor q, Tensor keys, Tensor values, Tensor table, Tensor lengths, int window, "
+          "float scale) -> Tensor");
+  lib.impl("prompt_attention", c10::DispatchKey::CPU, &prompt_attention);
 }

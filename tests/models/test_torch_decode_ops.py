@@ -156,6 +156,53 @@ def test_a_row_attends_alike_alone_and_among_others(ops):
             assert torch.equal(alone[0], together[i]), f"row {i}"
 
 
+def _prompt_case(seed, tokens, heads, kv_heads, dk, dv, dtype, start=150):
+    """A prompt chunk: `tokens` queries at positions start.. over one shared slot table."""
+    g = _gen(seed)
+    q = torch.randn(tokens, heads, dk, generator=g).to(dtype)
+    keys = torch.randn(2000, kv_heads, dk, generator=g).to(dtype)
+    values = torch.randn(2000, kv_heads, dv, generator=g).to(dtype)
+    table = torch.randperm(2000, generator=g)[: start + tokens].view(1, -1)
+    lengths = torch.arange(start + 1, start + tokens + 1)
+    return q, keys, values, table, lengths
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("heads,kv_heads,dk,dv", [(9, 3, 64, 64), (4, 1, 256, 256), (8, 2, 128, 128),
+                                                  (6, 2, 48, 40)])
+@pytest.mark.parametrize("window", [0, 100])
+def test_prompt_attention_matches_the_reference(ops, dtype, heads, kv_heads, dk, dv, window):
+    """Prompt tokens, each over its own prefix of one table (bf16 head sizes 64/128/256 take
+    the AMX scores where the CPU has them; the rest the decode rows' form)."""
+    q, keys, values, table, lengths = _prompt_case(heads + dk + window, 40, heads, kv_heads, dk, dv, dtype)
+    scale = dk ** -0.5
+    module = types.SimpleNamespace(sliding_window=window or None)
+    with torch.inference_mode():
+        got = fused_ops.prompt_attention(module, q, keys, values, table, lengths, scale)
+    want = _reference(q, keys, values, table.expand(len(q), -1), lengths, window, scale)
+    tol = (2.0 ** -7 if dtype is torch.bfloat16 else 1e-5) * float(want.abs().max())
+    err = float((got.double() - want).abs().max())
+    assert got.dtype == dtype and got.shape == want.shape and err <= tol, err
+
+
+@pytest.mark.parametrize("dk,window", [(64, 0), (128, 0), (256, 37), (48, 0)])
+def test_a_prompt_token_attends_alike_in_any_chunk(ops, dk, window):
+    """The prompt cache's promise: a token's output bits do not depend on how its prompt was
+    chunked (any split, a token alone, with its own table row) nor where it sits in a tile."""
+    q, keys, values, table, lengths = _prompt_case(dk, 70, 4, 2, dk, dk, torch.bfloat16)
+    with torch.inference_mode():
+        whole = ops.prompt_attention(q, keys, values, table, lengths, window, 0.1)
+        for cuts in ([1], [16], [17, 33], [69]):
+            parts, start = [], 0
+            for cut in [*cuts, 70]:
+                parts.append(ops.prompt_attention(q[start:cut], keys, values, table, lengths[start:cut], window, 0.1))
+                start = cut
+            assert torch.equal(torch.cat(parts), whole), cuts
+        own = table.expand(5, -1).contiguous()  # one table row per query (one-token prompt rows)
+        assert torch.equal(ops.prompt_attention(q[30:35], keys, values, own, lengths[30:35], window, 0.1),
+                           whole[30:35])
+
+
 def test_decode_attention_stores_the_new_keys_first(ops):
     """A padded decode step hands each row's new key and value to the kernel, which stores them
     in the row's slot and then attends: the same as storing by index_copy first."""
@@ -254,8 +301,9 @@ def test_served_model_with_fused_ops(ops):
     beside, counts = decode_step(([11], True))
     assert counts.get("mlxcel_cpu::decode_attention") == layers and SDPA not in counts
     packed, counts = decode_step((tok.encode("A prompt chunk prefilled in the same step"), False))
-    # the decode row's group and the prompt chunk's, both through the kernel
-    assert counts.get("mlxcel_cpu::decode_attention") == 2 * layers and SDPA not in counts
+    # the decode row through the decode kernel, the prompt chunk through the prompt rows' one
+    assert counts.get("mlxcel_cpu::decode_attention") == layers and SDPA not in counts
+    assert counts.get("mlxcel_cpu::prompt_attention") == layers
     assert np.array_equal(alone, beside) and np.array_equal(alone, packed)
 
 

@@ -18,7 +18,7 @@ from mlxcel import native_build
 
 KERNEL_DIR = Path(__file__).resolve().parents[3] / "kernels" / "cpu"
 SOURCES = ("bf16_rows.cpp", "bf16_tiles.cpp", "decode_ops.cpp")
-HEADERS = ("helpers.h",)
+HEADERS = ("amx.h", "helpers.h")
 
 
 def cpu_flags() -> set[str]:

@@ -149,6 +149,17 @@ def decode_attention(module: torch.nn.Module, query: torch.Tensor, keys: torch.T
                                                  *(write or ()))
 
 
+def prompt_attention(module: torch.nn.Module, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                     table: torch.Tensor, lengths: torch.Tensor, scaling: float | None) -> torch.Tensor:
+    """decode_attention for prompt tokens (nothing stored): where the CPU has AMX tiles and
+    the head size is 64, 128 or 256 (bf16), the queries sharing a table get their scores from
+    tiles; a token's result is the same whatever its chunk, but not the bits decode_attention
+    gives it (a generated token is computed one way, a prompt token another, each always so)."""
+    window = getattr(module, "sliding_window", None) or 0
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    return torch.ops.mlxcel_cpu.prompt_attention(query.contiguous(), keys, values, table, lengths, window, scale)
+
+
 def attention_fits(query: torch.Tensor, dropout: float, kwargs: dict) -> bool:
     """The kernel computes plain softmax attention: no sinks, no logit soft-capping, no dropout."""
     return (query.device.type == "cpu" and query.dtype in (torch.bfloat16, torch.float32) and not dropout

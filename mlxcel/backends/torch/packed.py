@@ -66,8 +66,9 @@ def install(model) -> bool:
 class _Group:
     """One attention group (base.AttendGroup) as torch index tensors, with its masks."""
 
-    def __init__(self, g: AttendGroup, device: torch.device, kernel: bool = False) -> None:
-        """`kernel`: the group's queries attend through the kernel, one at a time."""
+    def __init__(self, g: AttendGroup, device: torch.device, kernel: bool = False, decode: list[int] | None = None) -> None:
+        """`kernel`: the group's queries attend through the kernels, one at a time; `decode`:
+        which of its rows are decode rows (one-token groups only), the rest prompt tokens."""
         self.g, self.device = g, device
         self.tokens = g.tokens if isinstance(g.tokens, slice) else _to_device(np.asarray(g.tokens, np.int64), device)
         self.b, self.lmax = g.read.shape
@@ -77,6 +78,10 @@ class _Group:
         if kernel:  # one table row per one-token row, or one longer row's table shared by its queries
             self.table = self.read.view(self.b, self.lmax)
             self.kv_lengths = _to_device(g.qpos.reshape(-1).astype(np.int64) + 1, device)
+            rest = [i for i in range(self.b) if i not in set(decode or [])] if isinstance(g.tokens, list) else None
+            # (decode rows, prompt rows) of a one-token group; None: all prompt tokens
+            self.split = None if not decode else tuple(_to_device(np.asarray(x, np.int64), device)
+                                                       for x in (decode, rest))
 
     def mask(self, window: int | None, dtype: torch.dtype) -> torch.Tensor:
         """[b, 1, nq, lmax] additive, in the compute dtype (see paged.StepPlan.mask)."""
@@ -103,7 +108,10 @@ class PackedPlan:
         self.write = _to_device(write, device)
         self.position_ids = _to_device(pos[None], device)
         groups, order = attend_groups(rows, layout, NULL_BLOCK * bs)
-        self.groups = [_Group(g, device, kernel=decode is not None) for g in groups]
+        one = [i for i, (_, n) in enumerate(rows) if n == 1]  # attend_groups' first group, if any
+        dec = [k for k, i in enumerate(one) if decode and decode[i]]
+        self.groups = [_Group(g, device, decode is not None, dec if isinstance(g.tokens, list) else None)
+                       for g in groups]
         # the groups' outputs come out in `order`; this puts them back in token order
         self.unperm = None if order == sorted(order) else _to_device(np.argsort(order).astype(np.int64), device)
 
@@ -130,7 +138,16 @@ class PackedPlan:
                 q = query[0].index_select(1, g.tokens).transpose(0, 1).unsqueeze(2)  # [b, H, 1, D]
             if kernel:
                 rows = q[0].transpose(0, 1) if isinstance(g.tokens, slice) else q[:, :, 0]  # [queries, H, D]
-                o = fused_ops.decode_attention(module, rows, keys, values, g.table, g.kv_lengths, scaling)
+                if g.split is None:
+                    o = fused_ops.prompt_attention(module, rows, keys, values, g.table, g.kv_lengths, scaling)
+                else:
+                    dec, rest = g.split
+                    o = torch.empty(rows.shape[0], rows.shape[1], dv, dtype=rows.dtype, device=rows.device)
+                    o[dec] = fused_ops.decode_attention(module, rows[dec], keys, values, g.table[dec],
+                                                        g.kv_lengths[dec], scaling)
+                    if len(rest):
+                        o[rest] = fused_ops.prompt_attention(module, rows[rest], keys, values, g.table[rest],
+                                                             g.kv_lengths[rest], scaling)
                 outs.append(o.unsqueeze(0))  # [1, queries, H, D]
                 continue
             if g.start is not None:

@@ -118,6 +118,12 @@ class StepPlan:
             table = self.read.view(b, lmax)
             self.table = table if nmax == 1 else table.repeat_interleave(nmax, 0) if b > 1 else table
             self.kv_lengths = _to_device((self._qpos + 1).reshape(-1).astype(np.int64), device)
+            # decode rows beside one-token prompt rows: each kind through its own op
+            dec = [i for i, d in enumerate(decode) if d and self.n[i] == 1]
+            self.split = None
+            if dec and not self.decode_all:
+                rest = [i for i in range(b) if i not in set(dec)]
+                self.split = tuple(_to_device(np.asarray(x, np.int64), device) for x in (dec, rest))
 
     def mask(self, window: int | None = None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """[B, 1, nmax, lmax] additive: 0 where a query may attend a key, dtype's minimum where
@@ -141,9 +147,18 @@ class StepPlan:
         if fused_ops.attention_fits(query, dropout, kwargs):
             b, h, n, d = query.shape
             q = query[:, :, 0] if n == 1 else query.transpose(1, 2).reshape(b * n, h, d)
-            # a decode-only step's new keys and values are stored by the same call
-            write = (key[:, :, 0], value[:, :, 0], self.write) if self.decode_all else None
-            out = fused_ops.decode_attention(module, q, keys, values, self.table, self.kv_lengths, scaling, write)
+            if self.decode_all:  # the rows' new keys and values are stored by the same call
+                out = fused_ops.decode_attention(module, q, keys, values, self.table, self.kv_lengths, scaling,
+                                                 (key[:, :, 0], value[:, :, 0], self.write))
+            elif self.split is None:  # prompt rows only
+                out = fused_ops.prompt_attention(module, q, keys, values, self.table, self.kv_lengths, scaling)
+            else:
+                dec, rest = self.split
+                out = torch.empty(b, h, value.shape[-1], dtype=query.dtype, device=query.device)
+                out[dec] = fused_ops.decode_attention(module, q[dec], keys, values, self.table[dec],
+                                                      self.kv_lengths[dec], scaling)
+                out[rest] = fused_ops.prompt_attention(module, q[rest], keys, values, self.table[rest],
+                                                       self.kv_lengths[rest], scaling)
             return out.view(b, n, h, -1), None
         if self.decode_all:  # not the kernel's kind of attention: store, then SDPA as without it
             store(self.storage, layer, self.write, key, value)
