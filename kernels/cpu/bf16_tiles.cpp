@@ -35,9 +35,10 @@ using mlxcel::widen;
 #if MLXCEL_AMX
 constexpr int64_t kT = 16;   // tile rows, and outputs / activation rows per tile
 constexpr int64_t kK = 32;   // bf16 values of k per tile step (64 bytes)
-// k steps per block (see tiles): 32 KiB of weight tiles, an L1's worth, for any k; on SmolLM2's
-// k (576, 1536) 8, 16 and one whole pass measured alike within this host's noise
-constexpr int64_t kBlock = 16;
+// k steps per block (see tiles): 8 KiB of weight tiles, which stay in L1 beside the streamed
+// activation tiles; SmolLM2's 210 products at 512 rows took 1.34 and 1.61x torch's time with 4,
+// 2.0-2.2x with 8 or 16 (scripts/bench/torch_prompt_products.py, docs/benchmarks.md round 8)
+constexpr int64_t kBlock = 4;
 
 // Tile registers: 0-3 accumulators (outputs n0.. x rows m0..), 4-5 weight tiles, 6-7 activation
 // tiles.
