@@ -12,8 +12,8 @@ The backend says which rows those are around each forward (`RowRouting.rows`).
 Prompt rows take mlxcel's AMX tile kernel where the CPU has one (kernels/cpu/bf16_tiles.cpp):
 torch's bf16 `linear` gives a row other bits when the call holds another number of rows, so a
 prompt prefilled whole and the same prompt after a cached prefix got different KV; the tile
-kernel's rows do not depend on the call's shape (and it runs about as fast as torch's here,
-round 8). Without AMX prompt rows keep torch's `linear`.
+kernel's rows do not depend on the call's shape (about torch's time up to ~64 rows, 1.3-1.6x it
+at 512: docs/benchmarks.md round 8). Without AMX prompt rows keep torch's `linear`.
 
 The modules stay `nn.Linear` (only the instance's `forward` changes), so anything that finds
 linears by type or hooks them (LoRA terms, per-layer hooks) still sees them. Without the
