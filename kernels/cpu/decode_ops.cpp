@@ -417,18 +417,20 @@ void prompt_rows_amx(const uint16_t* q, const uint16_t* keys, const uint16_t* va
     most = std::max(most, len[i]);
     least = std::min(least, first_of(i));
   }
-  const int64_t blocks = (most + kT - 1) / kT, width = blocks * kT;
+  // the key blocks any query sees: [base, base + blocks), keys base * 16 .. on
+  const int64_t base = least / kT, blocks = (most + kT - 1) / kT - base, width = blocks * kT;
   // keys as tiles [kv head][key block][step][16 pairs][16 keys] of bf16 pairs; values in fp32
   // [kv head][key][D], both read once here instead of once per query
   std::vector<uint32_t> kp(kv_heads * blocks * S * kT * kT, 0);
   std::vector<float> vf(kv_heads * width * D);
   mlxcel::parallel(kv_heads, [&](int64_t g) {
     for (int64_t j = least; j < most; ++j) {
+      const int64_t at = j - base * kT;
       const auto* src = reinterpret_cast<const uint32_t*>(keys + (slots[j] * kv_heads + g) * D);
-      uint32_t* dst = kp.data() + (g * blocks + j / kT) * S * kT * kT + j % kT;
+      uint32_t* dst = kp.data() + (g * blocks + at / kT) * S * kT * kT + at % kT;
       for (int64_t p = 0; p < D / 2; ++p) dst[(p / kT) * kT * kT + (p % kT) * kT] = src[p];
       const uint16_t* v = values + (slots[j] * kv_heads + g) * D;
-      for (int64_t d = 0; d < D; ++d) vf[(g * width + j) * D + d] = widen(v[d]);
+      for (int64_t d = 0; d < D; ++d) vf[(g * width + at) * D + d] = widen(v[d]);
     }
   }, true);
   const int64_t query_blocks = (n + kT - 1) / kT;
@@ -442,17 +444,17 @@ void prompt_rows_amx(const uint16_t* q, const uint16_t* keys, const uint16_t* va
       block_most = std::max(block_most, len[t0 + r]);
       block_least = std::min(block_least, first_of(t0 + r));
     }
-    thread_local std::vector<float> scores;  // [16 queries][width]
+    thread_local std::vector<float> scores;  // [16 queries][width], key j at column j - base * 16
     scores.resize(kT * width);
     mlxcel::amx_configure();
     for (int64_t kb = block_least / kT; kb * kT < block_most; ++kb) {
       _tile_zero(0);
       for (int64_t s = 0; s < S; ++s) {
         _tile_loadd(1, qt + s * 32, D * 2);
-        _tile_loadd(2, kp.data() + ((g * blocks + kb) * S + s) * kT * kT, 64);
+        _tile_loadd(2, kp.data() + ((g * blocks + kb - base) * S + s) * kT * kT, 64);
         _tile_dpbf16ps(0, 1, 2);
       }
-      _tile_stored(0, scores.data() + kb * kT, width * 4);
+      _tile_stored(0, scores.data() + (kb - base) * kT, width * 4);
     }
     _tile_release();
     float total[kT];
@@ -460,7 +462,7 @@ void prompt_rows_amx(const uint16_t* q, const uint16_t* keys, const uint16_t* va
     uint16_t* dst[kT];
     for (int64_t r = 0; r < tn; ++r) {  // each query's softmax over its own span [first, len)
       const int64_t i = t0 + r, first = first_of(i), span = len[i] - first;
-      float* row = scores.data() + r * width;
+      float* row = scores.data() + r * width - base * kT;  // indexed by key
       __m512 top = _mm512_set1_ps(-INFINITY);
       for (int64_t j = 0; j < span; j += 16) {
         const __mmask16 m = span - j >= 16 ? __mmask16(0xffff) : static_cast<__mmask16>((1u << (span - j)) - 1);
@@ -474,7 +476,7 @@ void prompt_rows_amx(const uint16_t* q, const uint16_t* keys, const uint16_t* va
       p[r] = row;
       dst[r] = out + (i * heads + h) * D;
     }
-    const float* vg = vf.data() + g * width * D;
+    const float* vg = vf.data() + (g * width - base * kT) * D;  // indexed by key
     int64_t r = 0;
     for (; r + kRows <= tn; r += kRows)
       weigh_values<NV, kRows>(vg, p + r, total + r, block_least, block_most, dst + r);

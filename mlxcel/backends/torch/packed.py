@@ -6,8 +6,8 @@ tokens, with per-token position ids (transformers builds RoPE from them, so rota
 seam). Attention is the one seam: the model runs under mlxcel's registered attention
 implementation, which hands each layer's attention to the step's plan (transformers' SDPA
 unchanged outside a step). In a packed step each row attends its own paged history: where
-mlxcel's kernel is loaded (fused_ops.py) every query through it, one at a time, as in a padded
-step; else the one-token rows together (padded to their longest history, as a decode step
+mlxcel's kernels are loaded (fused_ops.py) every query through them, one at a time, as in a
+padded step (decode rows through decode_attention, prompt tokens through prompt_attention); else the one-token rows together (padded to their longest history, as a decode step
 does) and each longer row on its own with its causal mask, each group through the same SDPA
 call a padded forward of those rows would make.
 """
@@ -78,10 +78,11 @@ class _Group:
         if kernel:  # one table row per one-token row, or one longer row's table shared by its queries
             self.table = self.read.view(self.b, self.lmax)
             self.kv_lengths = _to_device(g.qpos.reshape(-1).astype(np.int64) + 1, device)
-            rest = [i for i in range(self.b) if i not in set(decode or [])] if isinstance(g.tokens, list) else None
             # (decode rows, prompt rows) of a one-token group; None: all prompt tokens
-            self.split = None if not decode else tuple(_to_device(np.asarray(x, np.int64), device)
-                                                       for x in (decode, rest))
+            self.split = None
+            if decode:
+                rest = sorted(set(range(self.b)) - set(decode))
+                self.split = tuple(_to_device(np.asarray(x, np.int64), device) for x in (decode, rest))
 
     def mask(self, window: int | None, dtype: torch.dtype) -> torch.Tensor:
         """[b, 1, nq, lmax] additive, in the compute dtype (see paged.StepPlan.mask)."""
@@ -98,8 +99,8 @@ class PackedPlan:
 
     def __init__(self, rows: list[tuple[SequenceKV, int]], layout: RowLayout, storage, device: torch.device,
                  decode: list[bool] | None = None) -> None:
-        """`decode`: which rows are decode rows; given when the kernel (fused_ops.py) is in use,
-        and then every query attends through it (None: SDPA per group)."""
+        """`decode`: which rows are decode rows; given when the kernels (fused_ops.py) are in
+        use, and then every query attends through them (None: SDPA per group)."""
         bs = rows[0][0].allocator.block_size
         self.storage, self.device = storage, device
         self.kernel = decode is not None
@@ -122,7 +123,7 @@ class PackedPlan:
     def attend(self, module, query: torch.Tensor, key, value, attention_mask, scaling: float | None,
                dropout: float = 0.0, **kwargs) -> tuple[torch.Tensor, None]:
         """[1, T, H, D] attention output for packed queries [1, H, T, D], each row over its
-        history: through the kernel, one query at a time, as in a padded step, where it is in
+        history: through the kernels, one query at a time, as in a padded step, where they are in
         use; else through transformers' own SDPA call per group: the same call, on the same
         shapes, that a padded forward of those rows makes, so the packed step rounds alike."""
         layer, window = module.layer_idx, getattr(module, "sliding_window", None)

@@ -80,9 +80,10 @@ class StepPlan:
 
     def __init__(self, rows: list[tuple[SequenceKV, int]], device: torch.device, storage: PagedStorage | None = None,
                  decode: list[bool] | None = None) -> None:
-        """`decode`: which rows are one-token decode rows; given when the kernel (fused_ops.py)
-        is in use over `storage`, and then every row attends through it, one query at a time
-        (None: SDPA)."""
+        """`decode`: which rows are one-token decode rows; given when the kernels (fused_ops.py)
+        are in use over `storage`, and then every query attends through them, one at a time
+        (decode rows through decode_attention, prompt tokens through prompt_attention; None:
+        SDPA)."""
         self.storage = storage
         bs = rows[0][0].allocator.block_size
         self.n = [n for _, n in rows]
@@ -107,7 +108,7 @@ class StepPlan:
         self.read_start = contiguous_start(read)
         self.position_ids = _to_device(self._qpos.astype(np.int64) + shift[:, None], device)
         self._masks: dict[int | None, torch.Tensor] = {}
-        # every query through the kernel, over its row's slots up to its own position: a prompt
+        # every query through the kernels, over its row's slots up to its own position: a prompt
         # token's bits then do not depend on how its prompt was split into chunks (a cached
         # prefix plus the rest, or whole), as SDPA's blocking made them
         self.rowwise = decode is not None
@@ -137,8 +138,8 @@ class StepPlan:
 
     def attend(self, module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
         """The attention output [B, nmax, H, D] for this step's padded rows [B, H, nmax, D]:
-        through the kernel (fused_ops.py) where it is in use and the family's attention is its
-        kind, else SDPA over the gathered history."""
+        through the kernels (fused_ops.py) where they are in use and the family's attention is
+        their kind, else SDPA over the gathered history."""
         if not self.rowwise:  # PagedStepCache.update stored and gathered the history
             return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                           scaling=scaling, **kwargs)
