@@ -177,27 +177,12 @@ void set_helpers(int64_t count) {
 }
 
 at::Tensor rows_linear(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
-  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && weight.scalar_type() == at::kBFloat16, "bf16 tensors only");
-  TORCH_CHECK(weight.dim() == 2 && weight.is_contiguous(), "weight must be a contiguous [out, in] matrix");
-  const int64_t n = weight.size(0), k = weight.size(1);
-  TORCH_CHECK(x.size(-1) == k && x.numel() > 0, "x's last dimension must equal the weight's input size");
-  const int64_t rows = x.numel() / k;
-  at::Tensor xc = x.contiguous();
-  const auto* xs = reinterpret_cast<const uint16_t*>(xc.data_ptr<at::BFloat16>());
+  const mlxcel::Linear l = mlxcel::linear_operands(x, weight, bias);
+  const int64_t n = l.n, k = l.k, rows = l.rows;
+  const uint16_t* xs = l.xs();
   const auto* ws = reinterpret_cast<const uint16_t*>(weight.data_ptr<at::BFloat16>());
-  std::vector<float> bf;
-  if (bias.has_value() && bias->defined()) {
-    at::Tensor b = bias->contiguous();
-    TORCH_CHECK(b.scalar_type() == at::kBFloat16 && b.numel() == n, "bias must be bf16 [out]");
-    const auto* bs = reinterpret_cast<const uint16_t*>(b.data_ptr<at::BFloat16>());
-    bf.resize(n);
-    for (int64_t i = 0; i < n; ++i) bf[i] = widen(bs[i]);
-  }
-  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
-  shape.back() = n;
-  at::Tensor y = at::empty(shape, x.options());
-  auto* ys = reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>());
-  const float* bp = bf.empty() ? nullptr : bf.data();
+  uint16_t* ys = l.ys();
+  const float* bp = l.bs();
   // Chunks of ~64 KiB of weight rows (a multiple of 4, so every plan's blocks align as in one
   // pass over the whole matrix), split over the helpers; each chunk meets every group of eight
   // activation rows while its weights are in the cache, so many rows read the weights once.
@@ -230,7 +215,7 @@ at::Tensor rows_linear(const at::Tensor& x, const at::Tensor& weight, const std:
   mlxcel::parallel(chunks, chunk);
   if (Helpers* pool = g_helpers.load(std::memory_order_acquire); pool != nullptr && g_ahead_bytes.load() > 0)
     pool->read_ahead(g_look_ahead.after(weight, g_ahead_bytes.load()));
-  return y;
+  return l.y;
 }
 
 }  // namespace

@@ -29,8 +29,6 @@
 
 namespace {
 
-using mlxcel::narrow;
-using mlxcel::widen;
 
 #if MLXCEL_AMX
 constexpr int64_t kT = 16;   // tile rows, and outputs / activation rows per tile
@@ -209,28 +207,11 @@ bool tiles_available() {
 
 at::Tensor tiles_linear(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
   TORCH_CHECK(tiles_available(), "this CPU (or this build) has no AMX bf16 tiles");
-  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && weight.scalar_type() == at::kBFloat16, "bf16 tensors only");
-  TORCH_CHECK(weight.dim() == 2 && weight.is_contiguous(), "weight must be a contiguous [out, in] matrix");
-  const int64_t n = weight.size(0), k = weight.size(1);
-  TORCH_CHECK(x.size(-1) == k && x.numel() > 0, "x's last dimension must equal the weight's input size");
-  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
-  shape.back() = n;
-  at::Tensor y = at::empty(shape, x.options());
+  mlxcel::Linear l = mlxcel::linear_operands(x, weight, bias);
 #if MLXCEL_AMX
-  at::Tensor xc = x.contiguous();
-  std::vector<float> bf;
-  if (bias.has_value() && bias->defined()) {
-    at::Tensor b = bias->contiguous();
-    TORCH_CHECK(b.scalar_type() == at::kBFloat16 && b.numel() == n, "bias must be bf16 [out]");
-    const auto* bs = reinterpret_cast<const uint16_t*>(b.data_ptr<at::BFloat16>());
-    bf.resize(n);
-    for (int64_t i = 0; i < n; ++i) bf[i] = widen(bs[i]);
-  }
-  tiles(reinterpret_cast<const uint16_t*>(xc.data_ptr<at::BFloat16>()),
-        reinterpret_cast<const uint16_t*>(weight.data_ptr<at::BFloat16>()), bf.empty() ? nullptr : bf.data(),
-        reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()), x.numel() / k, n, k);
+  tiles(l.xs(), reinterpret_cast<const uint16_t*>(weight.data_ptr<at::BFloat16>()), l.bs(), l.ys(), l.rows, l.n, l.k);
 #endif
-  return y;
+  return l.y;
 }
 
 }  // namespace

@@ -3,7 +3,10 @@
 #pragma once
 
 #include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <c10/core/Storage.h>
+#include <c10/util/BFloat16.h>
 
 #include <algorithm>
 #include <atomic>
@@ -30,6 +33,35 @@ inline uint16_t narrow(float f) {  // round to nearest even, as torch's own conv
   if ((bits & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;  // NaN
   bits += 0x7fffu + ((bits >> 16) & 1u);
   return static_cast<uint16_t>(bits >> 16);
+}
+
+// A bf16 linear's operands, checked: y = x @ weight.T (+ bias), shaped [..., n].
+struct Linear {
+  int64_t n, k, rows;
+  at::Tensor x;              // contiguous
+  std::vector<float> bias;   // widened; empty without one
+  at::Tensor y;              // uninitialised
+  const uint16_t* xs() const { return reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()); }
+  uint16_t* ys() const { return reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()); }
+  const float* bs() const { return bias.empty() ? nullptr : bias.data(); }
+};
+
+inline Linear linear_operands(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && weight.scalar_type() == at::kBFloat16, "bf16 tensors only");
+  TORCH_CHECK(weight.dim() == 2 && weight.is_contiguous(), "weight must be a contiguous [out, in] matrix");
+  const int64_t n = weight.size(0), k = weight.size(1);
+  TORCH_CHECK(x.size(-1) == k && x.numel() > 0, "x's last dimension must equal the weight's input size");
+  std::vector<float> bf;
+  if (bias.has_value() && bias->defined()) {
+    at::Tensor b = bias->contiguous();
+    TORCH_CHECK(b.scalar_type() == at::kBFloat16 && b.numel() == n, "bias must be bf16 [out]");
+    const auto* bs = reinterpret_cast<const uint16_t*>(b.data_ptr<at::BFloat16>());
+    bf.resize(n);
+    for (int64_t i = 0; i < n; ++i) bf[i] = widen(bs[i]);
+  }
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = n;
+  return {n, k, x.numel() / k, x.contiguous(), std::move(bf), at::empty(shape, x.options())};
 }
 
 // The kernels' own helper threads. The server runs torch's OpenMP pool with passive waiting
