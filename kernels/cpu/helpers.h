@@ -1,5 +1,6 @@
-// Shared by mlxcel's CPU kernels (bf16_rows.cpp, decode_ops.cpp), built into one library:
-// bf16 <-> fp32 conversions and the helper threads that split a kernel's work.
+// Shared by mlxcel's CPU kernels (bf16_rows.cpp, bf16_tiles.cpp, decode_ops.cpp), built into one
+// library: bf16 <-> fp32 conversions, a linear's checked operands, and the threads that split a
+// kernel's work.
 #pragma once
 
 #include <ATen/Parallel.h>

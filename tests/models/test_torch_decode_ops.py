@@ -274,7 +274,7 @@ def test_served_model_with_fused_ops(ops):
 
     path = fixture_path(DEFAULT_MODEL)
     backend = TorchBackend(path, dtype="bfloat16", build_env=os.environ)
-    assert backend.fused_ops.endswith("decode attention on"), backend.fused_ops
+    assert backend.fused_ops.endswith("row-by-row attention on"), backend.fused_ops
     layers = backend.info.num_layers
     tok = Tokenizer(path)
     ids = tok.encode("The capital of France is")
@@ -316,7 +316,7 @@ def test_other_families_serve_alike_with_fused_ops(ops, ref):
     from mlxcel.backends.torch.backend import TorchBackend
 
     backend = TorchBackend(fixture_path(ref), dtype="bfloat16", build_env=os.environ)
-    assert backend.fused_ops.endswith("RoPE in 1 family modules, decode attention on"), backend.fused_ops
+    assert backend.fused_ops.endswith("RoPE in 1 family modules, row-by-row attention on"), backend.fused_ops
     (a, la), (b, lb) = _greedy_with_and_without(backend, [(i * 37) % 5000 + 100 for i in range(530)], 6)
     assert a == b
     worst = max(float(np.abs(x - y).max() / np.abs(y).max()) for x, y in zip(la, lb))

@@ -208,8 +208,9 @@ class TorchBackend(RowSteering):
         self.prompt_linears = "mlxcel AMX tiles" if kernel is not None and kernel.prompt else "torch"
 
     def set_fused_ops(self, on: bool) -> None:
-        """The kernels' fused norms, RoPE and decode-row attention (fused_ops.py), or the
-        family's own ops (benchmarks switch); needs the kernels loaded (set_row_linears)."""
+        """The kernels' fused norms, RoPE and row-by-row attention (fused_ops.py: decode rows'
+        and prompt tokens'), or the family's own ops and SDPA (benchmarks switch); needs the
+        kernels loaded (set_row_linears)."""
         fused_ops.remove_norms(self.model)
         fused_ops.remove_rope(self.model)
         self._fused_attention = False
@@ -218,10 +219,10 @@ class TorchBackend(RowSteering):
             return
         norms = fused_ops.install_norms(self.model)
         rope = fused_ops.install_rope(self.model)
-        # decode rows attend through the kernel where mlxcel's attention seam is in place
+        # every query attends through the kernels where mlxcel's attention seam is in place
         self._fused_attention = self.packs_rows
         self.fused_ops = (f"{norms} RMSNorms, RoPE in {len(rope)} family modules, "
-                          f"decode attention {'on' if self._fused_attention else 'off'}")
+                          f"row-by-row attention {'on' if self._fused_attention else 'off'}")
 
     def _load_model(self, path: Path, dtype: torch.dtype, extra: dict):
         import transformers
