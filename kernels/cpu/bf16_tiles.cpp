@@ -29,7 +29,6 @@
 
 namespace {
 
-
 #if MLXCEL_AMX
 constexpr int64_t kT = 16;   // tile rows, and outputs / activation rows per tile
 constexpr int64_t kK = 32;   // bf16 values of k per tile step (64 bytes)
@@ -37,9 +36,6 @@ constexpr int64_t kK = 32;   // bf16 values of k per tile step (64 bytes)
 // activation tiles; SmolLM2's 210 products at 512 rows took 1.34 and 1.61x torch's time with 4,
 // 2.0-2.2x with 8 or 16 (scripts/bench/torch_prompt_products.py, docs/benchmarks.md round 8)
 constexpr int64_t kBlock = 4;
-
-// Tile registers: 0-3 accumulators (outputs n0.. x rows m0..), 4-5 weight tiles, 6-7 activation
-// tiles.
 
 // r[i][j] -> r[j][i] for a 16 x 16 block of 32-bit values (four rounds of shuffles).
 inline void transpose16(__m512 r[16]) {
@@ -109,6 +105,8 @@ void tiles(const uint16_t* x, const uint16_t* w, const float* bias, uint16_t* y,
   const int64_t row_blocks = ((rows + kT - 1) / kT + 1) / 2 * 2;
   const std::vector<uint32_t> xp = pack_rows(x, rows, k, row_blocks, steps);
   const int64_t out_pairs = (n + 2 * kT - 1) / (2 * kT);
+  // one chunk: 32 outputs from n0 for every row; tile registers 0-3 the sums (outputs x rows),
+  // 4-5 weight tiles, 6-7 activation tiles
   const mlxcel::Helpers::Fn chunk = [&](int64_t c) {
     mlxcel::amx_configure();
     const int64_t n0 = c * 2 * kT;
