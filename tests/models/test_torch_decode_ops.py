@@ -133,12 +133,18 @@ def _attention_case(seed, rows, heads, kv_heads, dk, dv, dtype, max_len=200, slo
 @pytest.mark.parametrize("window", [0, 17])
 def test_decode_attention_matches_the_reference(ops, dtype, heads, kv_heads, dk, dv, window):
     q, keys, values, table, lengths = _attention_case(heads * dk + window, 4, heads, kv_heads, dk, dv, dtype)
+    _assert_matches_reference(fused_ops.decode_attention, q, keys, values, table, lengths, window)
+
+
+def _assert_matches_reference(attend, q, keys, values, table, lengths, window):
+    """`attend` (a fused_ops attention) within one bf16 step (or fp32 noise) of _reference."""
+    dk, dtype = q.shape[-1], q.dtype
     scale = dk ** -0.5
     # an attention module as the families have it: a window on sliding layers, else None
     module = types.SimpleNamespace(sliding_window=window or None)
     with torch.inference_mode():
-        got = fused_ops.decode_attention(module, q, keys, values, table, lengths, scale)
-    want = _reference(q, keys, values, table, lengths, window, scale)
+        got = attend(module, q, keys, values, table, lengths, scale)
+    want = _reference(q, keys, values, table.expand(len(q), -1), lengths, window, scale)
     tol = (2.0 ** -7 if dtype is torch.bfloat16 else 1e-5) * float(want.abs().max())
     err = float((got.double() - want).abs().max())
     assert got.dtype == dtype and got.shape == want.shape and err <= tol, err
@@ -175,14 +181,7 @@ def test_prompt_attention_matches_the_reference(ops, dtype, heads, kv_heads, dk,
     """Prompt tokens, each over its own prefix of one table (bf16 head sizes 64/128/256 take
     the AMX scores where the CPU has them; the rest the decode rows' form)."""
     q, keys, values, table, lengths = _prompt_case(heads + dk + window, 40, heads, kv_heads, dk, dv, dtype)
-    scale = dk ** -0.5
-    module = types.SimpleNamespace(sliding_window=window or None)
-    with torch.inference_mode():
-        got = fused_ops.prompt_attention(module, q, keys, values, table, lengths, scale)
-    want = _reference(q, keys, values, table.expand(len(q), -1), lengths, window, scale)
-    tol = (2.0 ** -7 if dtype is torch.bfloat16 else 1e-5) * float(want.abs().max())
-    err = float((got.double() - want).abs().max())
-    assert got.dtype == dtype and got.shape == want.shape and err <= tol, err
+    _assert_matches_reference(fused_ops.prompt_attention, q, keys, values, table, lengths, window)
 
 
 @pytest.mark.parametrize("dk,window", [(64, 0), (128, 0), (256, 37), (48, 0)])

@@ -13,7 +13,6 @@ torch's linear there); where /proc/cpuinfo lists them, the kernel must be availa
 from __future__ import annotations
 
 import os
-import threading
 
 import numpy as np
 import pytest
@@ -24,6 +23,7 @@ from mlxcel.backends.torch.cpu_kernels import cpu_flags
 from mlxcel.backends.torch.row_gemv import load_row_kernel
 from tests.conftest import DEFAULT_MODEL, fixture_path
 from tests.fixtures import GEMMA3, QWEN2_TINY, QWEN3_TINY
+from tests.models.callers import assert_each_caller_gets_its_own
 
 
 @pytest.fixture(scope="module")
@@ -109,24 +109,7 @@ def test_tiles_refuse_what_they_do_not_take(tiles):
 def test_two_callers_at_once_each_get_their_own_answer(tiles):
     """Each thread configures its own tiles: two engine threads (router mode) may call together."""
     work = [_data(40 + 9 * i, 1536, 576, seed=i) for i in range(2)]
-    with torch.inference_mode():
-        want = [tiles(x, w, b) for x, w, b in work]
-    bad: list[int] = []
-
-    def caller(i: int) -> None:
-        x, w, b = work[i]
-        with torch.inference_mode():
-            for _ in range(100):
-                if not torch.equal(tiles(x, w, b), want[i]):
-                    bad.append(i)
-
-    threads = [threading.Thread(target=caller, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    assert not any(t.is_alive() for t in threads), "a caller is stuck"
-    assert not bad
+    assert_each_caller_gets_its_own([lambda x=x, w=w, b=b: tiles(x, w, b) for x, w, b in work], rounds=100)
 
 
 def _prefill(backend, prompt: list[int], cuts: list[int], beside: list[int] | None = None) -> np.ndarray:

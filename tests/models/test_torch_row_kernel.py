@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 from mlxcel.backends.torch.row_gemv import ALL, install_row_gemv, load_row_kernel, remove_row_gemv
 from tests.conftest import DEFAULT_MODEL, fixture_path
+from tests.models.callers import assert_each_caller_gets_its_own
 
 
 @pytest.fixture(scope="module")
@@ -155,29 +156,10 @@ def test_without_a_compiler_the_reason_is_given(tmp_path):
 def test_two_callers_at_once_each_get_their_own_answer(kernel):
     """Two engine threads (router mode, a side model) may call the kernel together: one holds
     the helper threads, the other runs alone; neither may see the other's rows."""
-    import threading
-
     g = torch.Generator().manual_seed(5)
     work = [(torch.randn(1, 576, generator=g), torch.randn(8192, 576, generator=g)) for _ in range(2)]
     work = [(x.to(torch.bfloat16), w.to(torch.bfloat16)) for x, w in work]
-    with torch.inference_mode():
-        want = [kernel.op(x, w, None) for x, w in work]
-    bad: list[int] = []
-
-    def caller(i: int) -> None:
-        x, w = work[i]
-        with torch.inference_mode():
-            for _ in range(200):
-                if not torch.equal(kernel.op(x, w, None), want[i]):
-                    bad.append(i)
-
-    threads = [threading.Thread(target=caller, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    assert not any(t.is_alive() for t in threads), "a caller is stuck"
-    assert not bad
+    assert_each_caller_gets_its_own([lambda x=x, w=w: kernel.op(x, w, None) for x, w in work], rounds=200)
 
 
 def test_read_ahead_never_reads_freed_weights(kernel):
