@@ -123,7 +123,7 @@ class StepPlan:
             dec = [i for i, d in enumerate(decode) if d and self.n[i] == 1]
             self.split = None
             if dec and not self.decode_all:
-                rest = [i for i in range(b) if i not in set(dec)]
+                rest = sorted(set(range(b)) - set(dec))
                 self.split = tuple(_to_device(np.asarray(x, np.int64), device) for x in (dec, rest))
 
     def mask(self, window: int | None = None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
