@@ -92,9 +92,9 @@ def load_backend(settings: ServerSettings, path: Path):
             from mlxcel.backends.torch.backend import TorchBackend as backend_class
         backend = backend_class(path, dtype=settings.dtype, device=choice.device, threads=settings.threads,
                                 rope=settings.rope, compile=settings.torch_compile, build_env=settings.build_env)
-        if backend.device.type == "cpu" and backend.info.dtype == "bfloat16":
-            log.info("torch CPU: decode rows' bf16 linears via %s, prompt rows' via %s; fused ops: %s",
-                     backend.row_kernel, backend.prompt_linears, backend.fused_ops)
+        if backend.device.type == "cpu" and backend.info.dtype in ("bfloat16", "float32"):
+            log.info("torch CPU: decode rows' %s linears via %s, prompt rows' via %s; fused ops: %s",
+                     backend.info.dtype, backend.row_kernel, backend.prompt_linears, backend.fused_ops)
         return backend, choice
     import mlx.core as mx
 

@@ -1,7 +1,7 @@
 // The small per-layer ops of a decode step, fused, for the torch backend on the CPU; prompt
 // chunks take them too (row by row, so a prompt token's bits do not depend on its chunk).
 //
-// With the weights read fast (bf16_rows.cpp), a one-token step of a small model spends most of
+// With the weights read fast (rows_linear.cpp), a one-token step of a small model spends most of
 // its time in transformers' eager ops: an RMSNorm is eight ops, applying RoPE fourteen, and SDPA
 // over a short history costs more to set up than to compute (docs/benchmarks.md, round 7). Each
 // op here does one of those in one call, row by row, so a row's result never depends on what
@@ -33,7 +33,7 @@
 #include "amx.h"
 #include "helpers.h"
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -163,10 +163,24 @@ inline __m512 load16(const uint16_t* p) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+#elif defined(__AVX2__) && defined(__FMA__)
+// AVX2 without AVX512 (eight lanes): the attention's dot products, value sums and exp below.
+#define MLXCEL_DECODE_AVX2 1
+inline __m256 load8(const uint16_t* p) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline float reduce_add8(__m256 v) {  // one fixed order: halves, then pairs, then the last two
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
 #endif
 
-// p[j] = exp(p[j] - top) for j < n; returns their sum. The AVX512 form is Cephes' expf
-// polynomial (about 1 ulp), sixteen scores at a time instead of one std::exp call per score.
+// p[j] = exp(p[j] - top) for j < n; returns their sum. The AVX512 and AVX2 forms are Cephes'
+// expf polynomial (about 1 ulp), 16 or 8 scores at a time instead of one std::exp per score.
 inline float exp_shifted(float* p, int64_t n, float top) {
 #if defined(__AVX512F__)
   const __m512 shift = _mm512_set1_ps(top);
@@ -191,6 +205,32 @@ inline float exp_shifted(float* p, int64_t n, float top) {
     sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(m, y));
   }
   return _mm512_reduce_add_ps(sum);
+#elif defined(MLXCEL_DECODE_AVX2)
+  // the same polynomial on eight lanes; 2^n built in the exponent bits (n >= -126 here)
+  const __m256 shift = _mm256_set1_ps(top);
+  __m256 sum = _mm256_setzero_ps();
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  for (int64_t j = 0; j < n; j += 8) {
+    const __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(std::min<int64_t>(n - j, 8))), lane);
+    __m256 x = _mm256_sub_ps(_mm256_maskload_ps(p + j, m), shift);
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+    const __m256 n2 = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    x = _mm256_fnmadd_ps(n2, _mm256_set1_ps(0.693359375f), x);
+    x = _mm256_fnmadd_ps(n2, _mm256_set1_ps(-2.12194440e-4f), x);
+    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+    const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n2), _mm256_set1_epi32(127)), 23);
+    y = _mm256_mul_ps(y, _mm256_castsi256_ps(bits));
+    _mm256_maskstore_ps(p + j, m, y);
+    sum = _mm256_add_ps(sum, _mm256_and_ps(y, _mm256_castsi256_ps(m)));
+  }
+  return reduce_add8(sum);
 #else
   float sum = 0;
   for (int64_t j = 0; j < n; ++j) sum += (p[j] = std::exp(p[j] - top));
@@ -207,6 +247,12 @@ float dot_key(const float* q, const T* key, int64_t n) {
     for (int64_t j = 0; j < n; j += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + j), load16(key + j), acc);
     return _mm512_reduce_add_ps(acc);
   }
+#elif defined(MLXCEL_DECODE_AVX2)
+  if (n % 8 == 0) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t j = 0; j < n; j += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + j), load8(key + j), acc);
+    return reduce_add8(acc);
+  }
 #endif
   return dot(q, key, n);
 }
@@ -219,6 +265,13 @@ void add_value(float* acc, float p, const T* value, int64_t n) {
     const __m512 pv = _mm512_set1_ps(p);
     for (int64_t j = 0; j < n; j += 16)
       _mm512_storeu_ps(acc + j, _mm512_fmadd_ps(pv, load16(value + j), _mm512_loadu_ps(acc + j)));
+    return;
+  }
+#elif defined(MLXCEL_DECODE_AVX2)
+  if (n % 8 == 0) {
+    const __m256 pv = _mm256_set1_ps(p);
+    for (int64_t j = 0; j < n; j += 8)
+      _mm256_storeu_ps(acc + j, _mm256_fmadd_ps(pv, load8(value + j), _mm256_loadu_ps(acc + j)));
     return;
   }
 #endif

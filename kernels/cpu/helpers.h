@@ -1,4 +1,4 @@
-// Shared by mlxcel's CPU kernels (bf16_rows.cpp, bf16_tiles.cpp, decode_ops.cpp), built into one
+// Shared by mlxcel's CPU kernels (rows_linear.cpp, bf16_tiles.cpp, decode_ops.cpp), built into one
 // library: bf16 <-> fp32 conversions, a linear's checked operands, and the threads that split a
 // kernel's work.
 #pragma once
@@ -36,29 +36,40 @@ inline uint16_t narrow(float f) {  // round to nearest even, as torch's own conv
   return static_cast<uint16_t>(bits >> 16);
 }
 
-// A bf16 linear's operands, checked: y = x @ weight.T (+ bias), shaped [..., n].
+// A linear's operands, checked: y = x @ weight.T (+ bias), shaped [..., n], all of one dtype:
+// bf16, or fp32 where `fp32` allows it (the row kernel's form for CPUs without bf16 instructions).
 struct Linear {
   int64_t n, k, rows;
   at::Tensor x;              // contiguous
-  std::vector<float> bias;   // widened; empty without one
+  std::vector<float> bias;   // in fp32; empty without one
   at::Tensor y;              // uninitialised
+  bool bf16() const { return x.scalar_type() == at::kBFloat16; }
   const uint16_t* xs() const { return reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()); }
   uint16_t* ys() const { return reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>()); }
+  const float* xf() const { return x.data_ptr<float>(); }
+  float* yf() const { return y.data_ptr<float>(); }
   const float* bs() const { return bias.empty() ? nullptr : bias.data(); }
 };
 
-inline Linear linear_operands(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
-  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && weight.scalar_type() == at::kBFloat16, "bf16 tensors only");
+inline Linear linear_operands(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                              bool fp32 = false) {
+  const auto dtype = weight.scalar_type();
+  TORCH_CHECK(dtype == at::kBFloat16 || (fp32 && dtype == at::kFloat), fp32 ? "bf16 or fp32 tensors only" : "bf16 tensors only");
+  TORCH_CHECK(x.scalar_type() == dtype, "x and the weight must share a dtype");
   TORCH_CHECK(weight.dim() == 2 && weight.is_contiguous(), "weight must be a contiguous [out, in] matrix");
   const int64_t n = weight.size(0), k = weight.size(1);
   TORCH_CHECK(x.size(-1) == k && x.numel() > 0, "x's last dimension must equal the weight's input size");
   std::vector<float> bf;
   if (bias.has_value() && bias->defined()) {
     at::Tensor b = bias->contiguous();
-    TORCH_CHECK(b.scalar_type() == at::kBFloat16 && b.numel() == n, "bias must be bf16 [out]");
-    const auto* bs = reinterpret_cast<const uint16_t*>(b.data_ptr<at::BFloat16>());
+    TORCH_CHECK(b.scalar_type() == dtype && b.numel() == n, "bias must be [out] in the weight's dtype");
     bf.resize(n);
-    for (int64_t i = 0; i < n; ++i) bf[i] = widen(bs[i]);
+    if (dtype == at::kFloat) {
+      std::memcpy(bf.data(), b.data_ptr<float>(), n * sizeof(float));
+    } else {
+      const auto* bs = reinterpret_cast<const uint16_t*>(b.data_ptr<at::BFloat16>());
+      for (int64_t i = 0; i < n; ++i) bf[i] = widen(bs[i]);
+    }
   }
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
   shape.back() = n;
@@ -103,7 +114,7 @@ class Helpers {
     busy_.store(false, std::memory_order_release);
   }
 
-  // Memory a helper reads into the cache while no job is pending, in order (bf16_rows.cpp
+  // Memory a helper reads into the cache while no job is pending, in order (rows_linear.cpp
   // names the weights the next products will read). Replaces the previous list; a range being
   // read when the list changes continues where it was. Each range holds its tensor's storage,
   // so memory freed meanwhile (a model unloaded) is never read.

@@ -9,9 +9,9 @@ Prints text; not a test.
     python -m scripts.bench.torch_decode_ab -m DIR --arms bfloat16:stock bfloat16:gemv float32:gemv
 
 Variants: stock (torch's nn.Linear.forward), gemv (one-row linears through torch.mv), kernel
-(one-row bf16 linears through mlxcel's kernel, kernels/cpu/bf16_rows.cpp), fused (kernel plus
+(one-row linears through mlxcel's kernel, kernels/cpu/rows_linear.cpp), fused (kernel plus
 the fused norms, RoPE and decode attention of kernels/cpu/decode_ops.cpp: the server's default
-for bf16 on a CPU), fused-no-read-ahead (fused, without the row kernel's read-ahead of the next
+on a CPU), fused-no-read-ahead (fused, without the row kernel's read-ahead of the next
 weights), compile (kernel plus --torch-compile; its compile time is printed once, outside the
 rounds).
 """

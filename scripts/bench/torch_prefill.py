@@ -1,10 +1,11 @@
-"""Interleaved A/B of torch CPU bf16 prefill: prompt rows on torch's own ops against mlxcel's
-kernels (the server's default), on one loaded checkpoint. Prints text; not a test.
+"""Interleaved A/B of torch CPU prefill (--dtype bf16 or fp32): prompt rows on torch's own ops
+against mlxcel's kernels (the server's default), on one loaded checkpoint. Prints text; not a test.
 
     python -m scripts.bench.torch_prefill -m models/HuggingFaceTB/SmolLM2-135M-Instruct --lengths 32 128 512 2048
 
 Arms: torch (prompt rows' linears torch's `linear`, attention SDPA, the family's own norms and
-RoPE) and kernels (the AMX tile linears of kernels/cpu/bf16_tiles.cpp, every query's attention
+RoPE) and kernels (bf16: the AMX tile linears of kernels/cpu/bf16_tiles.cpp where the CPU has
+them, else torch's; fp32: torch's linears; either way every query's attention
 through the row-by-row kernel, fused norms and RoPE: a prompt token's bits then do not depend on
 its chunk). A prompt longer than --chunk is prefilled in chunks of that many tokens, as the
 engine's batch size splits it. The arms take turns each round, so load from other processes
@@ -27,6 +28,7 @@ def main() -> None:
     p.add_argument("--chunk", type=int, default=512, help="prompt tokens per forward (the engine's -b)")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--threads", type=int, default=-1)
+    p.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
     args = p.parse_args()
 
     import torch
@@ -35,7 +37,7 @@ def main() -> None:
     from mlxcel.backends.torch.backend import TorchBackend
     from mlxcel.backends.torch.row_gemv import load_row_kernel
 
-    backend = TorchBackend(args.model, dtype="bfloat16", threads=args.threads, build_env=os.environ)
+    backend = TorchBackend(args.model, dtype=args.dtype, threads=args.threads, build_env=os.environ)
     print(f"threads {torch.get_num_threads()}; decode rows' linears: {backend.row_kernel}; "
           f"prompt rows' linears: {backend.prompt_linears}; fused ops: {backend.fused_ops}")
 

@@ -1,6 +1,6 @@
-"""One decode step's weight products, alone: torch's bf16 one-row paths against mlxcel's kernel.
+"""One decode step's weight products, alone: torch's one-row paths against mlxcel's kernel (bf16 or fp32).
 
-Builds random bf16 matrices in the shapes of a checkpoint's linears (every decoder layer's,
+Builds random matrices (--dtype) in the shapes of a checkpoint's linears (every decoder layer's,
 plus the LM head), then times multiplying one activation row by all of them, the paths taking
 turns for several rounds so machine load falls on each alike. Prints ms per token and the GB/s
 each path reads the weights at; compare with scripts/bench/mem_bandwidth.py. Not a test.
@@ -33,6 +33,7 @@ def main() -> None:
     p.add_argument("-m", "--model", type=Path, required=True)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
     args = p.parse_args()
 
     import torch
@@ -43,9 +44,10 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     kernel = load_row_kernel(os.environ)
     shapes = linear_shapes(json.loads((args.model / "config.json").read_text()))
-    weights = [torch.randn(o, i).mul_(0.02).to(torch.bfloat16) for o, i in shapes]
-    rows = {i: torch.randn(1, i).to(torch.bfloat16) for _, i in shapes}
-    nbytes = sum(w.numel() * 2 for w in weights)
+    dtype = getattr(torch, args.dtype)
+    weights = [torch.randn(o, i).mul_(0.02).to(dtype) for o, i in shapes]
+    rows = {i: torch.randn(1, i).to(dtype) for _, i in shapes}
+    nbytes = sum(w.nbytes for w in weights)
     paths = {
         "F.linear": lambda x, w: F.linear(x, w),
         "torch.mv": lambda x, w: torch.mv(w, x[0]),
@@ -61,7 +63,7 @@ def main() -> None:
                 for w in weights:
                     fn(rows[w.shape[1]], w)
                 times[name].append(time.perf_counter() - t)
-    print(f"{len(weights)} products, {nbytes / 1e6:.0f} MB of bf16 weights, {args.threads} threads, "
+    print(f"{len(weights)} products, {nbytes / 1e6:.0f} MB of {args.dtype} weights, {args.threads} threads, "
           f"{args.rounds} rounds")
     for name, ts in times.items():
         med, best = statistics.median(ts), min(ts)

@@ -154,10 +154,10 @@ class TorchBackend(RowSteering):
         self._routing = RowRouting(None)
         self._fused_attention = False
         kernel = None
-        if self.device.type == "cpu" and compute == "bfloat16":
+        if self.device.type == "cpu" and compute in ("bfloat16", "float32"):
             # decode rows' linears through mlxcel's kernel (not under --torch-compile: the graph
-            # would trace it), else torch.mv for one row: less time per token in bf16; fp32
-            # measured even, so it keeps torch's own path (docs/benchmarks.md)
+            # would trace it), else torch.mv for one row: less time per token in bf16, and in
+            # fp32 two threads where torch's one-row product took one (docs/benchmarks.md)
             kernel = None if compile else self._row_kernel(build_env)
             self.set_row_linears(kernel)
         # --torch-compile: one dynamic-shape graph set for the decoder stack, compiled on first use
@@ -196,16 +196,17 @@ class TorchBackend(RowSteering):
         try:
             return load_row_kernel(build_env)
         except BuildUnavailable as e:
-            log.warning("decode rows' bf16 linears use torch's kernels, slower: %s", e)
+            log.warning("decode rows' linears use torch's kernels, slower: %s", e)
             return None
 
     def set_row_linears(self, kernel: RowKernel | None) -> None:
         """Decode rows' linears through mlxcel's kernel, or torch.mv for one row when None
         (benchmarks switch); the language model's linears only (a vision tower's stay torch's)."""
         self._routing = install_row_gemv(kernel, self.base, self.lm_head)
-        self.row_kernel = (f"mlxcel bf16 row kernel ({kernel.path.name}, {kernel.threads} threads)"
+        self.row_kernel = (f"mlxcel row kernel ({kernel.path.name}, {kernel.threads} threads)"
                            if kernel is not None else "torch.mv")
-        self.prompt_linears = "mlxcel AMX tiles" if kernel is not None and kernel.prompt else "torch"
+        tiles = kernel is not None and kernel.prompt is not None and self.model.dtype == torch.bfloat16
+        self.prompt_linears = "mlxcel AMX tiles" if tiles else "torch"  # the tiles take bf16 only
 
     def set_fused_ops(self, on: bool) -> None:
         """The kernels' fused norms, RoPE and row-by-row attention (fused_ops.py: decode rows'
@@ -219,8 +220,10 @@ class TorchBackend(RowSteering):
             return
         norms = fused_ops.install_norms(self.model)
         rope = fused_ops.install_rope(self.model)
-        # every query attends through the kernels where mlxcel's attention seam is in place
-        self._fused_attention = self.packs_rows
+        # every query attends through the kernels where mlxcel's attention seam is in place, in
+        # bf16; fp32 keeps SDPA: its prompt linears are torch's (no chunk-independent bits to
+        # keep) and each prompt token alone cost 2.8x the prefill at 2048 tokens (round 9)
+        self._fused_attention = self.packs_rows and self.model.dtype == torch.bfloat16
         self.fused_ops = (f"{norms} RMSNorms, RoPE in {len(rope)} family modules, "
                           f"row-by-row attention {'on' if self._fused_attention else 'off'}")
 

@@ -2,7 +2,7 @@
 
 A decode step multiplies one activation row per sequence by every weight matrix, so its cost
 is reading the weights. torch's CPU `linear` reads bf16 weights well under the memory bandwidth
-for a few rows; mlxcel's own kernel (kernels/cpu/bf16_rows.cpp) reads them faster
+for a few rows; mlxcel's own kernel (kernels/cpu/rows_linear.cpp) reads them faster
 (docs/benchmarks.md, "Torch CPU decode", round 6). Its sums run in another order than torch's,
 so a row's last bits differ between the paths; to keep a sequence's tokens independent of what
 shares its step, the path follows what a row *is*: every decode row (`ForwardRow.decode`) takes
@@ -16,9 +16,11 @@ kernel's rows do not depend on the call's shape (about torch's time up to ~64 ro
 at 512: docs/benchmarks.md round 8). Without AMX prompt rows keep torch's `linear`.
 
 The modules stay `nn.Linear` (only the instance's `forward` changes), so anything that finds
-linears by type or hooks them (LoRA terms, per-layer hooks) still sees them. Without the
-kernels (no compiler, fp32) a one-row input runs `torch.mv` (`addmv` with a bias), which gave
-torch's `linear` bits for that row in bf16 here (tested) and reads bf16 faster.
+linears by type or hooks them (LoRA terms, per-layer hooks) still sees them. The row kernel takes
+fp32 weights too (the CPU default without bf16 instructions: torch ran a one-row fp32 product
+on one thread there, round 9); prompt rows in fp32 keep torch's `linear`. Without the kernels
+(no compiler) a one-row input runs `torch.mv` (`addmv` with a bias), which gave torch's `linear`
+bits for that row in bf16 here (tested) and reads bf16 faster.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ ALL = "all"  # RowRouting.rows: every row of the input is a decode row
 
 @dataclass(frozen=True)
 class RowKernel:
-    op: RowOp  # (x [.., in], weight [out, in], bias [out] or None) -> [.., out], bf16, row by row
+    op: RowOp  # (x [.., in], weight [out, in], bias [out] or None) -> [.., out], bf16 or fp32, row by row
     prompt: RowOp | None  # the same for prompt rows (AMX tiles), None where the CPU has no AMX
     path: Path
     threads: int  # the calling thread plus the kernel's own helpers
@@ -73,7 +75,7 @@ def _row_forward(module: torch.nn.Linear, routing: RowRouting, kernel: bool):
     ~200 of these, and each module attribute lookup costs a microsecond)."""
     weight, bias, in_features, out_features = module.weight, module.bias, module.in_features, module.out_features
     op = routing.kernel.op if kernel else None
-    prompt = routing.kernel.prompt if kernel else None
+    prompt = routing.kernel.prompt if kernel and weight.dtype == torch.bfloat16 else None  # the tiles are bf16
 
     def forward(x: torch.Tensor) -> torch.Tensor:
         rows = routing.rows if kernel else None
@@ -94,13 +96,14 @@ def _row_forward(module: torch.nn.Linear, routing: RowRouting, kernel: bool):
 
 def install_row_gemv(kernel: RowKernel | None, *roots: torch.nn.Module) -> RowRouting:
     """Give every plain nn.Linear under `roots` the decode-row path (mlxcel's kernel where the
-    weight is bf16 and a kernel is given; torch.mv for one row otherwise); returns the routing
+    weight is bf16 or fp32 and a kernel is given; torch.mv for one row otherwise); returns the routing
     the backend sets per forward."""
     routing = RowRouting(kernel)
     for root in roots:
         for module in root.modules():
             if type(module) is torch.nn.Linear:
-                fits = kernel is not None and module.weight.dtype == torch.bfloat16 and module.weight.is_contiguous()
+                fits = (kernel is not None and module.weight.dtype in (torch.bfloat16, torch.float32)
+                        and module.weight.is_contiguous())
                 module.forward = _row_forward(module, routing, fits)
     return routing
 
