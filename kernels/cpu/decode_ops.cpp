@@ -166,17 +166,8 @@ inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
 #elif defined(__AVX2__) && defined(__FMA__)
 // AVX2 without AVX512 (eight lanes): the attention's dot products, value sums and exp below.
 #define MLXCEL_DECODE_AVX2 1
-inline __m256 load8(const uint16_t* p) {
-  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
-inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
-inline float reduce_add8(__m256 v) {  // one fixed order: halves, then pairs, then the last two
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
+using mlxcel::load8;
+using mlxcel::reduce_add8;
 #endif
 
 // p[j] = exp(p[j] - top) for j < n; returns their sum. The AVX512 and AVX2 forms are Cephes'

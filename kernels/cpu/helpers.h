@@ -19,6 +19,10 @@
 #include <thread>
 #include <vector>
 
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
 namespace mlxcel {
 
 inline float widen(uint16_t v) {
@@ -35,6 +39,22 @@ inline uint16_t narrow(float f) {  // round to nearest even, as torch's own conv
   bits += 0x7fffu + ((bits >> 16) & 1u);
   return static_cast<uint16_t>(bits >> 16);
 }
+
+#if defined(__AVX2__)
+// Eight fp32 lanes from bf16 bits (widened by a shift) or fp32, and their sum in one fixed order
+// (halves, then pairs, then the last two): the AVX2 forms of the kernels share these.
+inline __m256 load8(const uint16_t* p) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline float reduce_add8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+#endif
 
 // A linear's operands, checked: y = x @ weight.T (+ bias), shaped [..., n], all of one dtype:
 // bf16, or fp32 where `fp32` allows it (the row kernel's form for CPUs without bf16 instructions).

@@ -92,17 +92,8 @@ struct Vec<float> {
 // goes through a zero-padded copy.
 using Acc = __m256;
 inline Acc zero() { return _mm256_setzero_ps(); }
-inline float reduce(Acc v) {  // halves, then pairs, then the last two
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-inline __m256 load8(const uint16_t* p) {
-  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
-inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline float reduce(Acc v) { return mlxcel::reduce_add8(v); }
+using mlxcel::load8;
 
 template <typename T>
 struct Vec {
