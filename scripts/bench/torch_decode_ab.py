@@ -12,7 +12,7 @@ Variants: stock (torch's nn.Linear.forward), gemv (one-row linears through torch
 (one-row linears through mlxcel's kernel, kernels/cpu/rows_linear.cpp), fused (kernel plus
 the fused norms, RoPE and decode attention of kernels/cpu/decode_ops.cpp: the server's default
 on a CPU), fused-no-read-ahead (fused, without the row kernel's read-ahead of the next
-weights), compile (kernel plus --torch-compile; its compile time is printed once, outside the
+weights), fused-sdpa (fused norms and RoPE, attention left to SDPA), compile (kernel plus --torch-compile; its compile time is printed once, outside the
 rounds).
 """
 
@@ -77,18 +77,20 @@ def main() -> None:
 
     import torch
 
-    def variant(row_kernel, fused: bool = False, stock: bool = False, read_ahead: int = 4 << 20):
+    def variant(row_kernel, fused: bool = False, stock: bool = False, read_ahead: int = 4 << 20,
+                attention: bool = True):
         def apply(b):
             torch.ops.mlxcel_cpu.set_read_ahead(read_ahead)
             b.set_row_linears(row_kernel)
             if b._base_forward is b.base:  # not under compile
-                b.set_fused_ops(fused)
+                b.set_fused_ops(fused, attention)
             if stock:
                 remove_row_gemv(b.base, b.lm_head)
         return apply
 
     variants = {"stock": variant(None, stock=True), "gemv": variant(None), "kernel": variant(kernel),
                 "fused": variant(kernel, fused=True), "fused-no-read-ahead": variant(kernel, fused=True, read_ahead=0),
+                "fused-sdpa": variant(kernel, fused=True, attention=False),
                 "compile": variant(kernel)}
     backends = {}
     for arm in args.arms:

@@ -273,7 +273,7 @@ def test_served_model_with_fused_ops(ops):
 
     path = fixture_path(DEFAULT_MODEL)
     backend = TorchBackend(path, dtype="bfloat16", build_env=os.environ)
-    assert backend.fused_ops.endswith("row-by-row attention on"), backend.fused_ops
+    assert backend.fused_ops.endswith("row-by-row attention: all"), backend.fused_ops
     layers = backend.info.num_layers
     tok = Tokenizer(path)
     ids = tok.encode("The capital of France is")
@@ -306,6 +306,39 @@ def test_served_model_with_fused_ops(ops):
     assert np.array_equal(alone, beside) and np.array_equal(alone, packed)
 
 
+def test_served_fp32_model_attends_through_the_kernel_in_decode_steps_only(ops):
+    """SmolLM2 in fp32 as served (the CPU default without bf16 instructions): the row kernel and
+    the fused norms and RoPE; a step of decode rows alone attends through the decode kernel, a
+    step with prompt rows through SDPA (fp32's prompt linears are torch's, so there are no
+    chunk-independent bits to keep there, and SDPA prefills long prompts faster); the same
+    greedy text as the family's own ops, decode logits within 1e-4 of their range."""
+    from mlxcel.backends.base import ForwardRow
+    from mlxcel.backends.torch.backend import TorchBackend
+    from mlxcel.engine.tokenizer import Tokenizer
+
+    path = fixture_path(DEFAULT_MODEL)
+    backend = TorchBackend(path, dtype="float32", build_env=os.environ)
+    assert backend.row_kernel.startswith("mlxcel row kernel") and backend.prompt_linears == "torch"
+    assert backend.fused_ops.endswith("row-by-row attention: decode steps"), backend.fused_ops
+    layers = backend.info.num_layers
+    tok = Tokenizer(path)
+    ids = tok.encode("The capital of France is")
+    (a, la), (b, lb) = _greedy_with_and_without(backend, ids, 10)
+    assert a == b, f"greedy text differs: {tok.decode(a)!r} vs {tok.decode(b)!r}"
+    worst = max(float(np.abs(x - y).max() / np.abs(y).max()) for x, y in zip(la, lb))
+    assert worst <= 1e-4, f"decode logits differ by {worst:.2g} of their range"
+
+    seq, other = backend.new_sequence(), backend.new_sequence()
+    counts = _op_counts(lambda: backend.forward([ForwardRow(ids, seq)]))
+    assert counts.get(SDPA, 0) >= layers and "mlxcel_cpu::prompt_attention" not in counts
+    backend.forward([ForwardRow(tok.encode("Once upon a time there"), other)])
+    counts = _op_counts(lambda: backend.forward([ForwardRow([a[0]], seq, decode=True), ForwardRow([11], other, decode=True)]))
+    assert counts.get("mlxcel_cpu::decode_attention") == layers and SDPA not in counts
+    counts = _op_counts(lambda: backend.forward([ForwardRow([a[1]], seq, decode=True),
+                                                 ForwardRow(tok.encode(" a prompt chunk"), backend.new_sequence())]))
+    assert counts.get(SDPA, 0) >= layers and "mlxcel_cpu::decode_attention" not in counts
+
+
 @pytest.mark.parametrize("ref", [GEMMA3, QWEN2_TINY, QWEN3_TINY])
 def test_other_families_serve_alike_with_fused_ops(ops, ref):
     """Gemma 3 (its offset norm, sliding-window layers, head size 256) and the Qwen families
@@ -315,7 +348,7 @@ def test_other_families_serve_alike_with_fused_ops(ops, ref):
     from mlxcel.backends.torch.backend import TorchBackend
 
     backend = TorchBackend(fixture_path(ref), dtype="bfloat16", build_env=os.environ)
-    assert backend.fused_ops.endswith("RoPE in 1 family modules, row-by-row attention on"), backend.fused_ops
+    assert backend.fused_ops.endswith("RoPE in 1 family modules, row-by-row attention: all"), backend.fused_ops
     (a, la), (b, lb) = _greedy_with_and_without(backend, [(i * 37) % 5000 + 100 for i in range(530)], 6)
     assert a == b
     worst = max(float(np.abs(x - y).max() / np.abs(y).max()) for x, y in zip(la, lb))

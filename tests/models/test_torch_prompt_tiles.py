@@ -145,7 +145,7 @@ def test_prompt_logits_are_the_same_however_the_prefill_was_split(tiles, ref):
     from mlxcel.backends.torch.backend import TorchBackend
 
     backend = TorchBackend(fixture_path(ref), dtype="bfloat16", build_env=os.environ)
-    assert backend.prompt_linears == "mlxcel AMX tiles" and backend.fused_ops.endswith("row-by-row attention on")
+    assert backend.prompt_linears == "mlxcel AMX tiles" and backend.fused_ops.endswith("row-by-row attention: all")
     prompt = [(i * 37) % 5000 + 100 for i in range(530)]
     whole = _prefill(backend, prompt, [])
     for cuts in ([96], [16, 17, 300], [529]):

@@ -152,7 +152,7 @@ class TorchBackend(RowSteering):
         self.prompt_linears = "torch"  # and prompt rows'
         self.fused_ops = "none"  # which per-layer ops run fused (the startup log says)
         self._routing = RowRouting(None)
-        self._fused_attention = False
+        self._fused_attention = "off"  # which steps' queries attend through the kernels
         kernel = None
         if self.device.type == "cpu" and compute in ("bfloat16", "float32"):
             # decode rows' linears through mlxcel's kernel (not under --torch-compile: the graph
@@ -208,24 +208,26 @@ class TorchBackend(RowSteering):
         tiles = kernel is not None and kernel.prompt is not None and self.model.dtype == torch.bfloat16
         self.prompt_linears = "mlxcel AMX tiles" if tiles else "torch"  # the tiles take bf16 only
 
-    def set_fused_ops(self, on: bool) -> None:
-        """The kernels' fused norms, RoPE and row-by-row attention (fused_ops.py: decode rows'
-        and prompt tokens'), or the family's own ops and SDPA (benchmarks switch); needs the
-        kernels loaded (set_row_linears)."""
+    def set_fused_ops(self, on: bool, attention: bool = True) -> None:
+        """The kernels' fused norms, RoPE and (with `attention`) row-by-row attention
+        (fused_ops.py: decode rows' and prompt tokens'), or the family's own ops and SDPA
+        (benchmarks switch); needs the kernels loaded (set_row_linears)."""
         fused_ops.remove_norms(self.model)
         fused_ops.remove_rope(self.model)
-        self._fused_attention = False
+        self._fused_attention = "off"
         self.fused_ops = "none"
         if not on:
             return
         norms = fused_ops.install_norms(self.model)
         rope = fused_ops.install_rope(self.model)
         # every query attends through the kernels where mlxcel's attention seam is in place, in
-        # bf16; fp32 keeps SDPA: its prompt linears are torch's (no chunk-independent bits to
-        # keep) and each prompt token alone cost 2.8x the prefill at 2048 tokens (round 9)
-        self._fused_attention = self.packs_rows and self.model.dtype == torch.bfloat16
+        # bf16; in fp32 only the steps of decode rows alone: its prompt linears are torch's (no
+        # chunk-independent bits to keep) and each prompt token alone cost 2.8x the prefill at
+        # 2048 tokens, while SDPA took ~20% of a long decode (docs/benchmarks.md round 9)
+        bf16 = self.model.dtype == torch.bfloat16
+        self._fused_attention = "off" if not (attention and self.packs_rows) else "all" if bf16 else "decode steps"
         self.fused_ops = (f"{norms} RMSNorms, RoPE in {len(rope)} family modules, "
-                          f"row-by-row attention {'on' if self._fused_attention else 'off'}")
+                          f"row-by-row attention: {self._fused_attention}")
 
     def _load_model(self, path: Path, dtype: torch.dtype, extra: dict):
         import transformers
@@ -278,7 +280,8 @@ class TorchBackend(RowSteering):
         kv = [(r.cache, len(r.tokens)) for r in rows]
         decoding = _decode_flags(rows)
         # decode rows attend through the kernel (fused_ops.py), chosen by what a row is
-        decode = decoding if self._fused_attention else None
+        fused = self._fused_attention == "all" or (self._fused_attention == "decode steps" and all(decoding))
+        decode = decoding if fused else None
         if layout.packed:
             plan = PackedPlan(kv, layout, self.storage, self.device, decode)
             ids = np.concatenate([r.tokens for r in rows]).astype(np.int64)[None]
