@@ -253,6 +253,16 @@ def _greedy_with_and_without(backend, prompt: list[int], steps: int):
     return runs
 
 
+def _same_greedy_text(backend, tok, ids: list[int], tolerance: float) -> list[int]:
+    """Ten greedy tokens with the fused ops and without: the same text, decode logits within
+    `tolerance` of their range; returns the tokens."""
+    (a, la), (b, lb) = _greedy_with_and_without(backend, ids, 10)
+    assert a == b, f"greedy text differs: {tok.decode(a)!r} vs {tok.decode(b)!r}"
+    worst = max(float(np.abs(x - y).max() / np.abs(y).max()) for x, y in zip(la, lb))
+    assert worst <= tolerance, f"decode logits differ by {worst:.2g} of their range"
+    return a
+
+
 def _op_counts(fn) -> dict[str, int]:
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         fn()
@@ -277,10 +287,7 @@ def test_served_model_with_fused_ops(ops):
     layers = backend.info.num_layers
     tok = Tokenizer(path)
     ids = tok.encode("The capital of France is")
-    (a, la), (b, lb) = _greedy_with_and_without(backend, ids, 10)
-    assert a == b, f"greedy text differs: {tok.decode(a)!r} vs {tok.decode(b)!r}"
-    worst = max(float(np.abs(x - y).max() / np.abs(y).max()) for x, y in zip(la, lb))
-    assert worst <= 0.05, f"decode logits differ by {worst:.3f} of their range"
+    a = _same_greedy_text(backend, tok, ids, tolerance=0.05)
 
     def decode_step(*others):
         """The first row's logits after a one-token decode step beside `others`' rows."""
@@ -323,10 +330,7 @@ def test_served_fp32_model_attends_through_the_kernel_in_decode_steps_only(ops):
     layers = backend.info.num_layers
     tok = Tokenizer(path)
     ids = tok.encode("The capital of France is")
-    (a, la), (b, lb) = _greedy_with_and_without(backend, ids, 10)
-    assert a == b, f"greedy text differs: {tok.decode(a)!r} vs {tok.decode(b)!r}"
-    worst = max(float(np.abs(x - y).max() / np.abs(y).max()) for x, y in zip(la, lb))
-    assert worst <= 1e-4, f"decode logits differ by {worst:.2g} of their range"
+    a = _same_greedy_text(backend, tok, ids, tolerance=1e-4)
 
     seq, other = backend.new_sequence(), backend.new_sequence()
     counts = _op_counts(lambda: backend.forward([ForwardRow(ids, seq)]))
