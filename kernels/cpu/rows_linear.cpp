@@ -126,24 +126,33 @@ constexpr int64_t kAhead = 8;
 // fp32 sum per (row, output) over the same steps in the same order, reduced the same way, so a
 // row alone and a row among eight give the same bits (engine batch invariance rests on this).
 #if defined(MLXCEL_ROWS_VECTOR)
+// One step of k: values [j, j + step) of R weight rows against M activation rows.
+template <typename T, int R, int M>
+__attribute__((always_inline)) inline void accumulate(Acc (&acc)[R][M], const T* x, const T* w, int64_t k, int64_t j,
+                                                      typename Vec<T>::Tail tail) {
+  using Lanes = Vec<T>;
+  typename Lanes::V xv[M];
+  for (int i = 0; i < M; ++i) xv[i] = Lanes::load(x + i * k + j, tail);
+  for (int r = 0; r < R; ++r) {
+    if ((j * sizeof(T)) % 64 == 0)  // one request per cache line
+      _mm_prefetch(reinterpret_cast<const char*>(w + (kAhead + r) * k + j), _MM_HINT_T0);
+    const typename Lanes::V wv = Lanes::load(w + r * k + j, tail);
+    for (int i = 0; i < M; ++i) acc[r][i] = Lanes::madd(acc[r][i], wv, xv[i]);
+  }
+}
+
 // Weight rows [0, R) of w against activation rows [0, M) of x; the R * M sums stay in registers.
+// The whole steps run in one loop, then the last partial one: the tail's load path (a copy, on
+// AVX2) kept out of the loop, where its call made the compiler keep the sums in memory.
 template <typename T, int R, int M>
 void block(const T* x, const T* w, int64_t k, float* out) {
   using Lanes = Vec<T>;
   Acc acc[R][M];
   for (int r = 0; r < R; ++r)
     for (int i = 0; i < M; ++i) acc[r][i] = zero();
-  for (int64_t j = 0; j < k; j += Lanes::step) {
-    const typename Lanes::Tail tail = Lanes::tail(k - j);
-    typename Lanes::V xv[M];
-    for (int i = 0; i < M; ++i) xv[i] = Lanes::load(x + i * k + j, tail);
-    for (int r = 0; r < R; ++r) {
-      if ((j * sizeof(T)) % 64 == 0)  // one request per cache line
-        _mm_prefetch(reinterpret_cast<const char*>(w + (kAhead + r) * k + j), _MM_HINT_T0);
-      const typename Lanes::V wv = Lanes::load(w + r * k + j, tail);
-      for (int i = 0; i < M; ++i) acc[r][i] = Lanes::madd(acc[r][i], wv, xv[i]);
-    }
-  }
+  const int64_t whole = k / Lanes::step * Lanes::step;
+  for (int64_t j = 0; j < whole; j += Lanes::step) accumulate<T, R, M>(acc, x, w, k, j, Lanes::tail(Lanes::step));
+  if (whole < k) accumulate<T, R, M>(acc, x, w, k, whole, Lanes::tail(k - whole));
   for (int r = 0; r < R; ++r)
     for (int i = 0; i < M; ++i) out[i * R + r] = reduce(acc[r][i]);
 }
