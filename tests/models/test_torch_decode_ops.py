@@ -276,14 +276,17 @@ def test_served_model_with_fused_ops(ops):
     """SmolLM2 bf16 as served (row kernel and fused ops) against the same backend with the
     family's own ops: same greedy text, decode logits close; a decode row's logits are the same
     bits alone, beside another decode row and inside a packed step beside a prefill chunk; the
-    profiler shows every row's attention taking the kernel, prompt rows' too."""
+    profiler shows decode rows' attention taking the kernel in every step, and prompt rows'
+    where the AMX tiles run their linears (else SDPA, which prefills faster)."""
     from mlxcel.backends.base import ForwardRow
     from mlxcel.backends.torch.backend import TorchBackend
     from mlxcel.engine.tokenizer import Tokenizer
 
     path = fixture_path(DEFAULT_MODEL)
     backend = TorchBackend(path, dtype="bfloat16", build_env=os.environ)
-    assert backend.fused_ops.endswith("row-by-row attention: all"), backend.fused_ops
+    tiles = backend.prompt_linears == "mlxcel AMX tiles"
+    mode = "all" if tiles else "decode rows"
+    assert backend.fused_ops.endswith(f"row-by-row attention: {mode}"), backend.fused_ops
     layers = backend.info.num_layers
     tok = Tokenizer(path)
     ids = tok.encode("The capital of France is")
@@ -308,17 +311,22 @@ def test_served_model_with_fused_ops(ops):
     assert counts.get("mlxcel_cpu::decode_attention") == layers and SDPA not in counts
     packed, counts = decode_step((tok.encode("A prompt chunk prefilled in the same step"), False))
     # the decode row through the decode kernel, the prompt chunk through the prompt rows' one
-    assert counts.get("mlxcel_cpu::decode_attention") == layers and SDPA not in counts
-    assert counts.get("mlxcel_cpu::prompt_attention") == layers
+    # (AMX tiles) or SDPA
+    assert counts.get("mlxcel_cpu::decode_attention") == layers
+    if tiles:
+        assert counts.get("mlxcel_cpu::prompt_attention") == layers and SDPA not in counts
+    else:
+        assert counts.get(SDPA) == layers and "mlxcel_cpu::prompt_attention" not in counts
     assert np.array_equal(alone, beside) and np.array_equal(alone, packed)
 
 
-def test_served_fp32_model_attends_through_the_kernel_in_decode_steps_only(ops):
+def test_served_fp32_model_attends_decode_rows_through_the_kernel_and_prompts_through_sdpa(ops):
     """SmolLM2 in fp32 as served (the CPU default without bf16 instructions): the row kernel and
-    the fused norms and RoPE; a step of decode rows alone attends through the decode kernel, a
-    step with prompt rows through SDPA (fp32's prompt linears are torch's, so there are no
-    chunk-independent bits to keep there, and SDPA prefills long prompts faster); the same
-    greedy text as the family's own ops, decode logits within 1e-4 of their range."""
+    the fused norms and RoPE; decode rows attend through the decode kernel in every step, and a
+    decode row's logits are the same bits whether a prompt chunk shares its step or not; prompt
+    rows through SDPA (fp32's prompt linears are torch's, so there are no chunk-independent bits
+    to keep there, and SDPA prefills long prompts faster); the same greedy text as the family's
+    own ops, decode logits within 1e-4 of their range."""
     from mlxcel.backends.base import ForwardRow
     from mlxcel.backends.torch.backend import TorchBackend
     from mlxcel.engine.tokenizer import Tokenizer
@@ -326,7 +334,7 @@ def test_served_fp32_model_attends_through_the_kernel_in_decode_steps_only(ops):
     path = fixture_path(DEFAULT_MODEL)
     backend = TorchBackend(path, dtype="float32", build_env=os.environ)
     assert backend.row_kernel.startswith("mlxcel row kernel") and backend.prompt_linears == "torch"
-    assert backend.fused_ops.endswith("row-by-row attention: decode steps"), backend.fused_ops
+    assert backend.fused_ops.endswith("row-by-row attention: decode rows"), backend.fused_ops
     layers = backend.info.num_layers
     tok = Tokenizer(path)
     ids = tok.encode("The capital of France is")
@@ -336,11 +344,17 @@ def test_served_fp32_model_attends_through_the_kernel_in_decode_steps_only(ops):
     counts = _op_counts(lambda: backend.forward([ForwardRow(ids, seq)]))
     assert counts.get(SDPA, 0) >= layers and "mlxcel_cpu::prompt_attention" not in counts
     backend.forward([ForwardRow(tok.encode("Once upon a time there"), other)])
-    counts = _op_counts(lambda: backend.forward([ForwardRow([a[0]], seq, decode=True), ForwardRow([11], other, decode=True)]))
+    fork = backend.new_sequence()
+    backend.forward([ForwardRow(ids, fork)])
+    got = {}
+    counts = _op_counts(lambda: got.update(beside=backend.forward([ForwardRow([a[0]], seq, decode=True),
+                                                                  ForwardRow([11], other, decode=True)])[0]))
     assert counts.get("mlxcel_cpu::decode_attention") == layers and SDPA not in counts
-    counts = _op_counts(lambda: backend.forward([ForwardRow([a[1]], seq, decode=True),
-                                                 ForwardRow(tok.encode(" a prompt chunk"), backend.new_sequence())]))
-    assert counts.get(SDPA, 0) >= layers and "mlxcel_cpu::decode_attention" not in counts
+    counts = _op_counts(lambda: got.update(packed=backend.forward([
+        ForwardRow([a[0]], fork, decode=True), ForwardRow(tok.encode(" a prompt chunk"), backend.new_sequence())])[0]))
+    assert counts.get("mlxcel_cpu::decode_attention") == layers and counts.get(SDPA) == layers
+    assert "mlxcel_cpu::prompt_attention" not in counts
+    assert np.array_equal(got["beside"], got["packed"])
 
 
 @pytest.mark.parametrize("ref", [GEMMA3, QWEN2_TINY, QWEN3_TINY])
@@ -352,7 +366,8 @@ def test_other_families_serve_alike_with_fused_ops(ops, ref):
     from mlxcel.backends.torch.backend import TorchBackend
 
     backend = TorchBackend(fixture_path(ref), dtype="bfloat16", build_env=os.environ)
-    assert backend.fused_ops.endswith("RoPE in 1 family modules, row-by-row attention: all"), backend.fused_ops
+    mode = "all" if backend.prompt_linears == "mlxcel AMX tiles" else "decode rows"
+    assert backend.fused_ops.endswith(f"RoPE in 1 family modules, row-by-row attention: {mode}"), backend.fused_ops
     (a, la), (b, lb) = _greedy_with_and_without(backend, [(i * 37) % 5000 + 100 for i in range(530)], 6)
     assert a == b
     worst = max(float(np.abs(x - y).max() / np.abs(y).max()) for x, y in zip(la, lb))

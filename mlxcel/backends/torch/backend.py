@@ -210,8 +210,9 @@ class TorchBackend(RowSteering):
 
     def set_fused_ops(self, on: bool, attention: bool = True) -> None:
         """The kernels' fused norms, RoPE and (with `attention`) row-by-row attention
-        (fused_ops.py: decode rows' and prompt tokens'), or the family's own ops and SDPA
-        (benchmarks switch); needs the kernels loaded (set_row_linears)."""
+        (fused_ops.py: decode rows', and prompt tokens' where the AMX tiles run), or the
+        family's own ops and SDPA (benchmarks switch); needs the kernels loaded
+        (set_row_linears, called first: the attention follows its prompt linears)."""
         fused_ops.remove_norms(self.model)
         fused_ops.remove_rope(self.model)
         self._fused_attention = "off"
@@ -220,12 +221,12 @@ class TorchBackend(RowSteering):
             return
         norms = fused_ops.install_norms(self.model)
         rope = fused_ops.install_rope(self.model)
-        # every query attends through the kernels where mlxcel's attention seam is in place, in
-        # bf16; in fp32 only the steps of decode rows alone: its prompt linears are torch's (no
-        # chunk-independent bits to keep) and each prompt token alone cost 2.8x the prefill at
-        # 2048 tokens, while SDPA took ~20% of a long decode (docs/benchmarks.md round 9)
-        bf16 = self.model.dtype == torch.bfloat16
-        self._fused_attention = "off" if not (attention and self.packs_rows) else "all" if bf16 else "decode steps"
+        # decode rows attend through the kernel in every step (their bits then do not depend on
+        # what shares it); prompt tokens too only where the AMX tiles run the prompt linears:
+        # only there does the kernel buy chunk-independent bits, and elsewhere prompt tokens one
+        # by one cost 2.8x SDPA's prefill at 2048 tokens (docs/benchmarks.md round 9)
+        tiles = self.prompt_linears == "mlxcel AMX tiles"
+        self._fused_attention = "off" if not (attention and self.packs_rows) else "all" if tiles else "decode rows"
         self.fused_ops = (f"{norms} RMSNorms, RoPE in {len(rope)} family modules, "
                           f"row-by-row attention: {self._fused_attention}")
 
@@ -280,13 +281,13 @@ class TorchBackend(RowSteering):
         kv = [(r.cache, len(r.tokens)) for r in rows]
         decoding = _decode_flags(rows)
         # decode rows attend through the kernel (fused_ops.py), chosen by what a row is
-        fused = self._fused_attention == "all" or (self._fused_attention == "decode steps" and all(decoding))
-        decode = decoding if fused else None
+        decode = decoding if self._fused_attention != "off" else None
+        prompts = self._fused_attention == "all"  # prompt tokens too, else SDPA
         if layout.packed:
-            plan = PackedPlan(kv, layout, self.storage, self.device, decode)
+            plan = PackedPlan(kv, layout, self.storage, self.device, decode, prompts)
             ids = np.concatenate([r.tokens for r in rows]).astype(np.int64)[None]
         else:
-            plan = StepPlan(kv, self.device, self.storage, decode)
+            plan = StepPlan(kv, self.device, self.storage, decode, prompts)
             if self._base_forward is not self.base:
                 plan.read_start = None  # compiled: one KV read path, so block order cannot force a recompile
             ids = np.zeros((plan.batch, plan.nmax), dtype=np.int64)

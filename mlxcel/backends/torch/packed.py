@@ -6,10 +6,11 @@ tokens, with per-token position ids (transformers builds RoPE from them, so rota
 seam). Attention is the one seam: the model runs under mlxcel's registered attention
 implementation, which hands each layer's attention to the step's plan (transformers' SDPA
 unchanged outside a step). In a packed step each row attends its own paged history: where
-mlxcel's kernels are loaded (fused_ops.py) every query through them, one at a time, as in a
-padded step (decode rows through decode_attention, prompt tokens through prompt_attention); else the one-token rows together (padded to their longest history, as a decode step
-does) and each longer row on its own with its causal mask, each group through the same SDPA
-call a padded forward of those rows would make.
+mlxcel's kernels are loaded (fused_ops.py) decode rows through them, one at a time, as in a
+padded step (decode_attention), and prompt tokens too where the plan says (prompt_attention);
+other groups as without the kernels: the one-token rows together (padded to their longest
+history, as a decode step does) and each longer row on its own with its causal mask, each
+group through the same SDPA call a padded forward of those rows would make.
 """
 
 from __future__ import annotations
@@ -75,6 +76,7 @@ class _Group:
         self.start = contiguous_start(g.read)
         self.read = _to_device(g.read.reshape(-1), device)
         self._masks: dict[tuple, torch.Tensor] = {}
+        self.kernel = kernel
         if kernel:  # one table row per one-token row, or one longer row's table shared by its queries
             self.table = self.read.view(self.b, self.lmax)
             self.kv_lengths = _to_device(g.qpos.reshape(-1).astype(np.int64) + 1, device)
@@ -98,12 +100,12 @@ class PackedPlan:
     decode_all = False  # (paged.StepPlan's flag) a packed step stores its keys and values before attending
 
     def __init__(self, rows: list[tuple[SequenceKV, int]], layout: RowLayout, storage, device: torch.device,
-                 decode: list[bool] | None = None) -> None:
+                 decode: list[bool] | None = None, prompts: bool = True) -> None:
         """`decode`: which rows are decode rows; given when the kernels (fused_ops.py) are in
-        use, and then every query attends through them (None: SDPA per group)."""
+        use, and then the one-token group attends through them where it holds a decode row,
+        and every group with `prompts` (else SDPA per group)."""
         bs = rows[0][0].allocator.block_size
         self.storage, self.device = storage, device
-        self.kernel = decode is not None
         self.offsets = [seq.length for seq, _ in rows]  # get_seq_length reads these
         write, pos = packed_positions(rows)
         self.write = _to_device(write, device)
@@ -111,8 +113,9 @@ class PackedPlan:
         groups, order = attend_groups(rows, layout, NULL_BLOCK * bs)
         one = [i for i, (_, n) in enumerate(rows) if n == 1]  # attend_groups' first group, if any
         dec = [k for k, i in enumerate(one) if decode and decode[i]]
-        self.groups = [_Group(g, device, decode is not None, dec if isinstance(g.tokens, list) else None)
-                       for g in groups]
+        kernel = decode is not None and (prompts or bool(dec))
+        self.groups = [_Group(g, device, kernel and (prompts or isinstance(g.tokens, list)),
+                              dec if isinstance(g.tokens, list) else None) for g in groups]
         # the groups' outputs come out in `order`; this puts them back in token order
         self.unperm = None if order == sorted(order) else _to_device(np.argsort(order).astype(np.int64), device)
 
@@ -123,21 +126,21 @@ class PackedPlan:
     def attend(self, module, query: torch.Tensor, key, value, attention_mask, scaling: float | None,
                dropout: float = 0.0, **kwargs) -> tuple[torch.Tensor, None]:
         """[1, T, H, D] attention output for packed queries [1, H, T, D], each row over its
-        history: through the kernels, one query at a time, as in a padded step, where they are in
-        use; else through transformers' own SDPA call per group: the same call, on the same
+        history: through the kernels, one query at a time, as in a padded step, where its group
+        takes them; else through transformers' own SDPA call per group: the same call, on the same
         shapes, that a padded forward of those rows makes, so the packed step rounds alike."""
         layer, window = module.layer_idx, getattr(module, "sliding_window", None)
         keys, values = self.storage.keys[layer], self.storage.values[layer]
         _, kvh, dk = keys.shape
         dv = values.shape[-1]
-        kernel = self.kernel and fused_ops.attention_fits(query, dropout, kwargs)
+        fits = fused_ops.attention_fits(query, dropout, kwargs)
         outs = []
         for g in self.groups:
             if isinstance(g.tokens, slice):
                 q = query[:, :, g.tokens]
             else:
                 q = query[0].index_select(1, g.tokens).transpose(0, 1).unsqueeze(2)  # [b, H, 1, D]
-            if kernel:
+            if g.kernel and fits:
                 rows = q[0].transpose(0, 1) if isinstance(g.tokens, slice) else q[:, :, 0]  # [queries, H, D]
                 if g.split is None:
                     o = fused_ops.prompt_attention(module, rows, keys, values, g.table, g.kv_lengths, scaling)

@@ -79,11 +79,11 @@ class StepPlan:
     packed = False  # rows right-padded to the longest (backends/torch/packed.PackedPlan packs them)
 
     def __init__(self, rows: list[tuple[SequenceKV, int]], device: torch.device, storage: PagedStorage | None = None,
-                 decode: list[bool] | None = None) -> None:
+                 decode: list[bool] | None = None, prompts: bool = True) -> None:
         """`decode`: which rows are one-token decode rows; given when the kernels (fused_ops.py)
-        are in use over `storage`, and then every query attends through them, one at a time
-        (decode rows through decode_attention, prompt tokens through prompt_attention; None:
-        SDPA)."""
+        are in use over `storage`, and then every query of a step with a decode row attends
+        through them, one at a time (decode rows through decode_attention, prompt tokens through
+        prompt_attention), and of any step with `prompts`; else SDPA."""
         self.storage = storage
         bs = rows[0][0].allocator.block_size
         self.n = [n for _, n in rows]
@@ -111,7 +111,7 @@ class StepPlan:
         # every query through the kernels, over its row's slots up to its own position: a prompt
         # token's bits then do not depend on how its prompt was split into chunks (a cached
         # prefix plus the rest, or whole), as SDPA's blocking made them
-        self.rowwise = decode is not None
+        self.rowwise = decode is not None and (prompts or any(decode))
         # every row a decode row: the kernel also stores their keys and values, so nothing is
         # stored or gathered before attention
         self.decode_all = self.rowwise and nmax == 1 and all(decode)
