@@ -248,6 +248,36 @@ float dot_key(const float* q, const T* key, int64_t n) {
   return dot(q, key, n);
 }
 
+// dot_key for NB queries (dk apart) against one key, each key load shared: NB independent sums
+// in flight where one alone waits on each multiply-add; each sum runs in dot_key's order.
+template <typename T, int NB>
+inline void dot_keys(const float* q, const T* key, int64_t dk, float* out) {
+#if defined(__AVX512F__)
+  if (dk % 16 == 0) {
+    __m512 acc[NB];
+    for (int b = 0; b < NB; ++b) acc[b] = _mm512_setzero_ps();
+    for (int64_t j = 0; j < dk; j += 16) {
+      const __m512 k = load16(key + j);
+      for (int b = 0; b < NB; ++b) acc[b] = _mm512_fmadd_ps(_mm512_loadu_ps(q + b * dk + j), k, acc[b]);
+    }
+    for (int b = 0; b < NB; ++b) out[b] = _mm512_reduce_add_ps(acc[b]);
+    return;
+  }
+#elif defined(MLXCEL_DECODE_AVX2)
+  if (dk % 8 == 0) {
+    __m256 acc[NB];
+    for (int b = 0; b < NB; ++b) acc[b] = _mm256_setzero_ps();
+    for (int64_t j = 0; j < dk; j += 8) {
+      const __m256 k = load8(key + j);
+      for (int b = 0; b < NB; ++b) acc[b] = _mm256_fmadd_ps(_mm256_loadu_ps(q + b * dk + j), k, acc[b]);
+    }
+    for (int b = 0; b < NB; ++b) out[b] = reduce_add8(acc[b]);
+    return;
+  }
+#endif
+  for (int b = 0; b < NB; ++b) out[b] = dot_key(q + b * dk, key, dk);
+}
+
 // acc += p * value over n values
 template <typename T>
 void add_value(float* acc, float p, const T* value, int64_t n) {
@@ -269,37 +299,124 @@ void add_value(float* acc, float p, const T* value, int64_t n) {
   for (int64_t j = 0; j < n; ++j) acc[j] += p * load(value, j);
 }
 
-// Row i's query heads that share key/value head g, over that row's visible slots [first, last).
+// A history row a few positions ahead, requested into the cache: a paged history is read through
+// its slot table and was last touched a token ago (out of the cache since the weights streamed
+// through), so without this each row waits on memory (fp32 on AVX2: ~1.5 GB/s, L=150).
+constexpr int64_t kAhead = 8;
+inline void prefetch_bytes(const void* p, int64_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(c + b, 0, 3);
+}
+
+// The general form: a row's visible slots in pieces of kPiece, each piece's partial softmax per
+// query head (its top score, the sum of exp(score - top), the unnormalised value sum) folded in
+// piece order (fold), so a row's bits depend on its own span alone, whichever thread took which
+// piece. A piece reads every kv head of a slot together (one contiguous run of the paged row),
+// and a one-row step still splits over the threads. One piece is the one-pass softmax exactly.
+constexpr int64_t kPiece = 64;
+
+// acc[dv] = the sum over t < span of p[t] * value row t (head offset `off` of the paged rows
+// through `slots`), t in order for every lane as add_value sums them, but the sums of a block of
+// lanes held in registers across t instead of in memory.
 template <typename T>
-void attend_group(const T* q, const T* keys, const T* values, T* out, const int64_t* slots, int64_t first,
-                  int64_t last, int64_t g, int64_t group, int64_t kv_heads, int64_t dk, int64_t dv, float scale,
-                  std::vector<float>& work) {
-  const int64_t span = last - first;
-  work.assign(group * (dk + span + dv + 2), 0.0f);
-  float* qf = work.data();            // [group, dk] the queries in fp32
-  float* scores = qf + group * dk;    // [group, span]
-  float* acc = scores + group * span; // [group, dv]
-  float* top = acc + group * dv;      // [group]
-  float* total = top + group;         // [group]
-  for (int64_t r = 0; r < group; ++r) {
-    for (int64_t j = 0; j < dk; ++j) qf[r * dk + j] = load(q + (g * group + r) * dk, j);
-    top[r] = -INFINITY;
+void weigh_rows(const float* p, const T* values, const int64_t* slots, int64_t span, int64_t vrow, int64_t off,
+                int64_t dv, float* acc, bool ahead) {
+  int64_t j0 = 0;
+#if defined(__AVX512F__)
+  for (; j0 + 128 <= dv; j0 += 128) {
+    __m512 r[8];
+    for (int v = 0; v < 8; ++v) r[v] = _mm512_setzero_ps();
+    for (int64_t t = 0; t < span; ++t) {
+      if (ahead && t + kAhead < span) prefetch_bytes(values + slots[t + kAhead] * vrow, vrow * sizeof(T));
+      const T* row = values + slots[t] * vrow + off + j0;
+      const __m512 pv = _mm512_set1_ps(p[t]);
+      for (int v = 0; v < 8; ++v) r[v] = _mm512_fmadd_ps(pv, load16(row + 16 * v), r[v]);
+    }
+    for (int v = 0; v < 8; ++v) _mm512_storeu_ps(acc + j0 + 16 * v, r[v]);
   }
+#elif defined(MLXCEL_DECODE_AVX2)
+  for (; j0 + 64 <= dv; j0 += 64) {
+    __m256 r[8];
+    for (int v = 0; v < 8; ++v) r[v] = _mm256_setzero_ps();
+    for (int64_t t = 0; t < span; ++t) {
+      if (ahead && t + kAhead < span) prefetch_bytes(values + slots[t + kAhead] * vrow, vrow * sizeof(T));
+      const T* row = values + slots[t] * vrow + off + j0;
+      const __m256 pv = _mm256_set1_ps(p[t]);
+      for (int v = 0; v < 8; ++v) r[v] = _mm256_fmadd_ps(pv, load8(row + 8 * v), r[v]);
+    }
+    for (int v = 0; v < 8; ++v) _mm256_storeu_ps(acc + j0 + 8 * v, r[v]);
+  }
+#endif
+  if (j0 == dv) return;
+  std::fill(acc + j0, acc + dv, 0.0f);
+  for (int64_t t = 0; t < span; ++t) add_value(acc + j0, p[t], values + slots[t] * vrow + off + j0, dv - j0);
+}
+
+// The partial of one row over its slots [a, b) into part: [heads] tops, [heads] totals, then
+// [heads, dv] value sums.
+template <typename T>
+void attend_piece(const T* q, const T* keys, const T* values, const int64_t* slots, int64_t a, int64_t b,
+                  int64_t heads, int64_t kv_heads, int64_t dk, int64_t dv, float scale, float* part,
+                  std::vector<float>& work) {
+  const int64_t span = b - a, group = heads / kv_heads, krow = kv_heads * dk, vrow = kv_heads * dv;
+  float* top = part;
+  float* total = part + heads;
+  float* acc = part + 2 * heads;
+  work.resize(heads * (dk + span));
+  float* qf = work.data();           // [heads, dk] the queries in fp32
+  float* scores = qf + heads * dk;   // [heads, span]
+  for (int64_t h = 0; h < heads; ++h) {
+    for (int64_t j = 0; j < dk; ++j) qf[h * dk + j] = load(q + h * dk, j);
+    top[h] = -INFINITY;
+  }
+  for (int64_t t = 0; t < std::min(kAhead, span); ++t) prefetch_bytes(keys + slots[a + t] * krow, krow * sizeof(T));
+  float s[4];
   for (int64_t t = 0; t < span; ++t) {
-    const T* key = keys + (slots[first + t] * kv_heads + g) * dk;
-    for (int64_t r = 0; r < group; ++r) {
-      const float s = dot_key(qf + r * dk, key, dk) * scale;
-      scores[r * span + t] = s;
-      top[r] = std::max(top[r], s);
+    if (t + kAhead < span) prefetch_bytes(keys + slots[a + t + kAhead] * krow, krow * sizeof(T));
+    const T* row = keys + slots[a + t] * krow;
+    for (int64_t g = 0; g < kv_heads; ++g) {
+      for (int64_t r = 0; r < group; r += 4) {  // up to four heads of one kv head at a time
+        const int64_t h = g * group + r, nb = std::min<int64_t>(4, group - r);
+        switch (nb) {
+          case 4: dot_keys<T, 4>(qf + h * dk, row + g * dk, dk, s); break;
+          case 3: dot_keys<T, 3>(qf + h * dk, row + g * dk, dk, s); break;
+          case 2: dot_keys<T, 2>(qf + h * dk, row + g * dk, dk, s); break;
+          default: dot_keys<T, 1>(qf + h * dk, row + g * dk, dk, s); break;
+        }
+        for (int64_t b = 0; b < nb; ++b) {
+          scores[(h + b) * span + t] = s[b] * scale;
+          top[h + b] = std::max(top[h + b], s[b] * scale);
+        }
+      }
     }
   }
-  for (int64_t r = 0; r < group; ++r) total[r] = exp_shifted(scores + r * span, span, top[r]);
-  for (int64_t t = 0; t < span; ++t) {
-    const T* value = values + (slots[first + t] * kv_heads + g) * dv;
-    for (int64_t r = 0; r < group; ++r) add_value(acc + r * dv, scores[r * span + t], value, dv);
+  for (int64_t h = 0; h < heads; ++h) total[h] = exp_shifted(scores + h * span, span, top[h]);
+  for (int64_t t = 0; t < std::min(kAhead, span); ++t) prefetch_bytes(values + slots[a + t] * vrow, vrow * sizeof(T));
+  for (int64_t h = 0; h < heads; ++h)  // the first head's pass brings the rows in for the rest
+    weigh_rows(scores + h * span, values, slots + a, span, vrow, (h / group) * dv, dv, acc + h * dv, h == 0);
+}
+
+// One row's n partials (attend_piece's layout, one after another) folded in order into its
+// output [heads, dv]: each step rescales both sides to the larger top.
+template <typename T>
+void fold(const float* parts, int64_t n, int64_t heads, int64_t dv, T* out, std::vector<float>& work) {
+  const int64_t stride = heads * (2 + dv);
+  work.resize(dv);
+  float* acc = work.data();
+  for (int64_t h = 0; h < heads; ++h) {
+    float top = parts[h], total = parts[heads + h];
+    std::copy_n(parts + 2 * heads + h * dv, dv, acc);
+    for (int64_t p = 1; p < n; ++p) {
+      const float* part = parts + p * stride;
+      const float next = std::max(top, part[h]);
+      const float keep = std::exp(top - next), take = std::exp(part[h] - next);
+      total = total * keep + part[heads + h] * take;
+      const float* add = part + 2 * heads + h * dv;
+      for (int64_t j = 0; j < dv; ++j) acc[j] = acc[j] * keep + add[j] * take;
+      top = next;
+    }
+    for (int64_t j = 0; j < dv; ++j) store(out + h * dv, j, acc[j] / total);
   }
-  for (int64_t r = 0; r < group; ++r)
-    for (int64_t j = 0; j < dv; ++j) store(out + (g * group + r) * dv, j, acc[r * dv + j] / total[r]);
 }
 
 #if defined(__AVX512F__)
@@ -398,23 +515,28 @@ void attend_group_fixed(const T* q, const T* keys, const T* values, T* out, cons
 }
 #endif
 
-// The attention of one (row, kv head) unit: a register-resident form where the head size allows.
+// The register-resident form applies (AVX512, dk == dv of 64, 128 or 256): a (row, kv head)
+// unit at a time; else the pieces above.
+inline bool register_form(int64_t dk, int64_t dv) {
+#if defined(__AVX512F__)
+  return dk == dv && (dk == 64 || dk == 128 || dk == 256);
+#else
+  return false;
+#endif
+}
+
+#if defined(__AVX512F__)
 template <typename T>
 void attend_unit(const T* q, const T* keys, const T* values, T* out, const int64_t* slots, int64_t first,
-                 int64_t last, int64_t g, int64_t group, int64_t kv_heads, int64_t dk, int64_t dv, float scale,
+                 int64_t last, int64_t g, int64_t group, int64_t kv_heads, int64_t dk, float scale,
                  std::vector<float>& work) {
-#if defined(__AVX512F__)
-  if (dk == dv) {
-    switch (dk) {
-      case 64: return attend_group_fixed<T, 4>(q, keys, values, out, slots, first, last, g, group, kv_heads, scale, work);
-      case 128: return attend_group_fixed<T, 8>(q, keys, values, out, slots, first, last, g, group, kv_heads, scale, work);
-      case 256: return attend_group_fixed<T, 16>(q, keys, values, out, slots, first, last, g, group, kv_heads, scale, work);
-      default: break;
-    }
+  switch (dk) {
+    case 64: return attend_group_fixed<T, 4>(q, keys, values, out, slots, first, last, g, group, kv_heads, scale, work);
+    case 128: return attend_group_fixed<T, 8>(q, keys, values, out, slots, first, last, g, group, kv_heads, scale, work);
+    default: return attend_group_fixed<T, 16>(q, keys, values, out, slots, first, last, g, group, kv_heads, scale, work);
   }
-#endif
-  attend_group(q, keys, values, out, slots, first, last, g, group, kv_heads, dk, dv, scale, work);
 }
+#endif
 
 #if MLXCEL_AMX
 // o[r] += p[r][t] * v[t] for t in [t0, t1), R query rows at once sharing each value row load;
@@ -608,26 +730,62 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& keys, const at::Tens
     return out;
   }
 #endif
-  const int64_t group = heads / kv_heads, units = rows * kv_heads;
-  // one chunk per (row, kv head) once the step is big enough to share; a unit's arithmetic is
-  // the same on any thread
-  const int64_t chunks = work < kGrain ? 1 : units;
-  const int64_t per = (units + chunks - 1) / chunks;
+  const auto first_of = [&](int64_t i) { return window > 0 ? std::max<int64_t>(0, len[i] - window) : 0; };
   const auto run = [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     const T* qs = data<T>(qc);
     const T* ks = data<T>(keys);
     const T* vs = data<T>(values);
     T* os = data<T>(out);
+#if defined(__AVX512F__)
+    if (register_form(dk, dv)) {
+      // one chunk per (row, kv head) once the step is big enough to share; a unit's arithmetic
+      // is the same on any thread
+      const int64_t group = heads / kv_heads, units = rows * kv_heads;
+      const int64_t chunks = work < kGrain ? 1 : units;
+      const int64_t per = (units + chunks - 1) / chunks;
+      mlxcel::parallel(chunks, [&](int64_t c) {
+        std::vector<float> scratch;
+        for (int64_t u = c * per, end = std::min(units, u + per); u < end; ++u) {
+          const int64_t i = u / kv_heads, g = u % kv_heads;
+          attend_unit(qs + i * heads * dk, ks, vs, os + i * heads * dv, tab + i * row_stride, first_of(i), len[i], g,
+                      group, kv_heads, dk, static_cast<float>(scale), scratch);
+        }
+      }, rows > mlxcel::kPromptRows);
+      return;
+    }
+#endif
+    const int64_t stride = heads * (2 + dv);
+    const auto piece = [&](int64_t i, int64_t p, float* part, std::vector<float>& scratch) {
+      const int64_t a = first_of(i) + p * kPiece;
+      attend_piece(qs + i * heads * dk, ks, vs, tab + i * row_stride, a, std::min(len[i], a + kPiece), heads,
+                   kv_heads, dk, dv, static_cast<float>(scale), part, scratch);
+    };
+    const auto pieces = [&](int64_t i) { return (len[i] - first_of(i) + kPiece - 1) / kPiece; };
+    if (rows > mlxcel::kPromptRows) {  // a prompt chunk: a row per unit, its pieces in turn
+      mlxcel::parallel(rows, [&](int64_t i) {
+        std::vector<float> parts(pieces(i) * stride), scratch;
+        for (int64_t p = 0; p < pieces(i); ++p) piece(i, p, parts.data() + p * stride, scratch);
+        fold(parts.data(), pieces(i), heads, dv, os + i * heads * dv, scratch);
+      }, true);
+      return;
+    }
+    // a decode step: every piece of every row a unit (once there is enough to share), folded after
+    std::vector<int64_t> row_of, index;
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t p = 0; p < pieces(i); ++p) row_of.push_back(i), index.push_back(p);
+    const int64_t units = static_cast<int64_t>(row_of.size());
+    std::vector<float> parts(units * stride);
+    const int64_t chunks = work < kGrain / 8 ? 1 : units;
+    const int64_t per = (units + chunks - 1) / chunks;
     mlxcel::parallel(chunks, [&](int64_t c) {
-      std::vector<float> work;
-      for (int64_t u = c * per, end = std::min(units, u + per); u < end; ++u) {
-        const int64_t i = u / kv_heads, g = u % kv_heads;
-        const int64_t first = window > 0 ? std::max<int64_t>(0, len[i] - window) : 0;
-        attend_unit(qs + i * heads * dk, ks, vs, os + i * heads * dv, tab + i * row_stride, first, len[i], g, group,
-                     kv_heads, dk, dv, static_cast<float>(scale), work);
-      }
-    }, rows > mlxcel::kPromptRows);
+      std::vector<float> scratch;
+      for (int64_t u = c * per, end = std::min(units, u + per); u < end; ++u)
+        piece(row_of[u], index[u], parts.data() + u * stride, scratch);
+    });
+    std::vector<float> scratch;
+    for (int64_t u = 0; u < units; u += pieces(row_of[u]))
+      fold(parts.data() + u * stride, pieces(row_of[u]), heads, dv, os + row_of[u] * heads * dv, scratch);
   };
   if (dtype == at::kBFloat16) {
     run(static_cast<uint16_t*>(nullptr));

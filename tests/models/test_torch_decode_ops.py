@@ -150,16 +150,23 @@ def _assert_matches_reference(attend, q, keys, values, table, lengths, window):
     assert got.dtype == dtype and got.shape == want.shape and err <= tol, err
 
 
-def test_a_row_attends_alike_alone_and_among_others(ops):
-    """Long rows split over the helper threads, short ones stay on the caller; a row's bits must
-    not depend on which, nor on the call's other rows (engine batch invariance)."""
-    q, keys, values, table, lengths = _attention_case(5, 6, 9, 3, 64, 64, torch.bfloat16, max_len=700, slots=2000)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_row_attends_alike_alone_and_among_others(ops, dtype):
+    """Long rows split over the helper threads (in pieces where the register form does not
+    apply), short ones stay on the caller, and a call of more rows than a decode step takes
+    each row whole; a row's bits must not depend on which, nor on the call's other rows
+    (engine batch invariance)."""
+    q, keys, values, table, lengths = _attention_case(5, 6, 9, 3, 64, 64, dtype, max_len=700, slots=2000)
     lengths[0], lengths[1] = 1, 700
+    many = 40  # more rows than kernels/cpu/helpers.h's kPromptRows
     with torch.inference_mode():
         together = ops.decode_attention(q, keys, values, table, lengths, 0, 0.125)
+        crowd = ops.decode_attention(q.repeat(many // 6 + 1, 1, 1)[:many], keys, values,
+                                     table.repeat(many // 6 + 1, 1)[:many], lengths.repeat(many // 6 + 1)[:many], 0, 0.125)
         for i in range(len(q)):
             alone = ops.decode_attention(q[i:i + 1], keys, values, table[i:i + 1], lengths[i:i + 1], 0, 0.125)
             assert torch.equal(alone[0], together[i]), f"row {i}"
+            assert torch.equal(alone[0], crowd[i]), f"row {i} among {many}"
 
 
 def _prompt_case(seed, tokens, heads, kv_heads, dk, dv, dtype, start=150):
