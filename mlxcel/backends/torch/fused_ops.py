@@ -14,9 +14,11 @@ eight per RMSNorm, fourteen to apply RoPE, and SDPA's setup over a short history
   op gives that function's exact bits (it rounds after every product and sum as the eager ops
   do); anything else it is handed (other shapes, under torch.compile) goes to the original.
 - Attention: decode rows (one token, `ForwardRow.decode`) attend their paged history through
-  the kernel, read straight from the slot table, whatever shares their step; other rows keep
-  transformers' SDPA. A row's output depends only on that row (batch invariance), but its last
-  bits differ from SDPA's, so the path follows what a row is, as row_gemv's does.
+  the kernel, read straight from the slot table, whatever shares their step; prompt tokens
+  through its sibling where the AMX tiles run their linears, else transformers' SDPA
+  (backend.set_fused_ops says why). A row's output depends only on that row (batch
+  invariance), but its last bits differ from SDPA's, so the path follows what a row is, as
+  row_gemv's does.
 """
 
 from __future__ import annotations
