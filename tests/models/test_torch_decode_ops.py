@@ -340,7 +340,8 @@ def test_served_fp32_model_attends_decode_rows_through_the_kernel_and_prompts_th
 
     path = fixture_path(DEFAULT_MODEL)
     backend = TorchBackend(path, dtype="float32", build_env=os.environ)
-    assert backend.row_kernel.startswith("mlxcel row kernel") and backend.prompt_linears == "torch"
+    assert backend.row_kernel.startswith("mlxcel row kernel")
+    assert backend.prompt_linears == "mlxcel row kernel up to 32 rows, torch above"
     assert backend.fused_ops.endswith("row-by-row attention: decode rows"), backend.fused_ops
     layers = backend.info.num_layers
     tok = Tokenizer(path)

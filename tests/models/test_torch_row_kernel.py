@@ -154,6 +154,32 @@ def test_served_model_with_kernel_matches_torch_linears(dtype, tolerance):
     for x, y in zip(la[1:], lb[1:]):  # decode steps: the kernel's path
         worst = max(worst, float(np.abs(x - y).max() / np.abs(y).max()))
     assert worst <= tolerance, f"decode logits differ by {worst:.2g} of their range"
+    # the prompt's step too (fp32: a few rows, so the kernel's path as well)
+    assert float(np.abs(la[0] - lb[0]).max() / np.abs(lb[0]).max()) <= tolerance
+
+
+def test_fp32_calls_of_few_rows_take_the_row_kernel(kernel):
+    """In fp32 a call of up to FEW_ROWS rows takes the row kernel whatever its rows are (torch's
+    fp32 GEMM is slower there); a larger call keeps torch's linear for its prompt rows, and its
+    decode rows still get the kernel's bits."""
+    from mlxcel.backends.torch.row_gemv import FEW_ROWS
+
+    torch.manual_seed(1)
+    model = torch.nn.Linear(64, 96, bias=True)
+    few, many = torch.randn(1, FEW_ROWS, 64), torch.randn(1, FEW_ROWS + 1, 64)
+    with torch.inference_mode():
+        routing = install_row_gemv(kernel, model)
+        assert torch.equal(model(few), kernel.op(few, model.weight, model.bias))
+        assert torch.equal(model(few[:, :1]), kernel.op(few[:, :1], model.weight, model.bias))
+        with routing.decode_rows(torch.tensor([0, 5])):
+            assert torch.equal(model(few), kernel.op(few, model.weight, model.bias))
+            mixed = model(many)
+        plain = model(many)
+        remove_row_gemv(model)
+        want = F.linear(many, model.weight, model.bias)
+    assert torch.equal(plain, want)
+    assert torch.equal(mixed[:, 1:5], want[:, 1:5]) and torch.equal(mixed[:, 6:], want[:, 6:])
+    assert torch.equal(mixed[:, [0, 5]], kernel.op(many[:, [0, 5]], model.weight, model.bias))
 
 
 def test_without_a_compiler_the_reason_is_given(tmp_path):

@@ -27,7 +27,7 @@ from mlxcel.backends.torch import fused_ops, packed
 from mlxcel.backends.torch.cpu_kernels import cpu_flags
 from mlxcel.backends.torch.packed import PackedPlan, step_plan
 from mlxcel.backends.torch.paged import PagedStepCache, PagedStorage, StepPlan
-from mlxcel.backends.torch.row_gemv import ALL, RowKernel, RowRouting, install_row_gemv, load_row_kernel
+from mlxcel.backends.torch.row_gemv import ALL, FEW_ROWS, RowKernel, RowRouting, install_row_gemv, load_row_kernel
 from mlxcel.engine.kv_block_pool import BlockAllocator, SequenceKV
 from mlxcel.models.hooks import LayerHooks
 from mlxcel.models.registry import family_for
@@ -206,7 +206,9 @@ class TorchBackend(RowSteering):
         self.row_kernel = (f"mlxcel row kernel ({kernel.path.name}, {kernel.threads} threads)"
                            if kernel is not None else "torch.mv")
         tiles = kernel is not None and kernel.prompt is not None and self.model.dtype == torch.bfloat16
-        self.prompt_linears = "mlxcel AMX tiles" if tiles else "torch"  # the tiles take bf16 only
+        few = kernel is not None and self.model.dtype == torch.float32  # row_gemv.FEW_ROWS
+        self.prompt_linears = ("mlxcel AMX tiles" if tiles  # the tiles take bf16 only
+                               else f"mlxcel row kernel up to {FEW_ROWS} rows, torch above" if few else "torch")
 
     def set_fused_ops(self, on: bool, attention: bool = True) -> None:
         """The kernels' fused norms, RoPE and (with `attention`) row-by-row attention

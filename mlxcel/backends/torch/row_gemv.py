@@ -18,7 +18,11 @@ at 512: docs/benchmarks.md round 8). Without AMX prompt rows keep torch's `linea
 The modules stay `nn.Linear` (only the instance's `forward` changes), so anything that finds
 linears by type or hooks them (LoRA terms, per-layer hooks) still sees them. The row kernel takes
 fp32 weights too (the CPU default without bf16 instructions: torch ran a one-row fp32 product
-on one thread there, round 9); prompt rows in fp32 keep torch's `linear`. Without the kernels
+on one thread there, round 9). In fp32 a call of up to FEW_ROWS rows (a short prompt chunk, a
+step's last tokens for the LM head, a small packed step) takes the row kernel whatever its rows
+are: torch's fp32 GEMM ran 1.2-2.4x slower than it for 8-32 rows there, and as fast at 64
+(docs/benchmarks.md round 10); a prompt token's fp32 bits already depended on its chunk's size,
+and a decode row's stay the kernel's. Larger fp32 calls keep torch's `linear`. Without the kernels
 (no compiler) a one-row input runs `torch.mv` (`addmv` with a bias), which gave torch's `linear`
 bits for that row in bf16 here (tested) and reads bf16 faster.
 """
@@ -37,6 +41,7 @@ from mlxcel.backends.torch import cpu_kernels
 
 RowOp = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
 ALL = "all"  # RowRouting.rows: every row of the input is a decode row
+FEW_ROWS = 32  # fp32 calls of up to this many rows take the row kernel, prompt rows too
 
 
 @dataclass(frozen=True)
@@ -76,16 +81,19 @@ def _row_forward(module: torch.nn.Linear, routing: RowRouting, kernel: bool):
     weight, bias, in_features, out_features = module.weight, module.bias, module.in_features, module.out_features
     op = routing.kernel.op if kernel else None
     prompt = routing.kernel.prompt if kernel and weight.dtype == torch.bfloat16 else None  # the tiles are bf16
+    few = FEW_ROWS * in_features if kernel and weight.dtype == torch.float32 else 0  # elements, see FEW_ROWS
 
     def forward(x: torch.Tensor) -> torch.Tensor:
         rows = routing.rows if kernel else None
         if rows is None:
             if prompt is not None:
                 return prompt(x, weight, bias)
+            if x.numel() <= few:
+                return op(x, weight, bias)
             if x.numel() == in_features:
                 return _mv(x, weight, bias)
             return F.linear(x, weight, bias)
-        if isinstance(rows, str):
+        if isinstance(rows, str) or x.numel() <= few:
             return op(x, weight, bias)
         y = F.linear(x, weight, bias) if prompt is None else prompt(x, weight, bias)
         y.view(-1, out_features)[rows] = op(x.reshape(-1, in_features)[rows], weight, bias)
