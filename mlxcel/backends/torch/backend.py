@@ -150,6 +150,7 @@ class TorchBackend(RowSteering):
         self.lm_head = model.get_output_embeddings()
         self.row_kernel = "torch"  # what runs decode rows' linears (the startup log says)
         self.prompt_linears = "torch"  # and prompt rows'
+        self._prompt_tiles = False  # whether those are the AMX tiles (set_row_linears)
         self.fused_ops = "none"  # which per-layer ops run fused (the startup log says)
         self._routing = RowRouting(None)
         self._fused_attention = "off"  # which steps' queries attend through the kernels
@@ -205,9 +206,10 @@ class TorchBackend(RowSteering):
         self._routing = install_row_gemv(kernel, self.base, self.lm_head)
         self.row_kernel = (f"mlxcel row kernel ({kernel.path.name}, {kernel.threads} threads)"
                            if kernel is not None else "torch.mv")
-        tiles = kernel is not None and kernel.prompt is not None and self.model.dtype == torch.bfloat16
-        few = kernel is not None and self.model.dtype == torch.float32  # row_gemv.FEW_ROWS
-        self.prompt_linears = ("mlxcel AMX tiles" if tiles  # the tiles take bf16 only
+        # the tiles take bf16 only; fp32 calls of a few rows take the row kernel (row_gemv.FEW_ROWS)
+        self._prompt_tiles = kernel is not None and kernel.prompt is not None and self.model.dtype == torch.bfloat16
+        few = kernel is not None and self.model.dtype == torch.float32
+        self.prompt_linears = ("mlxcel AMX tiles" if self._prompt_tiles
                                else f"mlxcel row kernel up to {FEW_ROWS} rows, torch above" if few else "torch")
 
     def set_fused_ops(self, on: bool, attention: bool = True) -> None:
@@ -227,7 +229,7 @@ class TorchBackend(RowSteering):
         # what shares it); prompt tokens too only where the AMX tiles run the prompt linears:
         # only there does the kernel buy chunk-independent bits, and elsewhere prompt tokens one
         # by one cost 2.8x SDPA's prefill at 2048 tokens (docs/benchmarks.md round 9)
-        tiles = self.prompt_linears == "mlxcel AMX tiles"
+        tiles = self._prompt_tiles
         self._fused_attention = "off" if not (attention and self.packs_rows) else "all" if tiles else "decode rows"
         self.fused_ops = (f"{norms} RMSNorms, RoPE in {len(rope)} family modules, "
                           f"row-by-row attention: {self._fused_attention}")
