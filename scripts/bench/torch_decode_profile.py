@@ -41,6 +41,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--steps", type=int, default=32)
     p.add_argument("--timing-only", action="store_true", help="print the per-token times only")
+    p.add_argument("--rows", type=int, default=25, help="rows of the cProfile table")
     p.add_argument("--variant", choices=("fused", "kernel", "gemv", "stock"), default="fused",
                    help="mlxcel's row kernel plus its fused norms, RoPE and decode attention (the server's CPU "
                         "bf16 default), the row kernel alone, one-row linears through torch.mv, or torch's "
@@ -108,7 +109,7 @@ def main() -> None:
     for _ in range(args.steps):
         step()
     prof2.disable()
-    pstats.Stats(prof2).sort_stats("tottime").print_stats(25)
+    pstats.Stats(prof2).sort_stats("tottime").print_stats(args.rows)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,11 @@ Compute dtype on the CPU: bf16 by default where the CPU has native bf16 instruct
 (AVX512-BF16 / AMX), fp32 otherwise; measured on this 2-core AVX512-BF16 machine with
 SmolLM2-135M, torch bf16 decodes faster than fp32 (docs/benchmarks.md). On CUDA the
 checkpoint's dtype (fp16 when it is fp32), on MPS fp16.
+
+On CUDA the engine loop's work is one stream: every op goes on the device's default stream, in
+the engine thread's order, and host-to-device copies leave pinned memory without blocking
+(paged.py). Tensors other threads put on the device (adapters, SAEs, the weights at load) are on
+that same stream, so the engine needs no events to wait for them.
 """
 
 from __future__ import annotations
