@@ -31,12 +31,13 @@ torch.version.cuda, torch.cuda.get_device_name(0) if torch.cuda.is_available() e
 [ "$DEVICE" = cpu ] || "$PY" -c "import torch, sys; sys.exit(not torch.cuda.is_available())" \
   || { echo "torch sees no CUDA device"; exit 1; }
 
-if [ -d .gpu/wheels ]; then
+IMPORTS="import mlxcel.cli.server, transformers, litestar, uvicorn, llguidance, openai, pytest, httpx"
+if ! "$PY" -c "$IMPORTS" 2>/dev/null && [ -d .gpu/wheels ]; then
   step "installing mlxcel's requirements from .gpu/wheels"
   timeout 240 "$PY" -m pip install -q --no-index --find-links .gpu/wheels --disable-pip-version-check \
     -r .gpu/requirements.txt || { echo "install from .gpu/wheels failed"; exit 1; }
 fi
-"$PY" -c "import mlxcel.cli.server, transformers, litestar, openai, pytest, httpx" \
+"$PY" -c "$IMPORTS" \
   || { echo "mlxcel or a requirement does not import (run scripts/bench/gpu_prepare.py here first)"; exit 1; }
 "$PY" -c "import transformers, litestar; print('transformers', transformers.__version__, 'litestar', litestar.__version__)"
 

@@ -2,13 +2,12 @@
 mlx-lm and mlx-whisper are not installed (a CUDA machine's Python with only a CUDA torch, such
 as the one scripts/bench/gpu_check.sh runs on).
 
-MLX is made uninstalled for the subprocess the same way tests/e2e/test_no_torch.py hides torch:
-every meta-path finder is wrapped so those packages are not found.
+MLX is made uninstalled for the subprocess the way tests/e2e/test_no_torch.py hides torch
+(tests/hidden_packages.py).
 """
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
@@ -16,32 +15,12 @@ import httpx
 import pytest
 
 from tests.conftest import DEFAULT_MODEL, REPO, ServerProcess, fixture_path
-from tests.fixtures import models_dir
-
-HIDE_MLX = '''
-import sys
-
-_HIDDEN = ("mlx", "mlx_lm", "mlx_whisper")
-
-class _HideMLX:
-    def __init__(self, inner):
-        self._inner = inner
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in _HIDDEN:
-            return None
-        return self._inner.find_spec(name, path, target)
-    def __getattr__(self, attr):
-        return getattr(self._inner, attr)
-
-sys.meta_path[:] = [_HideMLX(f) if hasattr(f, "find_spec") else f for f in sys.meta_path]
-'''
+from tests.hidden_packages import env_without
 
 
 @pytest.fixture(scope="module")
 def no_mlx_env(tmp_path_factory):
-    site = tmp_path_factory.mktemp("no-mlx")
-    (site / "sitecustomize.py").write_text(HIDE_MLX)
-    return {**os.environ, "MLXCEL_MODELS_DIR": str(models_dir()), "PYTHONPATH": f"{site}:{REPO}"}
+    return env_without(tmp_path_factory.mktemp("no-mlx"), "mlx", "mlx_lm", "mlx_whisper")
 
 
 def test_mlx_is_really_hidden(no_mlx_env):

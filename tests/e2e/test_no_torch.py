@@ -1,14 +1,12 @@
 """The MLX path without torch: `mlxcel-server` starts, auto-selects MLX, and serves.
 
-torch is made uninstalled for the subprocess, not stubbed: a sitecustomize wraps every
-meta-path finder so `torch` and its submodules are not found, exactly what a machine
-without the wheel looks like (importlib.util.find_spec returns None, `import torch` raises
-ModuleNotFoundError). transformers then takes its own torch-free path, as it would there.
+torch is made uninstalled for the subprocess, not stubbed (tests/hidden_packages.py): exactly
+what a machine without the wheel looks like. transformers then takes its own torch-free path, as
+it would there.
 """
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
@@ -16,30 +14,12 @@ import httpx
 import pytest
 
 from tests.conftest import DEFAULT_MODEL, REPO, ServerProcess, fixture_path
-from tests.fixtures import models_dir
-
-HIDE_TORCH = '''
-import sys
-
-class _HideTorch:
-    def __init__(self, inner):
-        self._inner = inner
-    def find_spec(self, name, path=None, target=None):
-        if name == "torch" or name.startswith("torch."):
-            return None
-        return self._inner.find_spec(name, path, target)
-    def __getattr__(self, attr):
-        return getattr(self._inner, attr)
-
-sys.meta_path[:] = [_HideTorch(f) if hasattr(f, "find_spec") else f for f in sys.meta_path]
-'''
+from tests.hidden_packages import env_without
 
 
 @pytest.fixture(scope="module")
 def no_torch_env(tmp_path_factory):
-    site = tmp_path_factory.mktemp("no-torch")
-    (site / "sitecustomize.py").write_text(HIDE_TORCH)
-    return {**os.environ, "MLXCEL_MODELS_DIR": str(models_dir()), "PYTHONPATH": f"{site}:{REPO}"}
+    return env_without(tmp_path_factory.mktemp("no-torch"), "torch")
 
 
 def test_torch_is_really_hidden(no_torch_env):
