@@ -15,60 +15,66 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 START=$(date +%s)
 PY=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
-LOG=${OUT:+$OUT/gpu_check.log}
-[ -n "$LOG" ] && exec > >(tee "$LOG") 2>&1
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export MLXCEL_MODELS_DIR=${MLXCEL_MODELS_DIR:-$PWD/models}
 MODEL=HuggingFaceTB/SmolLM2-135M-Instruct
 DEVICE=${GPU_CHECK_DEVICE:-cuda}
 step() { echo; echo "== $* ($(( $(date +%s) - START ))s)"; }
 
-step "environment"
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || echo "nvidia-smi not found"
-"$PY" -c "import sys, torch; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', \
-torch.version.cuda, torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no CUDA device')" \
-  || { echo "torch does not import"; exit 1; }
-[ "$DEVICE" = cpu ] || "$PY" -c "import torch, sys; sys.exit(not torch.cuda.is_available())" \
-  || { echo "torch sees no CUDA device"; exit 1; }
+check() {
+  step "environment"
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || echo "nvidia-smi not found"
+  "$PY" -c "import sys, torch; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', \
+  torch.version.cuda, torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no CUDA device')" \
+    || { echo "torch does not import"; return 1; }
+  [ "$DEVICE" = cpu ] || "$PY" -c "import torch, sys; sys.exit(not torch.cuda.is_available())" \
+    || { echo "torch sees no CUDA device"; return 1; }
 
-IMPORTS="import mlxcel.cli.server, transformers, litestar, uvicorn, llguidance, openai, pytest, httpx"
-if ! "$PY" -c "$IMPORTS" 2>/dev/null && [ -d .gpu/wheels ]; then
-  step "installing mlxcel's requirements from .gpu/wheels"
-  timeout 240 "$PY" -m pip install -q --no-index --find-links .gpu/wheels --disable-pip-version-check \
-    -r .gpu/requirements.txt || { echo "install from .gpu/wheels failed"; exit 1; }
+  IMPORTS="import mlxcel.cli.server, transformers, litestar, uvicorn, llguidance, openai, pytest, httpx"
+  if ! "$PY" -c "$IMPORTS" 2>/dev/null && [ -d .gpu/wheels ]; then
+    step "installing mlxcel's requirements from .gpu/wheels"
+    timeout 240 "$PY" -m pip install -q --no-index --find-links .gpu/wheels --disable-pip-version-check \
+      -r .gpu/requirements.txt || { echo "install from .gpu/wheels failed"; return 1; }
+  fi
+  "$PY" -c "$IMPORTS" \
+    || { echo "mlxcel or a requirement does not import (run scripts/bench/gpu_prepare.py here first)"; return 1; }
+  "$PY" -c "import transformers, litestar; print('transformers', transformers.__version__, 'litestar', litestar.__version__)"
+
+  step "model"
+  if [ -f "$MLXCEL_MODELS_DIR/$MODEL/config.json" ]; then
+    echo "$MODEL: the real weights in $MLXCEL_MODELS_DIR"
+  elif [ -f .gpu/model/config.json ]; then
+    MODEL=mlxcel-fixtures/smollm2-random-twin
+    export MLXCEL_MODELS_DIR=/tmp/mlxcel-models
+    timeout 120 "$PY" -m scripts.fixtures.build_random_twin .gpu/model "$MLXCEL_MODELS_DIR/$MODEL" \
+      || { echo "could not build the random twin"; return 1; }
+    echo "$MODEL: random weights with SmolLM2-135M's config and tokenizer (the smoke tests' word checks skip)"
+  else
+    echo "no model: neither $MLXCEL_MODELS_DIR/$MODEL nor .gpu/model (scripts/bench/gpu_prepare.py)"; return 1
+  fi
+
+  step "torch e2e smoke on $DEVICE"
+  MLXCEL_TEST_DEVICE=$DEVICE MLXCEL_TEST_MODEL=$MODEL timeout 300 "$PY" -m pytest -q -p no:cacheprovider -rs \
+    tests/e2e/test_torch_smoke.py
+  SMOKE=$?
+
+  step "decode benchmark (SmolLM2-135M shapes, backend interface, $DEVICE)"
+  for dtype in bfloat16 float16 float32; do
+    timeout 90 "$PY" -m scripts.bench.decode_bench --backend torch --device "$DEVICE" --dtype "$dtype" --steps 128 \
+      -m "$MLXCEL_MODELS_DIR/$MODEL" 2>/dev/null | tail -1
+  done
+
+  step "serving benchmark (HTTP, streamed chat, 64 tokens a request, $DEVICE)"
+  timeout 150 "$PY" -m scripts.bench.serve_bench --launch --models-dir "$MLXCEL_MODELS_DIR" --model "$MODEL" \
+    --mlxcel-backend torch --skip-mlx-lm --concurrency 1 8 --rounds 2 \
+    --mlxcel-arg=--device --mlxcel-arg="$DEVICE" --mlxcel-arg=--ignore-eos --mlxcel-arg=-np --mlxcel-arg=8 2>&1 | tail -12
+
+  step "done: smoke tests exit $SMOKE"
+  return $SMOKE
+}
+
+if [ -n "${OUT:-}" ]; then  # the device tool brings back what lands in $OUT
+  check 2>&1 | tee "$OUT/gpu_check.log"
+  exit "${PIPESTATUS[0]}"
 fi
-"$PY" -c "$IMPORTS" \
-  || { echo "mlxcel or a requirement does not import (run scripts/bench/gpu_prepare.py here first)"; exit 1; }
-"$PY" -c "import transformers, litestar; print('transformers', transformers.__version__, 'litestar', litestar.__version__)"
-
-step "model"
-if [ -f "$MLXCEL_MODELS_DIR/$MODEL/config.json" ]; then
-  echo "$MODEL: the real weights in $MLXCEL_MODELS_DIR"
-elif [ -f .gpu/model/config.json ]; then
-  MODEL=mlxcel-fixtures/smollm2-random-twin
-  export MLXCEL_MODELS_DIR=/tmp/mlxcel-models
-  timeout 120 "$PY" -m scripts.fixtures.build_random_twin .gpu/model "$MLXCEL_MODELS_DIR/$MODEL" \
-    || { echo "could not build the random twin"; exit 1; }
-  echo "$MODEL: random weights with SmolLM2-135M's config and tokenizer (the smoke tests' word checks skip)"
-else
-  echo "no model: neither $MLXCEL_MODELS_DIR/$MODEL nor .gpu/model (scripts/bench/gpu_prepare.py)"; exit 1
-fi
-
-step "torch e2e smoke on $DEVICE"
-MLXCEL_TEST_DEVICE=$DEVICE MLXCEL_TEST_MODEL=$MODEL timeout 300 "$PY" -m pytest -q -p no:cacheprovider -rs \
-  tests/e2e/test_torch_smoke.py
-SMOKE=$?
-
-step "decode benchmark (SmolLM2-135M shapes, backend interface, $DEVICE)"
-for dtype in bfloat16 float16 float32; do
-  timeout 90 "$PY" -m scripts.bench.decode_bench --backend torch --device "$DEVICE" --dtype "$dtype" --steps 128 \
-    -m "$MLXCEL_MODELS_DIR/$MODEL" 2>/dev/null | tail -1
-done
-
-step "serving benchmark (HTTP, streamed chat, 64 tokens a request, $DEVICE)"
-timeout 150 "$PY" -m scripts.bench.serve_bench --launch --models-dir "$MLXCEL_MODELS_DIR" --model "$MODEL" \
-  --mlxcel-backend torch --skip-mlx-lm --concurrency 1 8 --rounds 2 \
-  --mlxcel-arg=--device --mlxcel-arg="$DEVICE" --mlxcel-arg=--ignore-eos --mlxcel-arg=-np --mlxcel-arg=8 2>&1 | tail -12
-
-step "done: smoke tests exit $SMOKE"
-exit $SMOKE
+check
