@@ -7,7 +7,8 @@ MLXCEL_TEST_MODEL picks the checkpoint (default: the default model). gpu_check.s
 random-weight twin of SmolLM2 (scripts/fixtures/build_random_twin.py) where the real weights
 cannot travel; the tests that expect words ("Paris") need the real weights and skip on a twin,
 the rest hold for any weights: each served greedy token is checked against transformers' own
-forward of the same checkpoint on the same device.
+forward of the same checkpoint on the same device, and a request gets the same tokens alone,
+beside seven others and from the prompt cache (on a GPU, the first run of those properties there).
 """
 
 from __future__ import annotations
@@ -115,10 +116,10 @@ def reference():
     return model, tokenizer, sorted(Tokenizer(path).eos_token_ids)
 
 
-def served_greedy(server: ServerProcess, ids: list[int], n: int = 12) -> list[int]:
+def served_greedy(server: ServerProcess, ids: list[int], n: int = 12, cache_prompt: bool = False) -> list[int]:
     r = httpx.post(server.base_url + "/completion", timeout=300, json={
         "prompt": ids, "n_predict": n, "temperature": 0, "ignore_eos": True, "return_tokens": True,
-        "cache_prompt": False})
+        "cache_prompt": cache_prompt})
     assert r.status_code == 200, r.text
     return r.json()["tokens"]
 
@@ -150,13 +151,37 @@ def test_fp32_greedy_follows_transformers_forward(fp32_server, reference):
     assert_reference_greedy(reference, ids, served)
 
 
-def test_fp32_concurrent_greedy_follows_transformers_forward(fp32_server, reference):
-    """Eight requests at once share batched steps (prefill chunks beside decode rows); every
-    row still follows the reference."""
-    tokenizer = reference[1]
-    prompts = [tokenizer(p).input_ids for p in PROMPTS]
+@pytest.fixture(scope="module")
+def alone_and_together(fp32_server, reference):
+    """Each prompt's 16 greedy tokens served alone, then all eight requests at once (sharing
+    batched steps: prefill chunks beside decode rows)."""
+    prompts = [reference[1](p).input_ids for p in PROMPTS]
+    alone = [served_greedy(fp32_server, ids, 16) for ids in prompts]
     with ThreadPoolExecutor(len(prompts)) as pool:
-        results = list(pool.map(lambda ids: served_greedy(fp32_server, ids, 16), prompts))
-    for ids, served in zip(prompts, results):
+        together = list(pool.map(lambda ids: served_greedy(fp32_server, ids, 16), prompts))
+    return prompts, alone, together
+
+
+def test_fp32_concurrent_greedy_follows_transformers_forward(alone_and_together, reference):
+    prompts, _, together = alone_and_together
+    for ids, served in zip(prompts, together):
         assert len(served) == 16
         assert_reference_greedy(reference, ids, served)
+
+
+def test_fp32_rows_get_the_same_tokens_alone_and_together(alone_and_together):
+    """Batch invariance over HTTP: what shares a request's steps does not change its tokens."""
+    _, alone, together = alone_and_together
+    assert together == alone
+
+
+def test_fp32_prompt_cache_gives_the_cold_tokens(fp32_server, reference):
+    """Prompt-cache identity: a prompt served again from its cached prefix gets the tokens a cold
+    prefill got."""
+    ids = reference[1](" ".join(PROMPTS)).input_ids
+    cold = served_greedy(fp32_server, ids, 16, cache_prompt=True)
+    r = httpx.post(fp32_server.base_url + "/completion", timeout=300, json={
+        "prompt": ids, "n_predict": 16, "temperature": 0, "ignore_eos": True, "return_tokens": True,
+        "cache_prompt": True})
+    assert r.status_code == 200 and r.json()["tokens"] == cold
+    assert r.json()["timings"]["cache_n"] >= len(ids) - 16  # the second prefill came from the cache
