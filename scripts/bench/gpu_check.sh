@@ -38,7 +38,7 @@ check() {
   fi
   "$PY" -c "$IMPORTS" \
     || { echo "mlxcel or a requirement does not import (run scripts/bench/gpu_prepare.py here first)"; return 1; }
-  "$PY" -c "import transformers, litestar; print('transformers', transformers.__version__, 'litestar', litestar.__version__)"
+  "$PY" -c "from importlib.metadata import version as v; print('transformers', v('transformers'), 'litestar', v('litestar'))"
 
   step "model"
   if [ -f "$MLXCEL_MODELS_DIR/$MODEL/config.json" ]; then

@@ -33,7 +33,7 @@ LIMIT_MIB = 64  # what one device call carries, the working tree included
 # Wheels over 1 MB of packages the GPU image holds (the device tool's KINDS.md, 2026-11-17):
 # left behind to stay under the limit. Where that machine's version does not satisfy a
 # requirement, pip there fails by name and this list loses the entry.
-DEVICE_HAS = ("numpy", "hf_xet", "tokenizers", "pygments", "torch", "nvidia")
+DEVICE_HAS = ("numpy", "hf-xet", "tokenizers", "pygments")
 MLX_ONLY = ("mlx", "mlx-lm", "mlx-cpu", "mlx-metal", "scipy-openblas32")
 TEST_NEEDS = ("pytest", "pytest-timeout", "openai", "httpx")
 PLATFORMS = ("manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux_2_24_x86_64", "manylinux_2_27_x86_64",
@@ -76,8 +76,7 @@ def main() -> None:
            *[x for p in PLATFORMS for x in ("--platform", p)], "-d", str(out / "wheels"), *reqs]
     subprocess.run(cmd, check=True)
     for w in (out / "wheels").glob("*.whl"):
-        name = wheel_name(w)
-        if name.replace("-", "_").startswith(tuple(h.replace("-", "_") for h in DEVICE_HAS)) or name in MLX_ONLY:
+        if wheel_name(w) in DEVICE_HAS + MLX_ONLY:
             w.unlink()
 
     src = models_dir() / DEFAULT_MODEL

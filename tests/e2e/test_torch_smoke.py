@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import re
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any, NamedTuple
 
 import httpx
 import pytest
@@ -103,10 +104,14 @@ def fp32_server(torch_server):
     server.stop()
 
 
+class Reference(NamedTuple):
+    model: Any  # transformers' own model of the checkpoint, fp32, on the test device
+    tokenizer: Any
+    eos: list[int]  # the end-of-generation tokens the server bans under ignore_eos
+
+
 @pytest.fixture(scope="module")
-def reference():
-    """transformers' own model of the same checkpoint, fp32, on the same device; and the
-    end-of-generation tokens the server bans under ignore_eos."""
+def reference() -> Reference:
     import torch
     import transformers
 
@@ -115,15 +120,20 @@ def reference():
     path = fixture_path(MODEL)
     model = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).to(DEVICE).eval()
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(path))
-    return model, tokenizer, sorted(Tokenizer(path).eos_token_ids)
+    return Reference(model, tokenizer, sorted(Tokenizer(path).eos_token_ids))
 
 
-def served_greedy(server: ServerProcess, ids: list[int], n: int = 12, cache_prompt: bool = False) -> list[int]:
+def complete(server: ServerProcess, ids: list[int], n: int = 12, cache_prompt: bool = False) -> dict:
+    """/completion's body for `n` greedy tokens after the prompt `ids`, end tokens banned."""
     r = httpx.post(server.base_url + "/completion", timeout=300, json={
         "prompt": ids, "n_predict": n, "temperature": 0, "ignore_eos": True, "return_tokens": True,
         "cache_prompt": cache_prompt})
     assert r.status_code == 200, r.text
-    return r.json()["tokens"]
+    return r.json()
+
+
+def served_greedy(server: ServerProcess, ids: list[int], n: int = 12, cache_prompt: bool = False) -> list[int]:
+    return complete(server, ids, n, cache_prompt)["tokens"]
 
 
 def assert_reference_greedy(reference, prompt_ids: list[int], served: list[int]) -> None:
@@ -132,11 +142,10 @@ def assert_reference_greedy(reference, prompt_ids: list[int], served: list[int])
     tokens are out of the running on both sides (ignore_eos)."""
     import torch
 
-    model, _, eos = reference
     with torch.inference_mode():
-        ids = torch.tensor([prompt_ids + served], device=model.device)
-        logits = model(input_ids=ids).logits[0, len(prompt_ids) - 1:-1].float().cpu()
-        logits[:, eos] = -torch.inf
+        ids = torch.tensor([prompt_ids + served], device=reference.model.device)
+        logits = reference.model(input_ids=ids).logits[0, len(prompt_ids) - 1:-1].float().cpu()
+        logits[:, reference.eos] = -torch.inf
     best = logits.max(dim=-1).values
     chosen = logits[torch.arange(len(served)), torch.tensor(served)]
     behind = (best - chosen).tolist()
@@ -146,8 +155,7 @@ def assert_reference_greedy(reference, prompt_ids: list[int], served: list[int])
 def test_fp32_greedy_follows_transformers_forward(fp32_server, reference):
     backend = httpx.get(fp32_server.base_url + "/props").json()["backend"]
     assert backend["compute_dtype"] == "float32" and backend["device"].startswith(DEVICE)
-    tokenizer = reference[1]
-    ids = tokenizer(PROMPTS[0]).input_ids
+    ids = reference.tokenizer(PROMPTS[0]).input_ids
     served = served_greedy(fp32_server, ids)
     assert len(served) == 12
     assert_reference_greedy(reference, ids, served)
@@ -157,7 +165,7 @@ def test_fp32_greedy_follows_transformers_forward(fp32_server, reference):
 def alone_and_together(fp32_server, reference):
     """Each prompt's 16 greedy tokens served alone, then all eight requests at once (sharing
     batched steps: prefill chunks beside decode rows)."""
-    prompts = [reference[1](p).input_ids for p in PROMPTS]
+    prompts = [reference.tokenizer(p).input_ids for p in PROMPTS]
     alone = [served_greedy(fp32_server, ids, 16) for ids in prompts]
     with ThreadPoolExecutor(len(prompts)) as pool:
         together = list(pool.map(lambda ids: served_greedy(fp32_server, ids, 16), prompts))
@@ -180,10 +188,8 @@ def test_fp32_rows_get_the_same_tokens_alone_and_together(alone_and_together):
 def test_fp32_prompt_cache_gives_the_cold_tokens(fp32_server, reference):
     """Prompt-cache identity: a prompt served again from its cached prefix gets the tokens a cold
     prefill got."""
-    ids = reference[1](" ".join(PROMPTS)).input_ids
+    ids = reference.tokenizer(" ".join(PROMPTS)).input_ids
     cold = served_greedy(fp32_server, ids, 16, cache_prompt=True)
-    r = httpx.post(fp32_server.base_url + "/completion", timeout=300, json={
-        "prompt": ids, "n_predict": 16, "temperature": 0, "ignore_eos": True, "return_tokens": True,
-        "cache_prompt": True})
-    assert r.status_code == 200 and r.json()["tokens"] == cold
-    assert r.json()["timings"]["cache_n"] >= len(ids) - 16  # the second prefill came from the cache
+    warm = complete(fp32_server, ids, 16, cache_prompt=True)
+    assert warm["tokens"] == cold
+    assert warm["timings"]["cache_n"] >= len(ids) - 16  # the second prefill came from the cache

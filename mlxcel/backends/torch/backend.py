@@ -32,7 +32,8 @@ from mlxcel.backends.torch import fused_ops, packed
 from mlxcel.backends.torch.cpu_kernels import cpu_flags
 from mlxcel.backends.torch.packed import PackedPlan, step_plan
 from mlxcel.backends.torch.paged import PagedStepCache, PagedStorage, StepPlan
-from mlxcel.backends.torch.row_gemv import ALL, FEW_ROWS, RowKernel, RowRouting, install_row_gemv, load_row_kernel
+from mlxcel.backends.torch.row_gemv import (ALL, RowKernel, RowRouting, install_row_gemv, load_row_kernel, prompt_linears,
+                                            prompt_tiles)
 from mlxcel.engine.kv_block_pool import BlockAllocator, SequenceKV
 from mlxcel.models.hooks import LayerHooks
 from mlxcel.models.registry import family_for
@@ -211,11 +212,8 @@ class TorchBackend(RowSteering):
         self._routing = install_row_gemv(kernel, self.base, self.lm_head)
         self.row_kernel = (f"mlxcel row kernel ({kernel.path.name}, {kernel.threads} threads)"
                            if kernel is not None else "torch.mv")
-        # the tiles take bf16 only; fp32 calls of a few rows take the row kernel (row_gemv.FEW_ROWS)
-        self._prompt_tiles = kernel is not None and kernel.prompt is not None and self.model.dtype == torch.bfloat16
-        few = kernel is not None and self.model.dtype == torch.float32
-        self.prompt_linears = ("mlxcel AMX tiles" if self._prompt_tiles
-                               else f"mlxcel row kernel up to {FEW_ROWS} rows, torch above" if few else "torch")
+        self._prompt_tiles = prompt_tiles(kernel, self.model.dtype) is not None
+        self.prompt_linears = prompt_linears(kernel, self.model.dtype)
 
     def set_fused_ops(self, on: bool, attention: bool = True) -> None:
         """The kernels' fused norms, RoPE and (with `attention`) row-by-row attention

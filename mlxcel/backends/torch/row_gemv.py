@@ -69,6 +69,24 @@ class RowRouting:
             self.rows = None
 
 
+def prompt_tiles(kernel: RowKernel | None, dtype: torch.dtype) -> RowOp | None:
+    """The AMX tile op that runs prompt rows of `dtype` weights, if any (the tiles take bf16 only)."""
+    return kernel.prompt if kernel is not None and dtype == torch.bfloat16 else None
+
+
+def few_rows(kernel: RowKernel | None, dtype: torch.dtype) -> int:
+    """How many rows a call of `dtype` weights may have and still take the row kernel whatever
+    its rows are: FEW_ROWS in fp32 (torch's GEMM is slower there), else 0."""
+    return FEW_ROWS if kernel is not None and dtype == torch.float32 else 0
+
+
+def prompt_linears(kernel: RowKernel | None, dtype: torch.dtype) -> str:
+    """What runs prompt rows' linears of `dtype` weights, in the startup log's words."""
+    if prompt_tiles(kernel, dtype) is not None:
+        return "mlxcel AMX tiles"
+    return f"mlxcel row kernel up to {FEW_ROWS} rows, torch above" if few_rows(kernel, dtype) else "torch"
+
+
 def _mv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     # addmv adds the bias before rounding, as linear does (mv + bias would round twice)
     y = torch.mv(weight, x.reshape(-1)) if bias is None else torch.addmv(bias, weight, x.reshape(-1))
@@ -79,9 +97,10 @@ def _row_forward(module: torch.nn.Linear, routing: RowRouting, kernel: bool):
     """The instance forward of one linear; weight and bias are read once here (a step calls
     ~200 of these, and each module attribute lookup costs a microsecond)."""
     weight, bias, in_features, out_features = module.weight, module.bias, module.in_features, module.out_features
-    op = routing.kernel.op if kernel else None
-    prompt = routing.kernel.prompt if kernel and weight.dtype == torch.bfloat16 else None  # the tiles are bf16
-    few = FEW_ROWS * in_features if kernel and weight.dtype == torch.float32 else 0  # elements, see FEW_ROWS
+    k = routing.kernel if kernel else None
+    op = k.op if k is not None else None
+    prompt = prompt_tiles(k, weight.dtype)
+    few = few_rows(k, weight.dtype) * in_features or -1  # in elements; -1: no call is few enough
 
     def forward(x: torch.Tensor) -> torch.Tensor:
         rows = routing.rows if kernel else None
