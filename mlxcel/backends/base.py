@@ -245,6 +245,9 @@ class Backend(Protocol):
     def forward_all(self, tokens: list[int], cache: Any) -> np.ndarray:
         """Like forward for one row, but return logits for every position: [n, vocab]."""
 
+    def copy_slots(self, src: np.ndarray, dst: np.ndarray) -> None:
+        """Copy the keys and values of pool slots `src` to slots `dst` in every layer."""
+
     def compact(self, seq: Any, keep: int, discard: int) -> Any:
         """A context shift: a new sequence holding seq's tokens without [keep, keep + discard),
         continuing at seq's logical position (the caller releases seq)."""

@@ -4,7 +4,7 @@ Each step plans the rows to run (every decoding row plus prompt chunks under the
 token budget) as one forward, which the backend packs when row lengths differ, then samples,
 detokenizes and stop-checks each row that finished its prompt. KV lives in a paged block
 pool (kv_block_pool.py); admission adopts the longest cached prefix (kv_prefix_cache.py)
-and release donates full blocks back. The only bridge to asyncio is `RequestHandle`:
+and release donates the row's blocks back. The only bridge to asyncio is `RequestHandle`:
 events are handed to the request's event loop with `call_soon_threadsafe`. A request
 takes the lowest free slot when its first prompt token is processed, and gives it back
 when it finishes or is cancelled.
@@ -500,8 +500,7 @@ class Engine:
                 seq.media = req.media
             cached = 0
             if req.cache_prompt and req.media is None:
-                blocks, cached = self.prefix_cache.match(req.prompt)
-                seq.adopt(blocks, req.prompt[:cached])
+                cached = self.prefix_cache.adopt(seq, req.prompt, self.backend.copy_slots)
             self._rows.append(_Row(
                 handle=handle, cache=seq, pending=list(req.prompt[cached:]), n_cached=cached,
                 n_prompt_done=cached, sampler=self._sampler_state(req),

@@ -3,7 +3,8 @@
 The allocator hands out block ids and counts references to them: a block is shared by
 every sequence whose table lists it and by the prefix cache when it holds it. A block is
 immutable once full, so sharing never needs a copy; new tokens always land in a block
-the sequence owns alone. Block 0 is never handed out and stays zero (padding reads point
+the sequence owns alone (a partly filled block the prefix cache holds is copied, never
+shared). Block 0 is never handed out and stays zero (padding reads point
 at it); block 1 is scratch (padding writes land there and are never read).
 
 The backend owns the storage behind the ids; this module owns only the bookkeeping.
@@ -92,7 +93,8 @@ class SequenceKV:
         return len(self.tokens) + self.shift
 
     def adopt(self, blocks: list[int], tokens: list[int]) -> None:
-        """Start from shared full blocks (already referenced for us by the caller)."""
+        """Start from shared full blocks (already referenced for us by the caller); a partial
+        block's copy comes after them (PrefixCache.adopt)."""
         assert not self.blocks and len(tokens) == len(blocks) * self.allocator.block_size
         self.blocks = list(blocks)
         self.tokens = list(tokens)

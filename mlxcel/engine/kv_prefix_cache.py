@@ -1,9 +1,13 @@
-"""The prompt-prefix cache: a radix tree over full token blocks pointing at shared KV.
+"""The prompt-prefix cache: a radix tree over token blocks pointing at shared KV.
 
-Each node is one full block: its `block_size` tokens are the edge label, its block id is
-the KV those tokens produced given every token above it. A request adopts the longest
-chain of blocks matching its prompt (always leaving at least one prompt token to run, so
-the step yields logits) and donates its own full blocks back when it ends. The tree holds
+Each node is one block: its tokens are the edge label, its block id is the KV those tokens
+produced given every token above it. Inner nodes are full blocks; a leaf may be a partial
+block (a finished sequence's last, unfilled one). A request adopts the longest chain of
+full blocks matching its prompt, shared as they are, then the first tokens of whichever
+child block agrees with its prompt longest, copied into a block of its own (full blocks
+are immutable, and the copy's tail is the request's to write). So reuse is token by token,
+as llama-server's slots reuse a common prefix, always leaving one prompt token to run so
+the step yields logits. A sequence donates its blocks back when it ends. The tree holds
 one reference per block; eviction drops least-recently-used leaves that no live sequence
 shares, under a block budget derived from the byte budget.
 """
@@ -11,9 +15,13 @@ shares, under a block budget derived from the byte budget.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
-from mlxcel.engine.kv_block_pool import BlockAllocator
+import numpy as np
+
+from mlxcel.engine.kv_block_pool import BlockAllocator, OutOfBlocks, SequenceKV
 
 _clock = itertools.count()
 
@@ -25,6 +33,25 @@ class _Node:
     parent: "_Node | None"
     children: dict[tuple[int, ...], "_Node"] = field(default_factory=dict)
     last_used: int = 0
+
+
+class Prefix(NamedTuple):
+    """A prompt's cached prefix: shared full blocks (referenced for the caller) covering
+    `tokens` tokens, then `tail_tokens` more held by the first slots of `tail_block`."""
+
+    blocks: list[int]
+    tokens: int
+    tail_block: int = -1
+    tail_tokens: int = 0
+
+
+def _common(a: tuple[int, ...], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 class PrefixCache:
@@ -39,11 +66,10 @@ class PrefixCache:
     def enabled(self) -> bool:
         return self.budget_blocks is None or self.budget_blocks > 0
 
-    def match(self, prompt: list[int]) -> tuple[list[int], int]:
-        """Blocks for the longest cached prefix of `prompt` (referenced for the caller) and
-        the number of tokens they cover."""
+    def match(self, prompt: list[int]) -> Prefix:
+        """The longest cached prefix of `prompt`, leaving at least its last token uncached."""
         if not self.enabled:
-            return [], 0
+            return Prefix([], 0)
         bs = self.allocator.block_size
         node, blocks, now = self.root, [], next(_clock)
         for i in range((len(prompt) - 1) // bs):
@@ -54,24 +80,70 @@ class PrefixCache:
             self.allocator.ref(child.block)
             blocks.append(child.block)
             node = child
-        return blocks, len(blocks) * bs
+        n = len(blocks) * bs
+        rest = prompt[n:len(prompt) - 1][:bs]  # what a partial copy may still supply
+        best, best_n = None, 0
+        for child in node.children.values():
+            k = _common(child.key, rest)
+            if k > best_n:
+                best, best_n = child, k
+        if best is None:
+            return Prefix(blocks, n)
+        best.last_used = now
+        return Prefix(blocks, n, best.block, best_n)
+
+    def adopt(self, seq: SequenceKV, prompt: list[int], copy_slots: Callable[[np.ndarray, np.ndarray], None]) -> int:
+        """Start the empty `seq` from `prompt`'s cached prefix: the shared full blocks, then the
+        partial match copied slot for slot by the backend's `copy_slots(src, dst)`. Returns
+        how many prompt tokens the cache supplied."""
+        found = self.match(prompt)
+        seq.adopt(found.blocks, prompt[:found.tokens])
+        if not found.tail_tokens:
+            return found.tokens
+        n, k, bs = found.tokens, found.tail_tokens, self.allocator.block_size
+        self.allocator.ref(found.tail_block)  # seq's new block may come from an eviction: not this one
+        try:
+            seq.reserve(k)
+        except OutOfBlocks:  # no room for the copy: the prompt is prefilled from the shared blocks on
+            return n
+        finally:
+            self.allocator.unref(found.tail_block)
+        copy_slots(found.tail_block * bs + np.arange(k), seq.slots(n, n + k))
+        seq.tokens.extend(prompt[n:n + k])
+        return n + k
 
     def insert(self, tokens: list[int], blocks: list[int]) -> None:
-        """Offer a sequence's full blocks (tokens[i*bs:(i+1)*bs] -> blocks[i])."""
+        """Offer a sequence's blocks (tokens[i*bs:(i+1)*bs] -> blocks[i]); its last block may
+        be partly filled. Call before the sequence drops its own references."""
         if not self.enabled:
             return
         bs = self.allocator.block_size
         node, now = self.root, next(_clock)
-        for i in range(min(len(tokens) // bs, len(blocks))):
-            key = tuple(tokens[i * bs:(i + 1) * bs])
-            child = node.children.get(key)
-            if child is None:
-                child = _Node(key, blocks[i], node)
-                node.children[key] = child
-                self.allocator.ref(blocks[i])
-                self.cached_blocks += 1
-            child.last_used = now
-            node = child
+        full = min(len(tokens) // bs, len(blocks))
+        for i in range(full):
+            node = self._offer(node, tuple(tokens[i * bs:(i + 1) * bs]), blocks[i], now)
+        rest = tuple(tokens[full * bs:])
+        if rest and full == len(tokens) // bs and full < len(blocks):
+            self._offer(node, rest, blocks[full], now)
+
+    def _offer(self, parent: _Node, key: tuple[int, ...], block: int, now: int) -> _Node:
+        """The child of `parent` holding `key`: an existing one that covers it, else a new node
+        on `block` (which replaces the partial leaves its key extends)."""
+        child = parent.children.get(key) or next((c for c in parent.children.values() if c.key[:len(key)] == key), None)
+        if child is None:
+            for stale in [c for c in parent.children.values() if len(c.key) < len(key) and key[:len(c.key)] == c.key]:
+                self._drop(stale)
+            child = _Node(key, block, parent)
+            parent.children[key] = child
+            self.allocator.ref(block)
+            self.cached_blocks += 1
+        child.last_used = now
+        return child
+
+    def _drop(self, leaf: _Node) -> None:
+        del leaf.parent.children[leaf.key]
+        self.allocator.unref(leaf.block)
+        self.cached_blocks -= 1
 
     def trim(self) -> None:
         """Evict down to the budget (call once the donor has dropped its own references)."""
@@ -87,9 +159,7 @@ class PrefixCache:
                 break
             leaves.sort(key=lambda x: x.last_used)
             for leaf in leaves[: n - freed]:
-                del leaf.parent.children[leaf.key]
-                self.allocator.unref(leaf.block)
-                self.cached_blocks -= 1
+                self._drop(leaf)
                 freed += 1
         return freed
 

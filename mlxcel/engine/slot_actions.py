@@ -68,8 +68,7 @@ def _warm(engine: Engine, tokens: list[int]) -> None:
     """Prefill the restored stream into the prompt cache (adopting what it already holds)."""
     seq = engine.backend.new_sequence()
     try:
-        blocks, cached = engine.prefix_cache.match(tokens)
-        seq.adopt(blocks, tokens[:cached])
+        cached = engine.prefix_cache.adopt(seq, tokens, engine.backend.copy_slots)
         for start in range(cached, len(tokens), engine.batch_size):
             engine.backend.forward([ForwardRow(tokens[start:start + engine.batch_size], seq)])
         engine.prefix_cache.insert(seq.tokens, seq.blocks)

@@ -50,7 +50,9 @@ def test_stream_ends_with_the_final_object(default_server):
     assert set(final) == FINAL_KEYS and final["stop"] is True and final["content"] == "" and final["tokens"] == []
     assert all(f["stop"] is False and f["id_slot"] == -1 and len(f["tokens"]) == 1 for f in partial)
     assert [f["tokens_predicted"] for f in partial] == list(range(1, 7))
-    assert all(f["timings"]["prompt_n"] == final["tokens_evaluated"] for f in partial)
+    # the prompt is cached by the request before: prompt_n counts only what this one ran
+    assert all(f["timings"]["cache_n"] + f["timings"]["prompt_n"] == final["tokens_evaluated"] for f in partial)
+    assert all(f["timings"]["prompt_n"] == final["timings"]["prompt_n"] == 1 for f in partial)
     assert "".join(f["content"] for f in partial) == full["content"]
 
 
@@ -169,11 +171,11 @@ def test_prompt_cache_hit_reported_by_cache_n_and_usage(default_server, openai_c
     cold = httpx.post(default_server.base_url + "/completion", json={**body, "cache_prompt": False}, timeout=300).json()
     n = second["tokens_evaluated"]
     assert n > 400
-    assert second["timings"]["cache_n"] >= n - 16 and second["timings"]["prompt_n"] == n - second["timings"]["cache_n"]
+    assert second["timings"]["cache_n"] == n - 1 and second["timings"]["prompt_n"] == n - second["timings"]["cache_n"]
     assert cold["timings"]["cache_n"] == 0
     assert first["content"] == second["content"] == cold["content"]
     r = openai_client.completions.create(model=DEFAULT_MODEL, prompt=prompt, max_tokens=4, temperature=0)
-    assert r.usage.prompt_tokens_details.cached_tokens >= n - 16
+    assert r.usage.prompt_tokens_details.cached_tokens == n - 1  # token by token, as llama-server reuses a slot
 
 
 def test_reasoning_budget_forces_message_and_close(default_server):

@@ -192,4 +192,4 @@ def test_fp32_prompt_cache_gives_the_cold_tokens(fp32_server, reference):
     cold = served_greedy(fp32_server, ids, 16, cache_prompt=True)
     warm = complete(fp32_server, ids, 16, cache_prompt=True)
     assert warm["tokens"] == cold
-    assert warm["timings"]["cache_n"] >= len(ids) - 16  # the second prefill came from the cache
+    assert warm["timings"]["cache_n"] == len(ids) - 1  # all but the last prompt token came from the cache

@@ -131,10 +131,13 @@ class MLXBackend(RowSteering):
     def new_sequence(self) -> SequenceKV:
         return SequenceKV(self.allocator)
 
+    def copy_slots(self, src: np.ndarray, dst: np.ndarray) -> None:
+        self.storage.copy_slots(src, dst)
+
     def compact(self, seq: SequenceKV, keep: int, discard: int) -> SequenceKV:
         """A new sequence holding seq's tokens without [keep, keep + discard); the kept keys keep
         their rotation and the new sequence continues at seq's logical position."""
-        return compacted(seq, keep, discard, self.storage.copy_slots)
+        return compacted(seq, keep, discard, self.copy_slots)
 
     def _run(self, rows: list[ForwardRow], fn=None, ids: mx.array | None = None) -> tuple[mx.array, RowLayout]:
         """One forward of `fn` (default: the whole model, giving logits) over the rows, packed

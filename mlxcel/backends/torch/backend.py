@@ -265,10 +265,14 @@ class TorchBackend(RowSteering):
     def new_sequence(self) -> SequenceKV:
         return SequenceKV(self.allocator)
 
+    @torch.inference_mode()  # the pool's tensors are made in a forward: inference tensors
+    def copy_slots(self, src: np.ndarray, dst: np.ndarray) -> None:
+        self.storage.copy_slots(src, dst)
+
     def compact(self, seq: SequenceKV, keep: int, discard: int) -> SequenceKV:
         """A new sequence holding seq's tokens without [keep, keep + discard); the kept keys keep
         their rotation and the new sequence continues at seq's logical position."""
-        return compacted(seq, keep, discard, self.storage.copy_slots)
+        return compacted(seq, keep, discard, self.copy_slots)
 
     def _masks(self, plan: StepPlan):
         """A 4-D mask for uniform families; one per layer type where the config names them."""

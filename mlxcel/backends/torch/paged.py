@@ -49,7 +49,7 @@ class PagedStorage:
         return sum(t.numel() * t.element_size() for t in self.keys + self.values if t is not None)
 
     def copy_slots(self, src: np.ndarray, dst: np.ndarray) -> None:
-        """keys/values[dst] = keys/values[src] in every layer (a context shift's compaction)."""
+        """keys/values[dst] = keys/values[src] in every layer (a context shift's compaction, a partial prefix's copy)."""
         s, d = _to_device(np.asarray(src, np.int64), self.device), _to_device(np.asarray(dst, np.int64), self.device)
         for li, keys in enumerate(self.keys):
             if keys is not None:
