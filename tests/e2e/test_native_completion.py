@@ -178,6 +178,28 @@ def test_prompt_cache_hit_reported_by_cache_n_and_usage(default_server, openai_c
     assert r.usage.prompt_tokens_details.cached_tokens == n - 1  # token by token, as llama-server reuses a slot
 
 
+def test_chat_requests_sharing_a_system_prompt_reuse_it_token_by_token(default_server, openai_client):
+    """A second conversation with the same system prompt reuses every token the two rendered
+    prompts share, not only whole cache blocks (llama-server's slots reuse a common prefix
+    token by token), and answers as a cold prefill does."""
+    system = "You keep the lighthouse log at Port Ellery. Reply with one short sentence about the lamp, the tide or the weather."
+    asks = [[{"role": "system", "content": system}, {"role": "user", "content": q}]
+            for q in ("When was the lamp last lit?", "Is the tide rising now?")]
+    ids = [post(default_server, "/tokenize", add_special=True,
+                content=post(default_server, "/apply-template", messages=m).json()["prompt"]).json()["tokens"] for m in asks]
+    shared = next(i for i, (a, b) in enumerate(zip(*ids)) if a != b)
+    assert shared % 16, "the prompts should part inside a cache block"
+    first = openai_client.chat.completions.create(model=DEFAULT_MODEL, messages=asks[0], max_tokens=4, temperature=0)
+    assert first.usage.prompt_tokens == len(ids[0])
+    warm = openai_client.chat.completions.create(model=DEFAULT_MODEL, messages=asks[1], max_tokens=8, temperature=0)
+    assert warm.usage.prompt_tokens == len(ids[1])
+    assert warm.usage.prompt_tokens_details.cached_tokens == shared
+    cold = openai_client.chat.completions.create(model=DEFAULT_MODEL, messages=asks[1], max_tokens=8, temperature=0,
+                                                 extra_body={"cache_prompt": False})
+    assert cold.usage.prompt_tokens_details.cached_tokens == 0
+    assert warm.choices[0].message.content == cold.choices[0].message.content
+
+
 def test_reasoning_budget_forces_message_and_close(default_server):
     def tokens(text):
         return post(default_server, "/tokenize", content=text).json()["tokens"]
