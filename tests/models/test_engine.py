@@ -130,6 +130,26 @@ def test_a_prefix_cached_under_another_split_gives_the_same_probabilities(model)
             assert dict(top_w) == pytest.approx(dict(top_c), abs=1e-5)
 
 
+def test_concurrent_prompts_parting_inside_a_cached_block_get_their_cold_tokens(model):
+    """Four prompts that share 40 tokens with a cached one (two full blocks shared, 8 tokens copied
+    out of the third) admitted together: each gets the tokens a cold prefill of it alone gets,
+    and every block goes back."""
+    base = encode(model, "Harbour log. " + LONG_TEXT)[:40]
+    prompts = [base + encode(model, f" Entry {i}: the {w} ship came in late.") for i, w in enumerate(("grey", "tall", "old", "fast"))]
+
+    async def scenario():
+        cold = [(await run(model, p, 10, cache_prompt=False))[0] for p in prompts]
+        await run(model, base + encode(model, " Nothing else was seen."), 4)  # leaves the shared 40 tokens
+        warm = await asyncio.gather(*(run(model, p, 10) for p in prompts))
+        return cold, warm
+
+    cold, warm = asyncio.run(scenario())
+    assert [t for t, _ in warm] == cold
+    assert all(last.timings.cache_n >= 40 for _, last in warm), [last.timings.cache_n for _, last in warm]
+    usage = model.engine.kv_usage()
+    assert usage["used_blocks"] == usage["cached_blocks"]
+
+
 def test_cancel_returns_slot_and_blocks(model):
     engine = model.engine
     prompt = encode(model, "Write a very long essay about the sea.")
