@@ -9,7 +9,9 @@ samples every position in order through the engine's ordinary per-token path (gr
 stops, EOS and n_predict included): a sampled token equal to the draft is accepted and the next
 position is sampled; the first one that differs is emitted in the draft's place and ends the
 round. The target's KV for rejected positions is trimmed off the row's block table; the draft
-model's own cache is re-synchronised with the row's context before its next round. Because every
+model's own cache is re-synchronised with the row's context before its next round, and starts
+from the draft's own prefix cache (what earlier rows computed, as the target's prompt cache
+does), so a warm prompt is not prefilled on the draft again. Because every
 emitted token is sampled from the target's logits with the row's own state, the text is the text
 plain decoding gives: greedy picks the same tokens and seeded sampling makes the same random draws
 in the same order (as far as the backend computes a row the same whatever the batch holds: exact
@@ -26,6 +28,7 @@ import numpy as np
 
 from mlxcel.backends.base import ForwardRow
 from mlxcel.engine.kv_block_pool import RESERVED
+from mlxcel.engine.kv_prefix_cache import PrefixCache
 
 DRAFT, NGRAM_SIMPLE = "draft-simple", "ngram-simple"
 
@@ -54,6 +57,7 @@ class RowSpec:
     """One row's speculation state: its draft cache (draft model only) and its counters."""
 
     seq: object | None = None  # the draft backend's sequence for this row
+    shared: int = 0  # its leading tokens in blocks the draft's prefix cache shares (never written)
     drafted: int = 0  # draft tokens sent to verification
     accepted: int = 0  # draft tokens the verification emitted as they were
     rounds: int = 0  # verify forwards
@@ -105,7 +109,8 @@ class NgramDrafter:
 class ModelDrafter:
     """A small checkpoint on the same backend kind and vocabulary, run greedily. Its KV lives
     in its own paged pool sized for every slot's full share, so it is bounded; a row's draft
-    sequence is freed with the row."""
+    sequence goes to the draft's prefix cache when the row ends, which keeps it in the pool's
+    free blocks until they are needed (no budget of its own)."""
 
     kind = DRAFT
 
@@ -115,15 +120,20 @@ class ModelDrafter:
         self.target_vocab = target_vocab  # a padded draft head may name ids the target cannot embed
         per_slot = -(-n_ctx_slot // block_size) + 1
         backend.configure_kv(num_blocks=RESERVED + per_slot * max(1, parallel), block_size=block_size)
+        self.cache = PrefixCache(backend.allocator, None)
 
     def propose(self, items: list[tuple[RowSpec, list[int], int, int]]) -> list[list[int]]:
         """items: (row state, the row's KV tokens, its pending token, draft limit) per row."""
         c, be = self.config, self.backend
         feeds = []
         for spec, ctx, last, _ in items:
+            full = ctx + [last]
+            if spec.seq is not None and common_prefix(spec.seq.tokens, full) < spec.shared:
+                self.release(spec)  # a context shift rewrote tokens the cache's blocks hold: start over
             if spec.seq is None:
                 spec.seq = be.new_sequence()
-            full = ctx + [last]
+                cached = self.cache.adopt(spec.seq, full, be.copy_slots)
+                spec.shared = cached - cached % spec.seq.allocator.block_size  # a copied tail is the row's own
             keep = min(common_prefix(spec.seq.tokens, full), len(full) - 1)
             spec.seq.truncate(keep)
             missing = full[keep:]
@@ -154,8 +164,9 @@ class ModelDrafter:
 
     def release(self, spec: RowSpec) -> None:
         if spec.seq is not None:
+            self.cache.insert(spec.seq.tokens, spec.seq.blocks)
             spec.seq.release()
-            spec.seq = None
+            spec.seq, spec.shared = None, 0
 
 
 class _At:

@@ -141,8 +141,47 @@ def test_draft_p_min_stops_drafting_and_the_draft_cache_follows_the_context():
     assert len(again[0]) == 4
     d.release(a)
     d.release(b)
-    assert a.seq is None and be.allocator.used_blocks == 0
+    assert a.seq is None and be.allocator.used_blocks == d.cache.cached_blocks > 0  # kept for later rows
     assert drafter(1.0).propose([(RowSpec(), ctx, 7, 4)]) == [[]]  # no draft token is that certain
+
+
+@pytest.mark.skipif(not available(JSON_TOOLS_TINY), reason="random-weight draft fixture not built")
+def test_the_draft_starts_from_its_prefix_cache_and_a_shift_never_writes_into_it():
+    """A row whose context an ended row's draft sequence already holds adopts it (shared full
+    blocks, the rest copied) and drafts what a cold draft sequence drafts; a context rewritten
+    inside the shared blocks (a context shift) starts the row over instead of overwriting them."""
+    import mlx.core as mx
+    import numpy as np
+
+    from mlxcel.backends.mlx.backend import MLXBackend
+    from mlxcel.engine.speculative import RowSpec
+
+    be = MLXBackend(fixture_path(JSON_TOOLS_TINY), dtype="float32")
+
+    def keys_at(slots):
+        return [np.array(k[mx.array(slots)]) for k in be.storage.keys if k is not None]
+
+    d = ModelDrafter(be, SpecConfig(kind=DRAFT, n_max=4), n_ctx_slot=256, parallel=2, batch_size=16, block_size=16,
+                     target_vocab=49152)
+    ctx = list(range(200, 240))
+    cold = RowSpec()
+    first = d.propose([(cold, ctx, 7, 4)])
+    d.release(cold)
+
+    warm = RowSpec()
+    assert d.propose([(warm, ctx, 7, 4)]) == first
+    assert warm.shared == 32  # two full blocks shared; the 8 tokens after them copied
+    shared = warm.seq.slots(0, 32)
+    held = keys_at(shared)
+    shifted = ctx[:20] + ctx[30:] + [7] + first[0][:1]  # 10 tokens dropped inside the shared blocks
+    d.propose([(warm, shifted, 5, 2)])
+    assert warm.seq.tokens[:len(shifted)] == shifted and warm.shared == 16
+    assert all(np.array_equal(a, b) for a, b in zip(held, keys_at(shared)))  # the cache's blocks untouched
+    d.release(warm)
+
+    again = RowSpec()
+    assert d.propose([(again, ctx, 7, 4)]) == first
+    d.release(again)
 
 
 def test_lora_rows_speculate_with_their_own_scales():
