@@ -6,7 +6,9 @@ not a test.
 
 Shapes: `system` (requests sharing a system prompt, each with its own question; the first is
 cold and left out) and `turns` (one conversation, each turn's prompt the whole history so far,
-the model's own replies included). Prompts are SmolLM2's ChatML, written out here.
+the model's own replies included). Prompts are SmolLM2's ChatML, written out here. With
+`--draft PATH` the model speculates with that draft checkpoint (draft-simple, n_max 3), and the
+decode time after the first token shows what the draft's own prefix cache saves.
 """
 
 from __future__ import annotations
@@ -33,16 +35,21 @@ def main() -> None:
     p.add_argument("-m", "--model", type=Path, required=True)
     p.add_argument("--backend", choices=("torch", "mlx"), default="torch")
     p.add_argument("--tokens", type=int, default=12, help="tokens generated per request")
+    p.add_argument("--draft", type=Path, help="a draft checkpoint: speculate with it")
+    p.add_argument("--system-repeat", type=int, default=1, help="the system prompt this many times over (longer prompts)")
     args = p.parse_args()
 
     from mlxcel.cli.flags import BUILD_ENV
     from mlxcel.cli.settings import ServerSettings
     from mlxcel.engine.sampling_params import SamplingParams
+    from mlxcel.engine.speculative import DRAFT, SpecConfig
     from mlxcel.engine.types import GenerationRequest
     from mlxcel.runtime import load_served_model
 
+    spec = SpecConfig(kind=DRAFT, n_max=3, draft_model=args.draft) if args.draft else None
     settings = ServerSettings(model=str(args.model), backend=args.backend, ctx_size=8192, parallel=4, warmup=False,
-                              build_env={k: os.environ[k] for k in BUILD_ENV if k in os.environ})
+                              build_env={k: os.environ[k] for k in BUILD_ENV if k in os.environ}, speculative=spec)
+    system = " ".join([SYSTEM] * args.system_repeat)
     model = load_served_model(settings, args.model)
     greedy = SamplingParams(temperature=0.0)
 
@@ -58,22 +65,24 @@ def main() -> None:
         return model.tokenizer.decode(out), last.timings
 
     async def shapes():
-        system = [(await ask(chatml([("system", SYSTEM), ("user", q)])))[1] for q in QUESTIONS]
-        history, turns = [("system", SYSTEM)], []
+        shared = [(await ask(chatml([("system", system), ("user", q)])))[1] for q in QUESTIONS]
+        history, turns = [("system", system)], []
         for q in QUESTIONS[:5]:
             history.append(("user", q))
             reply, t = await ask(chatml(history))
             history.append(("assistant", reply))
             turns.append(t)
-        return {"system": system[1:], "turns": turns[1:]}
+        return {"system": shared[1:], "turns": turns[1:]}
 
     try:
         for shape, timings in asyncio.run(shapes()).items():
             cache_n = [t.cache_n for t in timings]
             prompt_n = [t.prompt_n for t in timings]
             ms = [t.prompt_ms for t in timings]
+            decode = [t.predicted_ms for t in timings]
             print(f"{args.backend} {shape}: {len(timings)} warm requests; cache_n {cache_n}; prompt_n {prompt_n}; "
-                  f"prompt ms median {statistics.median(ms):.1f} mean {statistics.mean(ms):.1f}")
+                  f"prompt ms median {statistics.median(ms):.1f} mean {statistics.mean(ms):.1f}; "
+                  f"decode ms median {statistics.median(decode):.1f}")
     finally:
         model.engine.shutdown()
 
