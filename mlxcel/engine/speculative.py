@@ -11,7 +11,8 @@ position is sampled; the first one that differs is emitted in the draft's place 
 round. The target's KV for rejected positions is trimmed off the row's block table; the draft
 model's own cache is re-synchronised with the row's context before its next round, and starts
 from the draft's own prefix cache (what earlier rows computed, as the target's prompt cache
-does), so a warm prompt is not prefilled on the draft again. Because every
+does; not for a request with cache_prompt false), so a warm prompt is not prefilled on the
+draft again. Because every
 emitted token is sampled from the target's logits with the row's own state, the text is the text
 plain decoding gives: greedy picks the same tokens and seeded sampling makes the same random draws
 in the same order (as far as the backend computes a row the same whatever the batch holds: exact
@@ -58,6 +59,7 @@ class RowSpec:
 
     seq: object | None = None  # the draft backend's sequence for this row
     shared: int = 0  # its leading tokens in blocks the draft's prefix cache shares (never written)
+    cache: bool = True  # may the draft's prefix cache supply and keep its tokens (the request's cache_prompt)
     drafted: int = 0  # draft tokens sent to verification
     accepted: int = 0  # draft tokens the verification emitted as they were
     rounds: int = 0  # verify forwards
@@ -132,8 +134,9 @@ class ModelDrafter:
                 self.release(spec)  # a context shift rewrote tokens the cache's blocks hold: start over
             if spec.seq is None:
                 spec.seq = be.new_sequence()
-                cached = self.cache.adopt(spec.seq, full, be.copy_slots)
-                spec.shared = cached - cached % spec.seq.allocator.block_size  # a copied tail is the row's own
+                if spec.cache:
+                    cached = self.cache.adopt(spec.seq, full, be.copy_slots)
+                    spec.shared = cached - cached % spec.seq.allocator.block_size  # a copied tail is the row's own
             keep = min(common_prefix(spec.seq.tokens, full), len(full) - 1)
             spec.seq.truncate(keep)
             missing = full[keep:]
@@ -164,7 +167,8 @@ class ModelDrafter:
 
     def release(self, spec: RowSpec) -> None:
         if spec.seq is not None:
-            self.cache.insert(spec.seq.tokens, spec.seq.blocks)
+            if spec.cache:
+                self.cache.insert(spec.seq.tokens, spec.seq.blocks)
             spec.seq.release()
             spec.seq, spec.shared = None, 0
 
@@ -217,7 +221,7 @@ class Speculator:
             if limit <= 0 or limit < n_min:
                 continue
             if row.spec is None:
-                row.spec = RowSpec()
+                row.spec = RowSpec(cache=row.request.cache_prompt)
             items.append((row.spec, row.cache.tokens, row.next_token, limit))
             owners.append(row)
         if not items:

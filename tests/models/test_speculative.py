@@ -149,7 +149,8 @@ def test_draft_p_min_stops_drafting_and_the_draft_cache_follows_the_context():
 def test_the_draft_starts_from_its_prefix_cache_and_a_shift_never_writes_into_it():
     """A row whose context an ended row's draft sequence already holds adopts it (shared full
     blocks, the rest copied) and drafts what a cold draft sequence drafts; a context rewritten
-    inside the shared blocks (a context shift) starts the row over instead of overwriting them."""
+    inside the shared blocks (a context shift) starts the row over instead of overwriting them;
+    a row whose request opted out of the prompt cache neither adopts nor leaves anything."""
     import mlx.core as mx
     import numpy as np
 
@@ -180,8 +181,16 @@ def test_the_draft_starts_from_its_prefix_cache_and_a_shift_never_writes_into_it
     d.release(warm)
 
     again = RowSpec()
-    assert d.propose([(again, ctx, 7, 4)]) == first
+    assert d.propose([(again, ctx, 7, 4)]) == first  # the shared blocks still hold ctx's keys
     d.release(again)
+
+    held = d.cache.cached_blocks
+    cached = {n.block for n in d.cache._nodes()}
+    opted_out = RowSpec(cache=False)  # a request with cache_prompt false: prefilled cold, not kept
+    assert d.propose([(opted_out, ctx, 7, 4)]) == first
+    assert opted_out.shared == 0 and not cached & set(opted_out.seq.blocks)
+    d.release(opted_out)
+    assert d.cache.cached_blocks == held and be.allocator.used_blocks == held
 
 
 def test_lora_rows_speculate_with_their_own_scales():
