@@ -12,12 +12,12 @@ round. The target's KV for rejected positions is trimmed off the row's block tab
 model's own cache is re-synchronised with the row's context before its next round, and starts
 from the draft's own prefix cache (what earlier rows computed, as the target's prompt cache
 does; not for a request with cache_prompt false), so a warm prompt is not prefilled on the
-draft again. Because every
-emitted token is sampled from the target's logits with the row's own state, the text is the text
-plain decoding gives: greedy picks the same tokens and seeded sampling makes the same random draws
-in the same order (as far as the backend computes a row the same whatever the batch holds: exact
-at fp32; torch at bf16 sums attention over the batch's padded key length, so a near-tie can
-resolve differently, as it can beside a longer row in plain batching).
+draft again. Because every emitted token is sampled from the target's logits with the row's own
+state, the text is the text plain decoding gives: greedy picks the same tokens and seeded
+sampling makes the same random draws in the same order (as far as the backend computes a row
+the same whatever the batch holds: exact at fp32; torch at bf16 sums attention over the batch's
+padded key length, so a near-tie can resolve differently, as it can beside a longer row in
+plain batching).
 """
 
 from __future__ import annotations
