@@ -44,6 +44,12 @@ class BlockAllocator:
     def used_blocks(self) -> int:
         return self.num_blocks - RESERVED - len(self._free)
 
+    def make_room(self, n: int) -> None:
+        """Have the prefix cache free what `n` allocations still lack, in one eviction pass (its
+        scan is over every cached block, so a prompt chunk's blocks should not each pay for one)."""
+        if n > len(self._free) and self.evict_hook is not None:
+            self.evict_hook(n - len(self._free))
+
     def allocate(self) -> int:
         if not self._free and self.evict_hook is not None:
             self.evict_hook(1)
@@ -103,6 +109,7 @@ class SequenceKV:
         """Make room for `n` more tokens."""
         bs = self.allocator.block_size
         need = (self.length + n + bs - 1) // bs - len(self.blocks)
+        self.allocator.make_room(need)
         for _ in range(need):
             self.blocks.append(self.allocator.allocate())
 

@@ -141,3 +141,17 @@ def test_a_disabled_cache_supplies_nothing():
     seq = SequenceKV(p.alloc)
     assert p.cache.adopt(seq, [1, 2, 3, 4, 5, 6], p.copy_slots) == 0
     assert p.alloc.used_blocks == 0
+
+
+def test_a_reservation_of_many_blocks_evicts_in_one_pass():
+    p = Pool(blocks=RESERVED + 8)
+    for i in range(4):
+        p.finish(p.run([100 * i + j for j in range(2 * BS)]))  # the cache fills the pool: 8 blocks
+    assert p.alloc.free_blocks == 0
+    passes = []
+    evict = p.cache.evict
+    p.alloc.evict_hook = lambda n: passes.append(n) or evict(n)
+    seq = SequenceKV(p.alloc)
+    seq.reserve(5 * BS)
+    assert passes == [5] and len(seq.blocks) == 5 and p.cache.cached_blocks == 3
+    seq.release()
