@@ -45,13 +45,13 @@ class Prefix(NamedTuple):
     tail_tokens: int = 0
 
 
-def _common(a: tuple[int, ...], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
+def common_prefix(a, b) -> int:
+    """How many leading tokens two token sequences share."""
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
 
 
 class PrefixCache:
@@ -84,7 +84,7 @@ class PrefixCache:
         rest = prompt[n:len(prompt) - 1][:bs]  # what a partial copy may still supply
         best, best_n = None, 0
         for child in node.children.values():
-            k = _common(child.key, rest)
+            k = common_prefix(child.key, rest)
             if k > best_n:
                 best, best_n = child, k
         if best is None:

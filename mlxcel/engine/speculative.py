@@ -29,7 +29,7 @@ import numpy as np
 
 from mlxcel.backends.base import ForwardRow
 from mlxcel.engine.kv_block_pool import RESERVED
-from mlxcel.engine.kv_prefix_cache import PrefixCache
+from mlxcel.engine.kv_prefix_cache import PrefixCache, common_prefix
 
 DRAFT, NGRAM_SIMPLE = "draft-simple", "ngram-simple"
 
@@ -64,14 +64,6 @@ class RowSpec:
     accepted: int = 0  # draft tokens the verification emitted as they were
     rounds: int = 0  # verify forwards
     keep: int | None = None  # target KV length to trim to if the row ends mid-verification
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 def ngram_simple_draft(context: list[int], last: int, size_n: int, size_m: int) -> list[int]:
