@@ -112,7 +112,7 @@ def load_backend(settings: ServerSettings, path: Path):
 def load_served_model(settings: ServerSettings, path: Path, served_id: str | None = None) -> ServedModel:
     """Load `path` and start its engine. `served_id`: the name it answers to (default: the
     --alias, else -m as given); a model loaded by a switch answers to the name requested."""
-    from mlxcel.backends.base import ForwardRow
+    from mlxcel.engine.backend import ForwardRow
     from mlxcel.engine.engine import Engine
     from mlxcel.engine.grammar import for_tokenizer
     from mlxcel.engine.tokenizer import Tokenizer

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from mlxcel.api.stream_sessions import StreamStore
-from mlxcel.backends.base import ModelInfo
+from mlxcel.engine.backend import ModelInfo
 from mlxcel.cli.settings import ServerSettings
 from mlxcel.engine.engine import Engine
 from mlxcel.engine.sampling_params import SamplingParams

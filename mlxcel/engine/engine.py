@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from mlxcel.backends.base import Backend, ForwardRow
+from mlxcel.engine.backend import Backend, ForwardRow
 from mlxcel.engine.decode_pipeline import DecodePipeline
 from mlxcel.engine.detokenize import IncrementalDetokenizer
 from mlxcel.engine.kv_block_pool import RESERVED, BlockAllocator, OutOfBlocks

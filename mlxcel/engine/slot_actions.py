@@ -15,7 +15,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from mlxcel.backends.base import ForwardRow
+from mlxcel.engine.backend import ForwardRow
 from mlxcel.engine.kv_block_pool import OutOfBlocks
 from mlxcel.engine.types import EngineError
 

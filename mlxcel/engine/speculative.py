@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mlxcel.backends.base import ForwardRow
+from mlxcel.engine.backend import ForwardRow
 from mlxcel.engine.kv_block_pool import RESERVED
 from mlxcel.engine.kv_prefix_cache import PrefixCache, common_prefix
 

@@ -24,7 +24,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=64)
     args = p.parse_args()
 
-    from mlxcel.backends.base import ForwardRow
+    from mlxcel.engine.backend import ForwardRow
     from mlxcel.cli.settings import ServerSettings
     from mlxcel.runtime import load_backend
 

@@ -54,7 +54,7 @@ def main() -> None:
     from mlx_lm import load, stream_generate
     from mlx_lm.sample_utils import make_sampler
 
-    from mlxcel.backends.base import ForwardRow
+    from mlxcel.engine.backend import ForwardRow
     from mlxcel.cli.settings import ServerSettings
     from mlxcel.engine.sampling_params import SamplingParams
     from mlxcel.engine.types import GenerationRequest

@@ -65,7 +65,7 @@ def main() -> None:
     p.add_argument("--quiet-wait", type=float, default=60.0, help="longest wait for a quiet moment, seconds")
     args = p.parse_args()
 
-    from mlxcel.backends.base import ForwardRow
+    from mlxcel.engine.backend import ForwardRow
     import os
 
     from mlxcel.backends.torch.row_gemv import load_row_kernel, remove_row_gemv

@@ -50,7 +50,7 @@ def main() -> None:
 
     import torch
 
-    from mlxcel.backends.base import ForwardRow
+    from mlxcel.engine.backend import ForwardRow
     from mlxcel.cli.settings import ServerSettings
     from mlxcel.runtime import load_backend
 

@@ -33,7 +33,7 @@ def main() -> None:
 
     import torch
 
-    from mlxcel.backends.base import ForwardRow
+    from mlxcel.engine.backend import ForwardRow
     from mlxcel.backends.torch.backend import TorchBackend
     from mlxcel.backends.torch.row_gemv import load_row_kernel
 

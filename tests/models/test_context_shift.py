@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mlxcel.backends.base import ForwardRow
+from mlxcel.engine.backend import ForwardRow
 from tests.conftest import DEFAULT_MODEL, fixture_path
 
 PROMPT = "Count slowly from one to fifty, one number per line: one, two, three, four, five, six, seven, eight,"

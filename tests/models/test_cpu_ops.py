@@ -66,7 +66,7 @@ def test_the_served_model_gives_mlx_lms_logits(ref):
     from mlx_lm.models.cache import make_prompt_cache
     from mlx_lm.utils import load_model
 
-    from mlxcel.backends.base import ForwardRow
+    from mlxcel.engine.backend import ForwardRow
     from mlxcel.backends.mlx.backend import MLXBackend
 
     path = fixture_path(ref)
@@ -88,7 +88,7 @@ def test_the_served_model_gives_mlx_lms_logits(ref):
 def test_a_decode_step_computes_its_rotation_tables_once():
     import mlx.core as mx
 
-    from mlxcel.backends.base import ForwardRow
+    from mlxcel.engine.backend import ForwardRow
     from mlxcel.backends.mlx.backend import MLXBackend
 
     backend = MLXBackend(fixture_path(DEFAULT_MODEL), dtype="float32", threads=1)

@@ -57,7 +57,7 @@ def _backend(name, path):
 def test_unfused_terms_match_merged_weights(backend_name):
     import torch
 
-    from mlxcel.backends.base import ForwardRow
+    from mlxcel.engine.backend import ForwardRow
     from mlxcel.engine.tokenizer import Tokenizer
     from mlxcel.models.lora import load_adapter
 

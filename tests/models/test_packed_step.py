@@ -18,7 +18,8 @@ import asyncio
 import numpy as np
 import pytest
 
-from mlxcel.backends.base import ForwardRow, RowLayout
+from mlxcel.engine.backend import ForwardRow
+from mlxcel.backends.rows import RowLayout
 from mlxcel.engine.types import GenerationRequest
 from tests.conftest import DEFAULT_MODEL, default_backends, fixture_path
 from tests.models.test_engine import GREEDY, make_model, run

@@ -35,7 +35,7 @@ def test_every_registered_family_has_a_parity_fixture():
 @pytest.mark.parametrize("family", sorted(FAMILY_FIXTURES))
 def test_mlx_matches_transformers(family):
     import torch
-    from mlxcel.backends.base import ForwardRow
+    from mlxcel.engine.backend import ForwardRow
     from mlxcel.backends.mlx.backend import MLXBackend
     from mlxcel.engine.tokenizer import Tokenizer
 

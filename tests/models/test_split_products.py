@@ -27,7 +27,7 @@ def _pair(ref):
 
 def _steps(backend, prompts, decode=4):
     """Prefill each prompt alone, then decode all rows together (B > 1) and the first alone."""
-    from mlxcel.backends.base import ForwardRow
+    from mlxcel.engine.backend import ForwardRow
 
     seqs = [backend.new_sequence() for _ in prompts]
     out = [backend.forward([ForwardRow(p, s)]) for p, s in zip(prompts, seqs)]

@@ -243,7 +243,7 @@ def test_decode_attention_refuses_what_it_does_not_take(ops):
 
 def _greedy_with_and_without(backend, prompt: list[int], steps: int):
     """(tokens, decode-step logits) of a greedy run with the fused ops, then one without."""
-    from mlxcel.backends.base import ForwardRow
+    from mlxcel.engine.backend import ForwardRow
 
     runs = []
     try:
@@ -285,7 +285,7 @@ def test_served_model_with_fused_ops(ops):
     bits alone, beside another decode row and inside a packed step beside a prefill chunk; the
     profiler shows decode rows' attention taking the kernel in every step, and prompt rows'
     where the AMX tiles run their linears (else SDPA, which prefills faster)."""
-    from mlxcel.backends.base import ForwardRow
+    from mlxcel.engine.backend import ForwardRow
     from mlxcel.backends.torch.backend import TorchBackend
     from mlxcel.engine.tokenizer import Tokenizer
 
@@ -334,7 +334,7 @@ def test_served_fp32_model_attends_decode_rows_through_the_kernel_and_prompts_th
     rows through SDPA (fp32's prompt linears are torch's, so there are no chunk-independent bits
     to keep there, and SDPA prefills long prompts faster); the same greedy text as the family's
     own ops, decode logits within 1e-4 of their range."""
-    from mlxcel.backends.base import ForwardRow
+    from mlxcel.engine.backend import ForwardRow
     from mlxcel.backends.torch.backend import TorchBackend
     from mlxcel.engine.tokenizer import Tokenizer
 

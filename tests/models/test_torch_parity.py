@@ -30,7 +30,7 @@ def test_torch_matches_transformers(family):
     import torch
     import transformers
 
-    from mlxcel.backends.base import ForwardRow
+    from mlxcel.engine.backend import ForwardRow
     from mlxcel.backends.torch.backend import TorchBackend
     from mlxcel.engine.tokenizer import Tokenizer
 
@@ -80,7 +80,7 @@ GREEDY_TOKENS = 16
 
 def _greedy_batch(backend, prompts: list[list[int]], steps: int) -> tuple[list[list[int]], list[list[float]]]:
     """Greedy continuations of every prompt, decoded as one batch; also each step's top-2 gap."""
-    from mlxcel.backends.base import ForwardRow
+    from mlxcel.engine.backend import ForwardRow
 
     seqs = [backend.new_sequence() for _ in prompts]
     logits = backend.forward([ForwardRow(p, s) for p, s in zip(prompts, seqs)])  # one right-padded prefill
@@ -115,7 +115,7 @@ def test_mlx_and_torch_greedy_text_agree_on_smollm2():
 
 
 def test_layer_hooks_see_and_replace_hidden_states_on_torch():
-    from mlxcel.backends.base import ForwardRow
+    from mlxcel.engine.backend import ForwardRow
     from mlxcel.backends.torch.backend import TorchBackend
     from tests.fixtures import QWEN3_TINY
 

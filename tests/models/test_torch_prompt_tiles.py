@@ -115,7 +115,7 @@ def test_two_callers_at_once_each_get_their_own_answer(tiles):
 def _prefill(backend, prompt: list[int], cuts: list[int], beside: list[int] | None = None) -> np.ndarray:
     """The prompt's last logits after prefilling it in chunks ending at `cuts`; with `beside`,
     each chunk shares its step with a decode row of another sequence (a packed step)."""
-    from mlxcel.backends.base import ForwardRow
+    from mlxcel.engine.backend import ForwardRow
 
     seq = backend.new_sequence()
     other = None

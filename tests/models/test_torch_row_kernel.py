@@ -129,7 +129,7 @@ def test_routing_sends_decode_rows_to_the_row_kernel_and_prompt_rows_to_theirs(k
 
 @pytest.mark.parametrize("dtype,tolerance", [("bfloat16", 0.05), ("float32", 1e-4)])
 def test_served_model_with_kernel_matches_torch_linears(dtype, tolerance):
-    from mlxcel.backends.base import ForwardRow
+    from mlxcel.engine.backend import ForwardRow
     from mlxcel.backends.torch.backend import TorchBackend
     from mlxcel.engine.tokenizer import Tokenizer
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 from PIL import Image
 
-from mlxcel.backends.base import ForwardRow
+from mlxcel.engine.backend import ForwardRow
 from tests.conftest import fixture_path
 from tests.fixtures import QWEN2_VL_TINY
 

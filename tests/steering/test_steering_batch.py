@@ -12,7 +12,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from mlxcel.backends.base import ForwardRow
+from mlxcel.engine.backend import ForwardRow
 from mlxcel.cli.settings import ServerSettings
 from mlxcel.engine.sampling_params import SamplingParams
 from mlxcel.engine.types import GenerationRequest

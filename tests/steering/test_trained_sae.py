@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mlxcel.backends.base import ForwardRow
+from mlxcel.engine.backend import ForwardRow
 from mlxcel.steering.manager import SteeringManager
 from mlxcel.steering.store import Profile
 from tests.fixtures import DEFAULT_MODEL, SAE_TRAINED, available, fixture_path, sae_available

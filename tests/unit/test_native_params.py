@@ -13,7 +13,7 @@ from mlxcel.api.errors import ApiError
 from mlxcel.api.llamacpp.native_params import parse_native
 from mlxcel.api.llamacpp.schemas import NativeCompletionRequest, NativeStreamOptions, declared_names
 from mlxcel.api.state import ServedModel
-from mlxcel.backends.base import ModelInfo
+from mlxcel.engine.backend import ModelInfo
 from mlxcel.engine.sampling_params import RANDOM_SEED, SamplingParams
 from mlxcel.engine.tokenizer import Tokenizer
 from tests.conftest import DEFAULT_MODEL, fixture_path

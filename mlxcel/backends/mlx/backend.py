@@ -14,7 +14,8 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.utils import load_model
 
-from mlxcel.backends.base import ForwardRow, ModelInfo, RowLayout, RowSteering, compacted, kv_bytes_per_token
+from mlxcel.engine.backend import ForwardRow, ModelInfo, kv_bytes_per_token
+from mlxcel.backends.rows import RowLayout, RowSteering, compacted
 from mlxcel.backends.mlx import cpu_ops, packed, split_products
 from mlxcel.backends.mlx.packed import PackedBatchView, PackedPlan
 from mlxcel.backends.mlx.paged import PagedBatchView, PagedStorage, StepPlan
@@ -95,7 +96,7 @@ class MLXBackend(RowSteering):
             cpu_ops.install(model)
         # rows of different lengths share one forward where the family takes the packed seams
         self.packs_rows = packed.install(model)
-        self._init_steering()  # per-step SAE deltas and residual reads (backends/base.RowSteering)
+        self._init_steering()  # per-step SAE deltas and residual reads (backends/rows.RowSteering)
         self.lora = None  # MLXLoraTerms once adapters are attached
         self.info = ModelInfo(
             path=path,

@@ -20,7 +20,7 @@ import mlx.nn as nn
 import numpy as np
 from mlx_lm.models import base as mlx_base
 
-from mlxcel.backends.base import AttendGroup, RowLayout, attend_groups, contiguous_start, packed_positions
+from mlxcel.backends.rows import AttendGroup, RowLayout, attend_groups, contiguous_start, packed_positions
 from mlxcel.engine.kv_block_pool import NULL_BLOCK, SequenceKV
 
 _sdpa = mlx_base.scaled_dot_product_attention

@@ -13,7 +13,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
-from mlxcel.backends.base import causal_allowed, contiguous_start
+from mlxcel.backends.rows import causal_allowed, contiguous_start
 from mlxcel.engine.kv_block_pool import NULL_BLOCK, SCRATCH_BLOCK, BlockAllocator, SequenceKV, grown_slots
 
 

@@ -27,7 +27,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mlxcel.backends.base import ForwardRow, ModelInfo, RowLayout, RowSteering, compacted, kv_bytes_per_token
+from mlxcel.engine.backend import ForwardRow, ModelInfo, kv_bytes_per_token
+from mlxcel.backends.rows import RowLayout, RowSteering, compacted
 from mlxcel.backends.torch import fused_ops, packed
 from mlxcel.backends.torch.cpu_kernels import cpu_flags
 from mlxcel.backends.torch.packed import PackedPlan, step_plan
@@ -180,7 +181,7 @@ class TorchBackend(RowSteering):
         self._window = getattr(text_config, "sliding_window", None)
         layers = self.base.layers
         self.hooks = install_torch_hooks(layers)
-        self._init_steering()  # per-step SAE deltas and residual reads (backends/base.RowSteering)
+        self._init_steering()  # per-step SAE deltas and residual reads (backends/rows.RowSteering)
         self.lora = None  # TorchLoraTerms once adapters are attached
         self.info = ModelInfo(
             path=path,

@@ -24,7 +24,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from mlxcel.backends.base import AttendGroup, RowLayout, attend_groups, contiguous_start, packed_positions
+from mlxcel.backends.rows import AttendGroup, RowLayout, attend_groups, contiguous_start, packed_positions
 from mlxcel.backends.torch import fused_ops
 from mlxcel.backends.torch.paged import _to_device, additive_mask
 from mlxcel.engine.kv_block_pool import NULL_BLOCK, SequenceKV

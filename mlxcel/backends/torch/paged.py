@@ -18,7 +18,7 @@ import torch
 from transformers.cache_utils import Cache
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from mlxcel.backends.base import causal_allowed, contiguous_start
+from mlxcel.backends.rows import causal_allowed, contiguous_start
 from mlxcel.backends.torch import fused_ops
 from mlxcel.engine.kv_block_pool import NULL_BLOCK, SCRATCH_BLOCK, BlockAllocator, SequenceKV, grown_slots
 

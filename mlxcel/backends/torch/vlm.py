@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from mlxcel.backends.base import ForwardRow
+from mlxcel.engine.backend import ForwardRow
 from mlxcel.backends.torch.backend import TorchBackend
 from mlxcel.backends.torch.paged import PagedStepCache, StepPlan
 from mlxcel.models.registry import family_for
