@@ -146,9 +146,9 @@ def load_served_model(settings: ServerSettings, path: Path, served_id: str | Non
     if served_id is None and settings.speculative is not None:  # the draft was chosen for the -m model only
         engine.speculator = load_speculator(settings, settings.speculative, engine, tokenizer, choice.backend)
     if settings.warmup:
-        seq = backend.new_sequence()
+        seq = engine.kv.new_sequence()
         backend.forward([ForwardRow([0], seq)])  # first-call costs off the request path
-        seq.release()
+        engine.kv.release(seq, donate=False)
     engine.start()
     served = ServedModel(
         id=served_id or model_id(settings),
@@ -175,7 +175,7 @@ def load_served_model(settings: ServerSettings, path: Path, served_id: str | Non
 def load_speculator(settings: ServerSettings, config, engine, tokenizer, backend_name: str):
     """The engine's Speculator for `config`: an n-gram drafter, or the draft checkpoint loaded on
     the target's backend (the CLI checked its vocabulary and backend before the load started)."""
-    from mlxcel.engine.engine import BLOCK_SIZE
+    from mlxcel.engine.kv_manager import BLOCK_SIZE
     from mlxcel.engine.speculative import DRAFT, ModelDrafter, NgramDrafter, Speculator
 
     if config.kind != DRAFT:

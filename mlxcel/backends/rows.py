@@ -135,20 +135,6 @@ def steering_blocks(rows: list[ForwardRow]) -> dict[int, np.ndarray]:
     return blocks
 
 
-def compacted(seq: Any, keep: int, discard: int, copy_slots: Callable[[np.ndarray, np.ndarray], None]) -> Any:
-    """A context shift over a paged sequence: a new sequence (same allocator) holding seq's
-    tokens without [keep, keep + discard), their keys/values copied slot for slot by the
-    backend's `copy_slots(src, dst)`. Kept keys keep their rotation; `shift` makes the new
-    sequence continue at seq's logical position."""
-    kept = list(range(keep)) + list(range(keep + discard, seq.length))
-    out = type(seq)(seq.allocator)
-    out.reserve(len(kept))
-    copy_slots(seq.slots(0, seq.length)[kept], out.slots(0, len(kept)))
-    out.tokens = [seq.tokens[i] for i in kept]
-    out.shift = seq.position - len(kept)
-    return out
-
-
 def read_layers(rows: list[ForwardRow]) -> set[int]:
     """The layers whose residuals some row of the step captures."""
     return {li for r in rows if r.capture for li in r.capture}

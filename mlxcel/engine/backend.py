@@ -14,6 +14,8 @@ from typing import Any, Callable, Protocol
 
 import numpy as np
 
+from mlxcel.engine.kv_block_pool import BlockAllocator
+
 
 @dataclass(frozen=True)
 class ModelInfo:
@@ -46,16 +48,69 @@ class ForwardRow:
     decode: bool = False
 
 
-class Backend(Protocol):
-    info: ModelInfo
-    allocator: Any  # the BlockAllocator behind the paged KV (the prefix cache shares it)
-    kv_bytes_per_token: int  # at the compute dtype, all layers
+@dataclass(frozen=True)
+class LayerKV:
+    """What one layer keeps per token of context. `kind` is how the layer attends:
+    "full" (every earlier token) or "sliding" (the last `window` tokens). Other kinds name
+    storage the KV manager does not hold yet: "latent" (a compressed per-token latent, as
+    multi-head latent attention stores), "recurrent" (a fixed-size state per sequence rather
+    than per token); `quant` names a quantized block format (None: the compute dtype)."""
 
-    def new_sequence(self) -> Any:
-        """A fresh, empty per-sequence KV cache."""
+    kind: str = "full"
+    bytes_per_token: int = 0
+    window: int | None = None
+    quant: str | None = None
+
+
+@dataclass(frozen=True)
+class KVSpec:
+    """A backend's per-layer KV needs, which the engine's KV manager sizes its pool from."""
+
+    layers: tuple[LayerKV, ...]
+
+    @property
+    def bytes_per_token(self) -> int:
+        return sum(layer.bytes_per_token for layer in self.layers)
+
+    @property
+    def kinds(self) -> frozenset[str]:
+        return frozenset(layer.kind for layer in self.layers)
+
+    @classmethod
+    def uniform(cls, info: ModelInfo, dtype_bytes: int) -> KVSpec:
+        """Every layer stores keys and values per token at `dtype_bytes`; each layer's window
+        comes from the config (layer_types, or a sliding_window_pattern of local layers)."""
+        per_layer = kv_bytes_per_token(info, dtype_bytes) // max(info.num_layers, 1)
+        windows = layer_windows(info.config, info.num_layers)
+        return cls(tuple(LayerKV("full" if w is None else "sliding", per_layer, w) for w in windows))
+
+
+def layer_windows(config: dict, num_layers: int) -> list[int | None]:
+    """Each layer's sliding-attention window as the config declares it (None: full attention)."""
+    window = config.get("sliding_window")
+    types = config.get("layer_types")
+    if window and types:
+        return [window if t == "sliding_attention" else None for t in types[:num_layers]]
+    pattern = config.get("sliding_window_pattern")
+    if window and isinstance(pattern, int) and pattern > 1:
+        return [None if (i + 1) % pattern == 0 else window for i in range(num_layers)]
+    return [None] * num_layers
+
+
+class Backend(Protocol):
+    """A loaded model the engine runs. The engine's KV manager owns the block pool
+    (engine/kv_manager.py): the backend builds storage for the pool it is bound to and reads
+    each row's block table from its ForwardRow; it allocates no blocks itself."""
+
+    info: ModelInfo
+    kv_spec: KVSpec
+
+    def bind_kv(self, allocator: BlockAllocator) -> None:
+        """(Re)build KV storage for the pool `allocator` hands blocks of; only while no
+        sequence is live. Storage grows with the allocator's high-water mark."""
 
     def forward(self, rows: list[ForwardRow]) -> np.ndarray:
-        """Append each row's tokens to its cache; return [len(rows), vocab] fp32 logits of
+        """Append each row's tokens to its sequence; return [len(rows), vocab] fp32 logits of
         each row's last position."""
 
     def forward_all(self, tokens: list[int], cache: Any) -> np.ndarray:
@@ -63,13 +118,6 @@ class Backend(Protocol):
 
     def copy_slots(self, src: np.ndarray, dst: np.ndarray) -> None:
         """Copy the keys and values of pool slots `src` to slots `dst` in every layer."""
-
-    def compact(self, seq: Any, keep: int, discard: int) -> Any:
-        """A context shift: a new sequence holding seq's tokens without [keep, keep + discard),
-        continuing at seq's logical position (the caller releases seq)."""
-
-    def configure_kv(self, num_blocks: int, block_size: int) -> None:
-        """(Re)build the paged KV pool; only while no sequence is live."""
 
     def hidden_states(self, tokens: list[int], cache: Any) -> np.ndarray:
         """Like forward_all, but the final hidden states (after the model's final norm) of every

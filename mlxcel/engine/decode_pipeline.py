@@ -9,7 +9,7 @@ asynchronously, and only then is step t's token read and booked on the host, ove
 host work with the next forward.
 
 The forward queued ahead writes one key/value position whose token the host has not seen yet
-(`_Row.lazy_pos`); booking that token fills it in. When the row stops on it (EOS, a stop
+(`Row.lazy_pos`); booking that token fills it in. When the row stops on it (EOS, a stop
 string, n_predict, cancellation) the engine's release truncates that position before the KV
 is donated, exactly as if the extra step never ran. Any change to the batch (an admission, a
 prompt chunk, a row that is not greedy, a cancelled or finished row) settles the queued step:
@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mlxcel.engine.requests import forward_row
 from mlxcel.engine.sampling_params import SamplingParams
 
 # A token id placed in a sequence's token list while the device still holds the real one.
@@ -67,7 +68,7 @@ def row_greedy(row) -> bool:
 
 @dataclass
 class _Ahead:
-    rows: list  # the engine's _Row objects, in batch order
+    rows: list  # the scheduler's running Row objects, in batch order
     tokens: object  # the backend's lazy [B] argmax
 
 
@@ -87,15 +88,15 @@ class DecodePipeline:
 
     def step(self, engine) -> bool:
         """Run this engine step pipelined if it can be; False leaves it to the plain path."""
-        rows = engine._rows
+        rows, waiting = engine.scheduler.running, engine.scheduler.waiting
         if self.ahead is not None:
             prev = self.ahead
             self.ahead = None
-            if _same(prev.rows, rows) and not engine._waiting and all(self._can_continue(engine, r) for r in rows):
+            if _same(prev.rows, rows) and not waiting and all(self._can_continue(engine, r) for r in rows):
                 self.ahead = self._launch(engine, rows, prev.tokens)
             self._book(engine, prev)
             return True
-        if rows and not engine._waiting and all(row_greedy(r) for r in rows):
+        if rows and not waiting and all(row_greedy(r) for r in rows):
             self.ahead = self._launch(engine, rows, None)
             return True
         return False
@@ -113,28 +114,27 @@ class DecodePipeline:
         """Queue one decode forward: inputs are the rows' host tokens, or `tokens` (the previous
         queued step's lazy argmax) whose positions stay placeholders until booked."""
         if tokens is None:
-            fwd = [engine._forward_row(r, [r.next_token]) for r in rows]
+            fwd = [forward_row(r, [r.next_token]) for r in rows]
         else:
             for r in rows:
                 r.lazy_pos = r.cache.length
-            fwd = [engine._forward_row(r, [PLACEHOLDER]) for r in rows]
+            fwd = [forward_row(r, [PLACEHOLDER]) for r in rows]
         bias = [r.request.params.logit_bias for r in rows]
         out = engine.backend.decode_greedy(fwd, tokens, bias if any(bias) else None)
-        engine._stats.n_decode_total += 1
-        engine._stats.n_busy_slots_total += len(rows)
+        engine.count_forward(len(rows))
         return _Ahead(list(rows), out)
 
     def _book(self, engine, prev: _Ahead) -> None:
         """Read `prev`'s tokens (waiting for its forward) and hand each live row its token."""
         tokens = np.array(prev.tokens).tolist()
-        live = {id(r) for r in engine._rows}
+        live = {id(r) for r in engine.scheduler.running}
         for row, token in zip(prev.rows, tokens):
             if id(row) not in live:
                 continue  # cancelled while its step was in flight
             if row.lazy_pos is not None:
                 row.cache.tokens[row.lazy_pos] = token
-            engine._take(row, int(token), None)
+            engine.output.take(row, int(token), None)
             row.lazy_pos = None  # still decoding: the queued forward's input is this token
-        live = {id(r) for r in engine._rows}
+        live = {id(r) for r in engine.scheduler.running}
         if self.ahead is not None and not any(id(r) in live for r in self.ahead.rows):
             self.ahead = None  # every row stopped: the queued step's outputs are never read

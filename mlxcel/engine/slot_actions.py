@@ -58,22 +58,21 @@ def _restore(engine: Engine, slot: int, tokens: list[int]) -> int:
         raise EngineError(f"{RESTORE_FAILED} ({len(tokens)} tokens do not fit the slot's {engine.n_ctx_slot})",
                           "invalid_request", 400)
     engine.slot_tokens[slot] = tokens
-    cache = engine.prefix_cache
-    if cache.enabled and len(tokens) >= engine.backend.allocator.block_size:
+    if engine.kv.prefix_cache.enabled and len(tokens) >= engine.kv.block_size:
         _warm(engine, tokens)
     return len(tokens)
 
 
 def _warm(engine: Engine, tokens: list[int]) -> None:
     """Prefill the restored stream into the prompt cache (adopting what it already holds)."""
-    seq = engine.backend.new_sequence()
+    kv = engine.kv
+    seq, done = kv.new_sequence(), False
     try:
-        cached = engine.prefix_cache.adopt(seq, tokens, engine.backend.copy_slots)
+        cached = kv.prefix_cache.adopt(seq, tokens, kv.copy_slots)
         for start in range(cached, len(tokens), engine.batch_size):
             engine.backend.forward([ForwardRow(tokens[start:start + engine.batch_size], seq)])
-        engine.prefix_cache.insert(seq.tokens, seq.blocks)
+        done = True
     except OutOfBlocks as e:  # the stream is restored; only the warm-up is skipped
         log.warning("slot restore: no KV memory to prefill the restored tokens into the prompt cache (%s)", e)
     finally:
-        seq.release()
-        engine.prefix_cache.trim()
+        kv.release(seq, donate=done)

@@ -28,8 +28,8 @@ from pathlib import Path
 import numpy as np
 
 from mlxcel.engine.backend import ForwardRow
-from mlxcel.engine.kv_block_pool import RESERVED
-from mlxcel.engine.kv_prefix_cache import PrefixCache, common_prefix
+from mlxcel.engine.kv_manager import KVManager
+from mlxcel.engine.kv_prefix_cache import common_prefix
 
 DRAFT, NGRAM_SIMPLE = "draft-simple", "ngram-simple"
 
@@ -112,9 +112,9 @@ class ModelDrafter:
                  block_size: int, target_vocab: int) -> None:
         self.backend, self.config, self.batch_size = backend, config, max(1, batch_size)
         self.target_vocab = target_vocab  # a padded draft head may name ids the target cannot embed
-        per_slot = -(-n_ctx_slot // block_size) + 1
-        backend.configure_kv(num_blocks=RESERVED + per_slot * max(1, parallel), block_size=block_size)
-        self.cache = PrefixCache(backend.allocator, None)
+        self.kv = KVManager(n_ctx_slot=n_ctx_slot, parallel=parallel, budget_bytes=None, headroom=0,
+                            block_size=block_size)
+        self.kv.bind(backend)
 
     def propose(self, items: list[tuple[RowSpec, list[int], int, int]]) -> list[list[int]]:
         """items: (row state, the row's KV tokens, its pending token, draft limit) per row."""
@@ -125,10 +125,8 @@ class ModelDrafter:
             if spec.seq is not None and common_prefix(spec.seq.tokens, full) < spec.shared:
                 self.release(spec)  # a context shift rewrote tokens the cache's blocks hold: start over
             if spec.seq is None:
-                spec.seq = be.new_sequence()
-                if spec.cache:
-                    cached = self.cache.adopt(spec.seq, full, be.copy_slots)
-                    spec.shared = cached - cached % spec.seq.allocator.block_size  # a copied tail is the row's own
+                spec.seq, cached = self.kv.start(full, spec.cache)
+                spec.shared = cached - cached % self.kv.block_size  # a copied tail is the row's own
             keep = min(common_prefix(spec.seq.tokens, full), len(full) - 1)
             spec.seq.truncate(keep)
             missing = full[keep:]
@@ -159,9 +157,7 @@ class ModelDrafter:
 
     def release(self, spec: RowSpec) -> None:
         if spec.seq is not None:
-            if spec.cache:
-                self.cache.insert(spec.seq.tokens, spec.seq.blocks)
-            spec.seq.release()
+            self.kv.release(spec.seq, donate=spec.cache)
             spec.seq, spec.shared = None, 0
 
 
@@ -250,9 +246,9 @@ class Speculator:
         i = 0
         for i in range(len(draft) + 1):
             spec.keep = base + 1 + i  # the KV a row ending at this position keeps
-            engine._sample(row, logits[i])
-            if row.handle.finished or row not in engine._rows:
-                return  # _finish released the row (trimmed first, through before_release)
+            engine.output.sample(row, logits[i])
+            if row.handle.finished or row.done:
+                return  # the row finished and was released (trimmed first, through before_release)
             if i == len(draft) or row.next_token != draft[i]:
                 break
             spec.accepted += 1

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from mlxcel.engine.backend import ForwardRow
+from mlxcel.engine.kv_manager import compacted
 from tests.conftest import DEFAULT_MODEL, fixture_path
 
 PROMPT = "Count slowly from one to fifty, one number per line: one, two, three, four, five, six, seven, eight,"
@@ -42,7 +43,7 @@ def shifted_greedy(be, ids, keep, discard, steps=8):
     """Prefill, compact, then decode greedily; the logits of every decode step."""
     seq = be.new_sequence()
     logits = be.forward([ForwardRow(ids, seq)])[0]
-    out = be.compact(seq, keep, discard)
+    out = compacted(seq, keep, discard, be.copy_slots)
     assert out.position == seq.position and out.length == len(ids) - discard
     assert out.tokens == ids[:keep] + ids[keep + discard:]
     seq.release()

@@ -14,7 +14,7 @@ import pytest
 
 from mlxcel.cli.flags import BUILD_ENV
 from mlxcel.cli.settings import ServerSettings
-from mlxcel.engine.engine import BLOCK_SIZE
+from mlxcel.engine.kv_manager import BLOCK_SIZE
 from mlxcel.engine.sampling_params import SamplingParams
 from mlxcel.engine.types import GenerationRequest
 from tests.conftest import DEFAULT_MODEL, fixture_path
@@ -184,7 +184,7 @@ def test_eviction_under_a_tiny_budget_stays_correct():
         first, second = asyncio.run(scenario())
         assert [t for t, _ in first] == [t for t, _ in second]
         usage = m.engine.kv_usage()
-        budget = m.engine.prefix_cache.budget_blocks
+        budget = m.engine.kv.prefix_cache.budget_blocks
         assert usage["cached_blocks"] <= budget
         assert usage["used_blocks"] == usage["cached_blocks"]
     finally:

@@ -45,7 +45,7 @@ def attach(model, kind, draft_model=None, **kw):
         model.engine.speculator = Speculator(config, NgramDrafter(config))
         return
     from mlxcel.cli.settings import ServerSettings
-    from mlxcel.engine.engine import BLOCK_SIZE
+    from mlxcel.engine.kv_manager import BLOCK_SIZE
 
     draft, _ = load_backend(ServerSettings(backend=model.info.backend), draft_model)
     e = model.engine
@@ -141,7 +141,7 @@ def test_draft_p_min_stops_drafting_and_the_draft_cache_follows_the_context():
     assert len(again[0]) == 4
     d.release(a)
     d.release(b)
-    assert a.seq is None and be.allocator.used_blocks == d.cache.cached_blocks > 0  # kept for later rows
+    assert a.seq is None and be.allocator.used_blocks == d.kv.prefix_cache.cached_blocks > 0  # kept for later rows
     assert drafter(1.0).propose([(RowSpec(), ctx, 7, 4)]) == [[]]  # no draft token is that certain
 
 
@@ -184,13 +184,13 @@ def test_the_draft_starts_from_its_prefix_cache_and_a_shift_never_writes_into_it
     assert d.propose([(again, ctx, 7, 4)]) == first  # the shared blocks still hold ctx's keys
     d.release(again)
 
-    held = d.cache.cached_blocks
+    held = d.kv.prefix_cache.cached_blocks
     cached = {n.block for n in d.cache._nodes()}
     opted_out = RowSpec(cache=False)  # a request with cache_prompt false: prefilled cold, not kept
     assert d.propose([(opted_out, ctx, 7, 4)]) == first
     assert opted_out.shared == 0 and not cached & set(opted_out.seq.blocks)
     d.release(opted_out)
-    assert d.cache.cached_blocks == held and be.allocator.used_blocks == held
+    assert d.kv.prefix_cache.cached_blocks == held and be.allocator.used_blocks == held
 
 
 def test_lora_rows_speculate_with_their_own_scales():

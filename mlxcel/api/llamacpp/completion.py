@@ -24,7 +24,7 @@ from mlxcel.api.llamacpp.native_params import NativeRequest, parse_native, with_
 from mlxcel.api.openai.fields import ignored_fields_header
 from mlxcel.api.openai.generation import SSE_HEADERS, merged, served_model, submit_all
 from mlxcel.api.state import AppState, ServedModel
-from mlxcel.engine.engine import RequestHandle
+from mlxcel.engine.requests import RequestHandle
 from mlxcel.engine.types import GenerationRequest, TokenEvent
 from mlxcel.steering.requests import server_steering
 

@@ -23,7 +23,7 @@ from litestar.response import Stream
 from mlxcel.api.errors import ApiError, error_type
 from mlxcel.api.openai.schemas import _Sampling
 from mlxcel.api.state import AppState, ServedModel
-from mlxcel.engine.engine import RequestHandle
+from mlxcel.engine.requests import RequestHandle
 from mlxcel.engine.sampling_params import fold_seed
 from mlxcel.engine.types import EngineError, GenerationRequest, TokenEvent
 

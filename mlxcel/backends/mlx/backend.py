@@ -14,8 +14,8 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.utils import load_model
 
-from mlxcel.engine.backend import ForwardRow, ModelInfo, kv_bytes_per_token
-from mlxcel.backends.rows import RowLayout, RowSteering, compacted
+from mlxcel.engine.backend import ForwardRow, KVSpec, ModelInfo
+from mlxcel.backends.rows import RowLayout, RowSteering
 from mlxcel.backends.mlx import cpu_ops, packed, split_products
 from mlxcel.backends.mlx.packed import PackedBatchView, PackedPlan
 from mlxcel.backends.mlx.paged import PagedBatchView, PagedStorage, StepPlan
@@ -112,7 +112,8 @@ class MLXBackend(RowSteering):
             config=config,
         )
 
-        self.configure_kv(num_blocks=(self.info.context_length // 16) + 8, block_size=16)
+        # a pool of one context for direct drivers (tests, benchmarks); the engine binds its own
+        self.bind_kv(BlockAllocator((self.info.context_length // 16) + 8, 16))
 
     def attach_lora(self, adapters) -> None:
         """Serve these adapters unfused (models/lora.py); raises LoraError if one does not fit."""
@@ -120,25 +121,21 @@ class MLXBackend(RowSteering):
 
         self.lora = MLXLoraTerms(self.model, adapters, _DTYPES[self.info.dtype])
 
-    def configure_kv(self, num_blocks: int, block_size: int) -> None:
-        """(Re)build the paged KV pool; only while no sequence is live."""
-        self.allocator = BlockAllocator(num_blocks, block_size)
+    def bind_kv(self, allocator: BlockAllocator) -> None:
+        """(Re)build KV storage for the pool `allocator` hands out; only while no sequence is live."""
+        self.allocator = allocator
         self.storage = PagedStorage(self.allocator, self.info.num_layers, _DTYPES[self.info.dtype])
 
     @property
-    def kv_bytes_per_token(self) -> int:
-        return kv_bytes_per_token(self.info, _DTYPES[self.info.dtype].size)
+    def kv_spec(self) -> KVSpec:
+        return KVSpec.uniform(self.info, _DTYPES[self.info.dtype].size)
 
     def new_sequence(self) -> SequenceKV:
+        """A sequence over the bound pool, for callers that drive the backend directly."""
         return SequenceKV(self.allocator)
 
     def copy_slots(self, src: np.ndarray, dst: np.ndarray) -> None:
         self.storage.copy_slots(src, dst)
-
-    def compact(self, seq: SequenceKV, keep: int, discard: int) -> SequenceKV:
-        """A new sequence holding seq's tokens without [keep, keep + discard); the kept keys keep
-        their rotation and the new sequence continues at seq's logical position."""
-        return compacted(seq, keep, discard, self.copy_slots)
 
     def _run(self, rows: list[ForwardRow], fn=None, ids: mx.array | None = None) -> tuple[mx.array, RowLayout]:
         """One forward of `fn` (default: the whole model, giving logits) over the rows, packed

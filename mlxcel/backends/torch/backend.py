@@ -27,8 +27,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mlxcel.engine.backend import ForwardRow, ModelInfo, kv_bytes_per_token
-from mlxcel.backends.rows import RowLayout, RowSteering, compacted
+from mlxcel.engine.backend import ForwardRow, KVSpec, ModelInfo
+from mlxcel.backends.rows import RowLayout, RowSteering
 from mlxcel.backends.torch import fused_ops, packed
 from mlxcel.backends.torch.cpu_kernels import cpu_flags
 from mlxcel.backends.torch.packed import PackedPlan, step_plan
@@ -196,7 +196,8 @@ class TorchBackend(RowSteering):
             device=str(self.device),
             config={**config.get("text_config", {}), **config},  # a VLM keeps its geometry in text_config
         )
-        self.configure_kv(num_blocks=(self.info.context_length // 16) + 8, block_size=16)
+        # a pool of one context for direct drivers (tests, benchmarks); the engine binds its own
+        self.bind_kv(BlockAllocator((self.info.context_length // 16) + 8, 16))
 
     def _row_kernel(self, build_env: Mapping[str, str] | None) -> RowKernel | None:
         if build_env is None:
@@ -254,26 +255,22 @@ class TorchBackend(RowSteering):
 
         self.lora = TorchLoraTerms(self.model, adapters, DTYPES[self.info.dtype], self.device)
 
-    def configure_kv(self, num_blocks: int, block_size: int) -> None:
-        """(Re)build the paged KV pool; only while no sequence is live."""
-        self.allocator = BlockAllocator(num_blocks, block_size)
+    def bind_kv(self, allocator: BlockAllocator) -> None:
+        """(Re)build KV storage for the pool `allocator` hands out; only while no sequence is live."""
+        self.allocator = allocator
         self.storage = PagedStorage(self.allocator, self.info.num_layers, DTYPES[self.info.dtype], self.device)
 
     @property
-    def kv_bytes_per_token(self) -> int:
-        return kv_bytes_per_token(self.info, DTYPES[self.info.dtype].itemsize)
+    def kv_spec(self) -> KVSpec:
+        return KVSpec.uniform(self.info, DTYPES[self.info.dtype].itemsize)
 
     def new_sequence(self) -> SequenceKV:
+        """A sequence over the bound pool, for callers that drive the backend directly."""
         return SequenceKV(self.allocator)
 
     @torch.inference_mode()  # the pool's tensors are made in a forward: inference tensors
     def copy_slots(self, src: np.ndarray, dst: np.ndarray) -> None:
         self.storage.copy_slots(src, dst)
-
-    def compact(self, seq: SequenceKV, keep: int, discard: int) -> SequenceKV:
-        """A new sequence holding seq's tokens without [keep, keep + discard); the kept keys keep
-        their rotation and the new sequence continues at seq's logical position."""
-        return compacted(seq, keep, discard, self.copy_slots)
 
     def _masks(self, plan: StepPlan):
         """A 4-D mask for uniform families; one per layer type where the config names them."""

@@ -1,0 +1,140 @@
+"""The engine's one owner of KV memory: the block pool, its sizing, the prefix cache, and every
+sequence's block table.
+
+A backend states what each layer keeps per token (`KVSpec`) and builds storage for the pool it
+is bound to (`Backend.bind_kv`); it never allocates a block. The manager sizes the pool from the
+slots' context shares plus the prefix cache's byte budget, creates each admitted row's sequence
+(adopting the longest cached prefix), compacts a sequence on a context shift, and on release
+offers its blocks to the prefix cache before giving them back.
+
+Layer kinds: today every layer keeps every token's keys and values in the one pool ("full", and
+"sliding", whose attention reads only its window but whose blocks are kept). The interface is
+shaped for what is not held yet: sliding layers that free blocks behind their window need a
+block table per layer group (a sequence then holds one table per group), recurrent layers a
+fixed state slot per sequence beside the paged tables, latent attention a smaller per-token
+record (its `bytes_per_token`), quantized blocks a storage format the backend reads
+(`LayerKV.quant`). A backend whose spec names such a layer is refused at bind time, naming it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from mlxcel.engine.backend import Backend, KVSpec
+from mlxcel.engine.kv_block_pool import RESERVED, BlockAllocator, SequenceKV
+from mlxcel.engine.kv_prefix_cache import PrefixCache
+
+# Token-block size of the paged KV pool and the prefix cache's sharing granularity.
+BLOCK_SIZE = 16
+
+HELD_KINDS = frozenset({"full", "sliding"})
+
+
+class KVLayoutUnsupported(ValueError):
+    """The backend's layers keep KV in a form this manager does not hold (the message says which)."""
+
+
+def check_spec(spec: KVSpec) -> None:
+    missing = sorted(spec.kinds - HELD_KINDS)
+    if missing:
+        raise KVLayoutUnsupported(f"the paged KV pool holds {', '.join(sorted(HELD_KINDS))} attention layers; "
+                                  f"this model also has {', '.join(missing)} layers")
+    quant = sorted({layer.quant for layer in spec.layers if layer.quant})
+    if quant:
+        raise KVLayoutUnsupported(f"quantized KV blocks ({', '.join(quant)}) are not held by the paged pool")
+
+
+def compacted(seq: SequenceKV, keep: int, discard: int,
+              copy_slots: Callable[[np.ndarray, np.ndarray], None]) -> SequenceKV:
+    """A context shift over a paged sequence: a new sequence (same allocator) holding seq's
+    tokens without [keep, keep + discard), their keys/values copied slot for slot by the
+    backend's `copy_slots(src, dst)`. Kept keys keep their rotation; `shift` makes the new
+    sequence continue at seq's logical position."""
+    kept = list(range(keep)) + list(range(keep + discard, seq.length))
+    out = SequenceKV(seq.allocator)
+    out.reserve(len(kept))
+    copy_slots(seq.slots(0, seq.length)[kept], out.slots(0, len(kept)))
+    out.tokens = [seq.tokens[i] for i in kept]
+    out.shift = seq.position - len(kept)
+    return out
+
+
+class KVManager:
+    """`n_ctx_slot` tokens for each of `parallel` slots, plus the prefix cache's share:
+    `budget_bytes` (0: no prefix cache; None: no budget of its own, then `headroom` more slot
+    shares are added to the pool for it, and it keeps what the free blocks hold)."""
+
+    def __init__(self, *, n_ctx_slot: int, parallel: int, budget_bytes: int | None,
+                 headroom: int = 4, block_size: int = BLOCK_SIZE) -> None:
+        self.n_ctx_slot, self.parallel = n_ctx_slot, max(1, parallel)
+        self.budget_bytes, self.headroom, self.block_size = budget_bytes, headroom, block_size
+        self.backend: Backend | None = None
+        self.allocator = BlockAllocator(RESERVED + 1, block_size)
+        self.prefix_cache = PrefixCache(self.allocator, 0)
+
+    def pool_blocks(self, bytes_per_token: int) -> tuple[int, int | None]:
+        """(blocks in the pool, the prefix cache's block budget or None) for a backend storing
+        `bytes_per_token` across its layers."""
+        per_slot = -(-self.n_ctx_slot // self.block_size) + 1
+        if self.budget_bytes == 0:
+            budget = 0
+        elif self.budget_bytes is None:
+            budget = None
+        else:
+            budget = max(self.budget_bytes // (max(bytes_per_token, 1) * self.block_size), 1)
+        extra = budget if budget is not None else self.headroom * per_slot * self.parallel
+        return RESERVED + per_slot * self.parallel + extra, budget
+
+    def bind(self, backend: Backend) -> None:
+        """Size a fresh pool for `backend` and have it build the storage; no sequence may be live."""
+        check_spec(backend.kv_spec)
+        num_blocks, budget = self.pool_blocks(backend.kv_spec.bytes_per_token)
+        self.allocator = BlockAllocator(num_blocks, self.block_size)
+        backend.bind_kv(self.allocator)
+        self.backend = backend
+        self.prefix_cache = PrefixCache(self.allocator, budget)
+
+    def unbind(self) -> None:
+        """Let go of the backend, its pool and the prefix cache that lived in it (idle sleep)."""
+        self.backend = None
+        self.allocator = BlockAllocator(RESERVED + 1, self.block_size)
+        self.prefix_cache = PrefixCache(self.allocator, 0)
+
+    def new_sequence(self) -> SequenceKV:
+        return SequenceKV(self.allocator)
+
+    def start(self, prompt: list[int], use_cache: bool) -> tuple[SequenceKV, int]:
+        """A new sequence for `prompt`, starting from its longest cached prefix when `use_cache`;
+        returns it and how many prompt tokens the cache supplied."""
+        seq = self.new_sequence()
+        cached = self.prefix_cache.adopt(seq, prompt, self.copy_slots) if use_cache else 0
+        return seq, cached
+
+    def copy_slots(self, src: np.ndarray, dst: np.ndarray) -> None:
+        self.backend.copy_slots(src, dst)
+
+    def compact(self, seq: SequenceKV, keep: int, discard: int) -> SequenceKV:
+        """A context shift: seq without [keep, keep + discard), continuing at its logical
+        position; seq is released (never donated: its later blocks no longer match their
+        token positions)."""
+        out = compacted(seq, keep, discard, self.copy_slots)
+        seq.release()
+        return out
+
+    def release(self, seq: SequenceKV, donate: bool) -> None:
+        """Give a sequence's blocks back, offering them to the prefix cache first when `donate`."""
+        if donate:
+            self.prefix_cache.insert(seq.tokens, seq.blocks)
+        seq.release()
+        self.prefix_cache.trim()
+
+    def usage(self) -> dict[str, int]:
+        """Block pool occupancy, for /metrics and /props (all zero while unbound)."""
+        if self.backend is None:
+            return {"block_size": self.block_size, "total_blocks": 0, "used_blocks": 0, "cached_blocks": 0,
+                    "free_blocks": 0}
+        a = self.allocator
+        return {"block_size": a.block_size, "total_blocks": a.num_blocks - RESERVED, "used_blocks": a.used_blocks,
+                "cached_blocks": self.prefix_cache.cached_blocks, "free_blocks": a.free_blocks}
