@@ -16,12 +16,11 @@ prompt chunk, a row that is not greedy, a cancelled or finished row) settles the
 its tokens are booked without queueing another, and the plain path takes over.
 
 A backend opts in with `decode_greedy(rows, ids, bias) -> lazy argmax` (the MLX backend does);
-the torch backend keeps the plain path. Output is the plain path's, token for token. On MLX's
-CPU device the overlap was real on an idle machine (the pipelined engine measured ~20% faster
-than the plain one in round 3, docs/benchmarks.md) and cost 1-7% only while other processes
-held every core, so it is on wherever the backend offers it. Since large products use both
-cores (round 5) the two paths measure alike (one run: plain 1.114x, pipelined 1.106x of
-mlx_lm.generate): the second core the overlap used is now busy with the products.
+the torch backend keeps the plain path. Output is the plain path's, token for token. It is on
+wherever the backend offers it, MLX's CPU device included: the overlap needs a free core, and
+with large products split over both cores the two paths measure alike there (plain 1.114x,
+pipelined 1.106x of mlx_lm.generate, docs/benchmarks.md); with one core per product it measured
+~20% faster on an idle machine and 1-7% slower while other processes held every core.
 """
 
 from __future__ import annotations

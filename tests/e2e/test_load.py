@@ -74,7 +74,7 @@ def test_sixteen_streaming_clients_with_cancellations(metrics_server):
     # and the server still answers. A question whose greedy answer wins each step by >= 0.8 logit on
     # SmolLM2 (fp32 and bf16): the plain "What is the capital of France?" opens on a 0.1-logit tie
     # ("The" / "L"), which bf16 torch can resolve either way once the prompt cache supplies a
-    # system-prompt block computed in the load's packed steps (docs/api.md, benchmarks round 7).
+    # system-prompt block computed in the load's packed steps (docs/api.md).
     r = httpx.post(base + "/v1/chat/completions", timeout=120, json={
         "messages": [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}],
         "temperature": 0, "max_tokens": 12})

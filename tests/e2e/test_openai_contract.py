@@ -197,7 +197,7 @@ def test_n_choices_each_its_own_row(default_server, openai_client):
     alone = openai_client.chat.completions.create(**kw)
     if default_server.dtype == "bfloat16":
         # torch's bf16 one-row decode (a matrix-vector product) rounds differently from the
-        # two-row step: the n=1 request is only its own run's twin (docs/benchmarks.md)
+        # two-row step: the n=1 request is only its own run's twin (docs/api.md)
         assert openai_client.chat.completions.create(**kw).choices[0].message.content == alone.choices[0].message.content
     else:
         assert alone.choices[0].message.content == r.choices[0].message.content

@@ -233,7 +233,7 @@ class TorchBackend(RowSteering):
         # decode rows attend through the kernel in every step (their bits then do not depend on
         # what shares it); prompt tokens too only where the AMX tiles run the prompt linears:
         # only there does the kernel buy chunk-independent bits, and elsewhere prompt tokens one
-        # by one cost 2.8x SDPA's prefill at 2048 tokens (docs/benchmarks.md round 9)
+        # by one cost 2.8x SDPA's prefill at 2048 tokens (fp32 on an AVX2 CPU)
         tiles = self._prompt_tiles
         self._fused_attention = "off" if not (attention and self.packs_rows) else "all" if tiles else "decode rows"
         self.fused_ops = (f"{norms} RMSNorms, RoPE in {len(rope)} family modules, "

@@ -2,29 +2,30 @@
 
 A decode step multiplies one activation row per sequence by every weight matrix, so its cost
 is reading the weights. torch's CPU `linear` reads bf16 weights well under the memory bandwidth
-for a few rows; mlxcel's own kernel (kernels/cpu/rows_linear.cpp) reads them faster
-(docs/benchmarks.md, "Torch CPU decode", round 6). Its sums run in another order than torch's,
-so a row's last bits differ between the paths; to keep a sequence's tokens independent of what
-shares its step, the path follows what a row *is*: every decode row (`ForwardRow.decode`) takes
-the row kernel, alone, beside other decode rows, or inside a packed step beside a prefill chunk.
+for a few rows; mlxcel's own kernel (kernels/cpu/rows_linear.cpp) reads them faster (a decode
+token's products: 12.4 GB/s against torch.mv's 8.9 on an AVX512-BF16 CPU, docs/benchmarks.md).
+Its sums run in another order than torch's, so a row's last bits differ between the paths; to
+keep a sequence's tokens independent of what shares its step, the path follows what a row *is*:
+every decode row (`ForwardRow.decode`) takes the row kernel, alone, beside other decode rows, or
+inside a packed step beside a prefill chunk.
 The backend says which rows those are around each forward (`RowRouting.rows`).
 
 Prompt rows take mlxcel's AMX tile kernel where the CPU has one (kernels/cpu/bf16_tiles.cpp):
 torch's bf16 `linear` gives a row other bits when the call holds another number of rows, so a
 prompt prefilled whole and the same prompt after a cached prefix got different KV; the tile
 kernel's rows do not depend on the call's shape (about torch's time up to ~64 rows, 1.3-1.6x it
-at 512: docs/benchmarks.md round 8). Without AMX prompt rows keep torch's `linear`.
+at 512; docs/benchmarks.md). Without AMX prompt rows keep torch's `linear`.
 
 The modules stay `nn.Linear` (only the instance's `forward` changes), so anything that finds
 linears by type or hooks them (LoRA terms, per-layer hooks) still sees them. The row kernel takes
-fp32 weights too (the CPU default without bf16 instructions: torch ran a one-row fp32 product
-on one thread there, round 9). In fp32 a call of up to FEW_ROWS rows (a short prompt chunk, a
-step's last tokens for the LM head, a small packed step) takes the row kernel whatever its rows
-are: torch's fp32 GEMM ran 1.2-2.4x slower than it for 8-32 rows there, and as fast at 64
-(docs/benchmarks.md round 10); a prompt token's fp32 bits already depended on its chunk's size,
-and a decode row's stay the kernel's. Larger fp32 calls keep torch's `linear`. Without the kernels
-(no compiler) a one-row input runs `torch.mv` (`addmv` with a bias), which gave torch's `linear`
-bits for that row in bf16 here (tested) and reads bf16 faster.
+fp32 weights too (the CPU default without bf16 instructions, where torch runs a one-row fp32
+product on one thread; docs/benchmarks.md). In fp32 a call of up to FEW_ROWS rows (a short
+prompt chunk, a step's last tokens for the LM head, a small packed step) takes the row kernel
+whatever its rows are: torch's fp32 GEMM ran 1.2-2.4x slower than it for 8-32 rows there, and as
+fast at 64 (SmolLM2's products on an AVX2 CPU); a prompt token's fp32 bits already depended on
+its chunk's size, and a decode row's stay the kernel's. Larger fp32 calls keep torch's `linear`.
+Without the kernels (no compiler) a one-row input runs `torch.mv` (`addmv` with a bias), which
+gave torch's `linear` bits for that row in bf16 here (tested) and reads bf16 faster.
 """
 
 from __future__ import annotations
