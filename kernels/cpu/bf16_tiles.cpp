@@ -3,8 +3,8 @@
 // Why not torch's own bf16 linear: it is fast, but a row's last bits depend on how many rows
 // the call holds (its kernels block the work by the call's shape), so a prompt prefilled as one
 // chunk and the same prompt prefilled as a cached prefix plus the rest got KV a few bf16 steps
-// apart from layer 0 on, and greedy text could differ with and without the prompt cache
-// (docs/benchmarks.md, rounds 6 and 7). Here every output is one fp32 accumulator tile element
+// apart from layer 0 on, and greedy text could differ with and without the prompt cache.
+// Here every output is one fp32 accumulator tile element
 // summed over the same 32-wide steps of k in the same order, whatever the call's row count and
 // wherever the row sits in its tile, so a row's result is the same alone or among 500.
 //
@@ -34,7 +34,7 @@ constexpr int64_t kT = 16;   // tile rows, and outputs / activation rows per til
 constexpr int64_t kK = 32;   // bf16 values of k per tile step (64 bytes)
 // k steps per block (see tiles): 8 KiB of weight tiles, which stay in L1 beside the streamed
 // activation tiles; SmolLM2's 210 products at 512 rows took 1.34 and 1.61x torch's time with 4,
-// 2.0-2.2x with 8 or 16 (scripts/bench/torch_prompt_products.py, docs/benchmarks.md round 8)
+// 2.0-2.2x with 8 or 16 (scripts/bench/torch_prompt_products.py)
 constexpr int64_t kBlock = 4;
 
 // r[i][j] -> r[j][i] for a 16 x 16 block of 32-bit values (four rounds of shuffles).

@@ -3,7 +3,7 @@
 //
 // With the weights read fast (rows_linear.cpp), a one-token step of a small model spends most of
 // its time in transformers' eager ops: an RMSNorm is eight ops, applying RoPE fourteen, and SDPA
-// over a short history costs more to set up than to compute (docs/benchmarks.md, round 7). Each
+// over a short history costs more to set up than to compute. Each
 // op here does one of those in one call, row by row, so a row's result never depends on what
 // else the call holds:
 //   rms_norm          a family's RMSNorm: Llama's form (normalise, round to the input dtype,

@@ -3,8 +3,7 @@
 //
 // A decode step multiplies one activation row per sequence by every weight matrix, so its cost
 // is reading the weights. torch's bf16 CPU kernels read them at 7-11 GB/s for one row on an
-// AVX512 machine, and its fp32 one-row product runs on one thread on an AVX2 one
-// (docs/benchmarks.md, rounds 6 and 9); this one streams four weight rows at a time with a
+// AVX512 machine, and its fp32 one-row product runs on one thread on an AVX2 one; this one streams four weight rows at a time with a
 // prefetch ahead, multiplies bf16 pairs natively (AVX512-BF16, else widened to fp32), sums in
 // fp32, rounds bf16 results to bf16 (nearest-even) and splits the output rows with its own
 // helper threads (see Helpers). Up to eight activation rows share one pass over the weights,
@@ -119,7 +118,7 @@ inline float result(float v, const float*) { return v; }
 
 constexpr int64_t kMaxRows = 8;    // activation rows per pass over the weights
 // weight rows prefetched ahead: one token's 211 SmolLM2 products read at 16.6 GB/s against 13.3
-// without the prefetch (15 paired rounds, docs/benchmarks.md round 6)
+// without the prefetch (15 paired runs)
 constexpr int64_t kAhead = 8;
 
 // Every activation row's result is computed the same way whatever else the call holds: one
@@ -204,7 +203,7 @@ Plan<T> plan_for_rows(int64_t m) {
 // cache while the caller is between products (Helpers::read_ahead). A decode step runs the same
 // products in the same order every token, so last token's order names this token's next ones.
 // One helper reads DRAM at ~10 GB/s here, so it covers part of a step's Python gaps' worth;
-// 4 MiB ahead measured as well as 2 or 8 or better (docs/benchmarks.md, round 7).
+// 4 MiB ahead measured as well as 2 or 8 or better.
 class LookAhead {
  public:
   std::vector<Helpers::Range> after(const at::Tensor& weight, int64_t budget) {
