@@ -6,10 +6,12 @@ and masks, the last-position logits handed to the shared sampler, and the per-la
 point. Checkpoints load from a local directory only (never a hub), and MLX-quantized
 checkpoints are refused: their packed weights have no transformers layout.
 
-Compute dtype on the CPU: bf16 by default where the CPU has native bf16 instructions
-(AVX512-BF16 / AMX), fp32 otherwise; measured on this 2-core AVX512-BF16 machine with
-SmolLM2-135M, torch bf16 decodes faster than fp32 (docs/benchmarks.md). On CUDA the
-checkpoint's dtype (fp16 when it is fp32), on MPS fp16.
+Compute dtype on the CPU: bf16 by default where the CPU has AMX-BF16 tiles, fp32 otherwise.
+In bf16, a prompt row's bits must not depend on the chunk it runs in, or a prompt-cache hit
+answers differently from a cold prefill; mlxcel's AMX tile kernel gives that, torch's own bf16
+linears do not (they block the work by the call's shape), so a CPU with AVX512-BF16 but no
+AMX serves fp32 unless --dtype bfloat16 asks. On CUDA the checkpoint's dtype (fp16 when it is
+fp32), on MPS fp16.
 
 On CUDA the engine loop's work is one stream: every op goes on the device's default stream, in
 the engine thread's order, and host-to-device copies leave pinned memory without blocking
@@ -50,9 +52,9 @@ class CheckpointRefused(ValueError):
     """The checkpoint cannot be served by this backend (said why, with what to do)."""
 
 
-def cpu_has_bf16() -> bool:
-    """Native bf16 dot products on this CPU (x86 AVX512-BF16 / AMX-BF16, arm64 BF16)."""
-    return bool({"avx512_bf16", "amx_bf16", "bf16"} & cpu_flags())
+def cpu_has_amx_bf16() -> bool:
+    """AMX-BF16 tiles on this CPU: where mlxcel's prompt kernel makes bf16 exact across chunks."""
+    return "amx_bf16" in cpu_flags()
 
 
 def resolve_dtype(requested: str, checkpoint_dtype: str, device: torch.device) -> str:
@@ -61,7 +63,7 @@ def resolve_dtype(requested: str, checkpoint_dtype: str, device: torch.device) -
             raise ValueError(f"unsupported dtype {requested!r}; use one of auto, {', '.join(DTYPES)}")
         return requested
     if device.type == "cpu":
-        return "bfloat16" if cpu_has_bf16() else "float32"
+        return "bfloat16" if cpu_has_amx_bf16() else "float32"
     if device.type == "mps":
         return "float16"
     return checkpoint_dtype if checkpoint_dtype in ("float16", "bfloat16") else "float16"

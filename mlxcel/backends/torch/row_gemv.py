@@ -18,7 +18,7 @@ at 512; docs/benchmarks.md). Without AMX prompt rows keep torch's `linear`.
 
 The modules stay `nn.Linear` (only the instance's `forward` changes), so anything that finds
 linears by type or hooks them (LoRA terms, per-layer hooks) still sees them. The row kernel takes
-fp32 weights too (the CPU default without bf16 instructions, where torch runs a one-row fp32
+fp32 weights too (the CPU default without AMX tiles, where torch runs a one-row fp32
 product on one thread; docs/benchmarks.md). In fp32 a call of up to FEW_ROWS rows (a short
 prompt chunk, a step's last tokens for the LM head, a small packed step) takes the row kernel
 whatever its rows are: torch's fp32 GEMM ran 1.2-2.4x slower than it for 8-32 rows there, and as
