@@ -1,0 +1,268 @@
+"""A deterministic stand-in for a model backend, and a tokenizer for it.
+
+Everything that knows the Backend protocol (mlxcel/engine/backend.py) lives here, so a change
+of the protocol is adapted in this one file.
+
+The "model": the next token is a hash of the whole token history (`next_token`). The backend
+keeps a storage array (pool slot -> the token written there), writes each forwarded token
+through its sequence's block table, and computes every row's logits only from what it reads
+back through that table. A wrong block table, a bad prefix-cache copy or a bad compaction
+therefore changes the tokens served. Freshly allocated blocks are poisoned, so a position
+nobody wrote never reads as right by luck.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from mlxcel.engine.backend import ForwardRow, ModelInfo
+from mlxcel.engine.kv_block_pool import BlockAllocator, SequenceKV, grown_slots
+
+VOCAB = 512
+EOS = 1  # never the argmax of `next_token`: generations end by length, shift or cancel
+FIRST_WORD = 2  # ids below this are special
+POISON = -7  # what a freshly allocated slot holds until a token is written to it
+KV_BYTES_PER_TOKEN = 64
+
+
+def next_token(history) -> int:
+    """The fake model: an FNV-1a hash of every token so far picks the next one."""
+    h = 0xCBF29CE484222325
+    for t in history:
+        h = ((h ^ (int(t) & 0xFFFFFFFF)) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return FIRST_WORD + h % (VOCAB - FIRST_WORD)
+
+
+def reference(prompt: list[int], n: int, *, n_ctx_slot: int | None = None, keep: int = 0,
+              discard: int = 0) -> list[int]:
+    """What a correct engine serves for `prompt` under greedy sampling: `n` tokens, each the
+    model's pick given the history before it. With `n_ctx_slot`, a full context drops
+    [keep, keep + discard) before the next token is appended (a context shift; discard 0:
+    half of what follows the kept tokens)."""
+    kv, out = list(prompt), []
+    while True:
+        t = next_token(kv)
+        out.append(t)
+        if len(out) == n:
+            return out
+        if n_ctx_slot is not None and len(kv) + 1 > n_ctx_slot:
+            drop = discard or (len(kv) - keep) // 2
+            kv = kv[:keep] + kv[keep + drop:]
+        kv.append(t)
+
+
+def logits_for(token: int) -> np.ndarray:
+    """One row of fp32 logits whose argmax is `token` (with a runner-up, so it is not one-hot)."""
+    row = np.zeros(VOCAB, dtype=np.float32)
+    row[FIRST_WORD + (token + 1 - FIRST_WORD) % (VOCAB - FIRST_WORD)] = 0.5
+    row[token] = 1.0
+    return row
+
+
+@dataclass(frozen=True)
+class StepRow:
+    """One row of one forward, as the fake saw it: the sequence's first token (tests give each
+    request a distinct one), how many tokens it appended, whether it was a decode row, the
+    sequence's length before the step, and the sequence's tag (a compaction makes a new one)."""
+
+    first: int
+    n: int
+    decode: bool
+    start: int
+    uid: int
+
+
+class Hold:
+    """A point where the engine thread stops inside a forward until the test releases it."""
+
+    def __init__(self, predicate: Callable[[list[StepRow]], bool]) -> None:
+        self.predicate = predicate
+        self.step: list[StepRow] = []  # the rows of the forward it stopped
+        self.reached = threading.Event()
+        self.released = threading.Event()
+
+    async def wait(self, timeout: float = 10) -> None:
+        """Await (without blocking the event loop) the engine reaching this hold."""
+        assert await asyncio.to_thread(self.reached.wait, timeout), "the engine never reached the hold"
+
+    def release(self) -> None:
+        self.released.set()
+
+
+class _PoisoningAllocator(BlockAllocator):
+    def __init__(self, num_blocks: int, block_size: int, on_allocate: Callable[[int], None]) -> None:
+        super().__init__(num_blocks, block_size)
+        self._on_allocate = on_allocate
+
+    def allocate(self) -> int:
+        block = super().allocate()
+        self._on_allocate(block)
+        return block
+
+
+class FakeBackend:
+    """Implements: info, allocator, kv_bytes_per_token, configure_kv, new_sequence, forward,
+    forward_all, hidden_states, copy_slots, compact. No `decode_greedy`: the engine takes its
+    plain (unpipelined) decode path."""
+
+    def __init__(self, context_length: int = 4096) -> None:
+        self.info = ModelInfo(path=Path("/nonexistent/fake-model"), model_type="fake", num_layers=1,
+                              vocab_size=VOCAB, context_length=context_length, dtype="float32",
+                              checkpoint_dtype="float32", quantization=None, backend="fake", device="cpu")
+        self.kv_bytes_per_token = KV_BYTES_PER_TOKEN
+        self.allocator: BlockAllocator | None = None
+        self.storage = np.zeros(0, dtype=np.int64)
+        self.steps: list[list[StepRow]] = []  # every forward's rows, in order
+        self.compactions: list[tuple[list[int], list[int]]] = []  # (tokens before, after)
+        self.poison_reads = 0  # positions read that no token was ever written to
+        self._holds: list[Hold] = []  # pending, in the order they are to be reached
+        self._reached: list[Hold] = []
+        self._lock = threading.Lock()
+        self._uids = itertools.count(1)
+
+    # -- the Backend protocol -----------------------------------------------------
+    def configure_kv(self, num_blocks: int, block_size: int) -> None:
+        self.allocator = _PoisoningAllocator(num_blocks, block_size, self._poison)
+        self.storage = np.zeros(0, dtype=np.int64)
+
+    def new_sequence(self) -> SequenceKV:
+        return self._tagged(SequenceKV(self.allocator))
+
+    def forward(self, rows: list[ForwardRow]) -> np.ndarray:
+        step = [StepRow(self._first(r.cache, r.tokens), len(r.tokens), r.decode, r.cache.length,
+                        getattr(r.cache, "fake_uid", 0)) for r in rows]
+        self._maybe_hold(step)
+        self.steps.append(step)
+        for row in rows:  # every row's KV is written before any is read, as in one real forward
+            self._write(row.cache, row.tokens)
+        out = np.empty((len(rows), VOCAB), dtype=np.float32)
+        for i, row in enumerate(rows):
+            out[i] = logits_for(next_token(self._read(row.cache, row.cache.length)))
+        return out
+
+    def forward_all(self, tokens: list[int], cache: SequenceKV) -> np.ndarray:
+        start = cache.length
+        self._write(cache, tokens)
+        return np.stack([logits_for(next_token(self._read(cache, p + 1))) for p in range(start, cache.length)])
+
+    def hidden_states(self, tokens: list[int], cache: SequenceKV) -> np.ndarray:
+        # a 4-wide "hidden state" per position: the pick and the history length it came from
+        logits = self.forward_all(tokens, cache)
+        start = cache.length - len(tokens)
+        return np.asarray([[float(np.argmax(row)), float(start + i + 1), 0.0, 1.0] for i, row in enumerate(logits)],
+                          dtype=np.float32)
+
+    def copy_slots(self, src: np.ndarray, dst: np.ndarray) -> None:
+        self._grow()
+        self.storage[np.asarray(dst)] = self.storage[np.asarray(src)]
+
+    def compact(self, seq: SequenceKV, keep: int, discard: int) -> SequenceKV:
+        kept = list(range(keep)) + list(range(keep + discard, seq.length))
+        out = self._tagged(SequenceKV(seq.allocator))
+        out.reserve(len(kept))
+        self.copy_slots(seq.slots(0, seq.length)[kept], out.slots(0, len(kept)))
+        out.tokens = [seq.tokens[i] for i in kept]
+        out.shift = seq.position - len(kept)  # continue at seq's logical position
+        self.compactions.append((list(seq.tokens), list(out.tokens)))
+        return out
+
+    # -- test controls ----------------------------------------------------------------
+    def hold_when(self, predicate: Callable[[list[StepRow]], bool]) -> "Hold":
+        """The first forward (after earlier holds were reached) whose rows satisfy `predicate`
+        blocks before running until the returned hold is released: the engine's state is then
+        frozen for the test to inspect or to submit and cancel against."""
+        hold = Hold(predicate)
+        with self._lock:
+            self._holds.append(hold)
+        return hold
+
+    def release_all(self) -> None:
+        with self._lock:
+            holds, self._holds = self._holds, []
+        for h in holds + self._reached:
+            h.release()
+
+    @property
+    def forwards(self) -> int:
+        return len(self.steps)
+
+    def rows_of(self, first: int) -> list[tuple[int, StepRow]]:
+        """(step index, row) of every step row of the requests whose prompt starts with `first`."""
+        return [(i, r) for i, step in enumerate(self.steps) for r in step if r.first == first]
+
+    # -- internals ----------------------------------------------------------------------
+    def _maybe_hold(self, step: list[StepRow]) -> None:
+        with self._lock:
+            hold = self._holds[0] if self._holds and self._holds[0].predicate(step) else None
+            if hold is not None:
+                self._holds.pop(0)
+                self._reached.append(hold)
+        if hold is not None:
+            hold.step = step
+            hold.reached.set()
+            # bounded: a test that never releases fails on its own assertions, not by hanging
+            hold.released.wait(timeout=30)
+
+    def _tagged(self, seq: SequenceKV) -> SequenceKV:
+        seq.fake_uid = next(self._uids)  # which sequence a step row belongs to, for the tests
+        return seq
+
+    @staticmethod
+    def _first(seq: SequenceKV, tokens: list[int]) -> int:
+        return seq.tokens[0] if seq.tokens else tokens[0]
+
+    def _grow(self) -> None:
+        size = grown_slots(self.allocator, len(self.storage))
+        if size is not None:
+            grown = np.full(size, POISON, dtype=np.int64)
+            grown[: len(self.storage)] = self.storage
+            self.storage = grown
+
+    def _poison(self, block: int) -> None:
+        self._grow()
+        bs = self.allocator.block_size
+        self.storage[block * bs:(block + 1) * bs] = POISON
+
+    def _write(self, seq: SequenceKV, tokens: list[int]) -> None:
+        start = seq.length
+        seq.reserve(len(tokens))
+        self._grow()
+        self.storage[seq.slots(start, start + len(tokens))] = tokens
+        seq.tokens.extend(tokens)
+
+    def _read(self, seq: SequenceKV, stop: int) -> np.ndarray:
+        history = self.storage[seq.slots(0, stop)]
+        self.poison_reads += int(np.count_nonzero(history == POISON))
+        return history
+
+
+class FakeTokenizer:
+    """What the engine calls on a tokenizer: token i reads as " w{i}" (specials as "<s{i}>",
+    dropped unless kept), EOS is id 1."""
+
+    eos_token_ids = frozenset({EOS})
+    vocab_size = VOCAB
+
+    @staticmethod
+    def _text(i: int) -> str:
+        return f"<s{i}>" if i < FIRST_WORD else f" w{i}"
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return "".join(self._text(i) for i in ids if not (skip_special_tokens and i < FIRST_WORD))
+
+    def decoder(self, keep: frozenset[int] = frozenset()):
+        return lambda ids: "".join(self._text(i) for i in ids if i >= FIRST_WORD or i in keep)
+
+    @property
+    def pieces(self) -> list[bytes]:
+        return [self._text(i).encode() for i in range(VOCAB)]
+
+    def encode(self, text: str, add_special_tokens: bool = True, parse_special: bool = True) -> list[int]:
+        return [int(w[1:]) for w in text.split() if w.startswith("w") and w[1:].isdigit()]
