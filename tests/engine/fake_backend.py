@@ -22,7 +22,7 @@ from typing import Callable
 
 import numpy as np
 
-from mlxcel.engine.backend import ForwardRow, ModelInfo
+from mlxcel.engine.backend import ForwardRow, KVSpec, LayerKV, ModelInfo
 from mlxcel.engine.kv_block_pool import BlockAllocator, SequenceKV, grown_slots
 
 VOCAB = 512
@@ -96,31 +96,20 @@ class Hold:
         self.released.set()
 
 
-class _PoisoningAllocator(BlockAllocator):
-    def __init__(self, num_blocks: int, block_size: int, on_allocate: Callable[[int], None]) -> None:
-        super().__init__(num_blocks, block_size)
-        self._on_allocate = on_allocate
-
-    def allocate(self) -> int:
-        block = super().allocate()
-        self._on_allocate(block)
-        return block
-
-
 class FakeBackend:
-    """Implements: info, allocator, kv_bytes_per_token, configure_kv, new_sequence, forward,
-    forward_all, hidden_states, copy_slots, compact. No `decode_greedy`: the engine takes its
-    plain (unpipelined) decode path."""
+    """Implements the Backend protocol: info, kv_spec, bind_kv, forward, forward_all,
+    hidden_states, copy_slots. No `decode_greedy`: the engine takes its plain (unpipelined)
+    decode path."""
 
     def __init__(self, context_length: int = 4096) -> None:
         self.info = ModelInfo(path=Path("/nonexistent/fake-model"), model_type="fake", num_layers=1,
                               vocab_size=VOCAB, context_length=context_length, dtype="float32",
                               checkpoint_dtype="float32", quantization=None, backend="fake", device="cpu")
-        self.kv_bytes_per_token = KV_BYTES_PER_TOKEN
+        self.kv_spec = KVSpec((LayerKV("full", KV_BYTES_PER_TOKEN),))
         self.allocator: BlockAllocator | None = None
         self.storage = np.zeros(0, dtype=np.int64)
         self.steps: list[list[StepRow]] = []  # every forward's rows, in order
-        self.compactions: list[tuple[list[int], list[int]]] = []  # (tokens before, after)
+        self.compactions: list[tuple[list[int], list[int]]] = []  # (tokens before, after); the harness records them
         self.poison_reads = 0  # positions read that no token was ever written to
         self._holds: list[Hold] = []  # pending, in the order they are to be reached
         self._reached: list[Hold] = []
@@ -128,16 +117,22 @@ class FakeBackend:
         self._uids = itertools.count(1)
 
     # -- the Backend protocol -----------------------------------------------------
-    def configure_kv(self, num_blocks: int, block_size: int) -> None:
-        self.allocator = _PoisoningAllocator(num_blocks, block_size, self._poison)
-        self.storage = np.zeros(0, dtype=np.int64)
+    def bind_kv(self, allocator: BlockAllocator) -> None:
+        """Storage for the engine's pool; every block it hands out is poisoned first."""
+        self.allocator = allocator
+        allocate = allocator.allocate
 
-    def new_sequence(self) -> SequenceKV:
-        return self._tagged(SequenceKV(self.allocator))
+        def poisoned() -> int:
+            block = allocate()
+            self._poison(block)
+            return block
+
+        allocator.allocate = poisoned
+        self.storage = np.zeros(0, dtype=np.int64)
 
     def forward(self, rows: list[ForwardRow]) -> np.ndarray:
         step = [StepRow(self._first(r.cache, r.tokens), len(r.tokens), r.decode, r.cache.length,
-                        getattr(r.cache, "fake_uid", 0)) for r in rows]
+                        self._uid(r.cache)) for r in rows]
         self._maybe_hold(step)
         self.steps.append(step)
         for row in rows:  # every row's KV is written before any is read, as in one real forward
@@ -162,16 +157,6 @@ class FakeBackend:
     def copy_slots(self, src: np.ndarray, dst: np.ndarray) -> None:
         self._grow()
         self.storage[np.asarray(dst)] = self.storage[np.asarray(src)]
-
-    def compact(self, seq: SequenceKV, keep: int, discard: int) -> SequenceKV:
-        kept = list(range(keep)) + list(range(keep + discard, seq.length))
-        out = self._tagged(SequenceKV(seq.allocator))
-        out.reserve(len(kept))
-        self.copy_slots(seq.slots(0, seq.length)[kept], out.slots(0, len(kept)))
-        out.tokens = [seq.tokens[i] for i in kept]
-        out.shift = seq.position - len(kept)  # continue at seq's logical position
-        self.compactions.append((list(seq.tokens), list(out.tokens)))
-        return out
 
     # -- test controls ----------------------------------------------------------------
     def hold_when(self, predicate: Callable[[list[StepRow]], bool]) -> "Hold":
@@ -210,9 +195,11 @@ class FakeBackend:
             # bounded: a test that never releases fails on its own assertions, not by hanging
             hold.released.wait(timeout=30)
 
-    def _tagged(self, seq: SequenceKV) -> SequenceKV:
-        seq.fake_uid = next(self._uids)  # which sequence a step row belongs to, for the tests
-        return seq
+    def _uid(self, seq: SequenceKV) -> int:
+        """Which sequence a step row belongs to, for the tests (a compaction makes a new one)."""
+        if not hasattr(seq, "fake_uid"):
+            seq.fake_uid = next(self._uids)
+        return seq.fake_uid
 
     @staticmethod
     def _first(seq: SequenceKV, tokens: list[int]) -> int:

@@ -24,6 +24,7 @@ def engine_on(backend: FakeBackend | None = None, *, start: bool = True, **kw) -
     # bytes per token; None bounds the prefix cache by a pool of a few times the slots instead
     kw = {"n_ctx": 512, "parallel": 2, "batch_size": 64, "cache_budget_bytes": None, **kw}
     engine = Engine(backend, FakeTokenizer(), **kw)
+    _record_compactions(engine, backend)
     started = start
     if start:
         engine.start()
@@ -35,6 +36,19 @@ def engine_on(backend: FakeBackend | None = None, *, start: bool = True, **kw) -
             engine.shutdown()
         except RuntimeError:  # the test never started it
             assert not started
+
+
+def _record_compactions(engine: Engine, backend: FakeBackend) -> None:
+    """Every context shift's (tokens before, tokens after), as the KV manager compacts them."""
+    compact = engine.kv.compact
+
+    def recorded(seq, keep: int, discard: int):
+        before = list(seq.tokens)
+        out = compact(seq, keep, discard)
+        backend.compactions.append((before, list(out.tokens)))
+        return out
+
+    engine.kv.compact = recorded
 
 
 def prompt(first: int, n: int) -> list[int]:

@@ -43,7 +43,7 @@ def test_a_cancelled_row_is_reaped_and_frees_its_slot_and_blocks():
     assert rc.slot == 0 and rc.tokens == reference(a, 8)
     assert rc.last.timings.cache_n == len(a) - 1  # the cancelled row's blocks were donated intact
     assert usage["used_blocks"] == usage["cached_blocks"]
-    engine.prefix_cache.clear()
+    engine.kv.prefix_cache.clear()
     assert backend.allocator.used_blocks == 0
     assert all(backend.allocator.refs(blk) == 0 for blk in range(RESERVED, backend.allocator.num_blocks))
 

@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from mlxcel.engine.engine import BLOCK_SIZE
+from mlxcel.engine.kv_manager import BLOCK_SIZE
 from mlxcel.engine.kv_block_pool import RESERVED
 from tests.engine.fake_backend import KV_BYTES_PER_TOKEN, FakeBackend, reference
 from tests.engine.harness import engine_on, prompt, run
@@ -99,7 +99,7 @@ def test_eviction_under_a_small_budget_keeps_the_pool_balanced():
     assert backend.poison_reads == 0
     assert 0 < usage["cached_blocks"] <= budget_blocks
     assert usage["used_blocks"] == usage["cached_blocks"]  # nothing but the cache holds a block
-    engine.prefix_cache.clear()  # the engine thread is stopped: nothing else touches the pool
+    engine.kv.prefix_cache.clear()  # the engine thread is stopped: nothing else touches the pool
     alloc = backend.allocator
     assert engine.kv_usage()["cached_blocks"] == 0
     assert alloc.used_blocks == 0 and alloc.free_blocks == alloc.num_blocks - RESERVED
