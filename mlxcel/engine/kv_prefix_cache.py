@@ -14,6 +14,7 @@ shares, under a block budget derived from the byte budget.
 
 from __future__ import annotations
 
+import heapq
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -151,16 +152,20 @@ class PrefixCache:
             self.evict(self.cached_blocks - self.budget_blocks)
 
     def evict(self, n: int) -> int:
-        """Drop up to `n` least-recently-used leaves that no live sequence shares."""
+        """Drop up to `n` least-recently-used leaves that no live sequence shares, one at a
+        time: a parent that a drop leaves childless joins the candidates at its own age, so an
+        old chain goes before a newer donation. One scan of the tree, then a heap."""
+        unshared = lambda x: not x.children and self.allocator.refs(x.block) == 1  # noqa: E731
+        heap = [(x.last_used, id(x), x) for x in self._nodes() if unshared(x)]
+        heapq.heapify(heap)
         freed = 0
-        while freed < n:
-            leaves = [x for x in self._nodes() if not x.children and self.allocator.refs(x.block) == 1]
-            if not leaves:
-                break
-            leaves.sort(key=lambda x: x.last_used)
-            for leaf in leaves[: n - freed]:
-                self._drop(leaf)
-                freed += 1
+        while freed < n and heap:
+            _, _, leaf = heapq.heappop(heap)
+            parent = leaf.parent
+            self._drop(leaf)
+            freed += 1
+            if parent is not self.root and unshared(parent):
+                heapq.heappush(heap, (parent.last_used, id(parent), parent))
         return freed
 
     def clear(self) -> None:
