@@ -10,15 +10,13 @@ import logging
 from pathlib import Path
 
 from mlxcel.api.state import ServedModel
-from mlxcel.cli.settings import ServerSettings
+from mlxcel.config.sampling import B10621_SAMPLING
+from mlxcel.config.settings import ServerSettings
 from mlxcel.engine.sampling_params import SamplingParams
 
 log = logging.getLogger("mlxcel.runtime")
 
 DEFAULT_CACHE_RAM_MIB = 2048  # mlxcel's --cache-ram default (b10621's is 8192)
-
-# b10621's sampling defaults, used when neither a flag nor generation_config.json says.
-B10621_SAMPLING = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05)
 
 
 def resolve_sampling_defaults(settings: ServerSettings, gen_defaults, n_vocab: int | None = None) -> SamplingParams:
@@ -31,7 +29,7 @@ def resolve_sampling_defaults(settings: ServerSettings, gen_defaults, n_vocab: i
     bias: dict[int, float] = {}
     for tok, value in settings.logit_bias:
         if n_vocab is not None and not 0 <= tok < n_vocab:
-            from mlxcel.cli.refusal import StartupRefusal
+            from mlxcel.config.refusal import StartupRefusal
 
             raise StartupRefusal(f"--logit-bias {tok}: token id outside the model's vocabulary (0..{n_vocab - 1})")
         bias[tok] = bias.get(tok, 0.0) + value
@@ -63,7 +61,7 @@ def select_backend(settings: ServerSettings, path: Path | None = None):
     import json
 
     from mlxcel.backends.select import BackendRefused, choose
-    from mlxcel.cli.refusal import StartupRefusal
+    from mlxcel.config.refusal import StartupRefusal
     from mlxcel.models.vision import is_vision
 
     config = json.loads((path / "config.json").read_text()) if path is not None else {}
@@ -182,7 +180,7 @@ def load_speculator(settings: ServerSettings, config, engine, tokenizer, backend
         return Speculator(config, NgramDrafter(config))
     from dataclasses import replace
 
-    from mlxcel.models.rope_overrides import RopeOverrides
+    from mlxcel.config.rope import RopeOverrides
 
     path = config.draft_model
     # the draft runs as its checkpoint says: --rope-* overrides and LoRA adapters are the target's
@@ -199,7 +197,7 @@ def load_speculator(settings: ServerSettings, config, engine, tokenizer, backend
 def load_vision(settings: ServerSettings, path: Path, backend, tokenizer):
     """A vision-language checkpoint's image side (models/vision.py), with the image-token budget
     applied; None for a text-only checkpoint. A budget it cannot honour refuses the load."""
-    from mlxcel.cli.refusal import StartupRefusal
+    from mlxcel.config.refusal import StartupRefusal
     from mlxcel.models.vision import BudgetRefused, ImageBudget, VisionInput, is_vision
 
     budget = ImageBudget(settings.image_min_tokens, settings.image_max_tokens)
@@ -285,7 +283,7 @@ def check_loadable(settings: ServerSettings, path: Path, current) -> int:
     backend cannot run, weights larger than the memory budget. Returns the estimate."""
     import json
 
-    from mlxcel.cli.refusal import StartupRefusal
+    from mlxcel.config.refusal import StartupRefusal
     from mlxcel.models.registry import UnsupportedModelType, family_for
 
     try:

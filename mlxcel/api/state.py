@@ -11,7 +11,7 @@ from typing import Any
 
 from mlxcel.api.stream_sessions import StreamStore
 from mlxcel.engine.backend import ModelInfo
-from mlxcel.cli.settings import ServerSettings
+from mlxcel.config.settings import ServerSettings
 from mlxcel.engine.engine import Engine
 from mlxcel.engine.sampling_params import SamplingParams
 from mlxcel.engine.tokenizer import Tokenizer

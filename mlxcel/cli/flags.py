@@ -45,8 +45,8 @@ from typing import Any
 
 from mlxcel.cli.options_model import FLAG, PAIR, VALUE2, Option
 from mlxcel.cli.options_table import BY_SPELLING, SECTIONS, TABLE
-from mlxcel.cli.refusal import StartupRefusal
-from mlxcel.cli.settings import ServerSettings
+from mlxcel.config.refusal import StartupRefusal
+from mlxcel.config.settings import ServerSettings
 
 __all__ = ["StartupRefusal", "parse_server_args", "build_parser", "prepass", "dump_flag_surface", "uvicorn_kwargs"]
 

@@ -12,7 +12,7 @@ import os
 import sys
 from pathlib import Path
 
-from mlxcel.cli.settings import ServerSettings
+from mlxcel.config.settings import ServerSettings
 from mlxcel.engine.chat_template import render_chat, render_plain
 from mlxcel.engine.types import GenerationRequest
 from mlxcel.store.paths import store_root

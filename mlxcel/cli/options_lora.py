@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from mlxcel.cli.refusal import StartupRefusal
+from mlxcel.config.refusal import StartupRefusal
 from mlxcel.models.lora import LoraError, LoraSet, check_path, checkpoint_shapes, load_adapter
 from mlxcel.models.lora import parse_lora, parse_lora_scaled, validate
 

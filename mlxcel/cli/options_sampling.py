@@ -16,7 +16,7 @@ import re
 from typing import Any
 
 from mlxcel.cli.options_apply import as_float, as_int
-from mlxcel.cli.refusal import StartupRefusal
+from mlxcel.config.refusal import StartupRefusal
 
 
 def _store(settings: Any, field: str, value: Any) -> None:

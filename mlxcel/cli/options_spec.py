@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from mlxcel.cli.options_apply import as_float, as_int
-from mlxcel.cli.refusal import StartupRefusal
+from mlxcel.config.refusal import StartupRefusal
 
 IMPLEMENTED = ("draft-simple", "ngram-simple")
 # b10621's other types, and what to use instead

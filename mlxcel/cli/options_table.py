@@ -32,6 +32,8 @@ from mlxcel.cli.options_model import (
     only_negative_form,
     only_positive_form,
 )
+from mlxcel.config.sampling import B10621_SAMPLING as _D
+from mlxcel.engine.sampling_params import SAMPLER_CHARS
 
 COMMON, SAMPLING, SPEC, SERVER = "common params", "sampling params", "speculative params", "example-specific params"
 NATIVE = "mlxcel"
@@ -40,6 +42,16 @@ C = partial(make, section=COMMON)
 S = partial(make, section=SAMPLING)
 D = partial(make, section=SPEC)
 X = partial(make, section=SERVER)
+
+
+def _f(x: float) -> str:
+    """A float default as b10621's help prints it (two decimals)."""
+    return f"{x:.2f}"
+
+
+def _sampler_letters(samplers: tuple[str, ...]) -> str:
+    letter = {name: ch for ch, name in SAMPLER_CHARS.items()}
+    return "".join(letter[name] for name in samplers)
 
 # Reasons shared by the GGML-runtime group (accepted only in forms that ask for nothing).
 POOL = "CPU affinity, priority and polling tune GGML's CPU thread pool, which mlxcel does not have"
@@ -283,65 +295,77 @@ _COMMON: tuple[Option, ...] = (
 
 _SAMPLING: tuple[Option, ...] = (
     S("--samplers", VALUE, mv="SAMPLERS", state=SUPPORTED, apply=sa.apply_samplers,
-      help="default sampler order, ';'-separated (default: penalties;dry;top_n_sigma;top_k;typ_p;top_p;min_p;xtc;"
-           "temperature)"),
+      help=f"default sampler order, ';'-separated (default: {';'.join(_D.samplers)})"),
     S("-s, --seed", VALUE, mv="SEED", default="-1", state=SUPPORTED, apply=a.apply_seed,
       help="default RNG seed (-1 = random)"),
     S("--sampler-seq, --sampling-seq", VALUE, mv="SEQUENCE", state=SUPPORTED, apply=sa.apply_sampler_seq,
-      help="default sampler order as one letter per stage (default: edskypmxt)"),
+      help=f"default sampler order as one letter per stage (default: {_sampler_letters(_D.samplers)})"),
     S("--ignore-eos", FLAG, state=SUPPORTED, apply=sa.apply_ignore_eos,
       help="by default, ban every end-of-generation token and continue generating"),
-    S("--temp, --temperature", VALUE, mv="N", default="0.80", state=BY_DESIGN, apply=a.setter("temperature", "float"),
-      help="default temperature (unset: the checkpoint's generation_config.json, else 0.80)"),
-    S("--top-k", VALUE, mv="N", env="LLAMA_ARG_TOP_K", default="40", state=BY_DESIGN, apply=a.setter("top_k", "int"),
-      help="default top-k (0 = disabled; unset: generation_config.json, else 40)"),
-    S("--top-p", VALUE, mv="N", default="0.95", state=BY_DESIGN, apply=a.setter("top_p", "float"),
-      help="default top-p (1.0 = disabled; unset: generation_config.json, else 0.95)"),
-    S("--min-p", VALUE, mv="N", default="0.05", state=BY_DESIGN, apply=a.setter("min_p", "float"),
-      help="default min-p (0.0 = disabled; unset: generation_config.json, else 0.05)"),
-    S("--top-nsigma, --top-n-sigma", VALUE, mv="N", default="-1.00", state=SUPPORTED,
+    S("--temp, --temperature", VALUE, mv="N", default=_f(_D.temperature),
+      state=BY_DESIGN, apply=a.setter("temperature", "float"),
+      help=f"default temperature (unset: the checkpoint's generation_config.json, else {_f(_D.temperature)})"),
+    S("--top-k", VALUE, mv="N", env="LLAMA_ARG_TOP_K", default=str(_D.top_k),
+      state=BY_DESIGN, apply=a.setter("top_k", "int"),
+      help=f"default top-k (0 = disabled; unset: generation_config.json, else {_D.top_k})"),
+    S("--top-p", VALUE, mv="N", default=_f(_D.top_p), state=BY_DESIGN, apply=a.setter("top_p", "float"),
+      help=f"default top-p (1.0 = disabled; unset: generation_config.json, else {_f(_D.top_p)})"),
+    S("--min-p", VALUE, mv="N", default=_f(_D.min_p), state=BY_DESIGN, apply=a.setter("min_p", "float"),
+      help=f"default min-p (0.0 = disabled; unset: generation_config.json, else {_f(_D.min_p)})"),
+    S("--top-nsigma, --top-n-sigma", VALUE, mv="N", default=_f(_D.top_n_sigma), state=SUPPORTED,
       apply=sa.number("top_n_sigma"), help="default top-n-sigma (-1.0 = disabled)"),
-    S("--xtc-probability", VALUE, mv="N", default="0.00", state=SUPPORTED, apply=sa.number("xtc_probability"),
+    S("--xtc-probability", VALUE, mv="N", default=_f(_D.xtc_probability),
+      state=SUPPORTED, apply=sa.number("xtc_probability"),
       help="default XTC probability (0.0 = disabled)"),
-    S("--xtc-threshold", VALUE, mv="N", default="0.10", state=SUPPORTED, apply=sa.number("xtc_threshold"),
+    S("--xtc-threshold", VALUE, mv="N", default=_f(_D.xtc_threshold), state=SUPPORTED, apply=sa.number("xtc_threshold"),
       help="default XTC threshold (1.0 = disabled)"),
-    S("--typical, --typical-p", VALUE, mv="N", default="1.00", state=SUPPORTED, apply=sa.number("typical_p"),
+    S("--typical, --typical-p", VALUE, mv="N", default=_f(_D.typical_p), state=SUPPORTED, apply=sa.number("typical_p"),
       help="default locally typical p (1.0 = disabled)"),
-    S("--repeat-last-n", VALUE, mv="N", default="64", state=SUPPORTED,
+    S("--repeat-last-n", VALUE, mv="N", default=str(_D.repeat_last_n), state=SUPPORTED,
       apply=sa.number("repeat_last_n", "int", minimum=-1),
       help="default window of the repetition penalties (0 = disabled, -1 = the whole context)"),
-    S("--repeat-penalty", VALUE, mv="N", default="1.00", state=SUPPORTED, apply=sa.number("repeat_penalty"),
+    S("--repeat-penalty", VALUE, mv="N", default=_f(_D.repeat_penalty),
+      state=SUPPORTED, apply=sa.number("repeat_penalty"),
       help="default repetition penalty (1.0 = disabled)"),
-    S("--presence-penalty", VALUE, mv="N", default="0.00", state=SUPPORTED, apply=sa.number("presence_penalty"),
+    S("--presence-penalty", VALUE, mv="N", default=_f(_D.presence_penalty),
+      state=SUPPORTED, apply=sa.number("presence_penalty"),
       help="default presence penalty (0.0 = disabled)"),
-    S("--frequency-penalty", VALUE, mv="N", default="0.00", state=SUPPORTED, apply=sa.number("frequency_penalty"),
+    S("--frequency-penalty", VALUE, mv="N", default=_f(_D.frequency_penalty),
+      state=SUPPORTED, apply=sa.number("frequency_penalty"),
       help="default frequency penalty (0.0 = disabled)"),
-    S("--dry-multiplier", VALUE, mv="N", default="0.00", state=SUPPORTED, apply=sa.number("dry_multiplier"),
+    S("--dry-multiplier", VALUE, mv="N", default=_f(_D.dry_multiplier),
+      state=SUPPORTED, apply=sa.number("dry_multiplier"),
       help="default DRY multiplier (0.0 = disabled)"),
-    S("--dry-base", VALUE, mv="N", default="1.75", state=SUPPORTED, apply=sa.apply_dry_base,
-      help="default DRY base (0 keeps 1.75)"),
-    S("--dry-allowed-length", VALUE, mv="N", default="2", state=SUPPORTED,
+    S("--dry-base", VALUE, mv="N", default=_f(_D.dry_base), state=SUPPORTED, apply=sa.apply_dry_base,
+      help=f"default DRY base (0 keeps {_f(_D.dry_base)})"),
+    S("--dry-allowed-length", VALUE, mv="N", default=str(_D.dry_allowed_length), state=SUPPORTED,
       apply=sa.number("dry_allowed_length", "int", minimum=0), help="default DRY allowed length"),
-    S("--dry-penalty-last-n", VALUE, mv="N", default="64", state=SUPPORTED,
+    S("--dry-penalty-last-n", VALUE, mv="N", default=str(_D.dry_penalty_last_n), state=SUPPORTED,
       apply=sa.number("dry_penalty_last_n", "int", minimum=-1),
       help="default DRY window (0 = disabled, -1 = the context size)"),
     S("--dry-sequence-breaker", VALUE, mv="STRING", state=SUPPORTED, repeatable=True,
       apply=sa.apply_dry_sequence_breakers,
-      help="add a DRY sequence breaker, replacing the defaults ('\\n', ':', '\"', '*'); \"none\" clears them"),
-    S("--adaptive-target", VALUE, mv="N", default="-1.00", state=SUPPORTED, apply=sa.number("adaptive_target"),
+      help=f"add a DRY sequence breaker, replacing the defaults ({', '.join(map(repr, _D.dry_sequence_breakers))}); "
+           '"none" clears them'),
+    S("--adaptive-target", VALUE, mv="N", default=_f(_D.adaptive_target),
+      state=SUPPORTED, apply=sa.number("adaptive_target"),
       help="default adaptive-p target probability (negative = disabled; active when the sampler order names "
            "adaptive_p)"),
-    S("--adaptive-decay", VALUE, mv="N", default="0.90", state=SUPPORTED, apply=sa.number("adaptive_decay"),
+    S("--adaptive-decay", VALUE, mv="N", default=_f(_D.adaptive_decay),
+      state=SUPPORTED, apply=sa.number("adaptive_decay"),
       help="default adaptive-p decay (0.0 to 0.99)"),
-    S("--dynatemp-range", VALUE, mv="N", default="0.00", state=SUPPORTED, apply=sa.number("dynatemp_range"),
+    S("--dynatemp-range", VALUE, mv="N", default=_f(_D.dynatemp_range),
+      state=SUPPORTED, apply=sa.number("dynatemp_range"),
       help="default dynamic temperature range (0.0 = disabled)"),
-    S("--dynatemp-exp", VALUE, mv="N", default="1.00", state=SUPPORTED, apply=sa.number("dynatemp_exponent"),
+    S("--dynatemp-exp", VALUE, mv="N", default=_f(_D.dynatemp_exponent),
+      state=SUPPORTED, apply=sa.number("dynatemp_exponent"),
       help="default dynamic temperature exponent"),
-    S("--mirostat", VALUE, mv="N", default="0", state=SUPPORTED, apply=sa.number("mirostat", "int", allowed=(0, 1, 2)),
+    S("--mirostat", VALUE, mv="N", default=str(_D.mirostat),
+      state=SUPPORTED, apply=sa.number("mirostat", "int", allowed=(0, 1, 2)),
       help="default Mirostat mode (0 = disabled, 1 = Mirostat, 2 = Mirostat 2.0)"),
-    S("--mirostat-lr", VALUE, mv="N", default="0.10", state=SUPPORTED, apply=sa.number("mirostat_eta"),
+    S("--mirostat-lr", VALUE, mv="N", default=_f(_D.mirostat_eta), state=SUPPORTED, apply=sa.number("mirostat_eta"),
       help="default Mirostat learning rate (eta)"),
-    S("--mirostat-ent", VALUE, mv="N", default="5.00", state=SUPPORTED, apply=sa.number("mirostat_tau"),
+    S("--mirostat-ent", VALUE, mv="N", default=_f(_D.mirostat_tau), state=SUPPORTED, apply=sa.number("mirostat_tau"),
       help="default Mirostat target entropy (tau)"),
     S("-l, --logit-bias", VALUE, mv="TOKEN_ID(+/-)BIAS", state=BY_DESIGN, repeatable=True, apply=sa.apply_logit_bias,
       help="default logit bias of one token, e.g. 15043+1 or 15043-1 (repeatable; a request's own logit_bias "

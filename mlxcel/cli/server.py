@@ -16,8 +16,8 @@ import threading
 from pathlib import Path
 
 from mlxcel.cli.flags import parse_server_args, uvicorn_kwargs
-from mlxcel.cli.refusal import StartupRefusal
-from mlxcel.cli.settings import ServerSettings
+from mlxcel.config.refusal import StartupRefusal
+from mlxcel.config.settings import ServerSettings
 
 log = logging.getLogger("mlxcel.server")
 

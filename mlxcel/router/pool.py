@@ -300,7 +300,7 @@ def build_child(settings: Any, entry: ModelEntry, store_root: Path | None, steer
                 streams: Any) -> Child:
     """The model's own settings (presets applied), engine, state and app (runs in a worker thread);
     a refusal the CLI would have stopped startup with is this load's failure."""
-    from mlxcel.cli.refusal import StartupRefusal
+    from mlxcel.config.refusal import StartupRefusal
 
     try:
         return _build_child(settings, entry, store_root, steering_store, streams)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mlxcel.cli.refusal import StartupRefusal
+from mlxcel.config.refusal import StartupRefusal
 
 GLOBAL = "*"
 

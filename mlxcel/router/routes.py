@@ -23,7 +23,7 @@ from litestar.response import Stream
 
 from mlxcel.api.state import AppState
 from mlxcel.api.stream_resume import STREAM_ROUTES
-from mlxcel.cli.settings import ServerSettings
+from mlxcel.config.settings import ServerSettings
 from mlxcel.router.pool import RouterError, RouterPool, Slot
 
 TYPES = {400: "invalid_request_error", 404: "not_found_error", 500: "server_error", 503: "unavailable_error"}

@@ -25,7 +25,7 @@ def main() -> None:
     args = p.parse_args()
 
     from mlxcel.engine.backend import ForwardRow
-    from mlxcel.cli.settings import ServerSettings
+    from mlxcel.config.settings import ServerSettings
     from mlxcel.runtime import load_backend
 
     settings = ServerSettings(backend=args.backend, device=args.device, dtype=args.dtype, threads=args.threads,

@@ -55,7 +55,7 @@ def main() -> None:
     from mlx_lm.sample_utils import make_sampler
 
     from mlxcel.engine.backend import ForwardRow
-    from mlxcel.cli.settings import ServerSettings
+    from mlxcel.config.settings import ServerSettings
     from mlxcel.engine.sampling_params import SamplingParams
     from mlxcel.engine.types import GenerationRequest
     from mlxcel.runtime import load_served_model

@@ -40,7 +40,7 @@ def main() -> None:
     args = p.parse_args()
 
     from mlxcel.cli.flags import BUILD_ENV
-    from mlxcel.cli.settings import ServerSettings
+    from mlxcel.config.settings import ServerSettings
     from mlxcel.engine.sampling_params import SamplingParams
     from mlxcel.engine.speculative import DRAFT, SpecConfig
     from mlxcel.engine.types import GenerationRequest

@@ -69,7 +69,7 @@ def main() -> None:
     import os
 
     from mlxcel.backends.torch.row_gemv import load_row_kernel, remove_row_gemv
-    from mlxcel.cli.settings import ServerSettings
+    from mlxcel.config.settings import ServerSettings
     from mlxcel.runtime import load_backend
 
     kernel = load_row_kernel(os.environ)

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from mlxcel.api.state import AppState
-from mlxcel.cli.settings import ServerSettings
+from mlxcel.config.settings import ServerSettings
 from mlxcel.runtime import load_served_model
 from tests.conftest import fixture_path
 from tests.e2e.inprocess import AppServer

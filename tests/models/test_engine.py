@@ -13,7 +13,7 @@ import os
 import pytest
 
 from mlxcel.cli.flags import BUILD_ENV
-from mlxcel.cli.settings import ServerSettings
+from mlxcel.config.settings import ServerSettings
 from mlxcel.engine.engine import BLOCK_SIZE
 from mlxcel.engine.sampling_params import SamplingParams
 from mlxcel.engine.types import GenerationRequest

@@ -44,7 +44,7 @@ def attach(model, kind, draft_model=None, **kw):
     if kind == NGRAM_SIMPLE:
         model.engine.speculator = Speculator(config, NgramDrafter(config))
         return
-    from mlxcel.cli.settings import ServerSettings
+    from mlxcel.config.settings import ServerSettings
     from mlxcel.engine.engine import BLOCK_SIZE
 
     draft, _ = load_backend(ServerSettings(backend=model.info.backend), draft_model)

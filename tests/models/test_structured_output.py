@@ -13,7 +13,7 @@ import json
 import jsonschema
 import pytest
 
-from mlxcel.cli.settings import ServerSettings
+from mlxcel.config.settings import ServerSettings
 from mlxcel.engine.chat_template import render_chat
 from mlxcel.engine.sampling_params import SamplingParams
 from mlxcel.engine.types import GenerationRequest

@@ -193,7 +193,7 @@ def test_an_sae_is_attached_from_a_directory_or_a_store_entry(tmp_path):
     from mlxcel.api.management.envelope import Refusal
     from mlxcel.api.management.saes import _path
     from mlxcel.api.state import AppState
-    from mlxcel.cli.settings import ServerSettings
+    from mlxcel.config.settings import ServerSettings
 
     state = AppState(settings=ServerSettings(), store_root=tmp_path)
     assert _path({"sae": "org/my-sae"}, state) == tmp_path / "org/my-sae"  # a model-store entry

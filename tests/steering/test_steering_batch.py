@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from mlxcel.engine.backend import ForwardRow
-from mlxcel.cli.settings import ServerSettings
+from mlxcel.config.settings import ServerSettings
 from mlxcel.engine.sampling_params import SamplingParams
 from mlxcel.engine.types import GenerationRequest
 from mlxcel.steering import requests as steer

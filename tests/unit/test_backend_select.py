@@ -10,8 +10,8 @@ import pytest
 
 from mlxcel.backends.select import BackendRefused, choose
 from mlxcel.cli.flags import parse_server_args
-from mlxcel.cli.refusal import StartupRefusal
-from mlxcel.cli.settings import ServerSettings
+from mlxcel.config.refusal import StartupRefusal
+from mlxcel.config.settings import ServerSettings
 from mlxcel.runtime import select_backend
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from mlxcel.backends.select import BackendRefused, choose
 from mlxcel.cli.flags import parse_server_args
-from mlxcel.cli.refusal import StartupRefusal
+from mlxcel.config.refusal import StartupRefusal
 from mlxcel.models import vision
 from mlxcel.models.registry import UnsupportedModelType, mlx_module
 from mlxcel.models.vision import BudgetRefused, ImageBudget, VisionInput, budget_pixels
