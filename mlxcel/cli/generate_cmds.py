@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from mlxcel.config.settings import ServerSettings
-from mlxcel.engine.chat_template import render_chat, render_plain
+from mlxcel.chat.chat_template import render_chat, render_plain
 from mlxcel.engine.types import GenerationRequest
 from mlxcel.store.paths import store_root
 from mlxcel.store.resolve import ModelNotAvailable, ModelSourceRefused, resolve_model

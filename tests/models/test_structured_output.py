@@ -14,7 +14,7 @@ import jsonschema
 import pytest
 
 from mlxcel.config.settings import ServerSettings
-from mlxcel.engine.chat_template import render_chat
+from mlxcel.chat.chat_template import render_chat
 from mlxcel.engine.sampling_params import SamplingParams
 from mlxcel.engine.types import GenerationRequest
 from tests.conftest import DEFAULT_MODEL, fixture_path

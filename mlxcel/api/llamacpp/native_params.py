@@ -25,7 +25,7 @@ from mlxcel.api.state import ServedModel
 from mlxcel.engine.sampling_params import (
     fold_seed, resolve_logit_bias, samplers_from_chars, samplers_from_names,
 )
-from mlxcel.engine.reasoning import CLOSE, OPEN
+from mlxcel.chat.reasoning import CLOSE, OPEN
 from mlxcel.engine.reasoning_budget import ReasoningBudget
 from mlxcel.engine.types import GenerationRequest
 from mlxcel.steering.requests import refuse_fields as refuse_steering_fields

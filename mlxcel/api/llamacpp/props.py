@@ -16,7 +16,7 @@ from mlxcel.api.errors import ApiError
 from mlxcel.api.llamacpp.render import generation_settings
 from mlxcel.api.openai.generation import served_model
 from mlxcel.api.state import AppState, ServedModel
-from mlxcel.engine.chat_template import TemplateError, render_chat
+from mlxcel.chat.chat_template import TemplateError, render_chat
 from mlxcel.engine.types import GenerationRequest
 
 MEDIA_MARKER = "<__media__>"

@@ -16,9 +16,9 @@ from typing import Any
 from mlxcel.api.errors import ApiError
 from mlxcel.api.openai import tool_grammar as tg
 from mlxcel.api.state import AppState, ServedModel
-from mlxcel.engine.reasoning import CLOSE, FORMATS, OPEN, ReasoningStream, primed
+from mlxcel.chat.reasoning import CLOSE, FORMATS, OPEN, ReasoningStream, primed
 from mlxcel.engine.reasoning_budget import ReasoningBudget, ReasoningControl
-from mlxcel.engine.tool_calls import MARKERS, ToolCallStream
+from mlxcel.chat.tool_calls import MARKERS, ToolCallStream
 
 
 @dataclass
