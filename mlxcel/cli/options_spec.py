@@ -111,7 +111,7 @@ def check_draft(settings: Any, target: Path, draft: Path) -> None:
     the backend the target was given."""
     from transformers import AutoTokenizer
 
-    from mlxcel.runtime import select_backend
+    from mlxcel.runtime.load import select_backend
 
     vocab = [AutoTokenizer.from_pretrained(str(p), local_files_only=True).get_vocab() for p in (target, draft)]
     if vocab[0] != vocab[1]:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from mlxcel.config.rope import RopeOverrides
 
@@ -50,7 +49,6 @@ class ServerSettings:
     rope: RopeOverrides = field(default_factory=RopeOverrides)  # --rope-* / --yarn-* (config/rope.py)
     backend: str = "auto"  # auto | mlx | torch; the CLI resolves it (backends/select.py) before loading
     device: str = "auto"  # auto | cpu | cuda[:N] | mps | metal
-    backend_reason: str = ""  # why the CLI resolved --backend/--device as it did (startup line, /props)
     threads: int = -1  # torch CPU threads / MLX CPU threads per large product; <= 0 keeps the default
     torch_compile: bool = False  # --torch-compile: the torch backend's forward through torch.compile
     # what building native pieces reads (compiler, PATH, cache folder: mlxcel/native_build.py);
@@ -73,7 +71,6 @@ class ServerSettings:
     # --lora-init-without-apply
     lora: list = field(default_factory=list)
     lora_init_without_apply: bool = False
-    lora_loaded: Any = None  # the adapters read and checked against -m at startup (a LoraSet; the CLI fills it)
     # --grammar / --grammar-file ("gbnf", text) or --json-schema / --json-schema-file
     # ("json_schema", text): the native routes' default constraint
     default_grammar: tuple[str, str] | None = None
@@ -97,7 +94,6 @@ class ServerSettings:
     spec_ngram_simple_size_m: int = 48
     spec_ngram_simple_min_hits: int = 1  # checked only: ngram-simple never reads it (as in b10621)
     spec_draft_cache_type_k: str = "f16"
-    speculative: object | None = None  # the resolved engine SpecConfig (cli/options_spec.spec_config)
     spec_draft_cache_type_v: str = "f16"
     gpu_layers: str | None = None  # integer values are checked once the checkpoint is known
     metrics: bool = False

@@ -313,20 +313,23 @@ def _build_child(settings: Any, entry: ModelEntry, store_root: Path | None, stee
     from mlxcel.api.app import build_litestar
     from mlxcel.api.state import AppState
     from mlxcel.api.stream_resume import wrap_streams
-    from mlxcel.runtime import LoadRefused, check_loadable, load_served_model, select_backend
+    from mlxcel.runtime.capacity import LoadRefused, check_loadable
+    from mlxcel.runtime.load import load_served_model, select_backend
+    from mlxcel.runtime.served import Startup
 
     if entry.path is None:
         raise RuntimeError(f"{entry.repo_id} is not in the model store {store_root}; POST /models downloads it")
     own = model_settings(settings, entry.sections)
     own.model, own.alias, own.tags = entry.name, list(entry.aliases), list(entry.tags)
     choice = select_backend(own, entry.path)
-    own.backend, own.device, own.backend_reason = choice.backend, choice.device, choice.reason
+    own.backend, own.device = choice.backend, choice.device
+    startup = Startup(backend_reason=choice.reason)
     try:
         check_loadable(own, entry.path, None)
     except LoadRefused as e:
         raise RuntimeError(e.message) from None
-    served = load_served_model(own, entry.path, entry.name)
+    served = load_served_model(own, entry.path, entry.name, startup)
     served.aliases, served.tags = list(entry.aliases), list(entry.tags)
     state = AppState(settings=own, model=served, store_root=store_root, steering_store=steering_store,
-                     streams=streams)
+                     streams=streams, startup=startup)
     return Child(state, wrap_streams(build_litestar(state), state))

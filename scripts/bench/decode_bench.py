@@ -26,7 +26,7 @@ def main() -> None:
 
     from mlxcel.engine.backend import ForwardRow
     from mlxcel.config.settings import ServerSettings
-    from mlxcel.runtime import load_backend
+    from mlxcel.runtime.load import load_backend
 
     settings = ServerSettings(backend=args.backend, device=args.device, dtype=args.dtype, threads=args.threads,
                               build_env=dict(os.environ))  # as served: the torch kernel for decode rows

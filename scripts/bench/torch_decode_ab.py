@@ -70,7 +70,7 @@ def main() -> None:
 
     from mlxcel.backends.torch.row_gemv import load_row_kernel, remove_row_gemv
     from mlxcel.config.settings import ServerSettings
-    from mlxcel.runtime import load_backend
+    from mlxcel.runtime.load import load_backend
 
     kernel = load_row_kernel(os.environ)
     print(f"row kernel: {kernel.path}", flush=True)

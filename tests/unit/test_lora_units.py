@@ -140,7 +140,7 @@ def test_startup_refuses_an_adapter_that_does_not_fit_the_checkpoint(tmp_path):
     """Checked from the safetensors headers before any weight loads, in one line."""
     from types import SimpleNamespace
 
-    from mlxcel.cli.options_lora import load_for_checkpoint
+    from mlxcel.runtime.load import load_for_checkpoint
     from mlxcel.config.refusal import StartupRefusal
     from tests.conftest import DEFAULT_MODEL, fixture_path
 

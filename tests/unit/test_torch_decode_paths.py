@@ -14,7 +14,7 @@ from mlxcel.cli.flags import parse_server_args
 from mlxcel.config.refusal import StartupRefusal
 from mlxcel.config.settings import ServerSettings
 from mlxcel.engine.kv_block_pool import BlockAllocator, SequenceKV
-from mlxcel.runtime import select_backend
+from mlxcel.runtime.load import select_backend
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -105,7 +105,7 @@ def test_a_vlm_runs_on_torch():
 def test_a_budget_on_a_text_only_checkpoint_is_refused_at_load(tmp_path):
     from types import SimpleNamespace
 
-    from mlxcel.runtime import load_vision
+    from mlxcel.runtime.load import load_vision
 
     text_only = SimpleNamespace(info=SimpleNamespace(config={"model_type": "qwen3"}))
     assert load_vision(parse_server_args(["-m", "x"], {}), tmp_path, text_only, None) is None

@@ -19,8 +19,8 @@ import re
 from typing import Any
 
 from mlxcel.api.errors import ApiError
-from mlxcel.api.state import ServedModel
 from mlxcel.engine.grammar import GrammarError
+from mlxcel.runtime.served import ServedModel
 
 
 def requested(body: dict[str, Any]) -> tuple[str, Any] | None:

@@ -15,10 +15,11 @@ from typing import Any
 
 from mlxcel.api.errors import ApiError
 from mlxcel.api.openai import tool_grammar as tg
-from mlxcel.api.state import AppState, ServedModel
+from mlxcel.api.state import AppState
 from mlxcel.chat.reasoning import CLOSE, FORMATS, OPEN, ReasoningStream, primed
 from mlxcel.engine.reasoning_budget import ReasoningBudget, ReasoningControl
 from mlxcel.chat.tool_calls import MARKERS, ToolCallStream
+from mlxcel.runtime.served import ServedModel
 
 
 @dataclass
