@@ -158,7 +158,7 @@ async def unload_model(state: AppState, current: ServedModel) -> None:
         await _unload(state, current)
         sw.unloaded = current.id
         del current
-        _release_memory()
+        release_memory()
     finally:
         sw.phase = sw.target = sw.previous = None
 
@@ -190,7 +190,7 @@ async def _load_into_empty(state: AppState, name: str, path: Path) -> ServedMode
             model = await asyncio.to_thread(load_served_model, state.settings, path, name, state.startup)
         except Exception as e:  # noqa: BLE001 - any load failure is this request's 500
             log.exception("loading %s failed", name)
-            _release_memory()
+            release_memory()
             raise ApiError(500, f"loading the model '{name}' failed: {e}", code="model_load_failed",
                            type="server_error", param="model") from None
         state.model, state.load_error, sw.unloaded = model, None, None
@@ -215,13 +215,13 @@ async def _switch(state: AppState, current: ServedModel, name: str, path: Path) 
         await _unload(state, current)
         previous_path, previous_id, previous_aliases = current.info.path, current.id, current.aliases
         del current
-        _release_memory()
+        release_memory()
         sw.phase = "loading"
         try:
             model = await asyncio.to_thread(load_served_model, settings, path, name, state.startup)
         except Exception as e:  # noqa: BLE001 - any load failure is this request's 500
             log.exception("loading %s failed", name)
-            _release_memory()
+            release_memory()
             await asyncio.to_thread(_restore, state, previous_path, previous_id, previous_aliases)
             raise ApiError(500, f"loading the model '{name}' failed: {e}", code="model_load_failed",
                            type="server_error", param="model") from None
@@ -243,7 +243,7 @@ def _restore(state: AppState, path: Path, served_id: str, aliases: list[str]) ->
         log.exception("reloading %s failed", served_id)
 
 
-def _release_memory() -> None:
+def release_memory() -> None:
     gc.collect()
     try:
         import sys

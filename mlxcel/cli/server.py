@@ -206,7 +206,8 @@ def serve_router(settings: ServerSettings) -> None:
 
     from mlxcel.router.asgi import RouterApp
     from mlxcel.router.pool import RouterPool
-    from mlxcel.router.preset import model_settings, parse_preset
+    from mlxcel.cli.flags import model_settings
+    from mlxcel.router.preset import parse_preset
     from mlxcel.router.registry import RegistryError
     from mlxcel.api.security import wrap_app
     from mlxcel.steering.store import SteeringStore
@@ -219,7 +220,8 @@ def serve_router(settings: ServerSettings) -> None:
     root = store_root(settings.model_store_root, os.environ)
     preset = parse_preset(settings.models_preset) if settings.models_preset is not None else None
     try:
-        pool = RouterPool(settings, root, preset, SteeringStore(settings.state_dir or root / ".mlxcel-state"))
+        pool = RouterPool(settings, root, preset, model_settings,
+                          SteeringStore(settings.state_dir or root / ".mlxcel-state"))
     except RegistryError as e:
         raise StartupRefusal(str(e)) from None
     for slot in pool.slots.values():
