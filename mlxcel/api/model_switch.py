@@ -34,9 +34,13 @@ from pathlib import Path
 
 from mlxcel.api.errors import ApiError
 from mlxcel.api.state import AppState, SwitchState
+from mlxcel.models.registry import UnsupportedModelType, family_for
 from mlxcel.runtime.capacity import LoadRefused, check_loadable
 from mlxcel.runtime.load import load_served_model
 from mlxcel.runtime.served import ServedModel
+from mlxcel.store.repo_id import InvalidRepoId, expand, parse_repo_id
+from mlxcel.store.resolve import refusal
+from mlxcel.store.store import list_models
 
 log = logging.getLogger("mlxcel.switch")
 
@@ -58,9 +62,6 @@ def check_not_busy(state: AppState) -> None:
 def store_checkpoint(state: AppState, name: str) -> Path | None:
     """The store directory `name` names (`owner/name`, or a bare name under the default
     organisation) when it holds a checkpoint; paths, URLs and GGUF spellings never resolve."""
-    from mlxcel.store.repo_id import InvalidRepoId, expand, parse_repo_id
-    from mlxcel.store.resolve import refusal
-
     root = state.store_root
     if root is None or not name or refusal(name) is not None or name.startswith((".", "/", "~")):
         return None
@@ -85,9 +86,6 @@ def steering_locked(state: AppState) -> bool:
 
 def store_models(state: AppState) -> list[tuple[str, Path]]:
     """The generation checkpoints of the store a request may switch to, by repository id."""
-    from mlxcel.models.registry import UnsupportedModelType, family_for
-    from mlxcel.store.store import list_models
-
     if state.store_root is None:
         return []
     out = []

@@ -12,8 +12,8 @@ import os
 import sys
 from pathlib import Path
 
-from mlxcel.config.settings import ServerSettings
 from mlxcel.chat.chat_template import render_chat, render_plain
+from mlxcel.config.settings import ServerSettings
 from mlxcel.engine.types import GenerationRequest
 from mlxcel.store.paths import store_root
 from mlxcel.store.resolve import ModelNotAvailable, ModelSourceRefused, resolve_model

@@ -33,6 +33,7 @@ from mlxcel.router.registry import CACHE, ModelEntry, discover, lookup
 from mlxcel.runtime.capacity import LoadRefused, check_loadable
 from mlxcel.runtime.load import load_served_model, select_backend
 from mlxcel.runtime.served import Startup
+from mlxcel.store.store import DownloadFailed, NotInStore, download, remove
 
 log = logging.getLogger("mlxcel.router")
 
@@ -245,7 +246,6 @@ class RouterPool:
 
     async def download(self, repo_id: str) -> None:
         from mlxcel.router.download import fetch_with_progress
-        from mlxcel.store.store import DownloadFailed, download
 
         slot = Slot(ModelEntry(repo_id, CACHE, None, repo_id=repo_id), status="downloading")
         self.slots[repo_id] = slot
@@ -293,8 +293,6 @@ class RouterPool:
 
 def _remove_files(root: Path | None, repo_id: str) -> None:
     """Delete the snapshot, containment-checked against the store root (store.remove)."""
-    from mlxcel.store.store import NotInStore, remove
-
     if root is None:
         return
     try:

@@ -25,9 +25,9 @@ from typing import Any
 
 from mlxcel.api.errors import ApiError
 from mlxcel.api.openai import response_format as rf
-from mlxcel.engine.grammar import JSON_OPTIONS
 from mlxcel.chat.reasoning import CLOSE as THINK_CLOSE
 from mlxcel.chat.tool_calls import HERMES_CLOSE, HERMES_OPEN, MISTRAL_TAG, PYTHON_TAG
+from mlxcel.engine.grammar import JSON_OPTIONS
 
 FORMATS = ("hermes", "mistral", "llama", "json")
 
