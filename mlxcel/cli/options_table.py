@@ -33,7 +33,6 @@ from mlxcel.cli.options_model import (
     only_positive_form,
 )
 from mlxcel.config.sampling import B10621_SAMPLING as _D
-from mlxcel.engine.sampling_params import SAMPLER_CHARS
 
 COMMON, SAMPLING, SPEC, SERVER = "common params", "sampling params", "speculative params", "example-specific params"
 NATIVE = "mlxcel"
@@ -42,16 +41,7 @@ C = partial(make, section=COMMON)
 S = partial(make, section=SAMPLING)
 D = partial(make, section=SPEC)
 X = partial(make, section=SERVER)
-
-
-def _f(x: float) -> str:
-    """A float default as b10621's help prints it (two decimals)."""
-    return f"{x:.2f}"
-
-
-def _sampler_letters(samplers: tuple[str, ...]) -> str:
-    letter = {name: ch for ch, name in SAMPLER_CHARS.items()}
-    return "".join(letter[name] for name in samplers)
+_f = sa.shown  # a float default as b10621 prints it
 
 # Reasons shared by the GGML-runtime group (accepted only in forms that ask for nothing).
 POOL = "CPU affinity, priority and polling tune GGML's CPU thread pool, which mlxcel does not have"
@@ -299,7 +289,7 @@ _SAMPLING: tuple[Option, ...] = (
     S("-s, --seed", VALUE, mv="SEED", default="-1", state=SUPPORTED, apply=a.apply_seed,
       help="default RNG seed (-1 = random)"),
     S("--sampler-seq, --sampling-seq", VALUE, mv="SEQUENCE", state=SUPPORTED, apply=sa.apply_sampler_seq,
-      help=f"default sampler order as one letter per stage (default: {_sampler_letters(_D.samplers)})"),
+      help=f"default sampler order as one letter per stage (default: {sa.sampler_letters(_D.samplers)})"),
     S("--ignore-eos", FLAG, state=SUPPORTED, apply=sa.apply_ignore_eos,
       help="by default, ban every end-of-generation token and continue generating"),
     S("--temp, --temperature", VALUE, mv="N", default=_f(_D.temperature),
