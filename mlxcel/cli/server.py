@@ -42,8 +42,6 @@ def resolve(settings: ServerSettings) -> tuple[Path, Startup]:
     """The -m checkpoint and what its load needs settled first (backend, adapters, draft); every
     refusal here stops startup before the load thread starts."""
     from mlxcel.cli.options_apply import check_gpu_layers
-    from mlxcel.runtime.load import load_for_checkpoint
-    from mlxcel.runtime.served import Startup
 
     if not settings.model:
         raise StartupRefusal("no model given: pass -m <checkpoint dir | owner/name | name> (or --hf-repo)")
@@ -54,9 +52,11 @@ def resolve(settings: ServerSettings) -> tuple[Path, Startup]:
         check_gpu_layers(settings, int(layers))
     reason = choose_backend(settings, path)
     check_model_overrides(settings, config)
-    lora = load_for_checkpoint(settings, path)  # read and fit-checked now: a misfit stops startup before the load
     from mlxcel.cli.options_spec import check_draft, resolve_draft, spec_config
+    from mlxcel.runtime.load import load_for_checkpoint
+    from mlxcel.runtime.served import Startup
 
+    lora = load_for_checkpoint(settings, path)  # read and fit-checked now: a misfit stops startup before the load
     draft = resolve_draft(settings, resolve_ref) if settings.spec_type != "none" else None
     speculative = spec_config(settings, draft)
     if draft is not None:
