@@ -8,7 +8,8 @@ from litestar.di import Provide
 from litestar.exceptions import HTTPException
 
 from mlxcel.api.anthropic.messages import MESSAGES_ROUTES
-from mlxcel.api.errors import ApiError, api_error_handler, http_exception_handler, internal_error_handler
+from mlxcel.api.errors import (ApiError, api_error_handler, http_exception_handler, internal_error_handler,
+                               refusal_handler)
 from mlxcel.api.llamacpp.embedding import native_embeddings
 from mlxcel.api.llamacpp.health import health, health_alias
 from mlxcel.api.llamacpp.rerank import rerank
@@ -24,6 +25,7 @@ from mlxcel.api.openai.models import get_model, list_loaded_models, list_models
 from mlxcel.api.openai.responses import RESPONSES_ROUTES
 from mlxcel.api.state import AppState
 from mlxcel.api.stream_resume import STREAM_ROUTES, wrap_streams
+from mlxcel.steering.requests import RequestRefused
 
 ROUTES = [health, list_models, list_loaded_models, get_model, chat_completions, chat_control, completions, *NATIVE_ROUTES,
           *FEATURE_DISABLED_HANDLERS, *MANAGEMENT_ROUTES, *MESSAGES_ROUTES, *RESPONSES_ROUTES, *STREAM_ROUTES]
@@ -53,6 +55,7 @@ def build_litestar(state: AppState) -> Litestar:
         dependencies={"app_state": Provide(provide_state, sync_to_thread=False)},
         exception_handlers={
             ApiError: api_error_handler,
+            RequestRefused: refusal_handler,
             HTTPException: http_exception_handler,
             Exception: internal_error_handler,
         },

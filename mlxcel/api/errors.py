@@ -3,7 +3,8 @@
 `/v1/*` answers OpenAI's `{"error": {message, type, param, code}}` so SDK exception
 classes map; `/api/*` the management envelope `{success, data, error}`; native llama-server routes answer b10621's `{"error": {code, message, type}}`.
 Which one is decided by the request path, so a handler raises one `ApiError` and the
-exception handler renders it for its caller.
+exception handler renders it for its caller. Layers below the API raise their own refusal types
+(steering's `RequestRefused`), which render the same way.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from typing import Any
 
 from litestar import Request, Response
 from litestar.exceptions import HTTPException
+
+from mlxcel.steering.requests import RequestRefused
 
 log = logging.getLogger("mlxcel.api")
 
@@ -73,6 +76,11 @@ def error_body(path: str, err: ApiError) -> dict[str, Any]:
 
 def api_error_handler(request: Request, exc: ApiError) -> Response:
     return Response(error_body(request.url.path, exc), status_code=exc.status, headers=exc.headers)
+
+
+def refusal_handler(request: Request, exc: RequestRefused) -> Response:
+    """A domain layer's refusal of a request field, answered as the ApiError it stands for."""
+    return api_error_handler(request, ApiError(exc.status, exc.message, code=exc.code, param=exc.param))
 
 
 def http_exception_handler(request: Request, exc: HTTPException) -> Response:

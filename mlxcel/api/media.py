@@ -171,14 +171,12 @@ async def prepare(model: Any, prompt: list[int], images: list) -> tuple[list[int
     """The expanded prompt and the engine's Media for these images (processor work off the loop)."""
     import anyio
 
-    from mlxcel.backends.torch.vlm import media_for
-
     encoded = await anyio.to_thread.run_sync(model.vision.encode, images)
     try:
         full = model.vision.expand(prompt, encoded)
     except ValueError as e:
         raise ApiError(400, str(e), code="invalid_parameter", param="messages") from None
-    return full, media_for(full, encoded)
+    return full, model.vision.media(full, encoded)
 
 
 async def attach(model: Any, greq: Any, images: list, param: str) -> None:

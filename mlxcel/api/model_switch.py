@@ -2,7 +2,7 @@
 
 The server holds one generation model. A request that names a different checkpoint of the
 model store (never a download, never a filesystem path) is checked while the loaded model
-still serves (`runtime.check_loadable`: not a checkpoint, a quantization the backend cannot
+still serves (`runtime.capacity.check_loadable`: not a checkpoint, a quantization the backend cannot
 run, weights over the memory budget), and a refusal answers with its own status and the
 loaded model stays. Otherwise the switch runs in two phases, during both of which every
 request is refused with 503 `model_busy` (retry once it finishes) rather than starting a
@@ -11,7 +11,7 @@ second switch or running on a half-moved model:
 1. unloading: the requests already running finish first, for up to
    --graceful-unload-timeout seconds; whatever is left then ends with an error event; the
    engine stops and the weights are dropped;
-2. loading: the named checkpoint loads through the composition root (`runtime`), and the
+2. loading: the named checkpoint loads through the composition root (`runtime.load`), and the
    request that asked runs on it. A load that fails after the unload answers 500
    `model_load_failed`; the previous model is then loaded back so the server keeps serving.
 
@@ -33,7 +33,14 @@ import logging
 from pathlib import Path
 
 from mlxcel.api.errors import ApiError
-from mlxcel.api.state import AppState, ServedModel, SwitchState
+from mlxcel.api.state import AppState, SwitchState
+from mlxcel.models.registry import UnsupportedModelType, family_for
+from mlxcel.runtime.capacity import LoadRefused, check_loadable
+from mlxcel.runtime.load import load_served_model
+from mlxcel.runtime.served import ServedModel
+from mlxcel.store.repo_id import InvalidRepoId, expand, parse_repo_id
+from mlxcel.store.resolve import refusal
+from mlxcel.store.store import list_models
 
 log = logging.getLogger("mlxcel.switch")
 
@@ -55,9 +62,6 @@ def check_not_busy(state: AppState) -> None:
 def store_checkpoint(state: AppState, name: str) -> Path | None:
     """The store directory `name` names (`owner/name`, or a bare name under the default
     organisation) when it holds a checkpoint; paths, URLs and GGUF spellings never resolve."""
-    from mlxcel.store.repo_id import InvalidRepoId, expand, parse_repo_id
-    from mlxcel.store.resolve import refusal
-
     root = state.store_root
     if root is None or not name or refusal(name) is not None or name.startswith((".", "/", "~")):
         return None
@@ -82,9 +86,6 @@ def steering_locked(state: AppState) -> bool:
 
 def store_models(state: AppState) -> list[tuple[str, Path]]:
     """The generation checkpoints of the store a request may switch to, by repository id."""
-    from mlxcel.models.registry import UnsupportedModelType, family_for
-    from mlxcel.store.store import list_models
-
     if state.store_root is None:
         return []
     out = []
@@ -155,7 +156,7 @@ async def unload_model(state: AppState, current: ServedModel) -> None:
         await _unload(state, current)
         sw.unloaded = current.id
         del current
-        _release_memory()
+        release_memory()
     finally:
         sw.phase = sw.target = sw.previous = None
 
@@ -174,8 +175,6 @@ async def _unload(state: AppState, current: ServedModel) -> None:
 
 async def _load_into_empty(state: AppState, name: str, path: Path) -> ServedModel:
     """Phase 2 alone, with no model loaded (after a management unload or a failed load)."""
-    from mlxcel.runtime import LoadRefused, check_loadable, load_served_model
-
     try:
         check_loadable(state.settings, path, None)
     except LoadRefused as e:
@@ -186,10 +185,10 @@ async def _load_into_empty(state: AppState, name: str, path: Path) -> ServedMode
     sw.phase, sw.target, sw.previous = "loading", name, None
     try:
         try:
-            model = await asyncio.to_thread(load_served_model, state.settings, path, name)
+            model = await asyncio.to_thread(load_served_model, state.settings, path, name, state.startup)
         except Exception as e:  # noqa: BLE001 - any load failure is this request's 500
             log.exception("loading %s failed", name)
-            _release_memory()
+            release_memory()
             raise ApiError(500, f"loading the model '{name}' failed: {e}", code="model_load_failed",
                            type="server_error", param="model") from None
         state.model, state.load_error, sw.unloaded = model, None, None
@@ -200,8 +199,6 @@ async def _load_into_empty(state: AppState, name: str, path: Path) -> ServedMode
 
 
 async def _switch(state: AppState, current: ServedModel, name: str, path: Path) -> ServedModel:
-    from mlxcel.runtime import LoadRefused, check_loadable, load_served_model
-
     settings = state.settings
     sw = state.switch
     try:
@@ -216,13 +213,13 @@ async def _switch(state: AppState, current: ServedModel, name: str, path: Path) 
         await _unload(state, current)
         previous_path, previous_id, previous_aliases = current.info.path, current.id, current.aliases
         del current
-        _release_memory()
+        release_memory()
         sw.phase = "loading"
         try:
-            model = await asyncio.to_thread(load_served_model, settings, path, name)
+            model = await asyncio.to_thread(load_served_model, settings, path, name, state.startup)
         except Exception as e:  # noqa: BLE001 - any load failure is this request's 500
             log.exception("loading %s failed", name)
-            _release_memory()
+            release_memory()
             await asyncio.to_thread(_restore, state, previous_path, previous_id, previous_aliases)
             raise ApiError(500, f"loading the model '{name}' failed: {e}", code="model_load_failed",
                            type="server_error", param="model") from None
@@ -235,10 +232,8 @@ async def _switch(state: AppState, current: ServedModel, name: str, path: Path) 
 
 def _restore(state: AppState, path: Path, served_id: str, aliases: list[str]) -> None:
     """Load the previous model back after a failed switch, so the server keeps serving."""
-    from mlxcel.runtime import load_served_model
-
     try:
-        model = load_served_model(state.settings, path, served_id)
+        model = load_served_model(state.settings, path, served_id, state.startup)
         model.aliases = list(aliases)
         state.model = model
     except Exception as e:  # noqa: BLE001 - the server stays up and says why
@@ -246,7 +241,7 @@ def _restore(state: AppState, path: Path, served_id: str, aliases: list[str]) ->
         log.exception("reloading %s failed", served_id)
 
 
-def _release_memory() -> None:
+def release_memory() -> None:
     gc.collect()
     try:
         import sys

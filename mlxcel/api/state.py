@@ -2,53 +2,13 @@
 
 from __future__ import annotations
 
-import math
-import time
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from mlxcel.api.stream_sessions import StreamStore
-from mlxcel.engine.backend import ModelInfo
-from mlxcel.cli.settings import ServerSettings
-from mlxcel.engine.engine import Engine
-from mlxcel.engine.sampling_params import SamplingParams
-from mlxcel.engine.tokenizer import Tokenizer
-
-
-@dataclass
-class ServedModel:
-    id: str  # the name clients send and /v1/models lists
-    aliases: list[str]
-    info: ModelInfo
-    tokenizer: Tokenizer
-    engine: Engine
-    defaults: SamplingParams  # server-wide sampling defaults, already resolved
-    n_ctx: int
-    n_predict: int
-    ignore_eos: bool = False  # --ignore-eos: a request that does not say inherits it
-    backend_reason: str = ""  # why this backend and device were chosen ("requested", "auto: ...")
-    steering: Any = None  # the SteeringManager of this model's SAEs (mlxcel.steering.manager)
-    created: int = field(default_factory=lambda: int(time.time()))
-    grammars: Any = None  # engine.grammar.GrammarCompiler for this tokenizer
-    default_grammar: Any = None  # the --grammar / --json-schema default (a CompiledGrammar)
-    default_grammar_error: str | None = None  # why the --grammar default failed to parse
-    tags: list[str] = field(default_factory=list)  # --tags, reported on /v1/models (informational)
-    vision: Any = None  # models.vision.VisionInput of a vision-language checkpoint (None: text only)
-    lora: Any = None  # the LoRA adapters and their live scales (models/lora.LoraSet); None: no adapters
-
-    def request_bias(self, bias: Mapping[int, float] | None, ignore_eos: bool) -> dict[int, float]:
-        """A request's logit bias: its own set, else the server's -l set; ignore_eos bans
-        every end-of-generation token on top, as b10621 appends its EOG biases."""
-        out = dict(self.defaults.logit_bias if bias is None else bias)
-        if ignore_eos:
-            for t in self.tokenizer.eos_token_ids:
-                out[t] = -math.inf
-        return out
-
-    def answers_to(self, name: str | None) -> bool:
-        return name is None or name == "" or name == self.id or name in self.aliases or name == str(self.info.path)
+from mlxcel.config.settings import ServerSettings
+from mlxcel.runtime.served import ServedModel, Startup
 
 
 @dataclass
@@ -64,6 +24,7 @@ class SwitchState:
 class AppState:
     settings: ServerSettings
     model: ServedModel | None = None
+    startup: Startup = field(default_factory=Startup)  # what the CLI settled for the -m model
     load_error: str | None = None
     # side workers (mlxcel/workers): present once loaded; `plan` says which were asked for
     plan: Any = None  # workers.plan.ServePlan; None = plain generation server

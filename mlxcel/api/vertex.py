@@ -28,7 +28,7 @@ from typing import Any
 
 from litestar import Request, Response, post
 
-from mlxcel.cli.refusal import StartupRefusal
+from mlxcel.config.refusal import StartupRefusal
 
 log = logging.getLogger("mlxcel.api.vertex")
 

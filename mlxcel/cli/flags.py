@@ -36,6 +36,7 @@ holds one-letter spellings and `multi_dash` the multi-letter single-dash ones (`
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import sys
@@ -45,14 +46,16 @@ from typing import Any
 
 from mlxcel.cli.options_model import FLAG, PAIR, VALUE2, Option
 from mlxcel.cli.options_table import BY_SPELLING, SECTIONS, TABLE
-from mlxcel.cli.refusal import StartupRefusal
-from mlxcel.cli.settings import ServerSettings
+from mlxcel.config.refusal import StartupRefusal
+from mlxcel.config.settings import ServerSettings
+from mlxcel.router.preset import TRANSLATED, PresetSection
 
 __all__ = ["StartupRefusal", "parse_server_args", "build_parser", "prepass", "dump_flag_surface", "uvicorn_kwargs"]
 
 TRUTHY = ("on", "enabled", "true", "1")
 FALSEY = ("off", "disabled", "false", "0")
 PRINT_AND_EXIT = ("--version", "--completion-bash", "--cache-list")
+_BY_KEY = {o.key: o for o in TABLE}
 
 
 @dataclass(frozen=True)
@@ -230,6 +233,25 @@ def _classify(o: Option, g: Given, settings: ServerSettings) -> None:
     if o.inert is not None and o.inert(g.value):
         return
     raise StartupRefusal(f"{_describe(o, g)}: {o.why}")
+
+
+def model_settings(base: ServerSettings, sections: list[PresetSection]) -> ServerSettings:
+    """A router model's settings: a clone of the router's with its preset sections' keys applied
+    in order (the global section first), each value through its option's own apply function, so
+    a preset value is validated exactly as the flag is; an option the router was started with
+    (command line or environment) wins, upstream's order."""
+    out = copy.deepcopy(base)
+    out.models_dir = out.models_preset = None
+    for sec in sections:
+        for key, value in sec.values.items():
+            opt_key = TRANSLATED.get(key)
+            if opt_key is None or opt_key in base.cli_given:
+                continue
+            try:
+                _classify(_BY_KEY[opt_key], Given(value, f"{key} in [{sec.name}]"), out)
+            except StartupRefusal as e:
+                raise StartupRefusal(f"--models-preset: {e}") from None
+    return out
 
 
 def _parse_given(argv: Sequence[str], prog: str) -> dict[str, Given]:

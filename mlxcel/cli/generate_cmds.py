@@ -1,6 +1,6 @@
 """`mlxcel generate` and `mlxcel chat`: the engine from a terminal.
 
-Both load the model exactly as the server does (mlxcel.runtime) and stream the engine's
+Both load the model exactly as the server does (mlxcel.runtime.load) and stream the engine's
 token events to stdout, so what a user sees here is what a client of the server gets.
 """
 
@@ -12,8 +12,8 @@ import os
 import sys
 from pathlib import Path
 
-from mlxcel.cli.settings import ServerSettings
-from mlxcel.engine.chat_template import render_chat, render_plain
+from mlxcel.chat.chat_template import render_chat, render_plain
+from mlxcel.config.settings import ServerSettings
 from mlxcel.engine.types import GenerationRequest
 from mlxcel.store.paths import store_root
 from mlxcel.store.resolve import ModelNotAvailable, ModelSourceRefused, resolve_model
@@ -53,7 +53,7 @@ def _load(args):
     from mlxcel.cli.server import enable_fast_blas, prepare_cpu_runtime
 
     enable_fast_blas()  # before mlx.core is imported by the runtime
-    from mlxcel.runtime import load_served_model
+    from mlxcel.runtime.load import load_served_model
 
     prepare_cpu_runtime(os.environ)
     try:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import errno
 import socket
 
-from mlxcel.cli.refusal import StartupRefusal
+from mlxcel.config.refusal import StartupRefusal
 
 BACKLOG = 2048  # uvicorn's own default
 

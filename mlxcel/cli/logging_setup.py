@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from mlxcel.cli.refusal import StartupRefusal
+from mlxcel.config.refusal import StartupRefusal
 
 REDACTED = "[redacted]"
 _COLORS = {"E": "\033[31m", "W": "\033[33m", "D": "\033[90m"}

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from mlxcel.cli.refusal import StartupRefusal
+from mlxcel.config.refusal import StartupRefusal
 
 # --- converters ----------------------------------------------------------------------------
 
@@ -399,7 +399,7 @@ def rope(field: str, conv: str = "float", *, inverse: bool = False, positive: bo
 def apply_rope_scaling(settings: Any, value: str, spelling: str) -> None:
     from dataclasses import replace
 
-    from mlxcel.models.rope_overrides import SCALING_TYPES
+    from mlxcel.config.rope import SCALING_TYPES
 
     settings.rope = replace(settings.rope, scaling=one_of(value, spelling, SCALING_TYPES))
 

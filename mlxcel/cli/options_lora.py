@@ -1,22 +1,18 @@
-"""--lora, --lora-scaled and --lora-init-without-apply: adapter specs at parse time, and the
-adapters loaded and checked against the checkpoint before the model loads.
+"""--lora, --lora-scaled and --lora-init-without-apply: adapter specs at parse time.
 
 Parse time checks what needs no checkpoint (a path exists and is an adapter directory, a
-scale is a finite number); `load_for_checkpoint` reads the adapters and compares every term
-with the base's linear shapes from the safetensors headers, so a misfit stops startup in
+scale is a finite number); once -m resolves, `runtime.load.load_for_checkpoint` reads the
+adapters and compares every term with the base's linear shapes, so a misfit stops startup in
 one line before any weight is read. b10621 keeps --lora and --lora-scaled in one list in
 command-line order; here the --lora adapters come first, then the --lora-scaled ones.
 """
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
-from mlxcel.cli.refusal import StartupRefusal
-from mlxcel.models.lora import LoraError, LoraSet, check_path, checkpoint_shapes, load_adapter
-from mlxcel.models.lora import parse_lora, parse_lora_scaled, validate
+from mlxcel.config.refusal import StartupRefusal
+from mlxcel.models.lora import LoraError, check_path, parse_lora, parse_lora_scaled
 
 
 def _checked_specs(values: list[str], spelling: str, parse) -> list:
@@ -46,21 +42,3 @@ def refuse_without_generation(settings: Any) -> None:
         raise StartupRefusal("--lora / --lora-scaled: LoRA adapters apply to a generation model, and this server "
                              "runs none (--embeddings / --reranking)")
 
-
-def load_for_checkpoint(settings: Any, path: Path) -> LoraSet | None:
-    """The adapters, validated against the checkpoint at `path`, at their starting scales
-    (0.0 each under --lora-init-without-apply); None without --lora / --lora-scaled."""
-    if not settings.lora:
-        return None
-    config = json.loads((Path(path) / "config.json").read_text())
-    shapes = checkpoint_shapes(path, config)
-    adapters = []
-    try:
-        for spec in settings.lora:
-            adapter = load_adapter(spec.path)
-            validate(adapter, shapes)
-            adapters.append(adapter)
-    except LoraError as e:
-        raise StartupRefusal(str(e)) from None
-    scales = [0.0 if settings.lora_init_without_apply else s.scale for s in settings.lora]
-    return LoraSet(adapters, scales)

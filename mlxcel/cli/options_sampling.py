@@ -16,7 +16,20 @@ import re
 from typing import Any
 
 from mlxcel.cli.options_apply import as_float, as_int
-from mlxcel.cli.refusal import StartupRefusal
+from mlxcel.config.refusal import StartupRefusal
+
+
+def shown(x: float) -> str:
+    """A float default as b10621's help prints it (two decimals)."""
+    return f"{x:.2f}"
+
+
+def sampler_letters(samplers: tuple[str, ...]) -> str:
+    """A stage order in --sampler-seq's one-letter form."""
+    from mlxcel.engine.sampling_params import SAMPLER_CHARS
+
+    letter = {name: ch for ch, name in SAMPLER_CHARS.items()}
+    return "".join(letter[name] for name in samplers)
 
 
 def _store(settings: Any, field: str, value: Any) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from mlxcel.cli.options_apply import as_float, as_int
-from mlxcel.cli.refusal import StartupRefusal
+from mlxcel.config.refusal import StartupRefusal
 
 IMPLEMENTED = ("draft-simple", "ngram-simple")
 # b10621's other types, and what to use instead
@@ -111,7 +111,7 @@ def check_draft(settings: Any, target: Path, draft: Path) -> None:
     the backend the target was given."""
     from transformers import AutoTokenizer
 
-    from mlxcel.runtime import select_backend
+    from mlxcel.runtime.load import select_backend
 
     vocab = [AutoTokenizer.from_pretrained(str(p), local_files_only=True).get_vocab() for p in (target, draft)]
     if vocab[0] != vocab[1]:

@@ -14,10 +14,14 @@ import os
 import sys
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mlxcel.cli.flags import parse_server_args, uvicorn_kwargs
-from mlxcel.cli.refusal import StartupRefusal
-from mlxcel.cli.settings import ServerSettings
+from mlxcel.config.refusal import StartupRefusal
+from mlxcel.config.settings import ServerSettings
+
+if TYPE_CHECKING:
+    from mlxcel.runtime.served import Startup
 
 log = logging.getLogger("mlxcel.server")
 
@@ -34,7 +38,9 @@ def resolve_ref(settings: ServerSettings, ref: str, flag: str) -> Path:
         raise StartupRefusal(str(e)) from None
 
 
-def resolve(settings: ServerSettings) -> Path:
+def resolve(settings: ServerSettings) -> tuple[Path, Startup]:
+    """The -m checkpoint and what its load needs settled first (backend, adapters, draft); every
+    refusal here stops startup before the load thread starts."""
     from mlxcel.cli.options_apply import check_gpu_layers
 
     if not settings.model:
@@ -44,19 +50,18 @@ def resolve(settings: ServerSettings) -> Path:
     layers = config.get("num_hidden_layers") or config.get("text_config", {}).get("num_hidden_layers")
     if layers:
         check_gpu_layers(settings, int(layers))
-    choose_backend(settings, path)
+    reason = choose_backend(settings, path)
     check_model_overrides(settings, config)
-    if settings.lora:  # read and fit-checked now, so a misfit stops startup before the load
-        from mlxcel.cli.options_lora import load_for_checkpoint
-
-        settings.lora_loaded = load_for_checkpoint(settings, path)
     from mlxcel.cli.options_spec import check_draft, resolve_draft, spec_config
+    from mlxcel.runtime.load import load_for_checkpoint
+    from mlxcel.runtime.served import Startup
 
+    lora = load_for_checkpoint(settings, path)  # read and fit-checked now: a misfit stops startup before the load
     draft = resolve_draft(settings, resolve_ref) if settings.spec_type != "none" else None
-    settings.speculative = spec_config(settings, draft)
+    speculative = spec_config(settings, draft)
     if draft is not None:
         check_draft(settings, path, draft)
-    return path
+    return path, Startup(backend_reason=reason, lora=lora, speculative=speculative)
 
 
 def check_model_overrides(settings: ServerSettings, config: dict) -> None:
@@ -85,13 +90,15 @@ def enable_fast_blas() -> None:
     (log.warning if blas.warn else log.info)("%s", blas.detail)
 
 
-def choose_backend(settings: ServerSettings, path: Path | None) -> None:
-    """Settle --backend/--device before the load thread starts, so a refusal stops startup."""
-    from mlxcel.runtime import select_backend
+def choose_backend(settings: ServerSettings, path: Path | None) -> str:
+    """Settle --backend/--device before the load thread starts, so a refusal stops startup;
+    returns why they were chosen (the startup line, /props)."""
+    from mlxcel.runtime.load import select_backend
 
     choice = select_backend(settings, path)
     log.info("backend %s on %s (%s)", choice.backend, choice.device, choice.reason)
-    settings.backend, settings.device, settings.backend_reason = choice.backend, choice.device, choice.reason
+    settings.backend, settings.device = choice.backend, choice.device
+    return choice.reason
 
 
 def prepare_cpu_runtime(environ) -> None:
@@ -129,7 +136,7 @@ def main(argv: list[str] | None = None, prog: str = "mlxcel-server") -> int:
         return 0
     # mode switch: --embeddings / --reranking serve a side worker and no chat model
     plan = plan_workers(settings, lambda ref, flag: resolve_ref(settings, ref, flag))
-    path = resolve(settings) if plan.generation else None
+    path, startup = resolve(settings) if plan.generation else (None, None)
     if path is None:
         from mlxcel.cli.options_lora import refuse_without_generation
 
@@ -139,16 +146,17 @@ def main(argv: list[str] | None = None, prog: str = "mlxcel-server") -> int:
         refuse_unused(settings, "none (--embeddings / --reranking)")
     if path is None and any(s.kind in (EMBEDDING, RERANKER) for s in plan.sides):
         choose_backend(settings, None)  # an embedder / reranker runs on the same choice (Whisper is MLX's)
-    serve(settings, path, plan)
+    serve(settings, path, plan, startup)
     return 0
 
 
-def serve(settings: ServerSettings, path: Path | None, plan=None) -> None:
+def serve(settings: ServerSettings, path: Path | None, plan=None, startup: Startup | None = None) -> None:
     import uvicorn
 
     from mlxcel.api.app import build_app
     from mlxcel.api.state import AppState, SwitchState
-    from mlxcel.runtime import load_served_model
+    from mlxcel.runtime.load import load_served_model
+    from mlxcel.runtime.served import Startup
     from mlxcel.steering.store import SteeringStore
     from mlxcel.store.paths import store_root
     from mlxcel.workers.load import load_side_workers
@@ -163,13 +171,13 @@ def serve(settings: ServerSettings, path: Path | None, plan=None) -> None:
     root = store_root(settings.model_store_root, os.environ)
     state = AppState(settings=settings, plan=plan if plan is not None and plan.sides else None, store_root=root,
                      steering_store=SteeringStore(settings.state_dir or root / ".mlxcel-state"),
-                     switch=SwitchState() if path is not None else None)
+                     switch=SwitchState() if path is not None else None, startup=startup or Startup())
     app = build_app(state)
 
     def load() -> None:
         try:
             if path is not None:
-                state.model = load_served_model(settings, path)
+                state.model = load_served_model(settings, path, startup=state.startup)
                 info = state.model.info
                 log.info("model %s loaded: %s on %s/%s, compute dtype %s, context %d",
                          state.model.id, info.model_type, info.backend, info.device, info.dtype, state.model.n_ctx)
@@ -198,20 +206,22 @@ def serve_router(settings: ServerSettings) -> None:
 
     from mlxcel.router.asgi import RouterApp
     from mlxcel.router.pool import RouterPool
-    from mlxcel.router.preset import model_settings, parse_preset
+    from mlxcel.cli.flags import model_settings
+    from mlxcel.router.preset import parse_preset
     from mlxcel.router.registry import RegistryError
     from mlxcel.api.security import wrap_app
     from mlxcel.steering.store import SteeringStore
     from mlxcel.store.paths import store_root
 
-    from mlxcel.runtime import select_backend
+    from mlxcel.runtime.load import select_backend
 
     select_backend(settings, None)  # an explicit --backend / --device that cannot be honoured stops here;
     # each model settles "auto" for its own checkpoint when it loads (an MLX-quantized one needs MLX)
     root = store_root(settings.model_store_root, os.environ)
     preset = parse_preset(settings.models_preset) if settings.models_preset is not None else None
     try:
-        pool = RouterPool(settings, root, preset, SteeringStore(settings.state_dir or root / ".mlxcel-state"))
+        pool = RouterPool(settings, root, preset, model_settings,
+                          SteeringStore(settings.state_dir or root / ".mlxcel-state"))
     except RegistryError as e:
         raise StartupRefusal(str(e)) from None
     for slot in pool.slots.values():

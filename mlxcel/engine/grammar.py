@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from mlxcel.engine.gbnf import GbnfError, gbnf_to_lark
+from mlxcel.chat.gbnf import GbnfError, gbnf_to_lark
 
 
 class GrammarError(ValueError):

@@ -1,4 +1,4 @@
-"""Sampling parameters: every knob of b10621's sampler chain, with its defaults.
+"""Sampling parameters: every knob of b10621's sampler chain (defaults: config/sampling.py).
 
 Owns the `SamplingParams` value (one per request, frozen), the seed fold into
 b10621's uint32 seed space, the resolution of the request's `logit_bias` shapes
@@ -14,15 +14,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from mlxcel.config.sampling import B10621_SAMPLING
+
 UINT32_MAX = 0xFFFFFFFF
 INT32_MIN = -(2**31)
 # b10621's LLAMA_DEFAULT_SEED: the "pick a random seed" sentinel.
 RANDOM_SEED = UINT32_MAX
 
 # Canonical stage names in b10621's default order, and the one-letter codes of --sampler-seq.
-DEFAULT_SAMPLERS: tuple[str, ...] = (
-    "penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature",
-)
+DEFAULT_SAMPLERS: tuple[str, ...] = B10621_SAMPLING.samplers
 SAMPLER_CHARS: Mapping[str, str] = MappingProxyType({
     "d": "dry", "k": "top_k", "y": "typ_p", "p": "top_p", "s": "top_n_sigma", "m": "min_p",
     "t": "temperature", "x": "xtc", "i": "infill", "e": "penalties", "a": "adaptive_p",
@@ -38,7 +38,8 @@ SAMPLER_ALT_NAMES: Mapping[str, str] = MappingProxyType({
 UNSUPPORTED_SAMPLERS: Mapping[str, str] = MappingProxyType({
     "infill": "the infill sampler is not supported",
 })
-DEFAULT_DRY_SEQUENCE_BREAKERS: tuple[str, ...] = ("\n", ":", '"', "*")
+DEFAULT_DRY_SEQUENCE_BREAKERS: tuple[str, ...] = B10621_SAMPLING.dry_sequence_breakers
+_D = B10621_SAMPLING  # the field defaults below
 
 
 def fold_seed(seed: int | float | None) -> int | None:
@@ -175,31 +176,31 @@ class SamplingParams:
     this type only refuses values the chain cannot run with.
     """
 
-    temperature: float = 0.8
-    dynatemp_range: float = 0.0
-    dynatemp_exponent: float = 1.0
-    top_k: int = 40
-    top_p: float = 0.95
-    min_p: float = 0.05
-    typical_p: float = 1.0
-    top_n_sigma: float = -1.0
-    xtc_probability: float = 0.0
-    xtc_threshold: float = 0.1
-    min_keep: int = 0
-    repeat_last_n: int = 64          # -1: the whole history
-    repeat_penalty: float = 1.0
-    frequency_penalty: float = 0.0
-    presence_penalty: float = 0.0
-    dry_multiplier: float = 0.0
-    dry_base: float = 1.75
-    dry_allowed_length: int = 2
-    dry_penalty_last_n: int = 64     # -1: the model's training context
+    temperature: float = _D.temperature
+    dynatemp_range: float = _D.dynatemp_range
+    dynatemp_exponent: float = _D.dynatemp_exponent
+    top_k: int = _D.top_k
+    top_p: float = _D.top_p
+    min_p: float = _D.min_p
+    typical_p: float = _D.typical_p
+    top_n_sigma: float = _D.top_n_sigma
+    xtc_probability: float = _D.xtc_probability
+    xtc_threshold: float = _D.xtc_threshold
+    min_keep: int = _D.min_keep
+    repeat_last_n: int = _D.repeat_last_n
+    repeat_penalty: float = _D.repeat_penalty
+    frequency_penalty: float = _D.frequency_penalty
+    presence_penalty: float = _D.presence_penalty
+    dry_multiplier: float = _D.dry_multiplier
+    dry_base: float = _D.dry_base
+    dry_allowed_length: int = _D.dry_allowed_length
+    dry_penalty_last_n: int = _D.dry_penalty_last_n
     dry_sequence_breakers: tuple[str, ...] = DEFAULT_DRY_SEQUENCE_BREAKERS
-    mirostat: int = 0
-    mirostat_tau: float = 5.0
-    mirostat_eta: float = 0.1
-    adaptive_target: float = -1.0
-    adaptive_decay: float = 0.9
+    mirostat: int = _D.mirostat
+    mirostat_tau: float = _D.mirostat_tau
+    mirostat_eta: float = _D.mirostat_eta
+    adaptive_target: float = _D.adaptive_target
+    adaptive_decay: float = _D.adaptive_decay
     samplers: tuple[str, ...] = DEFAULT_SAMPLERS
     seed: int | None = None
     n_probs: int = 0

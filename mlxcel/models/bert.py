@@ -17,7 +17,7 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 
-from mlxcel.workers.checkpoint import ENCODER_TYPES
+from mlxcel.models.registry import ENCODER_TYPES
 
 # HF name fragment -> ours; applied in order to each weight name.
 _RENAMES = (

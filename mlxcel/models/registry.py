@@ -33,6 +33,11 @@ FAMILIES: dict[str, Family] = {
 }
 
 
+# model_type values the encoder workers load (models/bert.py); listed apart from FAMILIES, and
+# here rather than beside the MLX code, so reading a checkpoint's kind needs no MLX
+ENCODER_TYPES = ("bert",)
+
+
 class UnsupportedModelType(ValueError):
     pass
 

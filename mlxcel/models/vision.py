@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -108,11 +109,19 @@ class EncodedImages:
     tokens: list[int]  # image-pad tokens each image expands to
 
 
+# Builds the engine request's image payload from the expanded prompt and the encoded images;
+# the backend that runs the images owns that type, and the composition root supplies it.
+MediaFactory = Callable[[list[int], EncodedImages], Any]
+
+
 class VisionInput:
     """A checkpoint's image side, as the routes need it: the processor (with the budget
-    applied), the prompt placeholder, the pad token id, and the expansion of a prompt."""
+    applied), the prompt placeholder, the pad token id, the expansion of a prompt, and the
+    backend's image payload for a request (`media`)."""
 
-    def __init__(self, path: Path, config: dict, tokenizer_hf: Any, budget: ImageBudget | None = None) -> None:
+    def __init__(self, path: Path, config: dict, tokenizer_hf: Any, budget: ImageBudget | None = None, *,
+                 media: MediaFactory | None = None) -> None:
+        self._media = media
         self.family = VISION_FAMILIES[config["model_type"]]
         self.processor = _import(self.family.processor).from_pretrained(str(path), local_files_only=True)
         budget = budget or ImageBudget()
@@ -131,6 +140,12 @@ class VisionInput:
         out = self.processor(images=[im.convert("RGB") for im in images], return_tensors="pt")
         grid = out["image_grid_thw"]
         return EncodedImages(out["pixel_values"], grid, [int(g.prod()) // (self.merge ** 2) for g in grid])
+
+    def media(self, prompt: list[int], encoded: EncodedImages) -> Any:
+        """The engine request's image payload for the expanded `prompt` (GenerationRequest.media)."""
+        if self._media is None:
+            raise RuntimeError("no backend supplied the image payload for this checkpoint")
+        return self._media(prompt, encoded)
 
     def expand(self, prompt: list[int], encoded: EncodedImages) -> list[int]:
         """Each image-pad token of the rendered prompt becomes that image's run of pad tokens."""

@@ -14,6 +14,8 @@ from collections.abc import Callable
 from fnmatch import fnmatch
 from pathlib import Path
 
+from mlxcel.store.store import DOWNLOAD_PATTERNS
+
 Progress = Callable[[str, int, int], None]
 
 
@@ -35,8 +37,6 @@ def probe(repo_id: str, hf_token: str | None) -> None:
 
 def fetch_with_progress(progress: Progress) -> Callable[[str, Path, str | None], None]:
     """A `fetch` for store.download that reports (url, done, total) around every file."""
-    from mlxcel.store.store import DOWNLOAD_PATTERNS
-
     def fetch(repo_id: str, local_dir: Path, hf_token: str | None) -> None:
         from huggingface_hub import HfApi, hf_hub_download, hf_hub_url
 

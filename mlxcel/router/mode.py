@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mlxcel.cli.refusal import StartupRefusal
+from mlxcel.config.refusal import StartupRefusal
 
 
 def is_router(settings: Any) -> bool:

@@ -21,8 +21,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mlxcel.router.preset import Preset, effective_args, model_settings
+from mlxcel.api.app import build_litestar
+from mlxcel.api.model_switch import release_memory
+from mlxcel.api.state import AppState
+from mlxcel.api.stream_resume import wrap_streams
+from mlxcel.api.stream_sessions import StreamStore
+from mlxcel.config.refusal import StartupRefusal
+from mlxcel.config.settings import ServerSettings
+from mlxcel.router.preset import Configure, Preset, effective_args
 from mlxcel.router.registry import CACHE, ModelEntry, discover, lookup
+from mlxcel.runtime.capacity import LoadRefused, check_loadable
+from mlxcel.runtime.load import load_served_model, select_backend
+from mlxcel.runtime.served import Startup
+from mlxcel.store.store import DownloadFailed, NotInStore, download, remove
 
 log = logging.getLogger("mlxcel.router")
 
@@ -37,7 +48,7 @@ class RouterError(Exception):
 
 @dataclass
 class Child:
-    state: Any  # api.state.AppState of this model
+    state: AppState  # this model's own
     app: Any  # its ASGI app (routes + resumable streams)
 
 
@@ -60,14 +71,13 @@ class Slot:
 
 
 class RouterPool:
-    def __init__(self, settings: Any, store_root: Path | None, preset: Preset | None,
-                 steering_store: Any = None) -> None:
+    def __init__(self, settings: ServerSettings, store_root: Path | None, preset: Preset | None,
+                 configure: Configure, steering_store: Any = None) -> None:
         self.settings, self.store_root, self.preset = settings, store_root, preset
+        self.configure = configure  # a model's settings from its preset sections (the CLI's option table)
         self.steering_store = steering_store
         self.slots: dict[str, Slot] = {}
         self.subscribers: set[tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = set()  # /models/sse readers
-        from mlxcel.api.stream_sessions import StreamStore
-
         self.streams = StreamStore()  # resumable SSE sessions, shared by every model (the router serves their routes)
         self._changed: asyncio.Condition | None = None
         self._room = asyncio.Lock()
@@ -178,8 +188,8 @@ class RouterPool:
     async def _load(self, slot: Slot) -> None:
         name = slot.entry.name
         try:
-            child = await asyncio.to_thread(build_child, self.settings, slot.entry, self.store_root,
-                                            self.steering_store, self.streams)
+            child = await asyncio.to_thread(build_child, self.settings, self.configure, slot.entry,
+                                            self.store_root, self.steering_store, self.streams)
         except Exception as e:  # noqa: BLE001 - the model stays listed, unloaded and failed
             log.error("loading %s failed: %s", name, e)
             slot.exit_code, slot.failure = 1, str(e)
@@ -212,9 +222,7 @@ class RouterPool:
             await asyncio.to_thread(engine.shutdown)
             slot.child = None
             del engine
-            from mlxcel.api.model_switch import _release_memory
-
-            _release_memory()
+            release_memory()
             log.info("model %s unloaded", slot.entry.name)
             self._status(slot, "unloaded", exit_code=0)
         finally:
@@ -238,7 +246,6 @@ class RouterPool:
 
     async def download(self, repo_id: str) -> None:
         from mlxcel.router.download import fetch_with_progress
-        from mlxcel.store.store import DownloadFailed, download
 
         slot = Slot(ModelEntry(repo_id, CACHE, None, repo_id=repo_id), status="downloading")
         self.slots[repo_id] = slot
@@ -286,8 +293,6 @@ class RouterPool:
 
 def _remove_files(root: Path | None, repo_id: str) -> None:
     """Delete the snapshot, containment-checked against the store root (store.remove)."""
-    from mlxcel.store.store import NotInStore, remove
-
     if root is None:
         return
     try:
@@ -296,37 +301,31 @@ def _remove_files(root: Path | None, repo_id: str) -> None:
         log.warning("removing %s: %s", repo_id, e)
 
 
-def build_child(settings: Any, entry: ModelEntry, store_root: Path | None, steering_store: Any,
-                streams: Any) -> Child:
+def build_child(settings: ServerSettings, configure: Configure, entry: ModelEntry, store_root: Path | None,
+                steering_store: Any, streams: StreamStore) -> Child:
     """The model's own settings (presets applied), engine, state and app (runs in a worker thread);
     a refusal the CLI would have stopped startup with is this load's failure."""
-    from mlxcel.cli.refusal import StartupRefusal
-
     try:
-        return _build_child(settings, entry, store_root, steering_store, streams)
+        return _build_child(settings, configure, entry, store_root, steering_store, streams)
     except StartupRefusal as e:
         raise RuntimeError(e.message) from None
 
 
-def _build_child(settings: Any, entry: ModelEntry, store_root: Path | None, steering_store: Any,
-                 streams: Any) -> Child:
-    from mlxcel.api.app import build_litestar
-    from mlxcel.api.state import AppState
-    from mlxcel.api.stream_resume import wrap_streams
-    from mlxcel.runtime import LoadRefused, check_loadable, load_served_model, select_backend
-
+def _build_child(settings: ServerSettings, configure: Configure, entry: ModelEntry, store_root: Path | None,
+                 steering_store: Any, streams: StreamStore) -> Child:
     if entry.path is None:
         raise RuntimeError(f"{entry.repo_id} is not in the model store {store_root}; POST /models downloads it")
-    own = model_settings(settings, entry.sections)
+    own = configure(settings, entry.sections)
     own.model, own.alias, own.tags = entry.name, list(entry.aliases), list(entry.tags)
     choice = select_backend(own, entry.path)
-    own.backend, own.device, own.backend_reason = choice.backend, choice.device, choice.reason
+    own.backend, own.device = choice.backend, choice.device
+    startup = Startup(backend_reason=choice.reason)
     try:
         check_loadable(own, entry.path, None)
     except LoadRefused as e:
         raise RuntimeError(e.message) from None
-    served = load_served_model(own, entry.path, entry.name)
+    served = load_served_model(own, entry.path, entry.name, startup)
     served.aliases, served.tags = list(entry.aliases), list(entry.tags)
     state = AppState(settings=own, model=served, store_root=store_root, steering_store=steering_store,
-                     streams=streams)
+                     streams=streams, startup=startup)
     return Child(state, wrap_streams(build_litestar(state), state))

@@ -7,20 +7,21 @@ dashes (`ctx-size`, `_` read as `-` as b10621 folds it) or its LLAMA_ARG_* varia
 keys below are translated; any other key stops startup naming key and section, because a
 preset key that silently did nothing would misconfigure the model it names.
 
-Applying a preset (`model_settings`) clones the router's settings and runs each value through
-the option's own apply function, so a preset value is validated exactly as the flag is; an
-option the router was started with (command line or environment) wins, upstream's order.
+Applying a preset to a model's settings runs each value through the option's own apply
+function, so a preset value is validated exactly as the flag is; that needs the CLI's option
+table, so the CLI hands the pool its `Configure` function (cli/flags.py `model_settings`).
 """
 
 from __future__ import annotations
 
 import configparser
-import copy
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mlxcel.cli.refusal import StartupRefusal
+from mlxcel.config.refusal import StartupRefusal
+from mlxcel.config.settings import ServerSettings
 
 GLOBAL = "*"
 
@@ -75,6 +76,11 @@ class Preset:
     sections: dict[str, PresetSection]
 
 
+# A model's settings from the router's and its preset sections (global first), every value
+# checked as its flag would be; a bad value is a StartupRefusal.
+Configure = Callable[[ServerSettings, list[PresetSection]], ServerSettings]
+
+
 def canonical_key(raw: str) -> str | None:
     key = raw.strip()
     if key in SYNONYMS:
@@ -123,34 +129,6 @@ def parse_preset(path: Path) -> Preset:
         else:
             sections[sec.name] = sec
     return Preset(Path(path), glob, sections)
-
-
-def _option(key: str):
-    from mlxcel.cli.options_table import TABLE
-
-    for o in TABLE:
-        if o.key == key:
-            return o
-    raise KeyError(key)
-
-
-def model_settings(base: Any, sections: list[PresetSection]) -> Any:
-    """A clone of the router's settings with the sections' configuration keys applied in order
-    (the global section first); keys the router was started with are left as they are."""
-    from mlxcel.cli.flags import Given, _classify
-
-    out = copy.deepcopy(base)
-    out.models_dir = out.models_preset = None
-    for sec in sections:
-        for key, value in sec.values.items():
-            opt_key = TRANSLATED.get(key)
-            if opt_key is None or opt_key in base.cli_given:
-                continue
-            try:
-                _classify(_option(opt_key), Given(value, f"{key} in [{sec.name}]"), out)
-            except StartupRefusal as e:
-                raise StartupRefusal(f"--models-preset: {e}") from None
-    return out
 
 
 def effective_args(base: Any, sections: list[PresetSection]) -> list[str]:

@@ -16,7 +16,10 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mlxcel.models.registry import UnsupportedModelType, family_for
 from mlxcel.router.preset import Preset, PresetSection
+from mlxcel.store.repo_id import InvalidRepoId, expand, parse_repo_id
+from mlxcel.store.store import list_models
 
 log = logging.getLogger("mlxcel.router")
 
@@ -40,8 +43,6 @@ class ModelEntry:
 
 
 def _generation_checkpoint(path: Path) -> bool:
-    from mlxcel.models.registry import UnsupportedModelType, family_for
-
     try:
         family_for(json.loads((path / "config.json").read_text()))
     except (OSError, ValueError, UnsupportedModelType):
@@ -50,8 +51,6 @@ def _generation_checkpoint(path: Path) -> bool:
 
 
 def scan_cache(root: Path | None) -> list[ModelEntry]:
-    from mlxcel.store.store import list_models
-
     if root is None:
         return []
     return [ModelEntry(e.repo_id, CACHE, e.path, repo_id=e.repo_id) for e in list_models(Path(root))
@@ -78,8 +77,6 @@ def scan_models_dir(directory: Path | None) -> list[ModelEntry]:
 def discover(store_root: Path | None, models_dir: Path | None, preset: Preset | None,
              default_org: str = "mlx-community") -> dict[str, ModelEntry]:
     """Every model the router serves, by name, with its preset sections and aliases applied."""
-    from mlxcel.store.repo_id import InvalidRepoId, expand, parse_repo_id
-
     found: dict[str, ModelEntry] = {}
     for entry in scan_cache(store_root) + scan_models_dir(models_dir):
         found[entry.name] = entry  # models_dir wins over the cache

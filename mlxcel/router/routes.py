@@ -21,10 +21,14 @@ from litestar import Litestar, Request, Response, delete, get, post
 from litestar.di import Provide
 from litestar.response import Stream
 
+from mlxcel import __version__
+from mlxcel.api.openai.models import model_entries
 from mlxcel.api.state import AppState
 from mlxcel.api.stream_resume import STREAM_ROUTES
-from mlxcel.cli.settings import ServerSettings
+from mlxcel.config.settings import ServerSettings
 from mlxcel.router.pool import RouterError, RouterPool, Slot
+from mlxcel.store.repo_id import InvalidRepoId, expand, parse_repo_id
+from mlxcel.store.resolve import refusal
 
 TYPES = {400: "invalid_request_error", 404: "not_found_error", 500: "server_error", 503: "unavailable_error"}
 
@@ -69,9 +73,7 @@ def entry_json(pool: RouterPool, slot: Slot, now: int) -> dict:
     if slot.status == "downloading":
         out["progress"] = dict(slot.progress)
     if slot.status == "loaded" and slot.child is not None:  # the model's own /v1/models entry fills the rest
-        from mlxcel.api.openai.models import _entries
-
-        for entry, *_ in _entries(slot.child.state)[:1]:
+        for entry, *_ in model_entries(slot.child.state)[:1]:
             for key, value in entry.items():
                 out.setdefault(key, value)
     return out
@@ -119,8 +121,6 @@ async def router_unload(request: Request, pool: RouterPool) -> Any:
 @post("/models", status_code=200)
 async def router_download(request: Request, pool: RouterPool) -> Any:
     from mlxcel.router.download import ProbeFailed, probe
-    from mlxcel.store.repo_id import InvalidRepoId, expand, parse_repo_id
-    from mlxcel.store.resolve import refusal
 
     name = _model_field(await body_json(request)).strip()
     if not name:
@@ -176,8 +176,6 @@ async def router_events(pool: RouterPool) -> Stream:
 
 @get("/props", name="router-props")
 async def router_props(pool: RouterPool) -> dict:
-    from mlxcel import __version__
-
     return {"role": "router", "max_instances": pool.settings.models_max,
             "models_autoload": pool.settings.models_autoload, "model_alias": "llama-server", "model_path": "none",
             "default_generation_settings": {"params": {}, "n_ctx": 0}, "ui_settings": {},

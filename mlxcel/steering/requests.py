@@ -23,7 +23,6 @@ from typing import Any
 
 import numpy as np
 
-from mlxcel.api.errors import ApiError
 from mlxcel.engine.types import GenerationRequest
 from mlxcel.steering import circuits as circ
 from mlxcel.steering import intensity as dial
@@ -46,6 +45,15 @@ _NOTE = {"post_steering": "post_steering is what the model computed at this laye
                       "unmodified model's activation at this layer"}
 
 
+class RequestRefused(ValueError):
+    """A steering field this request cannot have. The API answers it as its own error with this
+    status, code and parameter (api/errors.py)."""
+
+    def __init__(self, status: int, message: str, *, code: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.code, self.param = status, message, code, param
+
+
 @dataclass
 class SteeringFields:
     profile: str | None = None
@@ -62,14 +70,14 @@ def take_fields(body: dict[str, Any]) -> SteeringFields:
     f = SteeringFields()
     profile = body.pop("profile", None)
     if profile is not None and not isinstance(profile, str):
-        raise ApiError(400, "profile must be a string", code="invalid_parameter", param="profile")
+        raise RequestRefused(400, "profile must be a string", code="invalid_parameter", param="profile")
     f.profile = profile
     raw = body.pop("steering_intensity", None)
     if raw is not None:
         try:
             f.intensity = dial.parse_intensity(raw)
         except dial.IntensityError as e:
-            raise ApiError(400, str(e), code="invalid_parameter", param="steering_intensity") from None
+            raise RequestRefused(400, str(e), code="invalid_parameter", param="steering_intensity") from None
     f.activations = take_activations(body)
     return f
 
@@ -78,13 +86,13 @@ def take_activations(body: dict[str, Any]) -> dict | None:
     """Pop `return_sae_activations` (chat and text completions); null means absent."""
     acts = body.pop("return_sae_activations", None)
     if acts is not None and not isinstance(acts, dict):
-        raise ApiError(400, "return_sae_activations must be an object", code="invalid_parameter",
-                       param="return_sae_activations")
+        raise RequestRefused(400, "return_sae_activations must be an object", code="invalid_parameter",
+                             param="return_sae_activations")
     return acts
 
 
-def _bad(message: str, param: str = "return_sae_activations") -> ApiError:
-    return ApiError(400, message, code="invalid_parameter", param=param)
+def _bad(message: str, param: str = "return_sae_activations") -> RequestRefused:
+    return RequestRefused(400, message, code="invalid_parameter", param=param)
 
 
 @dataclass
@@ -206,7 +214,8 @@ def apply(fields: SteeringFields, manager: SteeringManager | None, store: Steeri
     if fields.profile is not None:
         profile = store.get(fields.profile) if store is not None else None
         if profile is None:
-            raise ApiError(404, f"profile {fields.profile!r} not found", code="profile_not_found", param="profile")
+            raise RequestRefused(404, f"profile {fields.profile!r} not found", code="profile_not_found",
+                                 param="profile")
     elif store is not None and manager is not None and manager.attached:
         profile = store.active()
         circuit = store.active_circuit() if profile is None else None
@@ -221,7 +230,8 @@ def apply(fields: SteeringFields, manager: SteeringManager | None, store: Steeri
             else:
                 resolved = manager.resolve(profile, fields.intensity)
         except SteeringError as e:
-            raise ApiError(e.status, e.message, code=e.code, param="profile" if fields.profile else None) from None
+            raise RequestRefused(e.status, e.message, code=e.code,
+                                 param="profile" if fields.profile else None) from None
         steering, lam = resolved.steering, resolved.intensity
         if resolved.rung is not None:
             headers[circ.RUNG_HEADER] = circ.rung_header(resolved.rung)
@@ -254,9 +264,9 @@ def refuse_fields(body: dict[str, Any], route: str) -> None:
     one (null means absent)."""
     for name in (*FIELDS, "steering"):
         if body.get(name) is not None:
-            raise ApiError(400, f"'{name}' is not honoured on {route} by this server; per-request steering is "
-                           "taken by /v1/chat/completions (return_sae_activations also by /v1/completions)",
-                           code="field_not_honoured", param=name)
+            raise RequestRefused(400, f"'{name}' is not honoured on {route} by this server; per-request steering "
+                                 "is taken by /v1/chat/completions (return_sae_activations also by /v1/completions)",
+                                 code="field_not_honoured", param=name)
 
 
 def sf_decimal(x: float) -> str:

@@ -15,6 +15,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from mlxcel.models.registry import family_for, mlx_module
 from mlxcel.store.repo_id import parse_repo_id
 
 DTYPES = ("bfloat16", "float16", "float32")
@@ -90,8 +91,6 @@ def hf_to_mlx(
     import mlx.core as mx
     from mlx.utils import tree_map
     from mlx_lm.utils import load_model, quantize_model, save_config, save_model
-
-    from mlxcel.models.registry import family_for, mlx_module
 
     _check_options(dtype, quantize, q_bits, q_group_size)
     if not (src / "config.json").is_file():

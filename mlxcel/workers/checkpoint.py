@@ -11,12 +11,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from mlxcel.models.registry import ENCODER_TYPES
 from mlxcel.workers.vectors import POOLINGS
 
 EMBEDDING, RERANKER = "embedding", "reranker"
-# model_type values the encoder workers load (mlxcel/models/bert.py); kept here so reading a
-# checkpoint's kind needs no MLX
-ENCODER_TYPES = ("bert",)
 
 # sentence-transformers pooling config key -> our kernel
 _POOLING_KEYS = {

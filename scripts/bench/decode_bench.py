@@ -25,8 +25,8 @@ def main() -> None:
     args = p.parse_args()
 
     from mlxcel.engine.backend import ForwardRow
-    from mlxcel.cli.settings import ServerSettings
-    from mlxcel.runtime import load_backend
+    from mlxcel.config.settings import ServerSettings
+    from mlxcel.runtime.load import load_backend
 
     settings = ServerSettings(backend=args.backend, device=args.device, dtype=args.dtype, threads=args.threads,
                               build_env=dict(os.environ))  # as served: the torch kernel for decode rows

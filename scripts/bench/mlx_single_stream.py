@@ -55,10 +55,10 @@ def main() -> None:
     from mlx_lm.sample_utils import make_sampler
 
     from mlxcel.engine.backend import ForwardRow
-    from mlxcel.cli.settings import ServerSettings
+    from mlxcel.config.settings import ServerSettings
     from mlxcel.engine.sampling_params import SamplingParams
     from mlxcel.engine.types import GenerationRequest
-    from mlxcel.runtime import load_served_model
+    from mlxcel.runtime.load import load_served_model
 
     mx.set_default_device(mx.cpu)
     ref_model, ref_tok = load(a.model)

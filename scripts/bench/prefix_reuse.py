@@ -40,17 +40,18 @@ def main() -> None:
     args = p.parse_args()
 
     from mlxcel.cli.flags import BUILD_ENV
-    from mlxcel.cli.settings import ServerSettings
+    from mlxcel.config.settings import ServerSettings
     from mlxcel.engine.sampling_params import SamplingParams
     from mlxcel.engine.speculative import DRAFT, SpecConfig
     from mlxcel.engine.types import GenerationRequest
-    from mlxcel.runtime import load_served_model
+    from mlxcel.runtime.load import load_served_model
+    from mlxcel.runtime.served import Startup
 
     spec = SpecConfig(kind=DRAFT, n_max=3, draft_model=args.draft) if args.draft else None
     settings = ServerSettings(model=str(args.model), backend=args.backend, ctx_size=8192, parallel=4, warmup=False,
-                              build_env={k: os.environ[k] for k in BUILD_ENV if k in os.environ}, speculative=spec)
+                              build_env={k: os.environ[k] for k in BUILD_ENV if k in os.environ})
     system = " ".join([SYSTEM] * args.system_repeat)
-    model = load_served_model(settings, args.model)
+    model = load_served_model(settings, args.model, startup=Startup(speculative=spec))
     greedy = SamplingParams(temperature=0.0)
 
     async def ask(text: str):

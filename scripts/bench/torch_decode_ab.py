@@ -69,8 +69,8 @@ def main() -> None:
     import os
 
     from mlxcel.backends.torch.row_gemv import load_row_kernel, remove_row_gemv
-    from mlxcel.cli.settings import ServerSettings
-    from mlxcel.runtime import load_backend
+    from mlxcel.config.settings import ServerSettings
+    from mlxcel.runtime.load import load_backend
 
     kernel = load_row_kernel(os.environ)
     print(f"row kernel: {kernel.path}", flush=True)

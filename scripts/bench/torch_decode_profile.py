@@ -51,8 +51,8 @@ def main() -> None:
     import torch
 
     from mlxcel.engine.backend import ForwardRow
-    from mlxcel.cli.settings import ServerSettings
-    from mlxcel.runtime import load_backend
+    from mlxcel.config.settings import ServerSettings
+    from mlxcel.runtime.load import load_backend
 
     settings = ServerSettings(backend="torch", device="cpu", dtype=args.dtype, threads=args.threads)
     backend, _ = load_backend(settings, args.model)

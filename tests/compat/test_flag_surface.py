@@ -22,7 +22,7 @@ from mlxcel.cli.introspect import completion_bash
 from mlxcel.cli.options_apply import check_gpu_layers
 from mlxcel.cli.options_model import STATES
 from mlxcel.cli.options_table import PRESETS, TABLE, b10621_entries
-from mlxcel.cli.refusal import StartupRefusal
+from mlxcel.config.refusal import StartupRefusal
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -13,8 +13,8 @@ import pytest
 
 from mlxcel.api.state import AppState
 from mlxcel.backends.select import choose
-from mlxcel.cli.settings import ServerSettings
-from mlxcel.runtime import load_served_model
+from mlxcel.config.settings import ServerSettings
+from mlxcel.runtime.load import load_served_model
 from tests.conftest import default_compute_dtype, fixture_path
 from tests.e2e.inprocess import AppServer
 from tests.fixtures import DEFAULT_MODEL, QWEN2_TINY

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from mlxcel.cli.flags import parse_server_args
-from mlxcel.runtime import load_backend
+from mlxcel.runtime.load import load_backend
 from tests.conftest import fixture_path
 from tests.fixtures import QWEN2_TINY, QWEN3_TINY
 

@@ -12,8 +12,8 @@ import httpx
 import pytest
 
 from mlxcel.api.state import AppState
-from mlxcel.cli.settings import ServerSettings
-from mlxcel.runtime import load_served_model
+from mlxcel.config.settings import ServerSettings
+from mlxcel.runtime.load import load_served_model
 from tests.conftest import fixture_path
 from tests.e2e.inprocess import AppServer
 from tests.fixtures import QWEN2_TINY

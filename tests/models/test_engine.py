@@ -13,7 +13,7 @@ import os
 import pytest
 
 from mlxcel.cli.flags import BUILD_ENV
-from mlxcel.cli.settings import ServerSettings
+from mlxcel.config.settings import ServerSettings
 from mlxcel.engine.kv_manager import BLOCK_SIZE
 from mlxcel.engine.sampling_params import SamplingParams
 from mlxcel.engine.types import GenerationRequest
@@ -25,7 +25,7 @@ LONG_TEXT = " ".join(f"Item {i}: the {['red', 'green', 'blue', 'amber'][i % 4]} 
 
 def make_model(**overrides):
     """A served model as the CLI builds it (torch with mlxcel's CPU kernels, as served)."""
-    from mlxcel.runtime import load_served_model
+    from mlxcel.runtime.load import load_served_model
 
     overrides = {"backend": "mlx", "build_env": {k: os.environ[k] for k in BUILD_ENV if k in os.environ}, **overrides}
     settings = ServerSettings(**{"model": DEFAULT_MODEL, "ctx_size": 8192, "parallel": 4, "warmup": False, **overrides})
@@ -228,7 +228,7 @@ def test_drain_waits_for_running_requests_and_shutdown_ends_the_rest():
     """What a model switch relies on: drain() reports idle once running requests finish
     (or not, at its timeout); shutdown() ends a request still running with an error event
     instead of leaving its client waiting."""
-    from mlxcel.runtime import load_served_model
+    from mlxcel.runtime.load import load_served_model
     from tests.fixtures import QWEN2_TINY
 
     settings = ServerSettings(model=QWEN2_TINY, backend="mlx", ctx_size=2048, parallel=2, warmup=False)

@@ -38,13 +38,13 @@ def test_ngram_simple_proposes_the_continuation_of_the_last_match():
 
 
 def attach(model, kind, draft_model=None, **kw):
-    from mlxcel.runtime import load_backend
+    from mlxcel.runtime.load import load_backend
 
     config = SpecConfig(kind=kind, draft_model=draft_model, **kw)
     if kind == NGRAM_SIMPLE:
         model.engine.speculator = Speculator(config, NgramDrafter(config))
         return
-    from mlxcel.cli.settings import ServerSettings
+    from mlxcel.config.settings import ServerSettings
     from mlxcel.engine.kv_manager import BLOCK_SIZE
 
     draft, _ = load_backend(ServerSettings(backend=model.info.backend), draft_model)
@@ -197,7 +197,7 @@ def test_lora_rows_speculate_with_their_own_scales():
     """A verify row carries the request's adapter scales: speculated text under a LoRA adapter is
     the adapted model's plain text (and differs from the base model's)."""
     from mlxcel.cli.flags import parse_server_args
-    from mlxcel.runtime import load_served_model
+    from mlxcel.runtime.load import load_served_model
     from tests.fixtures import LORA_SMOLLM2, fixture_path as store_path, lora_available
 
     if not lora_available(LORA_SMOLLM2):

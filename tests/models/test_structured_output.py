@@ -13,8 +13,8 @@ import json
 import jsonschema
 import pytest
 
-from mlxcel.cli.settings import ServerSettings
-from mlxcel.engine.chat_template import render_chat
+from mlxcel.config.settings import ServerSettings
+from mlxcel.chat.chat_template import render_chat
 from mlxcel.engine.sampling_params import SamplingParams
 from mlxcel.engine.types import GenerationRequest
 from tests.conftest import DEFAULT_MODEL, fixture_path
@@ -41,7 +41,7 @@ N_DOCS, BATCH = 50, 10
 
 @pytest.fixture(scope="module")
 def model():
-    from mlxcel.runtime import load_served_model
+    from mlxcel.runtime.load import load_served_model
 
     settings = ServerSettings(model=DEFAULT_MODEL, ctx_size=8192, parallel=BATCH, warmup=False)
     m = load_served_model(settings, fixture_path(DEFAULT_MODEL))
@@ -111,7 +111,7 @@ def test_length_cut_reports_length(model):
 
 def test_json_schema_flag_default_compiles_against_the_vocabulary(model):
     from mlxcel.cli.flags import parse_server_args
-    from mlxcel.runtime import load_default_grammar
+    from mlxcel.runtime.load import load_default_grammar
 
     settings = parse_server_args(["-m", DEFAULT_MODEL, "--json-schema", json.dumps({"enum": ["a", "b"]})], {})
     assert settings.default_grammar[0] == "json_schema"

@@ -9,9 +9,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mlxcel.api.errors import ApiError
 from mlxcel.engine.types import GenerationRequest
 from mlxcel.steering import requests as steer
+from mlxcel.steering.requests import RequestRefused
 from mlxcel.steering.manager import SteeringManager
 from mlxcel.steering.store import Profile, SteeringStore
 from tests.steering.test_sae_units import random_sae
@@ -24,8 +24,8 @@ def manager(tmp_path):
     return m
 
 
-def refused(manager, spec, n_prompt=5, max_tokens=10) -> ApiError:
-    with pytest.raises(ApiError) as e:
+def refused(manager, spec, n_prompt=5, max_tokens=10) -> RequestRefused:
+    with pytest.raises(RequestRefused) as e:
         steer.activation_reader(manager, spec, n_prompt, max_tokens)
     assert (e.value.status, e.value.code, e.value.param) == (400, "invalid_parameter", "return_sae_activations")
     return e.value
@@ -124,14 +124,14 @@ def test_the_dial_echo_is_absent_exactly_when_the_dial_changes_nothing(manager, 
     assert request({"steering_intensity": "max"}, manager, store)[1] == {echo: "2.0"}
     manager.set_enabled("s", False)  # steering disabled and a dial-only request
     assert request({"steering_intensity": 1.0}, manager, store)[1] == {}
-    with pytest.raises(ApiError) as e:
+    with pytest.raises(RequestRefused) as e:
         request({"profile": "nope", "steering_intensity": 1.0}, manager, store)
     assert (e.value.status, e.value.code) == (404, "profile_not_found")
 
 
 @pytest.mark.parametrize("bad", [2.01, -0.5, "MAX", "", True, {"x": 1}, [1], float("inf")])
 def test_a_bad_steering_intensity_is_invalid_parameter(bad):
-    with pytest.raises(ApiError) as e:
+    with pytest.raises(RequestRefused) as e:
         steer.take_fields({"steering_intensity": bad})
     assert (e.value.status, e.value.code, e.value.param) == (400, "invalid_parameter", "steering_intensity")
 
@@ -193,7 +193,7 @@ def test_an_sae_is_attached_from_a_directory_or_a_store_entry(tmp_path):
     from mlxcel.api.management.envelope import Refusal
     from mlxcel.api.management.saes import _path
     from mlxcel.api.state import AppState
-    from mlxcel.cli.settings import ServerSettings
+    from mlxcel.config.settings import ServerSettings
 
     state = AppState(settings=ServerSettings(), store_root=tmp_path)
     assert _path({"sae": "org/my-sae"}, state) == tmp_path / "org/my-sae"  # a model-store entry

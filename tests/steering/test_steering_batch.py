@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from mlxcel.engine.backend import ForwardRow
-from mlxcel.cli.settings import ServerSettings
+from mlxcel.config.settings import ServerSettings
 from mlxcel.engine.sampling_params import SamplingParams
 from mlxcel.engine.types import GenerationRequest
 from mlxcel.steering import requests as steer
@@ -27,7 +27,7 @@ GREEDY = SamplingParams(temperature=0.0)
 
 @pytest.fixture(scope="module", params=["mlx", "torch"])
 def served(request):
-    from mlxcel.runtime import load_served_model
+    from mlxcel.runtime.load import load_served_model
 
     m = load_served_model(ServerSettings(model=QWEN2_TINY, ctx_size=2048, parallel=4, warmup=False,
                                          backend=request.param), fixture_path(QWEN2_TINY))

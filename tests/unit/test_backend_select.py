@@ -10,9 +10,9 @@ import pytest
 
 from mlxcel.backends.select import BackendRefused, choose
 from mlxcel.cli.flags import parse_server_args
-from mlxcel.cli.refusal import StartupRefusal
-from mlxcel.cli.settings import ServerSettings
-from mlxcel.runtime import select_backend
+from mlxcel.config.refusal import StartupRefusal
+from mlxcel.config.settings import ServerSettings
+from mlxcel.runtime.load import select_backend
 
 
 def test_auto_picks_mlx_on_apple_silicon_and_torch_on_a_linux_cpu():

@@ -2,7 +2,7 @@
 
 import pytest
 
-from mlxcel.engine.chat_template import TemplateError, render_chat
+from mlxcel.chat.chat_template import TemplateError, render_chat
 
 TOOLS_GUARD = "{% if tools is defined %}TOOLS:{{ tools | length }}|{% endif %}" \
               "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}" \

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from mlxcel.cli.flags import parse_server_args
-from mlxcel.cli.refusal import StartupRefusal
+from mlxcel.config.refusal import StartupRefusal
 
 TEMPLATE = "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
 

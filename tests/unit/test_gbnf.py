@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from mlxcel.engine.gbnf import MAX_SOURCE_BYTES, GbnfError, gbnf_to_lark
+from mlxcel.chat.gbnf import MAX_SOURCE_BYTES, GbnfError, gbnf_to_lark
 from tests.conftest import DEFAULT_MODEL, fixture_path
 
 

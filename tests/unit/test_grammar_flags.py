@@ -7,7 +7,7 @@ import json
 import pytest
 
 from mlxcel.cli.flags import parse_server_args
-from mlxcel.cli.refusal import StartupRefusal
+from mlxcel.config.refusal import StartupRefusal
 
 
 def test_json_schema_file_is_read_and_a_malformed_schema_aborts(tmp_path):

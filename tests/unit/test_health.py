@@ -4,7 +4,7 @@ from litestar.testing import TestClient
 
 from mlxcel.api.app import build_litestar
 from mlxcel.api.state import AppState
-from mlxcel.cli.settings import ServerSettings
+from mlxcel.config.settings import ServerSettings
 
 
 def test_health_is_503_loading_model_until_ready():

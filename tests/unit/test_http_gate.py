@@ -12,7 +12,7 @@ from mlxcel.api.llamacpp.stubs import FEATURE_DISABLED_HANDLERS
 from mlxcel.api.security import wrap_app
 from mlxcel.api.vertex import alias_table, check_predict_route, make_predict_handler, route_alias
 from mlxcel.cli.flags import parse_server_args
-from mlxcel.cli.refusal import StartupRefusal
+from mlxcel.config.refusal import StartupRefusal
 
 import pytest
 

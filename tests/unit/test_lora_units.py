@@ -140,8 +140,8 @@ def test_startup_refuses_an_adapter_that_does_not_fit_the_checkpoint(tmp_path):
     """Checked from the safetensors headers before any weight loads, in one line."""
     from types import SimpleNamespace
 
-    from mlxcel.cli.options_lora import load_for_checkpoint
-    from mlxcel.cli.refusal import StartupRefusal
+    from mlxcel.runtime.load import load_for_checkpoint
+    from mlxcel.config.refusal import StartupRefusal
     from tests.conftest import DEFAULT_MODEL, fixture_path
 
     d, _, _ = _peft(tmp_path)  # q_proj [6, 8]: SmolLM2's is [576, 576]
@@ -166,7 +166,7 @@ def test_cli_specs_through_the_real_parser(tmp_path):
     """--lora adapters first (scale 1.0), then --lora-scaled ones; both repeatable and comma-separated;
     --lora-init-without-apply starts them at 0.0 (load_for_checkpoint, above)."""
     from mlxcel.cli.flags import parse_server_args
-    from mlxcel.cli.refusal import StartupRefusal
+    from mlxcel.config.refusal import StartupRefusal
 
     a, _, _ = _peft(tmp_path, "a")
     b, _, _ = _peft(tmp_path, "b")
@@ -183,7 +183,7 @@ def test_cli_specs_through_the_real_parser(tmp_path):
 def test_adapters_without_a_generation_model_are_refused(tmp_path):
     from mlxcel.cli.flags import parse_server_args
     from mlxcel.cli.options_lora import refuse_without_generation
-    from mlxcel.cli.refusal import StartupRefusal
+    from mlxcel.config.refusal import StartupRefusal
 
     d, _, _ = _peft(tmp_path)
     refuse_without_generation(parse_server_args(["-m", "x", "--embeddings"], {}))

@@ -7,8 +7,8 @@ import pytest
 
 from mlxcel.api.model_switch import store_checkpoint
 from mlxcel.api.state import AppState
-from mlxcel.cli.settings import ServerSettings
-from mlxcel.runtime import LoadRefused, check_loadable, estimated_bytes
+from mlxcel.config.settings import ServerSettings
+from mlxcel.runtime.capacity import LoadRefused, check_loadable, estimated_bytes
 from tests.conftest import fixture_path
 from tests.fixtures import DEFAULT_MODEL, MINILM, QWEN2_TINY, SMOLLM2_4BIT, models_dir
 

@@ -12,10 +12,10 @@ import pytest
 from mlxcel.api.errors import ApiError
 from mlxcel.api.llamacpp.native_params import parse_native
 from mlxcel.api.llamacpp.schemas import NativeCompletionRequest, NativeStreamOptions, declared_names
-from mlxcel.api.state import ServedModel
 from mlxcel.engine.backend import ModelInfo
 from mlxcel.engine.sampling_params import RANDOM_SEED, SamplingParams
 from mlxcel.engine.tokenizer import Tokenizer
+from mlxcel.runtime.served import ServedModel
 from tests.conftest import DEFAULT_MODEL, fixture_path
 
 # b10621's 74 counted native fields (native-fields.tsv): 66 schema fields, 6 aliases,

@@ -10,7 +10,7 @@ import openai
 
 from mlxcel.api.app import build_litestar
 from mlxcel.api.state import AppState
-from mlxcel.cli.settings import ServerSettings
+from mlxcel.config.settings import ServerSettings
 
 
 def test_model_not_loaded_is_internal_server_error_in_the_sdk():

@@ -89,7 +89,7 @@ def test_request_fields_win_over_the_server_flags():
 
 def test_server_flags_and_environment():
     from mlxcel.cli.flags import parse_server_args
-    from mlxcel.cli.refusal import StartupRefusal
+    from mlxcel.config.refusal import StartupRefusal
 
     s = parse_server_args(["-m", "x", "--reasoning-budget", "0", "--reasoning-budget-message", "Enough."], {})
     assert (s.reasoning_budget, s.reasoning_budget_message) == (0, "Enough.")

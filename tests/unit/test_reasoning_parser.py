@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from mlxcel.engine.reasoning import ReasoningStream, primed, split_reasoning
+from mlxcel.chat.reasoning import ReasoningStream, primed, split_reasoning
 
 QWEN3 = "<think>\nThe user asks 2+2. That is 4.\n</think>\n\n2 plus 2 equals 4."
 R1_PRIMED = "Okay, simple arithmetic: 2 + 2 = 4.\n</think>\n\n2 plus 2 equals 4."  # prompt ended in <think>\n

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from mlxcel.cli.flags import StartupRefusal, parse_server_args
-from mlxcel.models.rope_overrides import RopeOverrides, RopeRefused, config_overrides
+from mlxcel.config.rope import RopeOverrides
+from mlxcel.models.rope_overrides import RopeRefused, config_overrides
 
 PLAIN = {"rope_theta": 10000.0, "max_position_embeddings": 8192}
 LLAMA3 = {**PLAIN, "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,

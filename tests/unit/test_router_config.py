@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from mlxcel.cli.flags import parse_server_args
-from mlxcel.cli.refusal import StartupRefusal
+from mlxcel.cli.flags import model_settings, parse_server_args
+from mlxcel.config.refusal import StartupRefusal
 from mlxcel.router.mode import is_router
-from mlxcel.router.preset import GLOBAL, effective_args, model_settings, parse_preset
+from mlxcel.router.preset import GLOBAL, effective_args, parse_preset
 from mlxcel.router.registry import CACHE, MODELS_DIR, PRESET, RegistryError, discover, lookup
 
 

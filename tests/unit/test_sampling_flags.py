@@ -10,7 +10,7 @@ from mlxcel.cli.flags import StartupRefusal, parse_server_args
 from mlxcel.cli.options_sampling import parse_logit_bias, process_escapes
 from mlxcel.engine.sampling_params import DEFAULT_DRY_SEQUENCE_BREAKERS
 from mlxcel.engine.tokenizer import GenerationDefaults
-from mlxcel.runtime import resolve_sampling_defaults
+from mlxcel.runtime.load import resolve_sampling_defaults
 
 
 def parse(*argv: str):

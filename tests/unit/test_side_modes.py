@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from mlxcel.cli.flags import parse_server_args
-from mlxcel.cli.refusal import StartupRefusal
+from mlxcel.config.refusal import StartupRefusal
 from mlxcel.workers.checkpoint import EMBEDDING, RERANKER, encoder_kind
 from mlxcel.workers.plan import plan
 from tests.conftest import REPO, fixture_path

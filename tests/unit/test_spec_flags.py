@@ -8,7 +8,7 @@ import pytest
 
 from mlxcel.cli.flags import parse_server_args
 from mlxcel.cli.options_spec import spec_config
-from mlxcel.cli.refusal import StartupRefusal
+from mlxcel.config.refusal import StartupRefusal
 from mlxcel.engine.speculative import DRAFT, NGRAM_SIMPLE
 
 

@@ -13,7 +13,7 @@ from mlxcel.api.app import build_litestar
 from mlxcel.api.state import AppState
 from mlxcel.api.stream_resume import StreamRecorder
 from mlxcel.api.stream_sessions import OffsetLost, StreamLimits, StreamStore, stream_owner
-from mlxcel.cli.settings import ServerSettings
+from mlxcel.config.settings import ServerSettings
 
 
 class Clock:

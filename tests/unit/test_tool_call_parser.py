@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from mlxcel.engine.tool_calls import ToolCallStream, parse_tool_calls
+from mlxcel.chat.tool_calls import ToolCallStream, parse_tool_calls
 
 # (label, generated text, expected content, expected [(name, args)])
 RECORDED = [

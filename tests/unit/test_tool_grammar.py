@@ -16,8 +16,8 @@ import pytest
 
 from mlxcel.api.errors import ApiError
 from mlxcel.api.openai import tool_grammar as tg
-from mlxcel.engine.reasoning import split_reasoning
-from mlxcel.engine.tool_calls import parse_tool_calls
+from mlxcel.chat.reasoning import split_reasoning
+from mlxcel.chat.tool_calls import parse_tool_calls
 from tests.conftest import fixture_path
 from tests.fixtures import QWEN3_TINY
 

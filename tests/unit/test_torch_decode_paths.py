@@ -11,10 +11,10 @@ import torch
 from mlxcel.backends.torch.paged import StepPlan
 from mlxcel.backends.torch.row_gemv import ALL, install_row_gemv, remove_row_gemv
 from mlxcel.cli.flags import parse_server_args
-from mlxcel.cli.refusal import StartupRefusal
-from mlxcel.cli.settings import ServerSettings
+from mlxcel.config.refusal import StartupRefusal
+from mlxcel.config.settings import ServerSettings
 from mlxcel.engine.kv_block_pool import BlockAllocator, SequenceKV
-from mlxcel.runtime import select_backend
+from mlxcel.runtime.load import select_backend
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

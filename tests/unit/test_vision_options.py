@@ -8,7 +8,7 @@ import pytest
 
 from mlxcel.backends.select import BackendRefused, choose
 from mlxcel.cli.flags import parse_server_args
-from mlxcel.cli.refusal import StartupRefusal
+from mlxcel.config.refusal import StartupRefusal
 from mlxcel.models import vision
 from mlxcel.models.registry import UnsupportedModelType, mlx_module
 from mlxcel.models.vision import BudgetRefused, ImageBudget, VisionInput, budget_pixels
@@ -105,7 +105,7 @@ def test_a_vlm_runs_on_torch():
 def test_a_budget_on_a_text_only_checkpoint_is_refused_at_load(tmp_path):
     from types import SimpleNamespace
 
-    from mlxcel.runtime import load_vision
+    from mlxcel.runtime.load import load_vision
 
     text_only = SimpleNamespace(info=SimpleNamespace(config={"model_type": "qwen3"}))
     assert load_vision(parse_server_args(["-m", "x"], {}), tmp_path, text_only, None) is None

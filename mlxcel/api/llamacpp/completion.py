@@ -23,9 +23,10 @@ from mlxcel.api.llamacpp import native_grammar, render
 from mlxcel.api.llamacpp.native_params import NativeRequest, parse_native, with_prompt
 from mlxcel.api.openai.fields import ignored_fields_header
 from mlxcel.api.openai.generation import SSE_HEADERS, merged, served_model, submit_all
-from mlxcel.api.state import AppState, ServedModel
+from mlxcel.api.state import AppState
 from mlxcel.engine.requests import RequestHandle
 from mlxcel.engine.types import GenerationRequest, TokenEvent
+from mlxcel.runtime.served import ServedModel
 from mlxcel.steering.requests import server_steering
 
 PING = b": ping\n\n"

@@ -7,13 +7,12 @@ from __future__ import annotations
 from litestar import Response, get
 
 from mlxcel.api.state import AppState
+from mlxcel.workers.load import side_workers_ready
 
 
 async def _health(app_state: AppState) -> Response:
     plan = app_state.plan
     if plan is not None and plan.restricted_by:  # --embeddings / --reranking: report on that worker
-        from mlxcel.workers.load import side_workers_ready
-
         ready = side_workers_ready(app_state)
     else:
         ready = app_state.model is not None

@@ -17,8 +17,9 @@ from litestar import Request, get, post
 
 from mlxcel.api.errors import ApiError
 from mlxcel.api.openai.generation import served_model
-from mlxcel.api.state import AppState, ServedModel
+from mlxcel.api.state import AppState
 from mlxcel.models.lora import LoraError, parse_request
+from mlxcel.runtime.served import ServedModel
 
 
 def request_lora(model: ServedModel, value: Any) -> tuple[tuple[float, ...] | None, tuple]:

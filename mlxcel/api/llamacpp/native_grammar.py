@@ -19,8 +19,9 @@ import re
 from typing import Any
 
 from mlxcel.api.errors import ApiError
-from mlxcel.api.state import ServedModel
 from mlxcel.engine.grammar import GrammarError
+from mlxcel.engine.lazy_grammar import LazyGrammar, PATTERN, PATTERN_FULL, TOKEN, WORD
+from mlxcel.runtime.served import ServedModel
 
 
 def requested(body: dict[str, Any]) -> tuple[str, Any] | None:
@@ -79,8 +80,6 @@ def preserved_tokens(body: dict[str, Any], model: ServedModel) -> frozenset[int]
 
 def _trigger(t: Any, model: ServedModel, preserved: frozenset[int]) -> tuple[str, Any, dict]:
     """One `grammar_triggers` entry -> ("token", id, report) or ("pattern", (regex, full), report)."""
-    from mlxcel.engine.lazy_grammar import PATTERN, PATTERN_FULL, TOKEN, WORD
-
     def bad(why: str) -> ApiError:
         return ApiError(400, f"grammar_triggers: {why}", code="invalid_request", param="grammar_triggers")
 
@@ -115,8 +114,6 @@ def lazy(body: dict[str, Any], model: ServedModel, grammar: Any, preserved: froz
     """Wrap the request's grammar when `grammar_lazy` is true (engine/lazy_grammar.py).
     Triggers are validated either way; as upstream, they act only on a lazy grammar, and a
     lazy flag with no grammar constrains nothing."""
-    from mlxcel.engine.lazy_grammar import LazyGrammar
-
     flag = body.get("grammar_lazy")
     if flag is not None and not isinstance(flag, bool):
         raise ApiError(400, "'grammar_lazy' must be a boolean", code="invalid_request", param="grammar_lazy")

@@ -21,13 +21,13 @@ from mlxcel.api.body import convert
 from mlxcel.api.errors import ApiError
 from mlxcel.api.llamacpp.lora_adapters import request_lora
 from mlxcel.api.llamacpp.schemas import NativeCompletionRequest, declared_names
-from mlxcel.api.state import ServedModel
+from mlxcel.chat.reasoning import CLOSE, OPEN
 from mlxcel.engine.sampling_params import (
     fold_seed, resolve_logit_bias, samplers_from_chars, samplers_from_names,
 )
-from mlxcel.engine.reasoning import CLOSE, OPEN
 from mlxcel.engine.reasoning_budget import ReasoningBudget
 from mlxcel.engine.types import GenerationRequest
+from mlxcel.runtime.served import ServedModel
 from mlxcel.steering.requests import refuse_fields as refuse_steering_fields
 
 INT32_MAX = 2**31 - 1

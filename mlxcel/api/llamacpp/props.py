@@ -15,9 +15,10 @@ from mlxcel import __version__
 from mlxcel.api.errors import ApiError
 from mlxcel.api.llamacpp.render import generation_settings
 from mlxcel.api.openai.generation import served_model
-from mlxcel.api.state import AppState, ServedModel
-from mlxcel.engine.chat_template import TemplateError, render_chat
+from mlxcel.api.state import AppState
+from mlxcel.chat.chat_template import TemplateError, render_chat
 from mlxcel.engine.types import GenerationRequest
+from mlxcel.runtime.served import ServedModel
 
 MEDIA_MARKER = "<__media__>"
 _FTYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from mlxcel.api.state import ServedModel
 from mlxcel.engine.sampling import ProbsReport
 from mlxcel.engine.sampling_params import RANDOM_SEED, SamplingParams
 from mlxcel.engine.token_pieces import valid_utf8_prefix
 from mlxcel.engine.types import GenerationRequest, PromptProgress, Timings, TokenEvent
+from mlxcel.runtime.served import ServedModel
 
 
 def timings_json(t: Timings, tokens_evaluated: int) -> dict[str, Any]:

@@ -32,6 +32,7 @@ from mlxcel.api.audio_upload import decode, inspect
 from mlxcel.api.errors import ApiError
 from mlxcel.api.multipart import MAX_BODY_BYTES, Form, MultipartReader, UploadError, boundary_of
 from mlxcel.api.state import AppState
+from mlxcel.workers.whisper import TRANSCRIPTION, WhisperError
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 DRAIN_LIMIT = 64 << 20  # after a refusal, read (and drop) this much more so the client sees the answer
@@ -46,8 +47,6 @@ def transcriber(state: AppState):
     worker = getattr(state, "transcriber", None)
     if worker is not None:
         return worker
-    from mlxcel.workers.whisper import TRANSCRIPTION
-
     if state.plan is not None and any(s.kind == TRANSCRIPTION for s in state.plan.sides):
         if state.load_error:
             raise ApiError(503, f"the Whisper model failed to load: {state.load_error}", type="unavailable_error")
@@ -104,8 +103,6 @@ def _count(form: Form, name: str) -> int | None:
 
 async def _prepare(worker, form: Form, task: str) -> tuple:
     """Every refusal the request can earn, before decoding starts: (audio, transcription options)."""
-    from mlxcel.workers.whisper import WhisperError
-
     if form.file is None:
         raise ApiError(400, "No input file found for transcription", code="invalid_request_error", param="file")
     options = {"task": task, "language": form.text("language") or None, "prompt": form.text("prompt"),

@@ -24,10 +24,11 @@ from mlxcel.api.openai.fields import (
 )
 from mlxcel.api.openai.schemas import ChatCompletionRequest
 from mlxcel.api.openai import response_format as rf
-from mlxcel.api.state import AppState, ServedModel
+from mlxcel.api.state import AppState
 from mlxcel.api.llamacpp.render import timings_json
-from mlxcel.engine.chat_template import TemplateError, render_chat, render_plain
-from mlxcel.engine.reasoning import primed
+from mlxcel.chat.chat_template import TemplateError, render_chat, render_plain
+from mlxcel.chat.reasoning import primed
+from mlxcel.runtime.served import ServedModel
 from mlxcel.steering import requests as steer
 
 _ROLES = {"system", "user", "assistant", "tool", "function", "developer"}

@@ -15,10 +15,13 @@ from typing import Any
 
 from mlxcel.api.errors import ApiError
 from mlxcel.api.openai import tool_grammar as tg
-from mlxcel.api.state import AppState, ServedModel
-from mlxcel.engine.reasoning import CLOSE, FORMATS, OPEN, ReasoningStream, primed
+from mlxcel.api.state import AppState
+from mlxcel.chat.reasoning import CLOSE, FORMATS, OPEN, ReasoningStream, primed
+from mlxcel.chat.tool_calls import MARKERS, ToolCallStream
+from mlxcel.engine.grammar import GrammarError
 from mlxcel.engine.reasoning_budget import ReasoningBudget, ReasoningControl
-from mlxcel.engine.tool_calls import MARKERS, ToolCallStream
+from mlxcel.runtime.served import ServedModel
+from mlxcel.steering.requests import server_steering
 
 
 @dataclass
@@ -166,7 +169,6 @@ async def start(state: AppState, model: ServedModel, req: Any, field_headers: di
     decoded pictures whose placeholders `req` already carries (api/media.py)."""
     from mlxcel.api import media
     from mlxcel.api.openai import generation as g
-    from mlxcel.steering.requests import server_steering
 
     prep = prepare(state, model, req)
     greq = g.build_request(req, model, prep.prompt)
@@ -184,8 +186,6 @@ async def tool_grammar(prep: Prepared, model: ServedModel) -> Any:
     if prep.forced is None:
         return None
     import asyncio
-
-    from mlxcel.engine.grammar import GrammarError
 
     hf = model.tokenizer.hf
     thinking_open = prep.reasoning_format != "none" and primed(prep.prompt_text)

@@ -18,8 +18,9 @@ from mlxcel.api.openai import generation as g
 from mlxcel.api.openai import scoring as sc
 from mlxcel.api.openai.fields import COMPLETIONS, check_fields, object_locations, settle_unused, strict_mode
 from mlxcel.api.openai.schemas import CompletionRequest
-from mlxcel.api.state import AppState, ServedModel
+from mlxcel.api.state import AppState
 from mlxcel.api.openai import response_format as rf
+from mlxcel.runtime.served import ServedModel
 from mlxcel.steering import requests as steer
 
 

@@ -35,8 +35,9 @@ from mlxcel.api.model_switch import model_for
 from mlxcel.api.openai.fields import EMBEDDINGS, check_fields, settle_unused, strict_mode
 from mlxcel.api.openai.schemas import EmbeddingRequest
 from mlxcel.api.side_workers import side_worker
-from mlxcel.api.state import AppState, ServedModel
+from mlxcel.api.state import AppState
 from mlxcel.engine.types import EngineError
+from mlxcel.runtime.served import ServedModel
 from mlxcel.workers.vectors import normalize
 
 

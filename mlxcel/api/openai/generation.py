@@ -22,10 +22,11 @@ from litestar.response import Stream
 
 from mlxcel.api.errors import ApiError, error_type
 from mlxcel.api.openai.schemas import _Sampling
-from mlxcel.api.state import AppState, ServedModel
+from mlxcel.api.state import AppState
 from mlxcel.engine.requests import RequestHandle
 from mlxcel.engine.sampling_params import fold_seed
 from mlxcel.engine.types import EngineError, GenerationRequest, TokenEvent
+from mlxcel.runtime.served import ServedModel
 
 # Content-Type named here too: a handler declared JSON would otherwise label its stream JSON
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "Content-Type": "text/event-stream"}

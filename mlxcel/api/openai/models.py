@@ -39,7 +39,7 @@ def _entry(model_id: str, created: int, owned_by: str, path: Path, *, aliases: l
             "owned_by": owned_by, "meta": meta}
 
 
-def _entries(app_state: AppState, store: bool = False) -> list[tuple[dict, str, object, Path]]:
+def model_entries(app_state: AppState, store: bool = False) -> list[tuple[dict, str, object, Path]]:
     """(entry, kind, answers_to, checkpoint path) per served model; `store`: the switchable store
     models too."""
     out = []
@@ -79,7 +79,7 @@ def _ollama(entry: dict, kind: str, path: Path) -> dict:
 
 def _listing(app_state: AppState, store: bool) -> dict:
     lock = app_state.steering_lock
-    listed = [(entry, kind, path) for entry, kind, _, path in _entries(app_state, store)
+    listed = [(entry, kind, path) for entry, kind, _, path in model_entries(app_state, store)
               if lock is None or entry["id"] == lock]
     return {"models": [_ollama(*one) for one in listed], "object": "list", "data": [entry for entry, _, _ in listed]}
 
@@ -98,7 +98,7 @@ async def list_models(app_state: AppState) -> dict:
 @get("/v1/models/{model_id:path}")
 async def get_model(app_state: AppState, model_id: str) -> dict:
     name = model_id.lstrip("/")
-    for entry, _kind, answers, _path in _entries(app_state, store=True):
+    for entry, _kind, answers, _path in model_entries(app_state, store=True):
         if answers(name):
             return entry
     raise ApiError(404, f"The model '{name}' does not exist", code="model_not_found", param="model")

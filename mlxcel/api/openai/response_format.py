@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mlxcel.api.errors import ApiError
+from mlxcel.engine.grammar import GrammarError
 
 HEADER = "X-miLLM-Constrained"
 MAX_SCHEMA_BYTES = 64 * 1024
@@ -179,8 +180,6 @@ def parse(body: dict[str, Any]) -> Constraint | None:
 
 async def compile_grammar(constraint: Constraint, model: Any) -> Any:
     """The engine grammar for this constraint (compiled off the event loop, cached)."""
-    from mlxcel.engine.grammar import GrammarError
-
     try:
         return await asyncio.to_thread(model.grammars.compile, "json_schema", constraint.schema)
     except GrammarError as e:

@@ -17,8 +17,8 @@ import numpy as np
 
 from mlxcel.api.errors import ApiError
 from mlxcel.api.openai.schemas import SCORING_UNUSED
-from mlxcel.api.state import ServedModel
 from mlxcel.engine.types import EngineError
+from mlxcel.runtime.served import ServedModel
 
 MAX_ALTERNATIVES = 20
 MIN_TEMPERATURE = 0.001  # below it (and above 0) dividing the logits could overflow

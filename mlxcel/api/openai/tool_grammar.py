@@ -1,7 +1,7 @@
 """`tool_choice: "required"` or a named function: a grammar that only admits tool calls.
 
 The grammar spells calls the way the model's family writes them, so the output goes through
-the same parser (engine/tool_calls.py) as an unconstrained call and always parses:
+the same parser (chat/tool_calls.py) as an unconstrained call and always parses:
 
 - hermes (the template mentions `<tool_call>`): `<tool_call>\\n{json}\\n</tool_call>`, calls
   separated by a newline;
@@ -25,9 +25,9 @@ from typing import Any
 
 from mlxcel.api.errors import ApiError
 from mlxcel.api.openai import response_format as rf
+from mlxcel.chat.reasoning import CLOSE as THINK_CLOSE
+from mlxcel.chat.tool_calls import HERMES_CLOSE, HERMES_OPEN, MISTRAL_TAG, PYTHON_TAG
 from mlxcel.engine.grammar import JSON_OPTIONS
-from mlxcel.engine.reasoning import CLOSE as THINK_CLOSE
-from mlxcel.engine.tool_calls import HERMES_CLOSE, HERMES_OPEN, MISTRAL_TAG, PYTHON_TAG
 
 FORMATS = ("hermes", "mistral", "llama", "json")
 

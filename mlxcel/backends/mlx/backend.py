@@ -14,6 +14,7 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.utils import load_model
 
+from mlxcel.config.rope import RopeOverrides
 from mlxcel.engine.backend import ForwardRow, KVSpec, ModelInfo
 from mlxcel.backends.rows import RowLayout, RowSteering
 from mlxcel.backends.mlx import cpu_ops, packed, split_products
@@ -22,7 +23,7 @@ from mlxcel.backends.mlx.paged import PagedBatchView, PagedStorage, StepPlan
 from mlxcel.engine.kv_block_pool import BlockAllocator, SequenceKV
 from mlxcel.models.hooks import install_hooks
 from mlxcel.models.registry import decoder_stack, family_for, mlx_module
-from mlxcel.models.rope_overrides import RopeOverrides, config_overrides
+from mlxcel.models.rope_overrides import config_overrides
 from mlxcel.models.rope_overrides import verify as verify_rope
 
 _DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}

@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from mlxcel.config.rope import RopeOverrides
 from mlxcel.engine.backend import ForwardRow, KVSpec, ModelInfo
 from mlxcel.backends.rows import RowLayout, RowSteering
 from mlxcel.backends.torch import fused_ops, packed
@@ -40,7 +41,7 @@ from mlxcel.backends.torch.row_gemv import (ALL, RowKernel, RowRouting, install_
 from mlxcel.engine.kv_block_pool import BlockAllocator, SequenceKV
 from mlxcel.models.hooks import LayerHooks
 from mlxcel.models.registry import family_for
-from mlxcel.models.rope_overrides import RopeOverrides, RopeRefused, config_overrides, hf_rope_parameters
+from mlxcel.models.rope_overrides import RopeRefused, config_overrides, hf_rope_parameters
 from mlxcel.native_build import BuildUnavailable
 
 log = logging.getLogger("mlxcel.backend.torch")

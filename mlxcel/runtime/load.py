@@ -1,24 +1,38 @@
 """The composition root: settings + checkpoint path -> backend, tokenizer, engine.
 
 Shared by the server and the `mlxcel generate` / `mlxcel chat` commands, so every entry
-point serves a model the same way.
+point serves a model the same way. What the CLI settled before the load (the backend's
+reason, the checked LoRA adapters, the speculative config) comes in as a `Startup`; the
+backends are imported only once chosen, so the MLX path never loads torch.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+from dataclasses import replace
 from pathlib import Path
 
-from mlxcel.api.state import ServedModel
-from mlxcel.cli.settings import ServerSettings
+from mlxcel.backends import select
+from mlxcel.config.refusal import StartupRefusal
+from mlxcel.config.rope import RopeOverrides
+from mlxcel.config.sampling import B10621_SAMPLING
+from mlxcel.config.settings import ServerSettings
+from mlxcel.engine.backend import ForwardRow
+from mlxcel.engine.engine import Engine
+from mlxcel.engine.kv_manager import BLOCK_SIZE
+from mlxcel.engine.grammar import GrammarError, for_tokenizer
 from mlxcel.engine.sampling_params import SamplingParams
+from mlxcel.engine.speculative import DRAFT, ModelDrafter, NgramDrafter, SpecConfig, Speculator
+from mlxcel.engine.tokenizer import Tokenizer
+from mlxcel.models.lora import LoraError, LoraSet, checkpoint_shapes, load_adapter, validate
+from mlxcel.models.vision import BudgetRefused, ImageBudget, VisionInput, is_vision, is_vision_checkpoint
+from mlxcel.runtime.served import ServedModel, Startup
+from mlxcel.steering.manager import SteeringManager
 
 log = logging.getLogger("mlxcel.runtime")
 
 DEFAULT_CACHE_RAM_MIB = 2048  # mlxcel's --cache-ram default (b10621's is 8192)
-
-# b10621's sampling defaults, used when neither a flag nor generation_config.json says.
-B10621_SAMPLING = SamplingParams(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05)
 
 
 def resolve_sampling_defaults(settings: ServerSettings, gen_defaults, n_vocab: int | None = None) -> SamplingParams:
@@ -31,8 +45,6 @@ def resolve_sampling_defaults(settings: ServerSettings, gen_defaults, n_vocab: i
     bias: dict[int, float] = {}
     for tok, value in settings.logit_bias:
         if n_vocab is not None and not 0 <= tok < n_vocab:
-            from mlxcel.cli.refusal import StartupRefusal
-
             raise StartupRefusal(f"--logit-bias {tok}: token id outside the model's vocabulary (0..{n_vocab - 1})")
         bias[tok] = bias.get(tok, 0.0) + value
     return SamplingParams(
@@ -58,19 +70,13 @@ def cache_budget_bytes(settings: ServerSettings) -> int | None:
     return None if mib < 0 else mib << 20
 
 
-def select_backend(settings: ServerSettings, path: Path | None = None):
+def select_backend(settings: ServerSettings, path: Path | None = None) -> select.Choice:
     """Resolve --backend/--device for the checkpoint at `path`; refuses what cannot be honoured."""
-    import json
-
-    from mlxcel.backends.select import BackendRefused, choose
-    from mlxcel.cli.refusal import StartupRefusal
-    from mlxcel.models.vision import is_vision
-
     config = json.loads((path / "config.json").read_text()) if path is not None else {}
     try:
-        choice = choose(settings.backend, settings.device, mlx_quantized=bool(config.get("quantization")),
+        choice = select.choose(settings.backend, settings.device, mlx_quantized=bool(config.get("quantization")),
                         vision=is_vision(config))
-    except BackendRefused as e:
+    except select.BackendRefused as e:
         raise StartupRefusal(str(e)) from None
     if choice.backend == "mlx" and choice.device != "cpu" and settings.threads > 0:
         raise StartupRefusal(f"--threads {settings.threads}: on Metal the GPU runs MLX's products, there is no CPU "
@@ -84,8 +90,6 @@ def select_backend(settings: ServerSettings, path: Path | None = None):
 def load_backend(settings: ServerSettings, path: Path):
     choice = select_backend(settings, path)
     if choice.backend == "torch":
-        from mlxcel.models.vision import is_vision_checkpoint
-
         if is_vision_checkpoint(path):
             from mlxcel.backends.torch.vlm import TorchVLMBackend as backend_class
         else:
@@ -109,20 +113,15 @@ def load_backend(settings: ServerSettings, path: Path):
     return backend, choice
 
 
-def load_served_model(settings: ServerSettings, path: Path, served_id: str | None = None) -> ServedModel:
+def load_served_model(settings: ServerSettings, path: Path, served_id: str | None = None,
+                      startup: Startup | None = None) -> ServedModel:
     """Load `path` and start its engine. `served_id`: the name it answers to (default: the
-    --alias, else -m as given); a model loaded by a switch answers to the name requested."""
-    from mlxcel.engine.backend import ForwardRow
-    from mlxcel.engine.engine import Engine
-    from mlxcel.engine.grammar import for_tokenizer
-    from mlxcel.engine.tokenizer import Tokenizer
-    from mlxcel.steering.manager import SteeringManager
-
+    --alias, else -m as given); a model loaded by a switch answers to the name requested.
+    `startup`: what the CLI settled before the load (without it, the adapters are read here)."""
+    startup = startup or Startup()
     lora = None
     if served_id is None and settings.lora:  # the adapters belong to the -m model, not to a switch target
-        from mlxcel.cli.options_lora import load_for_checkpoint
-
-        lora = settings.lora_loaded if settings.lora_loaded is not None else load_for_checkpoint(settings, path)
+        lora = startup.lora if startup.lora is not None else load_for_checkpoint(settings, path)
 
     def backend_with_adapters():
         backend, choice = load_backend(settings, path)
@@ -143,8 +142,8 @@ def load_served_model(settings: ServerSettings, path: Path, served_id: str | Non
                     context_shift=settings.context_shift, keep=settings.keep, special=settings.special,
                     sleep_idle_seconds=settings.sleep_idle_seconds, reload=lambda: backend_with_adapters()[0])
     engine.lora = lora
-    if served_id is None and settings.speculative is not None:  # the draft was chosen for the -m model only
-        engine.speculator = load_speculator(settings, settings.speculative, engine, tokenizer, choice.backend)
+    if served_id is None and startup.speculative is not None:  # the draft was chosen for the -m model only
+        engine.speculator = load_speculator(settings, startup.speculative, engine, tokenizer, choice.backend)
     if settings.warmup:
         seq = engine.kv.new_sequence()
         backend.forward([ForwardRow([0], seq)])  # first-call costs off the request path
@@ -161,7 +160,7 @@ def load_served_model(settings: ServerSettings, path: Path, served_id: str | Non
         ignore_eos=settings.ignore_eos,
         n_ctx=engine.n_ctx_slot,
         n_predict=settings.n_predict,
-        backend_reason=settings.backend_reason or choice.reason,
+        backend_reason=startup.backend_reason or choice.reason,
         steering=SteeringManager(int(backend.info.config.get("hidden_size") or 0), backend.info.num_layers,
                                  settings.cluster_intensity_min, settings.circuit_intensity_min),
         grammars=for_tokenizer(tokenizer, backend.info.vocab_size),
@@ -172,18 +171,12 @@ def load_served_model(settings: ServerSettings, path: Path, served_id: str | Non
     return served
 
 
-def load_speculator(settings: ServerSettings, config, engine, tokenizer, backend_name: str):
+def load_speculator(settings: ServerSettings, config: SpecConfig, engine: Engine, tokenizer: Tokenizer,
+                    backend_name: str) -> Speculator:
     """The engine's Speculator for `config`: an n-gram drafter, or the draft checkpoint loaded on
     the target's backend (the CLI checked its vocabulary and backend before the load started)."""
-    from mlxcel.engine.kv_manager import BLOCK_SIZE
-    from mlxcel.engine.speculative import DRAFT, ModelDrafter, NgramDrafter, Speculator
-
     if config.kind != DRAFT:
         return Speculator(config, NgramDrafter(config))
-    from dataclasses import replace
-
-    from mlxcel.models.rope_overrides import RopeOverrides
-
     path = config.draft_model
     # the draft runs as its checkpoint says: --rope-* overrides and LoRA adapters are the target's
     draft, choice = load_backend(replace(settings, rope=RopeOverrides()), path)
@@ -196,12 +189,9 @@ def load_speculator(settings: ServerSettings, config, engine, tokenizer, backend
     return Speculator(config, drafter)
 
 
-def load_vision(settings: ServerSettings, path: Path, backend, tokenizer):
+def load_vision(settings: ServerSettings, path: Path, backend, tokenizer: Tokenizer | None) -> VisionInput | None:
     """A vision-language checkpoint's image side (models/vision.py), with the image-token budget
     applied; None for a text-only checkpoint. A budget it cannot honour refuses the load."""
-    from mlxcel.cli.refusal import StartupRefusal
-    from mlxcel.models.vision import BudgetRefused, ImageBudget, VisionInput, is_vision
-
     budget = ImageBudget(settings.image_min_tokens, settings.image_max_tokens)
     if not is_vision(backend.info.config):
         if budget.requested:  # no processor took the budget: the same refusal as a fixed-geometry one
@@ -209,8 +199,10 @@ def load_vision(settings: ServerSettings, path: Path, backend, tokenizer):
             raise StartupRefusal(f"{path.name} takes no images, so {flag} has nothing to bound; drop {flag} or "
                                  f"serve a vision-language checkpoint")
         return None
+    from mlxcel.backends.torch.vlm import media_for  # only the torch backend runs image checkpoints
+
     try:
-        return VisionInput(path, backend.info.config, tokenizer.hf, budget)
+        return VisionInput(path, backend.info.config, tokenizer.hf, budget, media=media_for)
     except BudgetRefused as e:
         raise StartupRefusal(str(e)) from None
 
@@ -219,8 +211,6 @@ def load_default_grammar(settings: ServerSettings, served: ServedModel) -> None:
     """Compile the --grammar / --json-schema default against the model's vocabulary. A
     schema was already checked at startup; a GBNF grammar that does not parse is logged
     and then refuses each request that would use it, as b10621 does."""
-    from mlxcel.engine.grammar import GrammarError
-
     if settings.default_grammar is None:
         return
     kind, text = settings.default_grammar
@@ -237,86 +227,22 @@ def model_id(settings: ServerSettings) -> str:
     return settings.alias[0] if settings.alias else str(settings.model)
 
 
-class LoadRefused(Exception):
-    """A model switch refused before the loaded model is touched: HTTP status, code, message."""
-
-    def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(message)
-        self.status, self.code, self.message = status, code, message
-
-
-_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
-
-
-def estimated_bytes(path: Path, compute_dtype: str | None) -> int:
-    """The weights' size once loaded: the safetensors bytes, rescaled to the compute dtype
-    when unquantized weights are cast (bf16 on disk -> fp32 on a CPU doubles them)."""
-    import json
-
-    stored = sum(f.stat().st_size for f in Path(path).glob("*.safetensors"))
-    config = json.loads((Path(path) / "config.json").read_text())
-    if config.get("quantization") or config.get("quantization_config"):
-        return stored
-    ckpt = str(config.get("torch_dtype") or config.get("dtype") or "float32")
-    src, dst = _ITEMSIZE.get(ckpt, 4), _ITEMSIZE.get(compute_dtype or ckpt, 4)
-    return stored * dst // src
-
-
-def available_memory_bytes(device: str) -> int | None:
-    """Free memory where the weights will live: the CUDA card's free bytes, else the host's
-    MemAvailable; None when the platform does not say."""
-    if device.startswith("cuda"):
-        import torch
-
-        free, _ = torch.cuda.mem_get_info(torch.device(device))
-        return int(free)
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
+def load_for_checkpoint(settings: ServerSettings, path: Path) -> LoraSet | None:
+    """The --lora / --lora-scaled adapters, read and checked against the checkpoint at `path`
+    (every term against the base's linear shapes from the safetensors headers, so a misfit
+    refuses in one line before any weight is read), at their starting scales (0.0 each under
+    --lora-init-without-apply); None without adapters."""
+    if not settings.lora:
         return None
-    return None
-
-
-def check_loadable(settings: ServerSettings, path: Path, current) -> int:
-    """Everything a switch to `path` can be refused for while `current` (the loaded
-    ServedModel, or None) still serves: not a generation checkpoint, a quantization this
-    backend cannot run, weights larger than the memory budget. Returns the estimate."""
-    import json
-
-    from mlxcel.cli.refusal import StartupRefusal
-    from mlxcel.models.registry import UnsupportedModelType, family_for
-
+    config = json.loads((Path(path) / "config.json").read_text())
+    shapes = checkpoint_shapes(path, config)
+    adapters = []
     try:
-        config = json.loads((Path(path) / "config.json").read_text())
-    except (OSError, ValueError) as e:
-        raise LoadRefused(500, "model_load_failed", f"{path} has no readable config.json ({e})") from None
-    if not any(Path(path).glob("*.safetensors")):
-        raise LoadRefused(500, "model_load_failed", f"{path} holds no *.safetensors weights")
-    quant = config.get("quantization")
-    try:
-        choice = select_backend(settings, Path(path))
-    except StartupRefusal as e:
-        code = "unsupported_quantization" if quant else "model_load_failed"
-        raise LoadRefused(400 if quant else 500, code, str(e)) from None
-    if choice.backend == "mlx":
-        try:
-            family_for(config)
-        except UnsupportedModelType as e:
-            raise LoadRefused(500, "model_load_failed", f"{path.name}: {e}") from None
-    dtype = current.info.dtype if current is not None and not quant else None
-    need = estimated_bytes(path, dtype)
-    if settings.model_memory_budget_mib is not None:
-        budget, where = settings.model_memory_budget_mib << 20, "the --model-memory-budget"
-    else:
-        free = available_memory_bytes(choice.device)
-        if free is None:
-            return need
-        freed = estimated_bytes(current.info.path, current.info.dtype) if current is not None else 0
-        budget, where = free + freed, f"the free memory on {choice.device} (after unloading the loaded model)"
-    if need > budget:
-        raise LoadRefused(503, "insufficient_memory",
-                          f"{path.name} needs about {need >> 20} MiB for its weights on {choice.device}, more than "
-                          f"{where} of {budget >> 20} MiB")
-    return need
+        for spec in settings.lora:
+            adapter = load_adapter(spec.path)
+            validate(adapter, shapes)
+            adapters.append(adapter)
+    except LoraError as e:
+        raise StartupRefusal(str(e)) from None
+    scales = [0.0 if settings.lora_init_without_apply else s.scale for s in settings.lora]
+    return LoraSet(adapters, scales)

@@ -1,16 +1,15 @@
 """The resolved server configuration: built once from argv and the environment.
 
 This is the one place configuration lands; nothing below the CLI reads `os.environ`.
-Fields carry mlxcel's own names; the b10621 flag surface (flags.py) fills them.
+Fields carry mlxcel's own names; the b10621 flag surface (cli/flags.py) fills them.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from mlxcel.models.rope_overrides import RopeOverrides
+from mlxcel.config.rope import RopeOverrides
 
 
 @dataclass
@@ -47,10 +46,9 @@ class ServerSettings:
     context_shift: bool = False
     keep: int = 0  # default n_keep for a context shift
     dtype: str = "auto"
-    rope: RopeOverrides = field(default_factory=RopeOverrides)  # --rope-* / --yarn-* (models/rope_overrides.py)
+    rope: RopeOverrides = field(default_factory=RopeOverrides)  # --rope-* / --yarn-* (config/rope.py)
     backend: str = "auto"  # auto | mlx | torch; the CLI resolves it (backends/select.py) before loading
     device: str = "auto"  # auto | cpu | cuda[:N] | mps | metal
-    backend_reason: str = ""  # why the CLI resolved --backend/--device as it did (startup line, /props)
     threads: int = -1  # torch CPU threads / MLX CPU threads per large product; <= 0 keeps the default
     torch_compile: bool = False  # --torch-compile: the torch backend's forward through torch.compile
     # what building native pieces reads (compiler, PATH, cache folder: mlxcel/native_build.py);
@@ -73,7 +71,6 @@ class ServerSettings:
     # --lora-init-without-apply
     lora: list = field(default_factory=list)
     lora_init_without_apply: bool = False
-    lora_loaded: Any = None  # the adapters read and checked against -m at startup (a LoraSet; the CLI fills it)
     # --grammar / --grammar-file ("gbnf", text) or --json-schema / --json-schema-file
     # ("json_schema", text): the native routes' default constraint
     default_grammar: tuple[str, str] | None = None
@@ -97,7 +94,6 @@ class ServerSettings:
     spec_ngram_simple_size_m: int = 48
     spec_ngram_simple_min_hits: int = 1  # checked only: ngram-simple never reads it (as in b10621)
     spec_draft_cache_type_k: str = "f16"
-    speculative: object | None = None  # the resolved engine SpecConfig (cli/options_spec.spec_config)
     spec_draft_cache_type_v: str = "f16"
     gpu_layers: str | None = None  # integer values are checked once the checkpoint is known
     metrics: bool = False
@@ -130,18 +126,18 @@ class ServerSettings:
     vertex_health_route: str | None = None
     # warnings decided while parsing, logged once logging is up
     notices: list[str] = field(default_factory=list)
-    # native llama-server routes (b10621 --spm-infill, --slot-save-path; added by the native branch)
+    # native llama-server routes (b10621 --spm-infill, --slot-save-path)
     spm_infill: bool = False
     special: bool = False  # --special: generated special tokens are output as their text
     sleep_idle_seconds: int = -1  # --sleep-idle-seconds: unload the model after this idle time (< 0: never)
     slot_save_path: Path | None = None
-    # images (issue 9): api/media.py, models/vision.py
+    # images: api/media.py, models/vision.py
     mmproj: bool = True  # --no-mmproj refuses every media part
     image_min_tokens: int | None = None  # --image-min-tokens (None: the checkpoint's own)
     image_max_tokens: int | None = None
     media_path: Path | None = None  # --media-path: the root of file:// media URLs (None: refused)
     allow_private_media_urls: bool = False  # MLXCEL_ALLOW_PRIVATE_MEDIA_URLS=1, read by the CLI layer
-    # side workers (issue 9): --embeddings / --reranking select a dedicated encoder worker and
+    # side workers: --embeddings / --reranking select a dedicated encoder worker and
     # turn generation off; --embedding-model / --reranker-model name the side checkpoints
     embedding: bool = False
     reranking: bool = False
