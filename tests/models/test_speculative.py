@@ -185,7 +185,7 @@ def test_the_draft_starts_from_its_prefix_cache_and_a_shift_never_writes_into_it
     d.release(again)
 
     held = d.kv.prefix_cache.cached_blocks
-    cached = {n.block for n in d.cache._nodes()}
+    cached = {n.block for n in d.kv.prefix_cache._nodes()}
     opted_out = RowSpec(cache=False)  # a request with cache_prompt false: prefilled cold, not kept
     assert d.propose([(opted_out, ctx, 7, 4)]) == first
     assert opted_out.shared == 0 and not cached & set(opted_out.seq.blocks)
