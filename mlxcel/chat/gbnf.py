@@ -207,130 +207,132 @@ class _Reader:
     def sequence(self, pos: int, name: str, seq: Alternative, nested: bool) -> int:
         last = len(seq)  # where the item a repetition operator applies to starts
         n_prev = 1  # how many rules that item stands for (the budget multiplies through it)
-
-        def repeat(lo: int, hi: int | None) -> None:
-            nonlocal n_prev
-            if last == len(seq):
-                raise GbnfError(f"expecting preceding item to */+/?/{{ at {self.show(pos)}")
-            total = hi if hi is not None and hi > 0 else (lo if lo > 0 else 1)
-            if n_prev * total > MAX_REPETITIONS:
-                raise GbnfError("number of rules that are going to be repeated multiplied by the new "
-                                "repetition exceeds sane defaults, please reduce the number of "
-                                "repetitions or rule complexity")
-            item = seq[last:]
-            if lo == 0:
-                del seq[last:]
-            else:
-                for _ in range(lo - 1):
-                    seq.extend(item)
-            n_opt = 1 if hi is None else max(hi - lo, 0)
-            prev_id = None
-            for i in range(n_opt):
-                rid = self.fresh(name)
-                tail: list[Item] = []
-                if hi is None:
-                    tail = [Ref(rid)]
-                elif i > 0:
-                    tail = [Ref(prev_id)]
-                self.rules[rid] = [list(item) + tail, []]
-                prev_id = rid
-            if n_opt > 0:
-                seq.append(Ref(prev_id))
-            n_prev *= total
-
         while self.at(pos):
             c = self.at(pos)
+            if c in "*+?{":
+                pos = self.space(pos + 1, nested)
+                if c == "{":
+                    lo, hi, pos = self.braces(pos, nested)
+                else:
+                    lo, hi = {"*": (0, None), "+": (1, None), "?": (0, 1)}[c]
+                n_prev = self.repeat(seq, last, n_prev, lo, hi, name, pos)
+                continue
+            before, last, n_prev = len(self.symbols), len(seq), 1
             if c == '"':
-                pos += 1
-                last, n_prev = len(seq), 1
-                while self.at(pos) != '"':
-                    if not self.at(pos):
-                        raise GbnfError("unexpected end of input")
-                    cp, pos = self.char(pos)
-                    seq.append(Chars(((cp, cp),)))
-                pos = self.space(pos + 1, nested)
+                pos = self.literal(pos + 1, seq, nested)
             elif c == "[":
-                pos += 1
-                negated = self.at(pos) == "^"
-                pos += negated
-                last, n_prev = len(seq), 1
-                ranges: list[tuple[int, int]] = []
-                while self.at(pos) != "]":
-                    if not self.at(pos):
-                        raise GbnfError("unexpected end of input")
-                    lo, pos = self.char(pos)
-                    hi = lo
-                    if self.at(pos) == "-" and self.at(pos + 1) != "]":
-                        if not self.at(pos + 1):
-                            raise GbnfError("unexpected end of input")
-                        hi, pos = self.char(pos + 1)
-                    ranges.append((lo, hi))
-                if ranges:  # "[]" and "[^]" add no element, as upstream
-                    seq.append(Chars(tuple(ranges), negated))
-                pos = self.space(pos + 1, nested)
+                pos = self.char_class(pos + 1, seq, nested)
             elif c in ("<", "!"):
-                negated = c == "!"
-                tid, pos = self.token(pos + negated)
+                tid, pos = self.token(pos + (c == "!"))
                 pos = self.space(pos, nested)
-                last, n_prev = len(seq), 1
-                seq.append(Token(tid, negated))
+                seq.append(Token(tid, c == "!"))
             elif _is_word(c):
                 end = self.name(pos)
-                ref = self.symbol(self.src[pos:end])
+                seq.append(Ref(self.symbol(self.src[pos:end])))
                 pos = self.space(end, nested)
-                last, n_prev = len(seq), 1
-                seq.append(Ref(ref))
             elif c == "(":
-                pos = self.space(pos + 1, True)
-                before = len(self.symbols)
                 sub = self.fresh(name)
-                pos = self.alternates(pos, name, sub, nested=True)
+                pos = self.alternates(self.space(pos + 1, True), name, sub, nested=True)
                 n_prev = max(len(self.symbols) - before, 1)
-                last = len(seq)
                 seq.append(Ref(sub))
                 if self.at(pos) != ")":
                     raise GbnfError(f"expecting ')' at {self.show(pos)}")
                 pos = self.space(pos + 1, nested)
             elif c == ".":
-                last, n_prev = len(seq), 1
                 seq.append(AnyChar())
                 pos = self.space(pos + 1, nested)
-            elif c in "*+?":
-                pos = self.space(pos + 1, nested)
-                repeat(*{"*": (0, None), "+": (1, None), "?": (0, 1)}[c])
-            elif c == "{":
-                pos = self.space(pos + 1, nested)
-                if not _is_digit(self.at(pos)):
-                    raise GbnfError(f"expecting an int at {self.show(pos)}")
-                end = self.integer(pos)
-                lo = int(self.src[pos:end])
-                pos = self.space(end, nested)
-                hi: int | None
-                if self.at(pos) == "}":
-                    hi = lo
-                    pos = self.space(pos + 1, nested)
-                elif self.at(pos) == ",":
-                    pos = self.space(pos + 1, nested)
-                    hi = None
-                    if _is_digit(self.at(pos)):
-                        end = self.integer(pos)
-                        hi = int(self.src[pos:end])
-                        pos = self.space(end, nested)
-                    if self.at(pos) != "}":
-                        raise GbnfError(f"expecting '}}' at {self.show(pos)}")
-                    pos = self.space(pos + 1, nested)
-                else:
-                    raise GbnfError(f"expecting ',' at {self.show(pos)}")
-                if lo > MAX_REPETITIONS:
-                    raise GbnfError("number of repetitions exceeds sane defaults, please reduce the number of repetitions")
-                if hi is not None and hi > MAX_REPETITIONS:
-                    hi = None  # b10621 widens an oversized maximum to unbounded
-                if hi is not None and hi < lo:
-                    raise GbnfError(f"repetition maximum {hi} is below its minimum {lo}")
-                repeat(lo, hi)
             else:
                 break
         return pos
+
+    def literal(self, pos: int, seq: Alternative, nested: bool) -> int:
+        """A quoted string (after its opening quote): one element per code point."""
+        while self.at(pos) != '"':
+            if not self.at(pos):
+                raise GbnfError("unexpected end of input")
+            cp, pos = self.char(pos)
+            seq.append(Chars(((cp, cp),)))
+        return self.space(pos + 1, nested)
+
+    def char_class(self, pos: int, seq: Alternative, nested: bool) -> int:
+        """A [...] class (after its opening bracket)."""
+        negated = self.at(pos) == "^"
+        pos += negated
+        ranges: list[tuple[int, int]] = []
+        while self.at(pos) != "]":
+            if not self.at(pos):
+                raise GbnfError("unexpected end of input")
+            lo, pos = self.char(pos)
+            hi = lo
+            if self.at(pos) == "-" and self.at(pos + 1) != "]":
+                if not self.at(pos + 1):
+                    raise GbnfError("unexpected end of input")
+                hi, pos = self.char(pos + 1)
+            ranges.append((lo, hi))
+        if ranges:  # "[]" and "[^]" add no element, as upstream
+            seq.append(Chars(tuple(ranges), negated))
+        return self.space(pos + 1, nested)
+
+    def braces(self, pos: int, nested: bool) -> tuple[int, int | None, int]:
+        """A {m}, {m,} or {m,n} repetition (after its opening brace): (min, max or None, pos)."""
+        if not _is_digit(self.at(pos)):
+            raise GbnfError(f"expecting an int at {self.show(pos)}")
+        end = self.integer(pos)
+        lo = int(self.src[pos:end])
+        pos = self.space(end, nested)
+        hi: int | None
+        if self.at(pos) == "}":
+            hi = lo
+        elif self.at(pos) == ",":
+            pos = self.space(pos + 1, nested)
+            hi = None
+            if _is_digit(self.at(pos)):
+                end = self.integer(pos)
+                hi = int(self.src[pos:end])
+                pos = self.space(end, nested)
+            if self.at(pos) != "}":
+                raise GbnfError(f"expecting '}}' at {self.show(pos)}")
+        else:
+            raise GbnfError(f"expecting ',' at {self.show(pos)}")
+        pos = self.space(pos + 1, nested)
+        if lo > MAX_REPETITIONS:
+            raise GbnfError("number of repetitions exceeds sane defaults, please reduce the number of repetitions")
+        if hi is not None and hi > MAX_REPETITIONS:
+            hi = None  # b10621 widens an oversized maximum to unbounded
+        if hi is not None and hi < lo:
+            raise GbnfError(f"repetition maximum {hi} is below its minimum {lo}")
+        return lo, hi, pos
+
+    def repeat(self, seq: Alternative, last: int, n_prev: int, lo: int, hi: int | None, name: str, pos: int) -> int:
+        """Apply a repetition to the item seq[last:] (standing for `n_prev` rules): `lo` copies
+        inline, then optional ones as fresh rules. Returns the item's new rule count."""
+        if last == len(seq):
+            raise GbnfError(f"expecting preceding item to */+/?/{{ at {self.show(pos)}")
+        total = hi if hi is not None and hi > 0 else (lo if lo > 0 else 1)
+        if n_prev * total > MAX_REPETITIONS:
+            raise GbnfError("number of rules that are going to be repeated multiplied by the new "
+                            "repetition exceeds sane defaults, please reduce the number of "
+                            "repetitions or rule complexity")
+        item = seq[last:]
+        if lo == 0:
+            del seq[last:]
+        else:
+            for _ in range(lo - 1):
+                seq.extend(item)
+        n_opt = 1 if hi is None else max(hi - lo, 0)
+        prev_id = None
+        for i in range(n_opt):
+            rid = self.fresh(name)
+            tail: list[Item] = []
+            if hi is None:
+                tail = [Ref(rid)]
+            elif i > 0:
+                tail = [Ref(prev_id)]
+            self.rules[rid] = [list(item) + tail, []]
+            prev_id = rid
+        if n_opt > 0:
+            seq.append(Ref(prev_id))
+        return n_prev * total
 
 
 def _check_left_recursion(rules: dict[int, list[Alternative]], names: dict[int, str]) -> None:
