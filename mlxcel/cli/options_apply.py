@@ -295,7 +295,7 @@ def apply_embd_normalize(settings: Any, value: str, spelling: str) -> None:
 # --- grammar defaults (--grammar, --grammar-file, --json-schema, --json-schema-file) ----
 
 
-def _read_text(value: str, spelling: str) -> str:
+def read_text(value: str, spelling: str) -> str:
     try:
         return Path(value).expanduser().read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
@@ -307,7 +307,7 @@ def apply_grammar(from_file: bool):
     a malformed grammar is logged at load and refuses each request that would use it."""
 
     def apply(settings: Any, value: str, spelling: str) -> None:
-        text = _read_text(value, spelling) if from_file else value
+        text = read_text(value, spelling) if from_file else value
         settings.default_grammar = ("gbnf", text) if text else None
 
     return apply
@@ -319,7 +319,7 @@ def apply_json_schema(from_file: bool):
     def apply(settings: Any, value: str, spelling: str) -> None:
         from mlxcel.engine.grammar import GrammarError, check_json_schema_text
 
-        text = _read_text(value, spelling) if from_file else value
+        text = read_text(value, spelling) if from_file else value
         try:
             check_json_schema_text(text)
         except GrammarError as e:

@@ -12,9 +12,26 @@ from __future__ import annotations
 from functools import partial
 
 from mlxcel.cli import options_apply as a
+from mlxcel.cli import options_chat as ch
+from mlxcel.cli.options_reasons import (
+    GGML_ONLY,
+    GGUF,
+    LOAD,
+    MOE_CPU,
+    NGRAM_OTHER,
+    NO_DRAFT,
+    NO_DRAFT_SAMPLING,
+    NO_SLOT_STATE,
+    ONE_DEVICE,
+    POOL,
+    PRESETS,
+    THREADS,
+    UI,
+)
 from mlxcel.cli import options_lora as lo
 from mlxcel.cli import options_sampling as sa
 from mlxcel.cli import options_spec as sp
+from mlxcel.cli.options_native import NATIVE, NATIVE_OPTIONS
 from mlxcel.cli.options_model import (
     ALIASED,
     BY_DESIGN,
@@ -35,44 +52,12 @@ from mlxcel.cli.options_model import (
 from mlxcel.config.sampling import B10621_SAMPLING as _D
 
 COMMON, SAMPLING, SPEC, SERVER = "common params", "sampling params", "speculative params", "example-specific params"
-NATIVE = "mlxcel"
 
 C = partial(make, section=COMMON)
 S = partial(make, section=SAMPLING)
 D = partial(make, section=SPEC)
 X = partial(make, section=SERVER)
 _f = sa.shown  # a float default as b10621 prints it
-
-# Reasons shared by the GGML-runtime group (accepted only in forms that ask for nothing).
-POOL = "CPU affinity, priority and polling tune GGML's CPU thread pool, which mlxcel does not have"
-THREADS = "mlxcel has no GGML CPU thread pool; only values <= 0 (all cores) are accepted"
-ONE_DEVICE = "mlxcel runs the whole model on one MLX device and does not split it across GPUs"
-MOE_CPU = "mlxcel keeps every expert on the MLX device; there is no CPU expert placement"
-LOAD = "mlxcel reads SafeTensors through MLX and has no mlock / direct-I/O load mode; accepted: --load-mode auto|mmap"
-GGML_ONLY = "this is a GGML backend setting with no MLX counterpart"
-NO_DRAFT = "the draft model runs on the target's backend and device; there is no draft layer placement to tune"
-NO_DRAFT_SAMPLING = "mlxcel's draft sampling always runs on the draft's own device, so there is no switch to make"
-NGRAM_OTHER = ("mlxcel's only n-gram drafter is ngram-simple (--spec-type refuses {mode}), so this {mode} knob has "
-               "nothing to tune: the default is accepted, any other value refused")
-UI = "mlxcel ships no web UI and executes no server-side tools; use the HTTP API directly (the --no-... form is accepted)"
-GGUF = "mlxcel loads MLX SafeTensors checkpoints, not GGUF files; pass an MLX checkpoint with -m <dir|owner/name>"
-
-# b10621's twelve built-in presets: each names a GGUF repo plus a parameter block, neither of
-# which can be honoured alone. The nearest MLX checkpoint is a suggestion only, never resolved.
-PRESETS = {
-    "--embd-gemma-default": "mlx-community/embeddinggemma-300m-4bit",
-    "--fim-qwen-1.5b-default": "mlx-community/Qwen2.5-Coder-1.5B-8bit",
-    "--fim-qwen-3b-default": "mlx-community/Qwen2.5-Coder-3B-8bit",
-    "--fim-qwen-7b-default": "mlx-community/Qwen2.5-Coder-7B-8bit",
-    "--fim-qwen-7b-spec": "mlx-community/Qwen2.5-Coder-7B-8bit",
-    "--fim-qwen-14b-spec": "mlx-community/Qwen2.5-Coder-14B-8bit",
-    "--fim-qwen-30b-default": "mlx-community/Qwen3-Coder-30B-A3B-Instruct-8bit",
-    "--gpt-oss-20b-default": "mlx-community/gpt-oss-20b-MXFP4-Q8",
-    "--gpt-oss-120b-default": "mlx-community/gpt-oss-120b-MXFP4-Q8",
-    "--vision-gemma-4b-default": "mlx-community/gemma-3-4b-it-qat-4bit",
-    "--vision-gemma-12b-default": "mlx-community/gemma-3-12b-it-qat-4bit",
-}
-
 
 def _preset(name: str) -> Option:
     if name == "--spec-default":
@@ -93,48 +78,6 @@ def ggml(spellings: str, kind: str = VALUE, *, why: str, inert=None, **kw) -> Op
 
 def ggml_draft(spellings: str, kind: str = VALUE, *, why: str, inert=None, **kw) -> Option:
     return D(spellings, kind, state=NOT_APPLICABLE, why=why, inert=inert, **kw)
-
-
-CHAT_TEMPLATE_NAMES = frozenset(
-    "bailing bailing-think bailing2 chatglm3 chatglm4 chatml command-r deepseek deepseek-ocr deepseek2 "
-    "deepseek3 exaone-moe exaone3 exaone4 falcon3 gemma gigachat glmedge gpt-oss granite granite-4.0 "
-    "granite-4.1 grok-2 hunyuan-dense hunyuan-moe hunyuan-vl kimi-k2 llama2 llama2-sys llama2-sys-bos "
-    "llama2-sys-strip llama3 llama4 megrez minicpm mistral-v1 mistral-v3 mistral-v3-tekken mistral-v7 "
-    "mistral-v7-tekken monarch openchat orion pangu-embedded phi3 phi4 rwkv-world seed_oss smolvlm "
-    "solar-open vicuna vicuna-orca yandex zephyr".split()
-)
-
-
-def _chat_template(from_file: bool):
-    """Jinja text inline or from a file; a bare built-in template name is refused (mlxcel has
-    no template library: it would render every prompt as that literal word)."""
-
-    def apply(settings, value: str, spelling: str) -> None:
-        text = a._read_text(value, spelling) if from_file else value
-        if text.strip() in CHAT_TEMPLATE_NAMES:
-            raise a.StartupRefusal(
-                f"{spelling} {value}: mlxcel has no built-in template library; an MLX checkpoint carries its own "
-                f"template (tokenizer_config.json), used by default, or pass the Jinja text itself"
-            )
-        if not text.strip():
-            raise a.StartupRefusal(f"{spelling}: the chat template is empty")
-        import jinja2
-
-        try:
-            jinja2.Environment(extensions=["jinja2.ext.loopcontrols"]).parse(text)
-        except jinja2.TemplateSyntaxError as e:
-            raise a.StartupRefusal(f"{spelling}: the chat template is not valid Jinja (line {e.lineno}: "
-                                   f"{e.message})") from None
-        setattr(settings, "chat_template_file" if from_file else "chat_template", text)
-
-    return apply
-
-
-def _log_prompts_dir(settings, value: str, spelling: str) -> None:
-    raise a.StartupRefusal(
-        f"{spelling} {value}: mlxcel never writes request prompts to disk; for request-level debugging use "
-        f"--log-file PATH with --verbosity 4"
-    )
 
 
 def _removed(new: str) -> str:
@@ -447,9 +390,6 @@ _SPEC: tuple[Option, ...] = (
       why=_removed("the respective --spec-ngram-*-min-hits")),
 )
 
-NO_SLOT_STATE = ("mlxcel keeps no per-slot retained prompts, shared KV buffer or checkpoint ring; "
-                 "prompt reuse goes through one process-wide prefix cache")
-
 _SERVER: tuple[Option, ...] = (
     X("-lcs, --lookup-cache-static", VALUE, mv="FNAME", state=NOT_APPLICABLE, path_value=True, apply=sp.refuse_lookup_cache),
     X("-lcd, --lookup-cache-dynamic", VALUE, mv="FNAME", state=NOT_APPLICABLE, path_value=True,
@@ -606,10 +546,10 @@ _SERVER: tuple[Option, ...] = (
     X("--reasoning-preserve, --no-reasoning-preserve", PAIR, env="LLAMA_ARG_REASONING_PRESERVE", state=SUPPORTED,
       apply=a.apply_reasoning_preserve, help="preserve_reasoning for the chat template"),
     X("--chat-template", VALUE, mv="JINJA_TEMPLATE", env="LLAMA_ARG_CHAT_TEMPLATE", state=SUPPORTED,
-      apply=_chat_template(False), help="Jinja chat template used instead of the checkpoint's (wins over "
+      apply=ch.chat_template(False), help="Jinja chat template used instead of the checkpoint's (wins over "
       "--chat-template-file; built-in template names are refused)"),
     X("--chat-template-file", VALUE, mv="JINJA_TEMPLATE_FILE", env="LLAMA_ARG_CHAT_TEMPLATE_FILE", state=SUPPORTED,
-      apply=_chat_template(True), path_value=True, help="file holding a Jinja chat template used instead of "
+      apply=ch.chat_template(True), path_value=True, help="file holding a Jinja chat template used instead of "
       "the checkpoint's"),
     X("--skip-chat-parsing, --no-skip-chat-parsing", PAIR, env="LLAMA_ARG_SKIP_CHAT_PARSING", default="false",
       state=SUPPORTED, apply=a.flag_to("skip_chat_parsing"),
@@ -624,53 +564,12 @@ _SERVER: tuple[Option, ...] = (
     X("--sleep-idle-seconds", VALUE, mv="SECONDS", default="-1", state=BY_DESIGN,
       apply=a.setter("sleep_idle_seconds", "int"),
       help="unload the model after this many idle seconds and reload it on the next request (< 0: never)"),
-    X("--log-prompts-dir", VALUE, mv="PATH", state=NOT_APPLICABLE, apply=_log_prompts_dir),
+    X("--log-prompts-dir", VALUE, mv="PATH", state=NOT_APPLICABLE, apply=ch.log_prompts_dir),
     *(_preset(n) for n in PRESETS),
     _preset("--spec-default"),
 )
 
-_NATIVE: tuple[Option, ...] = (
-    make("--model-store-root", VALUE, section=NATIVE, state=SUPPORTED, native=True, mv="DIR",
-         apply=a.setter("model_store_root", "path"), path_value=True,
-         help="the local model store (default: $MLXCEL_MODELS_DIR, else ~/.cache/mlxcel/models)"),
-    make("--state-dir", VALUE, section=NATIVE, state=SUPPORTED, native=True, mv="DIR",
-         apply=a.setter("state_dir", "path"), path_value=True,
-         help="server state (steering profiles and clusters, SQLite; default: <model store root>/.mlxcel-state)"),
-    make("--dtype", VALUE, section=NATIVE, state=SUPPORTED, native=True, mv="{auto,float16,bfloat16,float32}",
-         apply=lambda s, v, sp: setattr(s, "dtype", a.one_of(v, sp, ("auto", "float16", "bfloat16", "float32"))),
-         help="compute dtype for unquantized weights"),
-    make("--prompt-cache-capacity-bytes", VALUE, section=NATIVE, state=SUPPORTED, native=True, mv="N",
-         apply=lambda s, v, sp: setattr(s, "prompt_cache_capacity_bytes", max(a.as_int(v, sp), -1)),
-         help="prompt cache budget in bytes (-1 = no limit, 0 = disable); wins over --cache-ram"),
-    make("--backend", VALUE, section=NATIVE, state=SUPPORTED, native=True, mv="{auto,mlx,torch}",
-         apply=lambda s, v, sp: setattr(s, "backend", a.one_of(v, sp, ("auto", "mlx", "torch"))),
-         help="inference backend: auto = MLX on Apple Silicon, torch on CUDA and on other CPUs (default: auto)"),
-    make("--torch-compile", FLAG, section=NATIVE, state=SUPPORTED, native=True, apply=a.flag_to("torch_compile"),
-         help="run the torch backend's forward through torch.compile (slow first steps while it compiles; "
-              "off by default, see docs/benchmarks.md); refused on the MLX backend"),
-    make("--max-queue-depth", VALUE, section=NATIVE, state=SUPPORTED, native=True, mv="N",
-         apply=lambda s, v, sp: setattr(s, "max_queue_depth", max(a.as_int(v, sp), -1)),
-         help="requests that may wait for a slot before new ones get 503 (default: 64, -1 = unbounded)"),
-    make("--graceful-unload-timeout", VALUE, section=NATIVE, state=SUPPORTED, native=True, mv="SECONDS",
-         env="GRACEFUL_UNLOAD_TIMEOUT",
-         apply=lambda s, v, sp: setattr(s, "graceful_unload_timeout", max(a.as_float(v, sp), 0.0)),
-         help="a model switch waits this long for running requests before unloading (default: 30)"),
-    make("--model-memory-budget", VALUE, section=NATIVE, state=SUPPORTED, native=True, mv="MiB",
-         apply=lambda s, v, sp: setattr(s, "model_memory_budget_mib", max(a.as_int(v, sp), 0)),
-         help="weights a model switch may load, in MiB (default: the free memory after the unload)"),
-    make("--embedding-model", VALUE, section=NATIVE, state=SUPPORTED, native=True, mv="MODEL",
-         apply=a.setter("embedding_model"), help="embedding checkpoint served on the embedding routes"),
-    make("--reranker-model", VALUE, section=NATIVE, state=SUPPORTED, native=True, mv="MODEL",
-         apply=a.setter("reranker_model"), help="cross-encoder checkpoint served on the rerank routes"),
-    make("--reasoning-alias-field", VALUE, section=NATIVE, state=SUPPORTED, native=True, mv="{none,reasoning}",
-         apply=lambda s, v, sp: setattr(s, "reasoning_alias_field", a.one_of(v, sp, ("none", "reasoning"))),
-         help="also report reasoning_content as 'reasoning' on chat messages and deltas (OpenRouter-style "
-              "clients; default: reasoning), or none for b10621's field alone"),
-    make("--dump-flag-surface", FLAG, section=NATIVE, state=SUPPORTED, native=True, hidden=True,
-         apply=lambda *_: None),
-)
-
-TABLE: tuple[Option, ...] = _COMMON + _SAMPLING + _SPEC + _SERVER + _NATIVE
+TABLE: tuple[Option, ...] = _COMMON + _SAMPLING + _SPEC + _SERVER + NATIVE_OPTIONS
 SECTIONS = (COMMON, SAMPLING, SPEC, SERVER, NATIVE)
 
 # every spelling -> (option, is_positive)

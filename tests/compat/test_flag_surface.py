@@ -21,7 +21,8 @@ from mlxcel.cli.flags import _parse_given, parse_server_args, prepass, uvicorn_k
 from mlxcel.cli.introspect import completion_bash
 from mlxcel.cli.options_apply import check_gpu_layers
 from mlxcel.cli.options_model import STATES
-from mlxcel.cli.options_table import PRESETS, TABLE, b10621_entries
+from mlxcel.cli.options_reasons import PRESETS
+from mlxcel.cli.options_table import TABLE, b10621_entries
 from mlxcel.config.refusal import StartupRefusal
 
 REPO = Path(__file__).resolve().parents[2]

@@ -1,0 +1,47 @@
+"""Appliers for the chat-template options and --log-prompts-dir (options_table.py's rows call them)."""
+
+from __future__ import annotations
+
+from mlxcel.cli import options_apply as a
+from mlxcel.config.refusal import StartupRefusal
+
+CHAT_TEMPLATE_NAMES = frozenset(
+    "bailing bailing-think bailing2 chatglm3 chatglm4 chatml command-r deepseek deepseek-ocr deepseek2 "
+    "deepseek3 exaone-moe exaone3 exaone4 falcon3 gemma gigachat glmedge gpt-oss granite granite-4.0 "
+    "granite-4.1 grok-2 hunyuan-dense hunyuan-moe hunyuan-vl kimi-k2 llama2 llama2-sys llama2-sys-bos "
+    "llama2-sys-strip llama3 llama4 megrez minicpm mistral-v1 mistral-v3 mistral-v3-tekken mistral-v7 "
+    "mistral-v7-tekken monarch openchat orion pangu-embedded phi3 phi4 rwkv-world seed_oss smolvlm "
+    "solar-open vicuna vicuna-orca yandex zephyr".split()
+)
+
+
+def chat_template(from_file: bool):
+    """Jinja text inline or from a file; a bare built-in template name is refused (mlxcel has
+    no template library: it would render every prompt as that literal word)."""
+
+    def apply(settings, value: str, spelling: str) -> None:
+        text = a.read_text(value, spelling) if from_file else value
+        if text.strip() in CHAT_TEMPLATE_NAMES:
+            raise StartupRefusal(
+                f"{spelling} {value}: mlxcel has no built-in template library; an MLX checkpoint carries its own "
+                f"template (tokenizer_config.json), used by default, or pass the Jinja text itself"
+            )
+        if not text.strip():
+            raise StartupRefusal(f"{spelling}: the chat template is empty")
+        import jinja2
+
+        try:
+            jinja2.Environment(extensions=["jinja2.ext.loopcontrols"]).parse(text)
+        except jinja2.TemplateSyntaxError as e:
+            raise StartupRefusal(f"{spelling}: the chat template is not valid Jinja (line {e.lineno}: "
+                                   f"{e.message})") from None
+        setattr(settings, "chat_template_file" if from_file else "chat_template", text)
+
+    return apply
+
+
+def log_prompts_dir(settings, value: str, spelling: str) -> None:
+    raise StartupRefusal(
+        f"{spelling} {value}: mlxcel never writes request prompts to disk; for request-level debugging use "
+        f"--log-file PATH with --verbosity 4"
+    )

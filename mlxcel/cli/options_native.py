@@ -1,0 +1,49 @@
+"""mlxcel's own server options (no b10621 entry), the last section of the option table."""
+
+from __future__ import annotations
+
+from mlxcel.cli import options_apply as a
+from mlxcel.cli.options_model import FLAG, SUPPORTED, VALUE, Option, make
+
+NATIVE = "mlxcel"
+
+NATIVE_OPTIONS: tuple[Option, ...] = (
+    make("--model-store-root", VALUE, section=NATIVE, state=SUPPORTED, native=True, mv="DIR",
+         apply=a.setter("model_store_root", "path"), path_value=True,
+         help="the local model store (default: $MLXCEL_MODELS_DIR, else ~/.cache/mlxcel/models)"),
+    make("--state-dir", VALUE, section=NATIVE, state=SUPPORTED, native=True, mv="DIR",
+         apply=a.setter("state_dir", "path"), path_value=True,
+         help="server state (steering profiles and clusters, SQLite; default: <model store root>/.mlxcel-state)"),
+    make("--dtype", VALUE, section=NATIVE, state=SUPPORTED, native=True, mv="{auto,float16,bfloat16,float32}",
+         apply=lambda s, v, sp: setattr(s, "dtype", a.one_of(v, sp, ("auto", "float16", "bfloat16", "float32"))),
+         help="compute dtype for unquantized weights"),
+    make("--prompt-cache-capacity-bytes", VALUE, section=NATIVE, state=SUPPORTED, native=True, mv="N",
+         apply=lambda s, v, sp: setattr(s, "prompt_cache_capacity_bytes", max(a.as_int(v, sp), -1)),
+         help="prompt cache budget in bytes (-1 = no limit, 0 = disable); wins over --cache-ram"),
+    make("--backend", VALUE, section=NATIVE, state=SUPPORTED, native=True, mv="{auto,mlx,torch}",
+         apply=lambda s, v, sp: setattr(s, "backend", a.one_of(v, sp, ("auto", "mlx", "torch"))),
+         help="inference backend: auto = MLX on Apple Silicon, torch on CUDA and on other CPUs (default: auto)"),
+    make("--torch-compile", FLAG, section=NATIVE, state=SUPPORTED, native=True, apply=a.flag_to("torch_compile"),
+         help="run the torch backend's forward through torch.compile (slow first steps while it compiles; "
+              "off by default, see docs/benchmarks.md); refused on the MLX backend"),
+    make("--max-queue-depth", VALUE, section=NATIVE, state=SUPPORTED, native=True, mv="N",
+         apply=lambda s, v, sp: setattr(s, "max_queue_depth", max(a.as_int(v, sp), -1)),
+         help="requests that may wait for a slot before new ones get 503 (default: 64, -1 = unbounded)"),
+    make("--graceful-unload-timeout", VALUE, section=NATIVE, state=SUPPORTED, native=True, mv="SECONDS",
+         env="GRACEFUL_UNLOAD_TIMEOUT",
+         apply=lambda s, v, sp: setattr(s, "graceful_unload_timeout", max(a.as_float(v, sp), 0.0)),
+         help="a model switch waits this long for running requests before unloading (default: 30)"),
+    make("--model-memory-budget", VALUE, section=NATIVE, state=SUPPORTED, native=True, mv="MiB",
+         apply=lambda s, v, sp: setattr(s, "model_memory_budget_mib", max(a.as_int(v, sp), 0)),
+         help="weights a model switch may load, in MiB (default: the free memory after the unload)"),
+    make("--embedding-model", VALUE, section=NATIVE, state=SUPPORTED, native=True, mv="MODEL",
+         apply=a.setter("embedding_model"), help="embedding checkpoint served on the embedding routes"),
+    make("--reranker-model", VALUE, section=NATIVE, state=SUPPORTED, native=True, mv="MODEL",
+         apply=a.setter("reranker_model"), help="cross-encoder checkpoint served on the rerank routes"),
+    make("--reasoning-alias-field", VALUE, section=NATIVE, state=SUPPORTED, native=True, mv="{none,reasoning}",
+         apply=lambda s, v, sp: setattr(s, "reasoning_alias_field", a.one_of(v, sp, ("none", "reasoning"))),
+         help="also report reasoning_content as 'reasoning' on chat messages and deltas (OpenRouter-style "
+              "clients; default: reasoning), or none for b10621's field alone"),
+    make("--dump-flag-surface", FLAG, section=NATIVE, state=SUPPORTED, native=True, hidden=True,
+         apply=lambda *_: None),
+)
