@@ -239,10 +239,11 @@ class MessagesEncoder(Encoder):
         return frames
 
     def body(self, runs: list[Run]) -> dict[str, Any]:
-        text, ev = runs[0].text, runs[0].final
-        reason, seq = _stop(self.out, ev)
-        return {**self.head, "content": _blocks(self.out.feed(text) + self.out.finish()), "stop_reason": reason,
-                "stop_sequence": seq, "usage": {"input_tokens": ev.prompt_tokens, "output_tokens": ev.completion_tokens}}
+        ev = runs[0].final
+        blocks = _blocks(self.out.feed(runs[0].text) + self.out.finish())
+        reason, seq = _stop(self.out, ev)  # after the parse: it counts the tool calls
+        return {**self.head, "content": blocks, "stop_reason": reason, "stop_sequence": seq,
+                "usage": {"input_tokens": ev.prompt_tokens, "output_tokens": ev.completion_tokens}}
 
 
 async def _chat_job(app_state: AppState, req: MessagesRequest,
