@@ -20,8 +20,8 @@ from mlxcel.api.engine_request import Sampling, generation_request
 from mlxcel.api.errors import ApiError, error_type
 from mlxcel.api.openai.schemas import _Sampling
 from mlxcel.api.state import AppState, ServedModel
-# the runner's names that routes and tests reach through this module
-from mlxcel.api.stream_runner import SSE_HEADERS, merged, raise_for_error, sse, submit_all  # noqa: F401
+# raise_for_error: an error event's ApiError, also reached through this module as the /v1 name
+from mlxcel.api.stream_runner import raise_for_error, sse  # noqa: F401
 from mlxcel.engine.types import GenerationRequest, TokenEvent
 
 # request field -> SamplingParams field, when sent
