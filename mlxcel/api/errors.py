@@ -70,8 +70,12 @@ def error_body(path: str, err: ApiError) -> dict[str, Any]:
     if path.startswith("/api/"):  # the management envelope (api/management/envelope.py)
         return {"success": False, "data": None,
                 "error": {"code": err.code or err.type, "message": err.message, "details": None}}
-    return {"error": {"code": err.status, "message": err.message,
-                      "type": _NATIVE_TYPES.get(err.status) or err.type}}
+    return {"error": {"code": err.status, "message": err.message, "type": native_type(err)}}
+
+
+def native_type(err: ApiError) -> str:
+    """The error's type in b10621's native envelope: by status where it names one."""
+    return _NATIVE_TYPES.get(err.status) or err.type
 
 
 def api_error_handler(request: Request, exc: ApiError) -> Response:
@@ -99,3 +103,15 @@ def internal_error_handler(request: Request, exc: Exception) -> Response:
     log.exception("unhandled error on %s", request.url.path)
     err = ApiError(500, "internal server error", code="internal_error", type="server_error")
     return Response(error_body(request.url.path, err), status_code=500)
+
+
+# The one map from an engine condition to an HTTP status, the same on every surface; each
+# route's envelope then renders it. A code not named keeps the status it came with.
+ENGINE_STATUS = {"model_busy": 503, "insufficient_memory": 503, "queue_full": 503, "context_length_exceeded": 400}
+
+
+def engine_error(message: str, code: str | None, status: int = 500) -> ApiError:
+    """An engine refusal (at submission: its own status) or a request-ending error event
+    (no status: 500) as the ApiError every surface raises for it."""
+    code = code or "server_error"
+    return ApiError(ENGINE_STATUS.get(code, status), message, code=code)

@@ -25,7 +25,7 @@ import msgspec
 from litestar import Request, Response, delete, get, post
 from litestar.response import Stream
 
-from mlxcel.api.openai.generation import SSE_HEADERS
+from mlxcel.api.stream_runner import SSE_HEADERS
 from mlxcel.api.security import presented_key
 from mlxcel.api.state import AppState
 from mlxcel.api.stream_sessions import OffsetLost, StreamSession, StreamStore, stream_owner

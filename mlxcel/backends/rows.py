@@ -4,7 +4,7 @@ rows are laid out in one forward, the packed-attention groups, and the steering 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 

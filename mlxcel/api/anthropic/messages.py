@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import msgspec
-from litestar import Request, Response, post
-from litestar.response import Stream
+from litestar import Request, post
 
 from mlxcel.api import media
+from mlxcel.api import stream_runner as runner
 from mlxcel.api.body import convert, read_json_object
 from mlxcel.api.errors import ApiError
 from mlxcel.api.model_switch import model_for
@@ -31,6 +30,9 @@ from mlxcel.api.openai import generation as g
 from mlxcel.api.openai.fields import settle_unused, strict_mode
 from mlxcel.api.openai.schemas import ChatCompletionRequest
 from mlxcel.api.state import AppState
+from mlxcel.runtime.served import ServedModel
+from mlxcel.api.stream_runner import Encoder, Job, Run
+from mlxcel.engine.types import TokenEvent
 from mlxcel.steering import requests as steer
 
 _STOP = {"eos": "end_turn", "word": "stop_sequence", "limit": "max_tokens", "none": "end_turn"}
@@ -184,15 +186,70 @@ def _event(kind: str, data: dict[str, Any]) -> bytes:
     return f"event: {kind}\n".encode() + b"data: " + msgspec.json.encode({"type": kind, **data}) + b"\n\n"
 
 
-@post("/v1/messages", status_code=200)
-async def messages(request: Request, app_state: AppState) -> Any:
-    strict = strict_mode(request.headers)
-    raw = await read_json_object(request)
-    steer.refuse_fields(raw, "/v1/messages")  # per-request steering is chat's; the server's applies below
-    req = convert(raw, MessagesRequest)
-    # a field this route does not read is reported (or refused under X-miLLM-Strict), never dropped
-    unused = [k for k, v in raw.items() if v is not None and k not in MessagesRequest.__struct_fields__]
-    field_headers = settle_unused(unused, strict, "/v1/messages")
+_STARTS = {"thinking": {"type": "thinking", "thinking": "", "signature": ""}, "text": {"type": "text", "text": ""}}
+
+
+class MessagesEncoder(Encoder):
+    """The chat deltas of one message as Anthropic content blocks: thinking, text and
+    tool_use, in the order the model produced them; streamed as message_start,
+    content_block_start/delta/stop, message_delta and message_stop."""
+
+    def __init__(self, prep: chat_surface.Prepared, out: chat_surface.ChatOutput, head: dict[str, Any]) -> None:
+        self.prep, self.out, self.head = prep, out, head
+        self.index, self.open_kind = -1, None
+
+    def opening(self) -> list[bytes]:
+        return [_event("message_start", {"message": {
+            **self.head, "content": [], "stop_reason": None, "stop_sequence": None,
+            "usage": {"input_tokens": len(self.prep.prompt), "output_tokens": 0}}})]
+
+    def error(self, ev: TokenEvent) -> bytes:
+        return _event("error", {"error": {"type": "api_error", "message": ev.error}})
+
+    def frames(self, index: int, ev: TokenEvent) -> list[bytes]:
+        frames: list[bytes] = []
+        for d in self.out.feed(ev.text) + (self.out.finish() if ev.done else []):
+            frames += self._block(d)
+        if ev.done:
+            if self.open_kind is not None:
+                frames.append(_event("content_block_stop", {"index": self.index}))
+            reason, seq = _stop(self.out, ev)
+            frames.append(_event("message_delta", {"delta": {"stop_reason": reason, "stop_sequence": seq},
+                                                   "usage": {"output_tokens": ev.completion_tokens}}))
+            frames.append(_event("message_stop", {}))
+        return frames
+
+    def _block(self, d: dict[str, Any]) -> list[bytes]:
+        """One delta: a new block opens when the kind changes or a tool call starts."""
+        frames: list[bytes] = []
+        kind = "thinking" if "reasoning_content" in d else "text" if "content" in d else "tool_use"
+        tc = d["tool_calls"][0] if kind == "tool_use" else None
+        if kind != self.open_kind or (tc and "id" in tc):
+            if self.open_kind is not None:
+                frames.append(_event("content_block_stop", {"index": self.index}))
+            self.index, self.open_kind = self.index + 1, kind
+            start = _STARTS.get(kind) or {"type": "tool_use", "id": tc["id"], "name": tc["function"]["name"],
+                                          "input": {}}
+            frames.append(_event("content_block_start", {"index": self.index, "content_block": start}))
+            if tc:
+                return frames
+        delta = ({"type": "thinking_delta", "thinking": d["reasoning_content"]} if kind == "thinking"
+                 else {"type": "text_delta", "text": d["content"]} if kind == "text"
+                 else {"type": "input_json_delta", "partial_json": tc["function"]["arguments"]})
+        frames.append(_event("content_block_delta", {"index": self.index, "delta": delta}))
+        return frames
+
+    def body(self, runs: list[Run]) -> dict[str, Any]:
+        ev = runs[0].final
+        blocks = _blocks(self.out.feed(runs[0].text) + self.out.finish())
+        reason, seq = _stop(self.out, ev)  # after the parse: it counts the tool calls
+        return {**self.head, "content": blocks, "stop_reason": reason, "stop_sequence": seq,
+                "usage": {"input_tokens": ev.prompt_tokens, "output_tokens": ev.completion_tokens}}
+
+
+async def _chat_job(app_state: AppState, req: MessagesRequest,
+                    field_headers: dict[str, str]) -> tuple[ServedModel, ChatCompletionRequest, chat_surface.ChatJob]:
+    """The message as a chat request on the model it names, its images read."""
     images: list = []
     shape = req
     if media.anthropic_has_images(req.messages):  # images become image_url parts, read once the model is known
@@ -203,58 +260,23 @@ async def messages(request: Request, app_state: AppState) -> Any:
     if media.has_media(req.messages):
         messages, images = await media.gather(model, media.policy(app_state.settings), req.messages)
         creq = _chat_request(msgspec.structs.replace(req, messages=messages))
-    started = await chat_surface.start(app_state, model, creq, field_headers, images, "messages")
-    prep, handle, steer_headers = started.prep, started.handle, started.headers
-    out = chat_surface.ChatOutput(prep, parallel_tool_calls=creq.parallel_tool_calls is not False)
-    mid = "msg_" + uuid.uuid4().hex[:24]
-    head = {"id": mid, "type": "message", "role": "assistant", "model": model.id}
-    if not req.stream:
-        text, ev = (await g.collect(request, [handle]))[0]
-        g.raise_for_error(ev)
-        blocks = _blocks(out.feed(text) + out.finish())
-        reason, seq = _stop(out, ev)
-        return Response({**head, "content": blocks, "stop_reason": reason, "stop_sequence": seq,
-                         "usage": {"input_tokens": ev.prompt_tokens, "output_tokens": ev.completion_tokens}},
-                        headers=steer_headers)
+    return model, creq, await chat_surface.job(app_state, model, creq, field_headers, images, "messages")
 
-    async def body() -> AsyncIterator[bytes]:
-        yield _event("message_start", {"message": {**head, "content": [], "stop_reason": None, "stop_sequence": None,
-                                                   "usage": {"input_tokens": len(prep.prompt), "output_tokens": 0}}})
-        index, open_kind = -1, None
-        try:
-            async for ev in handle:
-                if ev.error is not None:
-                    yield _event("error", {"error": {"type": "api_error", "message": ev.error}})
-                    return
-                for d in out.feed(ev.text) + (out.finish() if ev.done else []):
-                    kind = "thinking" if "reasoning_content" in d else "text" if "content" in d else "tool_use"
-                    tc = d["tool_calls"][0] if kind == "tool_use" else None
-                    if kind != open_kind or (tc and "id" in tc):
-                        if open_kind is not None:
-                            yield _event("content_block_stop", {"index": index})
-                        index, open_kind = index + 1, kind
-                        start = {"thinking": {"type": "thinking", "thinking": "", "signature": ""},
-                                 "text": {"type": "text", "text": ""}}.get(kind) or \
-                            {"type": "tool_use", "id": tc["id"], "name": tc["function"]["name"], "input": {}}
-                        yield _event("content_block_start", {"index": index, "content_block": start})
-                        if tc:
-                            continue
-                    delta = ({"type": "thinking_delta", "thinking": d["reasoning_content"]} if kind == "thinking"
-                             else {"type": "text_delta", "text": d["content"]} if kind == "text"
-                             else {"type": "input_json_delta", "partial_json": tc["function"]["arguments"]})
-                    yield _event("content_block_delta", {"index": index, "delta": delta})
-                if ev.done:
-                    if open_kind is not None:
-                        yield _event("content_block_stop", {"index": index})
-                    reason, seq = _stop(out, ev)
-                    yield _event("message_delta", {"delta": {"stop_reason": reason, "stop_sequence": seq},
-                                                   "usage": {"output_tokens": ev.completion_tokens}})
-                    yield _event("message_stop", {})
-                    return
-        finally:
-            handle.cancel()
 
-    return Stream(body(), media_type="text/event-stream", headers={**g.SSE_HEADERS, **steer_headers})
+@post("/v1/messages", status_code=200)
+async def messages(request: Request, app_state: AppState) -> Any:
+    strict = strict_mode(request.headers)
+    raw = await read_json_object(request)
+    steer.refuse_fields(raw, "/v1/messages")  # per-request steering is chat's; the server's applies below
+    req = convert(raw, MessagesRequest)
+    # a field this route does not read is reported (or refused under X-miLLM-Strict), never dropped
+    unused = [k for k, v in raw.items() if v is not None and k not in MessagesRequest.__struct_fields__]
+    field_headers = settle_unused(unused, strict, "/v1/messages")
+    model, creq, chat = await _chat_job(app_state, req, field_headers)
+    out = chat_surface.ChatOutput(chat.prep, parallel_tool_calls=creq.parallel_tool_calls is not False)
+    head = {"id": "msg_" + uuid.uuid4().hex[:24], "type": "message", "role": "assistant", "model": model.id}
+    job = Job(model=model, requests=[chat.request], headers=chat.headers, stream=req.stream)
+    return await runner.run(request, job, MessagesEncoder(chat.prep, out, head))
 
 
 @post("/v1/messages/count_tokens", status_code=200)

@@ -9,28 +9,22 @@ final object itself; there is no `[DONE]` sentinel on native streams. The server
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
-import msgspec
-from litestar import Request, Response, post
-from litestar.response import Stream
+from litestar import Request, post
 
+from mlxcel.api import stream_runner as runner
 from mlxcel.api.body import read_json_object
-from mlxcel.api.errors import ApiError
+from mlxcel.api.errors import ApiError, engine_error, native_type
 from mlxcel.api.llamacpp import native_grammar, render
 from mlxcel.api.llamacpp.native_params import NativeRequest, parse_native, with_prompt
 from mlxcel.api.openai.fields import ignored_fields_header
-from mlxcel.api.openai.generation import SSE_HEADERS, merged, served_model, submit_all
+from mlxcel.api.openai.generation import served_model
 from mlxcel.api.state import AppState
-from mlxcel.engine.requests import RequestHandle
+from mlxcel.api.stream_runner import Encoder, Job, Run, sse
 from mlxcel.engine.types import GenerationRequest, TokenEvent
 from mlxcel.runtime.served import ServedModel
 from mlxcel.steering.requests import server_steering
-
-PING = b": ping\n\n"
-
 
 def _tokenize_one(model: ServedModel, prompt: Any, where: str) -> list[int]:
     tok = model.tokenizer
@@ -70,65 +64,13 @@ def tokenize_native_prompts(model: ServedModel, prompt: Any) -> list[list[int]]:
     return prompts
 
 
-def _sse(obj: Any) -> bytes:
-    return b"data: " + msgspec.json.encode(obj) + b"\n\n"
-
-
 def _native_error(ev: TokenEvent) -> dict[str, Any]:
-    return {"error": {"code": 500, "message": ev.error, "type": "server_error"}}
+    """A mid-stream error frame, with the status the error map gives the condition."""
+    err = engine_error(ev.error or "", ev.error_code)
+    return {"error": {"code": err.status, "message": err.message, "type": native_type(err)}}
 
 
-async def _with_pings(events: AsyncIterator, interval: int) -> AsyncIterator:
-    """Yield the events, and None whenever `interval` seconds pass without one."""
-    if interval <= 0:
-        async for ev in events:
-            yield ev
-        return
-    it = events.__aiter__()
-    nxt = asyncio.ensure_future(it.__anext__())
-    try:
-        while True:
-            done, _ = await asyncio.wait({nxt}, timeout=interval)
-            if not done:
-                yield None
-                continue
-            try:
-                ev = nxt.result()
-            except StopAsyncIteration:
-                return
-            yield ev
-            nxt = asyncio.ensure_future(it.__anext__())
-    finally:
-        nxt.cancel()
-
-
-class _Result:
-    """What one prompt's run has produced so far."""
-
-    def __init__(self) -> None:
-        self.parts: list[str] = []
-        self.tokens: list[int] = []
-        self.probs: list = []
-        self.final: TokenEvent | None = None
-
-    def add(self, ev: TokenEvent) -> None:
-        if ev.progress is not None:
-            return
-        self.parts.append(ev.text)
-        if ev.token is not None:
-            self.tokens.append(ev.token)
-        if ev.probs is not None:
-            self.probs.append(ev.probs)
-        if ev.done:
-            self.final = ev
-
-    def content(self) -> str:
-        text = "".join(self.parts)
-        cut = self.final.truncate_to if self.final is not None else None
-        return text if cut is None else text[:cut]
-
-
-def final_object(model: ServedModel, nreq: NativeRequest, greq: GenerationRequest, res: _Result,
+def final_object(model: ServedModel, nreq: NativeRequest, greq: GenerationRequest, res: Run,
                  index: int, stream: bool) -> dict[str, Any]:
     ev = res.final
     probs = res.probs if not stream else None
@@ -143,63 +85,40 @@ def final_object(model: ServedModel, nreq: NativeRequest, greq: GenerationReques
     return render.project(obj, nreq.response_fields)
 
 
-async def _watch_disconnect(request: Request, handles: list[RequestHandle]) -> None:
-    while True:
-        if (await request.receive())["type"] == "http.disconnect":
-            for h in handles:
-                h.cancel()
-            return
+class NativeEncoder(Encoder):
+    """b10621's native shapes: one frame per generated token (and prompt-progress frames when
+    asked), then the row's final object itself; no `[DONE]`. Not streamed: one final object,
+    or an array of them in prompt order."""
+
+    def __init__(self, model: ServedModel, nreq: NativeRequest, greqs: list[GenerationRequest]) -> None:
+        self.model, self.nreq, self.greqs = model, nreq, greqs
+        self.results = [Run() for _ in greqs]
+
+    def error(self, ev: TokenEvent) -> bytes:
+        return sse(_native_error(ev))
+
+    def frames(self, index: int, ev: TokenEvent) -> list[bytes]:
+        self.results[index].add(ev)
+        idx = index if len(self.greqs) > 1 else 0
+        frames = [sse(render.partial_json(self.model, ev, index=idx, timings_per_token=self.nreq.timings_per_token))]
+        if ev.done:
+            frames.append(sse(final_object(self.model, self.nreq, self.greqs[index], self.results[index], idx,
+                                           stream=True)))
+        return frames
+
+    def body(self, runs: list[Run]) -> Any:
+        objs = [final_object(self.model, self.nreq, g, r, i, stream=False)
+                for i, (g, r) in enumerate(zip(self.greqs, runs))]
+        return objs[0] if len(objs) == 1 else objs
 
 
 async def respond(request: Request, app_state: AppState, model: ServedModel, nreq: NativeRequest,
                   greqs: list[GenerationRequest]) -> Any:
     """Run the prompts and answer in the native shape (one object, an array, or a stream)."""
     headers = {**ignored_fields_header(nreq.ignored), **server_steering(app_state, model, greqs)}
-    handles = submit_all(model, greqs)
-    results = [_Result() for _ in handles]
-    if nreq.stream:
-        async def body() -> AsyncIterator[bytes]:
-            try:
-                async for item in _with_pings(merged(handles), nreq.sse_ping_interval):
-                    if item is None:
-                        yield PING
-                        continue
-                    i, ev = item
-                    if ev.error is not None:
-                        yield _sse(_native_error(ev))
-                        return
-                    results[i].add(ev)
-                    idx = i if len(handles) > 1 else 0
-                    yield _sse(render.partial_json(model, ev, index=idx, timings_per_token=nreq.timings_per_token))
-                    if ev.done:
-                        yield _sse(final_object(model, nreq, greqs[i], results[i], idx, stream=True))
-            finally:
-                for h in handles:
-                    h.cancel()
-
-        # the handler is declared JSON (for the non-streaming answer): name the stream type explicitly
-        return Stream(body(), media_type="text/event-stream",
-                      headers={**SSE_HEADERS, **headers, "Content-Type": "text/event-stream"})
-
-    watcher = asyncio.create_task(_watch_disconnect(request, handles))
-
-    async def run(h: RequestHandle, res: _Result) -> None:
-        async for ev in h:
-            res.add(ev)
-
-    try:
-        await asyncio.gather(*(run(h, r) for h, r in zip(handles, results)))
-    finally:
-        watcher.cancel()
-        for h in handles:
-            h.cancel()
-    for res in results:
-        if res.final is None:
-            raise ApiError(499, "request cancelled")
-        if res.final.error is not None:
-            raise ApiError(500, res.final.error, code=res.final.error_code or "server_error", type="server_error")
-    objs = [final_object(model, nreq, g, r, i, stream=False) for i, (g, r) in enumerate(zip(greqs, results))]
-    return Response(objs[0] if len(objs) == 1 else objs, headers=headers)
+    job = Job(model=model, requests=greqs, headers=headers, stream=nreq.stream,
+              ping_interval=nreq.sse_ping_interval)
+    return await runner.run(request, job, NativeEncoder(model, nreq, greqs))
 
 
 @post(["/completion", "/completions"], status_code=200)

@@ -18,13 +18,11 @@ from typing import Any
 import msgspec
 
 from mlxcel.api.body import convert
+from mlxcel.api.engine_request import Sampling, generation_request, reasoning_budget
 from mlxcel.api.errors import ApiError
-from mlxcel.api.llamacpp.lora_adapters import request_lora
 from mlxcel.api.llamacpp.schemas import NativeCompletionRequest, declared_names
 from mlxcel.chat.reasoning import CLOSE, OPEN
-from mlxcel.engine.sampling_params import (
-    fold_seed, resolve_logit_bias, samplers_from_chars, samplers_from_names,
-)
+from mlxcel.engine.sampling_params import resolve_logit_bias, samplers_from_chars, samplers_from_names
 from mlxcel.engine.reasoning_budget import ReasoningBudget
 from mlxcel.engine.types import GenerationRequest
 from mlxcel.runtime.served import ServedModel
@@ -164,6 +162,28 @@ def parse_native(body: dict[str, Any], model: ServedModel, n_parallel: int,
     _check_deferred(body)
     _check_cache_hints(body)
     refuse_steering_fields(body, "the native completion routes")  # the server's steering still applies
+    _check_routing(req, model, n_parallel)
+    sampling, n_probs = _sampling(req, model)
+    template = generation_request(
+        model, sampling, [], n_indent=req.n_indent or 0,
+        t_max_predict_ms=req.t_max_predict_ms if req.t_max_predict_ms is not None else -1,
+        return_progress=bool(req.return_progress and req.stream),
+        n_keep=req.n_keep or 0, n_discard=req.n_discard or 0,
+        id_slot=req.id_slot if req.id_slot is not None else -1, reasoning=_budget(req, model),
+    )
+    fields = req.response_fields
+    fields = fields if isinstance(fields, list) and all(isinstance(f, str) for f in fields) and fields else None
+    return NativeRequest(
+        template=template, stream=bool(req.stream), return_tokens=bool(req.return_tokens),
+        timings_per_token=bool(req.timings_per_token), response_fields=fields, n_probs=n_probs,
+        post_sampling_probs=bool(req.post_sampling_probs),
+        sse_ping_interval=req.sse_ping_interval if req.sse_ping_interval is not None else sse_ping_interval,
+        ignored=[k for k in body if k not in NATIVE_FIELDS],
+    )
+
+
+def _check_routing(req: NativeCompletionRequest, model: ServedModel, n_parallel: int) -> None:
+    """One completion per prompt, on a slot that exists, for the loaded model."""
     n_cmpl = req.n_cmpl if req.n_cmpl is not None else (req.n if req.n is not None else 1)
     if n_cmpl > 1:
         raise ApiError(400, "n_cmpl above 1 is not supported: this server returns one completion per prompt",
@@ -174,9 +194,9 @@ def parse_native(body: dict[str, Any], model: ServedModel, n_parallel: int,
     if req.model is not None and not model.answers_to(req.model):
         raise ApiError(404, f"model '{req.model}' not found", code="model_not_found", param="model")
 
-    n_predict = next((v for v in (req.n_predict, req.max_completion_tokens, req.max_tokens) if v is not None),
-                     model.n_predict)
-    tok = model.tokenizer
+
+def _sampling(req: NativeCompletionRequest, model: ServedModel) -> tuple[Sampling, int]:
+    """The sampler fields with upstream's clamps and refusals; also n_probs."""
     over: dict[str, Any] = {}
     for name in SAMPLING_FIELDS:
         v = getattr(req, name)
@@ -195,15 +215,7 @@ def parse_native(body: dict[str, Any], model: ServedModel, n_parallel: int,
                            code="invalid_parameter", param="dry_sequence_breakers")
         over["dry_sequence_breakers"] = tuple(br)
     if req.samplers is not None:
-        try:
-            if isinstance(req.samplers, str):
-                over["samplers"] = samplers_from_chars(req.samplers)
-            elif isinstance(req.samplers, list):
-                over["samplers"] = samplers_from_names(req.samplers)
-            else:
-                raise ValueError("samplers must be an array of names or a string of sampler characters")
-        except ValueError as e:
-            raise ApiError(400, str(e), code="invalid_parameter", param="samplers") from None
+        over["samplers"] = _samplers(req.samplers)
     n_probs = req.n_probs if req.n_probs is not None else (req.logprobs if req.logprobs is not None else 0)
     if n_probs < 0:
         raise ApiError(400, "n_probs must be >= 0", code="invalid_parameter", param="n_probs")
@@ -211,38 +223,28 @@ def parse_native(body: dict[str, Any], model: ServedModel, n_parallel: int,
     over["post_sampling_probs"] = bool(req.post_sampling_probs)
     bias = None  # absent: the server's -l set
     if req.logit_bias is not None:
-        bias = resolve_logit_bias(req.logit_bias, lambda s: tok.encode(s, add_special_tokens=False),
+        bias = resolve_logit_bias(req.logit_bias, lambda s: model.tokenizer.encode(s, add_special_tokens=False),
                                   n_vocab=model.info.vocab_size)
-    # absent: --ignore-eos; upstream bans every end-of-generation token rather than skipping it
-    ignore_eos = model.ignore_eos if req.ignore_eos is None else bool(req.ignore_eos)
-    over["logit_bias"] = model.request_bias(bias, ignore_eos)
-    try:
-        params = replace(model.defaults, **over)
-        if req.seed is not None:
-            params = replace(params, seed=fold_seed(req.seed))
-    except ValueError as e:
-        raise ApiError(400, str(e), code="invalid_parameter") from None
+    n_predict = next((v for v in (req.n_predict, req.max_completion_tokens, req.max_tokens) if v is not None),
+                     model.n_predict)
     stop = [req.stop] if isinstance(req.stop, str) else [s for s in (req.stop or []) if s]
-    template = GenerationRequest(
-        prompt=[], params=params, max_tokens=n_predict, stop=stop, ignore_eos=ignore_eos,
-        n_indent=req.n_indent or 0,
-        t_max_predict_ms=req.t_max_predict_ms if req.t_max_predict_ms is not None else -1,
-        return_progress=bool(req.return_progress and req.stream),
-        cache_prompt=req.cache_prompt if req.cache_prompt is not None else True,
-        n_keep=req.n_keep or 0, n_discard=req.n_discard or 0,
-        id_slot=req.id_slot if req.id_slot is not None else -1,
-    )
-    template.reasoning = _budget(req, model)
-    template.lora, template.lora_asked = request_lora(model, req.lora)
-    fields = req.response_fields
-    fields = fields if isinstance(fields, list) and all(isinstance(f, str) for f in fields) and fields else None
-    return NativeRequest(
-        template=template, stream=bool(req.stream), return_tokens=bool(req.return_tokens),
-        timings_per_token=bool(req.timings_per_token), response_fields=fields, n_probs=n_probs,
-        post_sampling_probs=bool(req.post_sampling_probs),
-        sse_ping_interval=req.sse_ping_interval if req.sse_ping_interval is not None else sse_ping_interval,
-        ignored=[k for k in body if k not in NATIVE_FIELDS],
-    )
+    sampling = Sampling(
+        max_tokens=n_predict, overrides=over, seed=req.seed, bias=bias,
+        # absent: --ignore-eos; upstream bans every end-of-generation token rather than skipping it
+        ignore_eos=model.ignore_eos if req.ignore_eos is None else bool(req.ignore_eos), stop=stop, lora=req.lora,
+        cache_prompt=req.cache_prompt if req.cache_prompt is not None else True)
+    return sampling, n_probs
+
+
+def _samplers(value: Any) -> tuple[str, ...]:
+    try:
+        if isinstance(value, str):
+            return samplers_from_chars(value)
+        if isinstance(value, list):
+            return samplers_from_names(value)
+        raise ValueError("samplers must be an array of names or a string of sampler characters")
+    except ValueError as e:
+        raise ApiError(400, str(e), code="invalid_parameter", param="samplers") from None
 
 
 def _budget(req: NativeCompletionRequest, model: ServedModel) -> ReasoningBudget | None:
@@ -260,11 +262,7 @@ def _budget(req: NativeCompletionRequest, model: ServedModel) -> ReasoningBudget
         if not isinstance(value, str) or (not value and name != "reasoning_budget_message"):
             raise ApiError(400, f"'{name}' must be {'a string' if name.endswith('message') else 'non-empty strings'}",
                            code="invalid_parameter", param=name)
-
-    def ids(text: str) -> tuple[int, ...]:
-        return tuple(model.tokenizer.encode(text, add_special_tokens=False)) if text else ()
-
-    return ReasoningBudget(budget=n, open_ids=ids(start), close_ids=ids(end), message_ids=ids(message))
+    return reasoning_budget(model, n, start, end, message)
 
 
 def with_prompt(template: GenerationRequest, prompt: list[int]) -> GenerationRequest:

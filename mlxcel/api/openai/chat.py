@@ -7,12 +7,15 @@ each of `n` choices, is its own engine row with its own seed, returned in index 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
-from litestar import Request, post
+from litestar import Request, Response, post
 
 from mlxcel.api import media
+from mlxcel.api import stream_runner as runner
 from mlxcel.api.body import convert, read_json_object
 from mlxcel.api.errors import ApiError
 from mlxcel.api.model_switch import model_for
@@ -22,12 +25,15 @@ from mlxcel.api.openai import scoring as sc
 from mlxcel.api.openai.fields import (
     CHAT, MESSAGE_KEYS, check_fields, message_locations, object_locations, settle_unused, strict_mode,
 )
+from mlxcel.api.openai.encoders import ChatEncoder
 from mlxcel.api.openai.schemas import ChatCompletionRequest
 from mlxcel.api.openai import response_format as rf
 from mlxcel.api.state import AppState
-from mlxcel.api.llamacpp.render import timings_json
+from mlxcel.api.stream_runner import Job
 from mlxcel.chat.chat_template import TemplateError, render_chat, render_plain
 from mlxcel.chat.reasoning import primed
+from mlxcel.engine.requests import RequestHandle
+from mlxcel.engine.types import GenerationRequest
 from mlxcel.runtime.served import ServedModel
 from mlxcel.steering import requests as steer
 
@@ -115,9 +121,36 @@ def _render(model: ServedModel, where: str, messages: list[dict[str, Any]]) -> l
         raise
 
 
-# b10621 also mounts the unprefixed spelling; both are the same handler under the same contract
-@post(["/v1/chat/completions", "/chat/completions"], status_code=200)
-async def chat_completions(request: Request, app_state: AppState) -> Any:
+@dataclass
+class ChatAsk:
+    """A chat completion request with its fields checked: nothing here needs the model."""
+
+    req: ChatCompletionRequest
+    steering: steer.SteeringFields
+    constraint: rf.Constraint | None  # response_format's
+    spec: sc.ScoringSpec | None  # a scoring request's (None: generation)
+    sampling: g.SamplingAsk
+    headers: dict[str, str]  # the field contract's, then the seed's and the constraint's
+
+    @property
+    def n(self) -> int:
+        return self.req.n or 1
+
+
+def _check_shape(req: ChatCompletionRequest) -> None:
+    n = req.n or 1
+    if req.stream and n > 1:
+        raise ApiError(400, "n above 1 is not available with stream: true", code="field_not_honoured", param="n")
+    if req.stream and req.extra_messages:
+        raise ApiError(400, "extra_messages is not available with stream: true", code="field_not_honoured",
+                       param="extra_messages")
+    if n > 1 and req.extra_messages:
+        raise ApiError(400, "send either n above 1 or extra_messages, not both", code="invalid_parameter",
+                       param="extra_messages")
+
+
+async def _ask(request: Request) -> ChatAsk:
+    """Read and check the body: the field contract, scoring mode, the sampling ranges."""
     strict = strict_mode(request.headers)
     body = await read_json_object(request)
     steering = steer.take_fields(body)  # profile, steering_intensity, return_sae_activations: honoured here
@@ -128,130 +161,101 @@ async def chat_completions(request: Request, app_state: AppState) -> Any:
     for k, conv in enumerate(body.get("extra_messages") or []):
         unused += message_locations(conv, f"extra_messages[{k}]")
     unused += object_locations(body.get("stream_options"), ["include_usage"], "stream_options")
-    scoring, spec, mode_unused = sc.resolve(req, body, chat=True)
-    unused += mode_unused
-    n = req.n or 1
-    if req.stream and n > 1:
-        raise ApiError(400, "n above 1 is not available with stream: true", code="field_not_honoured", param="n")
-    if req.stream and req.extra_messages:
-        raise ApiError(400, "extra_messages is not available with stream: true", code="field_not_honoured",
-                       param="extra_messages")
-    if n > 1 and req.extra_messages:
-        raise ApiError(400, "send either n above 1 or extra_messages, not both", code="invalid_parameter",
-                       param="extra_messages")
-    headers = settle_unused(unused, strict, CHAT)
-    g.validate_sampling(req)
-    model = await model_for(app_state, req.model)  # may switch models (api/model_switch.py)
-    images: list = []
+    _, spec, mode_unused = sc.resolve(req, body, chat=True)
+    _check_shape(req)
+    headers = settle_unused(unused + mode_unused, strict, CHAT)
+    return ChatAsk(req=req, steering=steering, constraint=constraint, spec=spec,
+                   sampling=g.validate_sampling(req), headers=headers)
+
+
+async def _with_model(app_state: AppState, model: ServedModel, ask: ChatAsk) -> list:
+    """What needs the model before rendering: the images read (returned; their placeholders
+    put in `ask.req`), and the refusals and headers that come after them."""
+    req, images = ask.req, []
     if media.has_media(req.messages) or any(media.has_media(m) for m in req.extra_messages or []):
-        if spec is not None:
+        if ask.spec is not None:
             raise ApiError(400, "image parts are not accepted on a scoring request (logprobs / allowed_token_ids)",
                            code="field_not_honoured", param="messages")
         messages, images = await media.gather(model, media.policy(app_state.settings), req.messages,
                                               list(req.extra_messages or []))
-        req = msgspec.structs.replace(req, messages=messages)
-    headers.update(g.seed_header(req.seed, "batch-shape" if req.extra_messages else "request"))
-    convs = _conversations(req)
-    if spec is not None and (steering.profile is not None or steering.intensity is not None):
+        ask.req = msgspec.structs.replace(req, messages=messages)
+    ask.headers.update(g.seed_header(req.seed, "batch-shape" if req.extra_messages else "request"))
+    steering = ask.steering
+    if ask.spec is not None and (steering.profile is not None or steering.intensity is not None):
         field = "profile" if steering.profile is not None else "steering_intensity"
         raise ApiError(400, f"'{field}' is not honoured on a scoring request: scoring is never steered",
                        code="field_not_honoured", param=field)
-    if steering.activations is not None and (n > 1 or req.extra_messages):
+    if steering.activations is not None and (ask.n > 1 or req.extra_messages):
         raise ApiError(400, "return_sae_activations reads one position axis: it is refused with n above 1 and "
                        "with extra_messages", code="invalid_parameter", param="return_sae_activations")
-    if constraint is not None:
-        headers.update(constraint.header)
-    # only the message keys the contract honours reach the template (the rest were reported above)
-    prep = chat_surface.prepare(app_state, model, msgspec.structs.replace(req, messages=_renderable(req.messages)))
-    cid, created = g.new_id("chatcmpl"), g.now()
-    alias = app_state.settings.reasoning_alias_field
-    base = {"id": cid, "created": created, "model": model.id}
-    if spec is not None:
-        return await _score(model, spec, convs, base, headers, steering.activations)
-    prompts = [(where, prep.prompt if where == "messages" else _render(model, where, msgs)) for where, msgs in convs]
-    if n > 1:
-        prompts = prompts * n
+    if ask.constraint is not None:
+        ask.headers.update(ask.constraint.header)
+    return images
+
+
+async def _rows(app_state: AppState, model: ServedModel, ask: ChatAsk, prep: chat_surface.Prepared,
+                images: list) -> tuple[list[GenerationRequest], dict[str, str], steer.ActivationReader | None]:
+    """One engine row per conversation and choice, each with its seed, grammar, steering and
+    thinking budget; also the steering headers and the activation reader."""
+    prompts = [(where, prep.prompt if where == "messages" else _render(model, where, msgs))
+               for where, msgs in _conversations(ask.req)]
+    if ask.n > 1:
+        prompts = prompts * ask.n
     media_of = None
     if images:  # only `messages` carries images (media.check); the engine splices them per row
         full, media_of = await media.prepare(model, prompts[0][1], images)
         prompts = [(where, full if where == "messages" else p) for where, p in prompts]
-    greqs = [g.build_request(req, model, p, row=row, param=where.split("[")[0])
+    greqs = [g.build_request(ask.sampling, model, p, row=row, param=where.split("[")[0])
              for row, (where, p) in enumerate(prompts)]
     for greq, (where, _) in zip(greqs, prompts):
         if media_of is not None and where == "messages":
             greq.media, greq.cache_prompt = media_of, False
-    if constraint is not None and prep.forced is not None:
+    if ask.constraint is not None and prep.forced is not None:
         raise ApiError(400, "response_format cannot be combined with tool_choice 'required' or a named function",
                        code="response_format_unsupported", param="response_format")
     calls_grammar = await chat_surface.tool_grammar(prep, model)
     steer_headers, reader = {}, None
     for greq in greqs:  # each choice carries its own steering delta and grammar through the batch
-        steer_headers, reader = steer.apply(steering, model.steering, app_state.steering_store, greq)
-        if constraint is not None:
-            greq.grammar = await rf.compile_grammar(constraint, model)
+        steer_headers, reader = steer.apply(ask.steering, model.steering, app_state.steering_store, greq)
+        if ask.constraint is not None:
+            greq.grammar = await rf.compile_grammar(ask.constraint, model)
         elif calls_grammar is not None:
             greq.grammar = calls_grammar
         greq.keep_tokens = prep.keep_tokens
         greq.reasoning = prep.budget
-    handles = g.submit_all(model, greqs)
-    if prep.budget is not None and prep.budget.control is not None:
-        reasoning_control.arm(app_state, cid, prep.budget.control, handles)
+    return greqs, steer_headers, reader
+
+
+def _armer(app_state: AppState, cid: str,
+           prep: chat_surface.Prepared) -> Callable[[list[RequestHandle]], None] | None:
+    """reasoning_control: the request's rows armed under its completion id once they run."""
+    control = prep.budget.control if prep.budget is not None else None
+    if control is None:
+        return None
+    return lambda handles: reasoning_control.arm(app_state, cid, control, handles)
+
+
+# b10621 also mounts the unprefixed spelling; both are the same handler under the same contract
+@post(["/v1/chat/completions", "/chat/completions"], status_code=200)
+async def chat_completions(request: Request, app_state: AppState) -> Any:
+    ask = await _ask(request)
+    model = await model_for(app_state, ask.req.model)  # may switch models (api/model_switch.py)
+    images = await _with_model(app_state, model, ask)
+    req = ask.req
+    # only the message keys the contract honours reach the template (the rest were reported above)
+    prep = chat_surface.prepare(app_state, model, msgspec.structs.replace(req, messages=_renderable(req.messages)))
+    cid = g.new_id("chatcmpl")
+    base = {"id": cid, "created": g.now(), "model": model.id}
+    if ask.spec is not None:
+        return await _score(model, ask.spec, _conversations(req), base, ask.headers, ask.steering.activations)
+    greqs, steer_headers, reader = await _rows(app_state, model, ask, prep, images)
     outputs = [chat_surface.ChatOutput(prep, parallel_tool_calls=req.parallel_tool_calls is not False,
-                                       echo=bool(req.echo)) for _ in handles]  # one output parser per choice
-    if req.stream:
-        include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        out = outputs[0]  # streaming has one choice
-
-        async def frames(events):
-            yield g.sse({**base, "object": "chat.completion.chunk", "system_fingerprint": g.fingerprint(model),
-                         "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]})
-            async for _, ev in events:
-                if ev.error is not None:
-                    yield g.error_frame(ev)
-                    return
-                deltas = out.feed(ev.text) + (out.finish() if ev.done else [])
-                for i, delta in enumerate(deltas if not ev.done else [*deltas, {}]):
-                    last = ev.done and i == len(deltas)
-                    chunk = {**base, "object": "chat.completion.chunk", "system_fingerprint": g.fingerprint(model),
-                             "choices": [{"index": 0, "delta": chat_surface.with_alias(delta, alias),
-                                          "finish_reason": out.finish_reason(ev.finish_reason) if last else None}]}
-                    if last:
-                        chunk["usage"] = g.usage([("", ev)])
-                        if drafted(ev):
-                            chunk["timings"] = timings_json(ev.timings, ev.prompt_tokens)
-                    yield g.sse(chunk)
-                if ev.done and include_usage:
-                    yield g.sse({**base, "object": "chat.completion.chunk", "choices": [], "usage": g.usage([("", ev)])})
-                if ev.done and reader is not None:  # the activations: one last chunk before [DONE]
-                    yield g.sse({**base, "object": "chat.completion.chunk", "choices": [],
-                                 "millm": {"sae_activations": reader.render()}})
-
-        return g.stream_response(handles, frames, {**headers, **steer_headers})
-    results = await g.collect(request, handles)
-    for _, ev in results:
-        g.raise_for_error(ev)
-    if constraint is not None:
-        for text, ev in results:
-            rf.check_output(constraint, text, ev.finish_reason)
-    response_body = {
-        **base, "object": "chat.completion", "system_fingerprint": g.fingerprint(model),
-        "choices": [{"index": i, "message": chat_surface.with_alias(chat_surface.message(o.feed(text) + o.finish()),
-                                                                    alias),
-                     "logprobs": None, "finish_reason": o.finish_reason(ev.finish_reason)}
-                    for i, ((text, ev), o) in enumerate(zip(results, outputs))],
-        "usage": g.usage(results),
-    }
-    if drafted(results[0][1]):
-        response_body["timings"] = timings_json(results[0][1].timings, results[0][1].prompt_tokens)
-    if reader is not None:
-        response_body["millm"] = {"sae_activations": reader.render()}
-    return g.json_response(response_body, {**headers, **steer_headers})
-
-
-def drafted(ev) -> bool:
-    """A speculated request carries b10621's top-level `timings` object (with the draft counters);
-    upstream puts it on every chat completion, mlxcel only where a verify round ran."""
-    return ev.timings is not None and ev.timings.draft_n is not None
+                                       echo=bool(req.echo)) for _ in greqs]  # one output parser per choice
+    encoder = ChatEncoder(base, g.fingerprint(model), outputs, alias=app_state.settings.reasoning_alias_field,
+                          include_usage=bool(req.stream_options and req.stream_options.include_usage),
+                          reader=reader, constraint=ask.constraint, on_begin=_armer(app_state, cid, prep))
+    job = Job(model=model, requests=greqs, headers={**ask.headers, **steer_headers}, stream=req.stream)
+    return await runner.run(request, job, encoder)
 
 
 async def _score(model: ServedModel, spec: sc.ScoringSpec, convs: list[tuple[str, list[dict[str, Any]]]],
@@ -284,4 +288,4 @@ async def _score(model: ServedModel, spec: sc.ScoringSpec, convs: list[tuple[str
     }
     if reader is not None:
         body["millm"] = {"sae_activations": reader.render()}
-    return g.json_response(body, {**headers, **steer.UNSTEERED})
+    return Response(body, headers={**headers, **steer.UNSTEERED})

@@ -13,6 +13,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from mlxcel.api.engine_request import reasoning_budget
 from mlxcel.api.errors import ApiError
 from mlxcel.api.openai import tool_grammar as tg
 from mlxcel.api.state import AppState
@@ -20,6 +21,7 @@ from mlxcel.chat.reasoning import CLOSE, FORMATS, OPEN, ReasoningStream, primed
 from mlxcel.chat.tool_calls import MARKERS, ToolCallStream
 from mlxcel.engine.grammar import GrammarError
 from mlxcel.engine.reasoning_budget import ReasoningBudget, ReasoningControl
+from mlxcel.engine.types import GenerationRequest
 from mlxcel.runtime.served import ServedModel
 from mlxcel.steering.requests import server_steering
 
@@ -146,39 +148,34 @@ def _budget(settings: Any, model: ServedModel, req: Any) -> ReasoningBudget | No
     if not isinstance(end, str) or not end:
         raise ApiError(400, "reasoning_budget_end_tags must be non-empty strings", code="invalid_parameter",
                        param="reasoning_budget_end_tags")
-
-    def ids(text: str) -> tuple[int, ...]:
-        return tuple(model.tokenizer.encode(text, add_special_tokens=False)) if text else ()
-
-    return ReasoningBudget(budget=n, open_ids=ids(start), close_ids=ids(end), message_ids=ids(message),
-                           control=control)
+    return reasoning_budget(model, n, start, end, message, control)
 
 
 @dataclass
-class Started:
-    """A translated chat request (/v1/messages, /v1/responses) on its way through the engine."""
+class ChatJob:
+    """A translated chat request (/v1/messages, /v1/responses) ready for the stream runner."""
     prep: Prepared
-    handle: Any  # engine RequestHandle
+    request: GenerationRequest
     headers: dict[str, str]  # the route's field headers plus the live server-steering values
 
 
-async def start(state: AppState, model: ServedModel, req: Any, field_headers: dict[str, str],
-                images: list | None = None, param: str = "messages") -> Started:
-    """Render, build the engine request (sampling from `req`, any forced tool-call grammar and
-    the reasoning budget from the rendering), apply the server's steering and submit. `images`:
+async def job(state: AppState, model: ServedModel, req: Any, field_headers: dict[str, str],
+              images: list | None = None, param: str = "messages") -> ChatJob:
+    """Render, validate the sampling and build the engine request (any forced tool-call grammar
+    and the reasoning budget from the rendering), and apply the server's steering. `images`:
     decoded pictures whose placeholders `req` already carries (api/media.py)."""
     from mlxcel.api import media
     from mlxcel.api.openai import generation as g
 
     prep = prepare(state, model, req)
-    greq = g.build_request(req, model, prep.prompt)
+    greq = g.build_request(g.validate_sampling(req), model, prep.prompt)
     greq.grammar = await tool_grammar(prep, model)
     greq.keep_tokens = prep.keep_tokens
     greq.reasoning = prep.budget
     if images:
         await media.attach(model, greq, images, param)
     headers = {**field_headers, **server_steering(state, model, [greq])}
-    return Started(prep=prep, handle=g.submit(model, greq), headers=headers)
+    return ChatJob(prep=prep, request=greq, headers=headers)
 
 
 async def tool_grammar(prep: Prepared, model: ServedModel) -> Any:

@@ -7,19 +7,24 @@ forward per prompt, nothing generated (scoring.py).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
-from litestar import Request, post
+from litestar import Request, Response, post
 
+from mlxcel.api import stream_runner as runner
 from mlxcel.api.body import convert, read_json_object
 from mlxcel.api.errors import ApiError
 from mlxcel.api.model_switch import model_for
 from mlxcel.api.openai import generation as g
 from mlxcel.api.openai import scoring as sc
+from mlxcel.api.openai.encoders import CompletionEncoder
 from mlxcel.api.openai.fields import COMPLETIONS, check_fields, object_locations, settle_unused, strict_mode
 from mlxcel.api.openai.schemas import CompletionRequest
 from mlxcel.api.state import AppState
 from mlxcel.api.openai import response_format as rf
+from mlxcel.api.stream_runner import Job
+from mlxcel.engine.types import GenerationRequest
 from mlxcel.runtime.served import ServedModel
 from mlxcel.steering import requests as steer
 
@@ -62,8 +67,19 @@ def _is_text_prompt(prompt: Any) -> bool:
                                       and all(isinstance(p, str) for p in prompt))
 
 
-@post("/v1/completions", status_code=200)
-async def completions(request: Request, app_state: AppState) -> Any:
+@dataclass
+class CompletionAsk:
+    """A text completion request with its fields checked: nothing here needs the model."""
+
+    req: CompletionRequest
+    activations: dict | None  # return_sae_activations
+    spec: sc.ScoringSpec | None  # a scoring request's (None: generation)
+    sampling: g.SamplingAsk
+    headers: dict[str, str]
+
+
+async def _ask(request: Request) -> CompletionAsk:
+    """Read and check the body: the field contract, scoring mode, the sampling ranges."""
     strict = strict_mode(request.headers)
     body = await read_json_object(request)
     activations = steer.take_activations(body)  # honoured here; profile / steering_intensity are refused
@@ -74,65 +90,48 @@ async def completions(request: Request, app_state: AppState) -> Any:
     if req.logprobs is True:
         raise ApiError(400, "logprobs on /v1/completions is the number of alternatives (0-20), not a boolean",
                        code="invalid_parameter", param="logprobs")
-    scoring, spec, mode_unused = sc.resolve(req, body, chat=False)
+    _, spec, mode_unused = sc.resolve(req, body, chat=False)
     unused += mode_unused
     if req.add_special_tokens is not None and not _is_text_prompt(req.prompt):
         unused.append("add_special_tokens")
     headers = settle_unused(unused, strict, COMPLETIONS)
-    g.validate_sampling(req)
-    model = await model_for(app_state, req.model)  # may switch models (api/model_switch.py)
-    headers.update(g.seed_header(req.seed))
-    prompts = tokenize_prompts(model, req.prompt, add_special_tokens=req.add_special_tokens is not False)
-    if activations is not None and (len(prompts) > 1 or (req.n or 1) > 1):
-        raise ApiError(400, "return_sae_activations reads one position axis: it is refused with several prompts "
-                       "and with n above 1", code="invalid_parameter", param="return_sae_activations")
-    cid, created = g.new_id("cmpl"), g.now()
-    base = {"id": cid, "object": "text_completion", "created": created, "model": model.id}
-    if spec is not None:
-        return await _score(model, req, spec, prompts, base, headers, activations)
-    greqs = [g.build_request(req, model, p, param="prompt") for p in prompts]
+    return CompletionAsk(req=req, activations=activations, spec=spec, sampling=g.validate_sampling(req),
+                         headers=headers)
+
+
+def _rows(app_state: AppState, model: ServedModel, ask: CompletionAsk,
+          prompts: list[list[int]]) -> tuple[list[GenerationRequest], steer.ActivationReader | None]:
+    """One engine row per prompt, each with the server's steering; the activation reader."""
+    greqs = [g.build_request(ask.sampling, model, p, param="prompt") for p in prompts]
     reader = None
     for greq in greqs:
         if not greq.prompt:
             raise ApiError(400, "the prompt tokenizes to nothing", code="invalid_parameter", param="prompt")
         # the server's steering (live values, active profile or circuit) applies to every completion
-        steer_headers, reader = steer.apply(steer.SteeringFields(activations=activations), model.steering,
+        steer_headers, reader = steer.apply(steer.SteeringFields(activations=ask.activations), model.steering,
                                             app_state.steering_store, greq)
-        headers.update(steer_headers)
-    handles = g.submit_all(model, greqs)
-    if req.stream:
-        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        ask.headers.update(steer_headers)
+    return greqs, reader
 
-        async def frames(events):
-            finals = []
-            async for i, ev in events:
-                if ev.error is not None:
-                    yield g.error_frame(ev)
-                    return
-                if ev.text or ev.done:
-                    yield g.sse({**base, "system_fingerprint": g.fingerprint(model),
-                                 "choices": [{"index": i, "text": ev.text, "logprobs": None,
-                                              "finish_reason": ev.finish_reason}]})
-                if ev.done:
-                    finals.append(("", ev))
-            if include_usage:
-                yield g.sse({**base, "choices": [], "usage": g.usage(finals)})
-            if reader is not None:  # the activations: one last chunk before [DONE]
-                yield g.sse({**base, "choices": [], "millm": {"sae_activations": reader.render()}})
 
-        return g.stream_response(handles, frames, headers)
-    results = await g.collect(request, handles)
-    for _, ev in results:
-        g.raise_for_error(ev)
-    out = {
-        **base, "system_fingerprint": g.fingerprint(model),
-        "choices": [{"index": i, "text": text, "logprobs": None, "finish_reason": ev.finish_reason}
-                    for i, (text, ev) in enumerate(results)],
-        "usage": g.usage(results),
-    }
-    if reader is not None:
-        out["millm"] = {"sae_activations": reader.render()}
-    return g.json_response(out, headers)
+@post("/v1/completions", status_code=200)
+async def completions(request: Request, app_state: AppState) -> Any:
+    ask = await _ask(request)
+    req = ask.req
+    model = await model_for(app_state, req.model)  # may switch models (api/model_switch.py)
+    ask.headers.update(g.seed_header(req.seed))
+    prompts = tokenize_prompts(model, req.prompt, add_special_tokens=req.add_special_tokens is not False)
+    if ask.activations is not None and (len(prompts) > 1 or (req.n or 1) > 1):
+        raise ApiError(400, "return_sae_activations reads one position axis: it is refused with several prompts "
+                       "and with n above 1", code="invalid_parameter", param="return_sae_activations")
+    base = {"id": g.new_id("cmpl"), "object": "text_completion", "created": g.now(), "model": model.id}
+    if ask.spec is not None:
+        return await _score(model, req, ask.spec, prompts, base, ask.headers, ask.activations)
+    greqs, reader = _rows(app_state, model, ask, prompts)
+    encoder = CompletionEncoder(base, g.fingerprint(model), reader=reader,
+                                include_usage=bool(req.stream_options and req.stream_options.include_usage))
+    job = Job(model=model, requests=greqs, headers=ask.headers, stream=req.stream)
+    return await runner.run(request, job, encoder)
 
 
 async def _score(model: ServedModel, req: CompletionRequest, spec: sc.ScoringSpec, prompts: list[list[int]],
@@ -158,4 +157,4 @@ async def _score(model: ServedModel, req: CompletionRequest, spec: sc.ScoringSpe
     }
     if reader is not None:
         out["millm"] = {"sae_activations": reader.render()}
-    return g.json_response(out, {**headers, **steer.UNSTEERED})
+    return Response(out, headers={**headers, **steer.UNSTEERED})

@@ -1,35 +1,32 @@
-"""What the chat and text completion routes share: request -> engine -> OpenAI shapes.
+"""What the /v1 chat and text completion routes share: validated sampling, engine rows,
+and the OpenAI pieces of their answers (ids, fingerprint, usage, the mid-stream error frame).
 
-A route turns its body into prompts (token lists) plus one `GenerationRequest` template,
-then `respond` runs them on the engine and renders either one JSON body or an SSE stream.
-Several prompts (a list on /v1/completions) become several choices, run concurrently.
+A route validates its sampling fields once (`validate_sampling`), builds one engine row per
+prompt and choice (`build_request`, each row with its own seed), and hands them to the
+stream runner (api/stream_runner.py) with its encoder.
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
-from dataclasses import replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import numpy as np
-from litestar import Request, Response
-from litestar.response import Stream
 
+from mlxcel.api.engine_request import Sampling, generation_request
 from mlxcel.api.errors import ApiError, error_type
 from mlxcel.api.openai.schemas import _Sampling
 from mlxcel.api.state import AppState
-from mlxcel.engine.requests import RequestHandle
-from mlxcel.engine.sampling_params import fold_seed
-from mlxcel.engine.types import EngineError, GenerationRequest, TokenEvent
+# raise_for_error: an error event's ApiError, also reached through this module as the /v1 name
+from mlxcel.api.stream_runner import raise_for_error, sse  # noqa: F401
+from mlxcel.engine.types import GenerationRequest, TokenEvent
 from mlxcel.runtime.served import ServedModel
 
-# Content-Type named here too: a handler declared JSON would otherwise label its stream JSON
-SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "Content-Type": "text/event-stream"}
+# request field -> SamplingParams field, when sent
+SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty")
 
 
 def served_model(state: AppState, name: str | None) -> ServedModel:
@@ -52,9 +49,21 @@ def served_model(state: AppState, name: str | None) -> ServedModel:
     return model
 
 
-def validate_sampling(req: _Sampling) -> int | None:
-    """Range checks shared by every /v1 generation and scoring request; the effective
-    max_tokens (None: the server's default)."""
+@dataclass(frozen=True)
+class SamplingAsk:
+    """A /v1 request's sampling fields, range-checked once; `build_request` makes its rows."""
+
+    max_tokens: int | None  # None: the server's --n-predict
+    overrides: dict[str, Any]  # SamplingParams fields the request sets
+    seed: int | None
+    stop: list[str]
+    logit_bias: dict[str, Any] | None  # OpenAI's, checked against the model's vocabulary per row
+    lora: Any
+    cache_prompt: bool
+
+
+def validate_sampling(req: _Sampling) -> SamplingAsk:
+    """Range checks shared by every /v1 generation and scoring request."""
     if (req.max_tokens is not None and req.max_completion_tokens is not None
             and req.max_tokens != req.max_completion_tokens):
         raise ApiError(400, f"max_tokens ({req.max_tokens}) and max_completion_tokens ({req.max_completion_tokens}) "
@@ -74,7 +83,10 @@ def validate_sampling(req: _Sampling) -> int | None:
             raise ApiError(400, f"{name} must be between -2 and 2", code="invalid_parameter", param=name)
     if req.n is not None and req.n < 1:
         raise ApiError(400, "n must be at least 1", code="invalid_parameter", param="n")
-    return max_tokens
+    overrides = {name: getattr(req, name) for name in SAMPLING_FIELDS if getattr(req, name) is not None}
+    stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+    return SamplingAsk(max_tokens=max_tokens, overrides=overrides, seed=req.seed, stop=stop,
+                       logit_bias=req.logit_bias, lora=req.lora, cache_prompt=req.cache_prompt is not False)
 
 
 def openai_logit_bias(raw: dict[str, Any] | None, n_vocab: int) -> dict[int, float]:
@@ -117,31 +129,17 @@ def check_context(model: ServedModel, n_prompt: int, max_tokens: int, param: str
         )
 
 
-def build_request(req: _Sampling, model: ServedModel, prompt: list[int], *, row: int = 0,
+def build_request(ask: SamplingAsk, model: ServedModel, prompt: list[int], *, row: int = 0,
                   param: str = "messages") -> GenerationRequest:
     """One engine row of a request; `row` picks the row's seed (see `row_seed`)."""
-    max_tokens = validate_sampling(req)
-    if max_tokens is None:
-        max_tokens = model.n_predict
-    overrides: dict[str, Any] = {}
-    for field in ("temperature", "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty"):
-        value = getattr(req, field)
-        if value is not None:
-            overrides[field] = value
-    bias = openai_logit_bias(req.logit_bias, model.info.vocab_size)
-    if bias or model.ignore_eos:  # --ignore-eos reaches /v1 too: the OpenAI bodies have no field for it
-        overrides["logit_bias"] = model.request_bias(bias or None, model.ignore_eos)
-    params = replace(model.defaults, **overrides)
-    if req.seed is not None:
-        params = replace(params, seed=fold_seed(row_seed(req.seed, row)))
-    stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+    max_tokens = model.n_predict if ask.max_tokens is None else ask.max_tokens
+    bias = openai_logit_bias(ask.logit_bias, model.info.vocab_size)
     check_context(model, len(prompt), max_tokens, param)
-    from mlxcel.api.llamacpp.lora_adapters import request_lora
-
-    lora, asked = request_lora(model, req.lora)
-    return GenerationRequest(prompt=prompt, params=params, max_tokens=max_tokens, stop=stop,
-                             ignore_eos=model.ignore_eos, cache_prompt=req.cache_prompt is not False,
-                             lora=lora, lora_asked=asked)
+    # --ignore-eos reaches /v1 too: the OpenAI bodies have no field for it
+    sampling = Sampling(max_tokens=max_tokens, overrides=ask.overrides, seed=row_seed(ask.seed, row),
+                        bias=bias or None, ignore_eos=model.ignore_eos, stop=ask.stop, lora=ask.lora,
+                        cache_prompt=ask.cache_prompt)
+    return generation_request(model, sampling, prompt)
 
 
 def seed_header(seed: int | None, scope: str = "request") -> dict[str, str]:
@@ -166,118 +164,13 @@ def fingerprint(model: ServedModel) -> str:
             f":mlxcel-{info.backend or 'unrecorded'}")
 
 
-def submit(model: ServedModel, greq: GenerationRequest) -> RequestHandle:
-    try:
-        return model.engine.submit(greq)
-    except EngineError as e:
-        raise ApiError(e.status, e.message, code=e.code) from None
-
-
-def submit_all(model: ServedModel, greqs: list[GenerationRequest]) -> list[RequestHandle]:
-    """Submit every row of one request; if one is refused, cancel those already queued."""
-    handles: list[RequestHandle] = []
-    try:
-        for greq in greqs:
-            handles.append(submit(model, greq))
-    except ApiError:
-        for h in handles:
-            h.cancel()
-        raise
-    return handles
-
-
-async def watch_disconnect(request: Request, handles: list[RequestHandle]) -> None:
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            for h in handles:
-                h.cancel()
-            return
-
-
-async def collect(request: Request, handles: list[RequestHandle]) -> list[tuple[str, TokenEvent]]:
-    """Run every handle to completion; cancel them all if the client goes away."""
-    watcher = asyncio.create_task(watch_disconnect(request, handles))
-
-    async def one(h: RequestHandle) -> tuple[str, TokenEvent]:
-        parts: list[str] = []
-        async for ev in h:
-            parts.append(ev.text)
-            if ev.done:
-                return "".join(parts), ev
-        raise ApiError(499, "request cancelled")
-
-    try:
-        return await asyncio.gather(*(one(h) for h in handles))
-    finally:
-        watcher.cancel()
-        for h in handles:
-            h.cancel()
-
-
-def usage(results: list[tuple[str, TokenEvent]]) -> dict[str, Any]:
-    prompt = sum(ev.prompt_tokens for _, ev in results)
-    completion = sum(ev.completion_tokens for _, ev in results)
-    cached = sum(ev.timings.cache_n for _, ev in results if ev.timings is not None)
+def usage(finals: list[TokenEvent]) -> dict[str, Any]:
+    """OpenAI's usage object over the last events of a request's rows."""
+    prompt = sum(ev.prompt_tokens for ev in finals)
+    completion = sum(ev.completion_tokens for ev in finals)
+    cached = sum(ev.timings.cache_n for ev in finals if ev.timings is not None)
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
             "prompt_tokens_details": {"cached_tokens": cached}}
-
-
-# Engine errors that end a request have the seed's statuses (503 for the retryable ones); the
-# rest are the server's own failure.
-EVENT_STATUS = {"model_busy": 503, "insufficient_memory": 503, "queue_full": 503, "context_length_exceeded": 400}
-
-
-def raise_for_error(ev: TokenEvent) -> None:
-    if ev.error is not None:
-        raise ApiError(EVENT_STATUS.get(ev.error_code or "", 500), ev.error, code=ev.error_code or "server_error",
-                       type=error_type(ev.error_code))
-
-
-async def merged(handles: list[RequestHandle]) -> AsyncIterator[tuple[int, TokenEvent]]:
-    """Events of several handles as they come, tagged with the handle's index."""
-    if len(handles) == 1:
-        async for ev in handles[0]:
-            yield 0, ev
-        return
-    queue: asyncio.Queue = asyncio.Queue()
-
-    async def pump(i: int, h: RequestHandle) -> None:
-        async for ev in h:
-            await queue.put((i, ev))
-
-    tasks = [asyncio.create_task(pump(i, h)) for i, h in enumerate(handles)]
-    try:
-        remaining = len(handles)
-        while remaining:
-            i, ev = await queue.get()
-            remaining -= ev.done
-            yield i, ev
-    finally:
-        for t in tasks:
-            t.cancel()
-
-
-def sse(obj: Any) -> bytes:
-    return b"data: " + msgspec.json.encode(obj) + b"\n\n"
-
-
-def stream_response(handles: list[RequestHandle], frames: Callable[[AsyncIterator[tuple[int, TokenEvent]]], AsyncIterator[bytes]],
-                    headers: dict[str, str]) -> Stream:
-    async def body() -> AsyncIterator[bytes]:
-        try:
-            async for chunk in frames(merged(handles)):
-                yield chunk
-            yield b"data: [DONE]\n\n"
-        finally:
-            for h in handles:
-                h.cancel()
-
-    return Stream(body(), media_type="text/event-stream", headers={**SSE_HEADERS, **headers})
-
-
-def json_response(body: dict[str, Any], headers: dict[str, str]) -> Response:
-    return Response(body, headers=headers)
 
 
 def new_id(prefix: str) -> str:

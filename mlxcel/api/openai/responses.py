@@ -13,14 +13,13 @@ import asyncio
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncIterator
 from typing import Any
 
 import msgspec
 from litestar import Request, delete, get, post
-from litestar.response import Stream
 
 from mlxcel.api import media
+from mlxcel.api import stream_runner as runner
 from mlxcel.api.body import convert, read_json_object
 from mlxcel.api.errors import ApiError
 from mlxcel.api.model_switch import model_for
@@ -29,6 +28,8 @@ from mlxcel.api.openai import generation as g
 from mlxcel.api.openai.fields import object_locations, settle_unused, strict_mode
 from mlxcel.api.openai.schemas import ChatCompletionRequest
 from mlxcel.api.state import AppState
+from mlxcel.api.stream_runner import Encoder, Job, Run
+from mlxcel.engine.types import TokenEvent
 from mlxcel.steering import requests as steer
 
 STORE_CAPACITY = 256
@@ -205,14 +206,14 @@ def _items(deltas: list[dict[str, Any]]) -> list[dict[str, Any]]:
     msg = chat_surface.message(deltas)
     items: list[dict[str, Any]] = []
     if msg.get("reasoning_content"):
-        items.append({"type": "reasoning", "id": "rs_" + uuid.uuid4().hex[:24], "summary": [],
+        items.append({"type": "reasoning", "id": _item_id("rs_"), "summary": [],
                       "content": [{"type": "reasoning_text", "text": msg["reasoning_content"]}]})
     if msg.get("content"):
-        items.append({"type": "message", "id": "msg_" + uuid.uuid4().hex[:24], "status": "completed",
+        items.append({"type": "message", "id": _item_id("msg_"), "status": "completed",
                       "role": "assistant",
                       "content": [{"type": "output_text", "text": msg["content"], "annotations": []}]})
     for c in msg.get("tool_calls", ()):
-        items.append({"type": "function_call", "id": "fc_" + uuid.uuid4().hex[:24], "call_id": c["id"],
+        items.append({"type": "function_call", "id": _item_id("fc_"), "call_id": c["id"],
                       "name": c["function"]["name"], "arguments": c["function"]["arguments"], "status": "completed"})
     return items
 
@@ -246,6 +247,142 @@ def _after(conversation: list[dict], output: list[dict]) -> list[dict]:
     return [*conversation, msg]
 
 
+def _item_id(prefix: str) -> str:
+    return prefix + uuid.uuid4().hex[:24]
+
+
+class ResponsesEncoder(Encoder):
+    """The chat deltas of one response as output items (reasoning, message, function_call),
+    the finished response stored for a later turn. Streamed, items open as their first delta
+    arrives, each at the next output_index; the final output keeps that order and those ids,
+    so added/delta/done events and the stored response agree."""
+
+    def __init__(self, rid: str, req: ResponsesRequest, model_id: str, conversation: list[dict],
+                 store: ResponseStore, out: chat_surface.ChatOutput) -> None:
+        self.rid, self.req, self.model_id, self.conversation = rid, req, model_id, conversation
+        self.store, self.out = store, out
+        self.live = Live(None)  # registered in store.live while the rows run
+        self.seq = 0
+        self.deltas: list[dict[str, Any]] = []
+        self.opened: dict[Any, tuple[int, str]] = {}  # "reasoning", "message" or a call index -> (index, id)
+        self.call_keys: dict[str, int] = {}  # call_id -> call index
+
+    def begin(self, handles: list[Any]) -> None:
+        self.live.handle = handles[0]
+        self.store.live[self.rid] = self.live
+
+    def stopped(self) -> bool:
+        return self.live.cancelled
+
+    def close(self) -> None:
+        self.store.live.pop(self.rid, None)
+        self.live.settled.set()  # a cancel waiting on an error answers what is stored
+
+    def body(self, runs: list[Run]) -> dict[str, Any]:
+        self.deltas = self.out.feed(runs[0].text) + self.out.finish()
+        return self._finished(runs[0].final)
+
+    def _finished(self, ev: TokenEvent | None) -> dict[str, Any]:
+        # ev None: the rows ended without a last event, i.e. POST .../cancel stopped them
+        status = "cancelled" if ev is None else "incomplete" if ev.finish_reason == "length" else "completed"
+        resp = _response(self.rid, self.req, self.model_id, status, self._arrange(_items(self.deltas)), ev)
+        if self.req.store:
+            self.store.put(resp, _after(self.conversation, resp["output"]))
+        self.live.settle(resp)
+        return resp
+
+    def _arrange(self, output: list[dict]) -> list[dict]:
+        keyed = []
+        for item in output:
+            key = item["type"] if item["type"] != "function_call" else self.call_keys.get(item["call_id"])
+            if key in self.opened:
+                item["id"] = self.opened[key][1]
+            keyed.append((self.opened.get(key, (len(self.opened) + len(keyed), ""))[0], item))
+        return [item for _, item in sorted(keyed, key=lambda t: t[0])]
+
+    def _event(self, kind: str, **data: Any) -> bytes:
+        self.seq += 1
+        return f"event: {kind}\n".encode() + b"data: " + msgspec.json.encode(
+            {"type": kind, "sequence_number": self.seq - 1, **data}) + b"\n\n"
+
+    def _open(self, key: Any, item: dict[str, Any]) -> bytes:
+        self.opened[key] = (len(self.opened), item["id"])
+        return self._event("response.output_item.added", output_index=self.opened[key][0], item=item)
+
+    def opening(self) -> list[bytes]:
+        started = _response(self.rid, self.req, self.model_id, "in_progress", [])
+        return [self._event("response.created", response=started),
+                self._event("response.in_progress", response=started)]
+
+    def error(self, ev: TokenEvent) -> bytes:
+        return self._event("error", code=ev.error_code, message=ev.error, param=None)
+
+    def frames(self, index: int, ev: TokenEvent) -> list[bytes]:
+        new = self.out.feed(ev.text) + (self.out.finish() if ev.done else [])
+        self.deltas += new
+        frames = [frame for d in new for frame in self._delta(d)]
+        if ev.done:
+            frames += self._done(self._finished(ev))
+        return frames
+
+    def closing(self, finished: bool) -> list[bytes]:
+        if not finished and self.live.cancelled:  # ended with no last event: stored as cancelled
+            self._finished(None)
+        return []
+
+    def _delta(self, d: dict[str, Any]) -> list[bytes]:
+        frames: list[bytes] = []
+        if "reasoning_content" in d:
+            if "reasoning" not in self.opened:
+                frames.append(self._open("reasoning", {"type": "reasoning", "id": _item_id("rs_"), "summary": [],
+                                                       "content": []}))
+            i, item_id = self.opened["reasoning"]
+            frames.append(self._event("response.reasoning_text.delta", item_id=item_id, output_index=i,
+                                      content_index=0, delta=d["reasoning_content"]))
+        elif "content" in d:
+            if "message" not in self.opened:
+                frames.append(self._open("message", {"type": "message", "id": _item_id("msg_"),
+                                                     "status": "in_progress", "role": "assistant", "content": []}))
+                i, item_id = self.opened["message"]
+                frames.append(self._event("response.content_part.added", item_id=item_id, output_index=i,
+                                          content_index=0, part={"type": "output_text", "text": "",
+                                                                 "annotations": []}))
+            i, item_id = self.opened["message"]
+            frames.append(self._event("response.output_text.delta", item_id=item_id, output_index=i,
+                                      content_index=0, delta=d["content"]))
+        elif "tool_calls" in d:
+            tc = d["tool_calls"][0]
+            if "id" in tc:
+                self.call_keys[tc["id"]] = tc["index"]
+                frames.append(self._open(tc["index"], {
+                    "type": "function_call", "id": _item_id("fc_"), "call_id": tc["id"],
+                    "name": tc["function"]["name"], "arguments": "", "status": "in_progress"}))
+            elif tc["function"].get("arguments"):
+                i, item_id = self.opened[tc["index"]]
+                frames.append(self._event("response.function_call_arguments.delta", item_id=item_id,
+                                          output_index=i, delta=tc["function"]["arguments"]))
+        return frames
+
+    def _done(self, resp: dict[str, Any]) -> list[bytes]:
+        frames: list[bytes] = []
+        for i, item in enumerate(resp["output"]):
+            if item["type"] == "reasoning":
+                frames.append(self._event("response.reasoning_text.done", item_id=item["id"], output_index=i,
+                                          content_index=0, text=item["content"][0]["text"]))
+            elif item["type"] == "message":
+                part = item["content"][0]
+                frames.append(self._event("response.output_text.done", item_id=item["id"], output_index=i,
+                                          content_index=0, text=part["text"]))
+                frames.append(self._event("response.content_part.done", item_id=item["id"], output_index=i,
+                                          content_index=0, part=part))
+            else:
+                frames.append(self._event("response.function_call_arguments.done", item_id=item["id"],
+                                          output_index=i, name=item["name"], arguments=item["arguments"]))
+            frames.append(self._event("response.output_item.done", output_index=i, item=item))
+        kind = "response.completed" if resp["status"] == "completed" else "response.incomplete"
+        return frames + [self._event(kind, response=resp)]
+
+
 @post(["/v1/responses", "/responses"], status_code=200)
 async def create_response(request: Request, app_state: AppState) -> Any:
     strict = strict_mode(request.headers)
@@ -258,149 +395,11 @@ async def create_response(request: Request, app_state: AppState) -> Any:
     rendered, images = conversation, []
     if media.has_media(conversation):  # image parts stay in the stored conversation; a later turn reads them again
         rendered, images = await media.gather(model, media.policy(app_state.settings), conversation)
-    creq = _chat_request(req, rendered)
-    started = await chat_surface.start(app_state, model, creq, field_headers, images, "input")
-    prep, handle, steer_headers = started.prep, started.handle, started.headers
-    out = chat_surface.ChatOutput(prep, parallel_tool_calls=req.parallel_tool_calls is not False)
-    rid = "resp_" + uuid.uuid4().hex[:24]
-    store = _store(app_state)
-
-    live = Live(handle)  # registered in store.live while its producer runs
-
-    def finished(deltas: list[dict], ev, arrange=None) -> dict[str, Any]:
-        # ev None: the handle ended without a done event, i.e. POST .../cancel stopped it
-        status = "cancelled" if ev is None else "incomplete" if ev.finish_reason == "length" else "completed"
-        output = _items(deltas)
-        resp = _response(rid, req, model.id, status, arrange(output) if arrange else output, ev)
-        if req.store:
-            store.put(resp, _after(conversation, resp["output"]))
-        live.settle(resp)
-        return resp
-
-    if not req.stream:
-        store.live[rid] = live
-        watcher = asyncio.create_task(g.watch_disconnect(request, [handle]))
-        parts: list[str] = []
-        last = None
-        try:
-            async for ev in handle:
-                parts.append(ev.text)
-                if ev.done:
-                    last = ev
-                    break
-        finally:
-            watcher.cancel()
-            handle.cancel()
-            store.live.pop(rid, None)
-        try:
-            if last is None and not live.cancelled:
-                raise ApiError(499, "request cancelled")  # the client went away
-            if last is not None:
-                g.raise_for_error(last)
-            resp = finished(out.feed("".join(parts)) + out.finish(), last)
-        finally:
-            live.settled.set()  # a cancel waiting on an error answers what is stored
-        return g.json_response(resp, steer_headers)
-
-    async def body() -> AsyncIterator[bytes]:
-        seq = 0
-
-        def event(kind: str, **data) -> bytes:
-            nonlocal seq
-            seq += 1
-            return f"event: {kind}\n".encode() + b"data: " + msgspec.json.encode(
-                {"type": kind, "sequence_number": seq - 1, **data}) + b"\n\n"
-
-        # Items open as their first delta arrives, each at the next output_index; the final
-        # output keeps that order and those ids, so added/delta/done events and the stored
-        # response agree. key: "reasoning", "message" or a call index.
-        opened: dict[Any, tuple[int, str]] = {}
-        call_keys: dict[str, int] = {}  # call_id -> call index
-
-        def open_item(key: Any, item: dict[str, Any]) -> tuple[int, bytes]:
-            opened[key] = (len(opened), item["id"])
-            return opened[key][0], event("response.output_item.added", output_index=opened[key][0], item=item)
-
-        def arrange(output: list[dict]) -> list[dict]:
-            keyed = []
-            for item in output:
-                key = item["type"] if item["type"] != "function_call" else call_keys.get(item["call_id"])
-                if key in opened:
-                    item["id"] = opened[key][1]
-                keyed.append((opened.get(key, (len(opened) + len(keyed), ""))[0], item))
-            return [item for _, item in sorted(keyed, key=lambda t: t[0])]
-
-        store.live[rid] = live
-        started = _response(rid, req, model.id, "in_progress", [])
-        yield event("response.created", response=started)
-        yield event("response.in_progress", response=started)
-        deltas: list[dict] = []
-        try:
-            async for ev in handle:
-                if ev.error is not None:
-                    yield event("error", code=ev.error_code, message=ev.error, param=None)
-                    return
-                new = out.feed(ev.text) + (out.finish() if ev.done else [])
-                deltas += new
-                for d in new:
-                    if "reasoning_content" in d:
-                        if "reasoning" not in opened:
-                            _, frame = open_item("reasoning", {"type": "reasoning", "id": "rs_" + uuid.uuid4().hex[:24],
-                                                               "summary": [], "content": []})
-                            yield frame
-                        i, item_id = opened["reasoning"]
-                        yield event("response.reasoning_text.delta", item_id=item_id, output_index=i, content_index=0,
-                                    delta=d["reasoning_content"])
-                    elif "content" in d:
-                        if "message" not in opened:
-                            i, frame = open_item("message", {
-                                "type": "message", "id": "msg_" + uuid.uuid4().hex[:24], "status": "in_progress",
-                                "role": "assistant", "content": []})
-                            yield frame
-                            yield event("response.content_part.added", item_id=opened["message"][1], output_index=i,
-                                        content_index=0, part={"type": "output_text", "text": "", "annotations": []})
-                        i, item_id = opened["message"]
-                        yield event("response.output_text.delta", item_id=item_id, output_index=i, content_index=0,
-                                    delta=d["content"])
-                    elif "tool_calls" in d:
-                        tc = d["tool_calls"][0]
-                        if "id" in tc:
-                            call_keys[tc["id"]] = tc["index"]
-                            _, frame = open_item(tc["index"], {
-                                "type": "function_call", "id": "fc_" + uuid.uuid4().hex[:24], "call_id": tc["id"],
-                                "name": tc["function"]["name"], "arguments": "", "status": "in_progress"})
-                            yield frame
-                        elif tc["function"].get("arguments"):
-                            i, item_id = opened[tc["index"]]
-                            yield event("response.function_call_arguments.delta", item_id=item_id, output_index=i,
-                                        delta=tc["function"]["arguments"])
-                if ev.done:
-                    resp = finished(deltas, ev, arrange)
-                    for i, item in enumerate(resp["output"]):
-                        if item["type"] == "reasoning":
-                            yield event("response.reasoning_text.done", item_id=item["id"], output_index=i,
-                                        content_index=0, text=item["content"][0]["text"])
-                        elif item["type"] == "message":
-                            part = item["content"][0]
-                            yield event("response.output_text.done", item_id=item["id"], output_index=i,
-                                        content_index=0, text=part["text"])
-                            yield event("response.content_part.done", item_id=item["id"], output_index=i,
-                                        content_index=0, part=part)
-                        else:
-                            yield event("response.function_call_arguments.done", item_id=item["id"], output_index=i,
-                                        name=item["name"], arguments=item["arguments"])
-                        yield event("response.output_item.done", output_index=i, item=item)
-                    yield event("response.completed" if resp["status"] == "completed" else "response.incomplete",
-                                response=resp)
-                    return
-            if live.cancelled:  # the handle ended with no done event: stored as cancelled
-                finished(deltas, None, arrange)
-        finally:
-            store.live.pop(rid, None)
-            handle.cancel()
-            live.settled.set()
-
-    return Stream(body(), media_type="text/event-stream", headers={**g.SSE_HEADERS, **steer_headers})
+    chat = await chat_surface.job(app_state, model, _chat_request(req, rendered), field_headers, images, "input")
+    out = chat_surface.ChatOutput(chat.prep, parallel_tool_calls=req.parallel_tool_calls is not False)
+    encoder = ResponsesEncoder(_item_id("resp_"), req, model.id, conversation, _store(app_state), out)
+    job = Job(model=model, requests=[chat.request], headers=chat.headers, stream=req.stream)
+    return await runner.run(request, job, encoder)
 
 
 def _found(state: AppState, rid: str) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from mlxcel.api.errors import ApiError
+from mlxcel.api.errors import ApiError, engine_error
 from mlxcel.api.openai.schemas import SCORING_UNUSED
 from mlxcel.engine.types import EngineError
 from mlxcel.runtime.served import ServedModel
@@ -143,11 +143,11 @@ async def score_prompt(model: ServedModel, prompt: list[int], spec: ScoringSpec,
     try:
         future = model.engine.submit_score(prompt, capture)
     except EngineError as e:
-        raise ApiError(e.status, e.message, code=e.code) from None
+        raise engine_error(e.message, e.code, e.status) from None
     try:
         logits = await asyncio.wrap_future(future)
     except EngineError as e:
-        raise ApiError(e.status, e.message, code=e.code) from None
+        raise engine_error(e.message, e.code, e.status) from None
     return score_logits(logits, spec)
 
 

@@ -1,0 +1,131 @@
+"""The OpenAI wire formats of /v1/chat/completions and /v1/completions: how a row's events
+become `chat.completion.chunk` / `text_completion` frames (then `data: [DONE]`), and how the
+rows' results become the non-streamed body. The stream runner (api/stream_runner.py) drives
+them; the routes build them with what their validation produced.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from mlxcel.api.llamacpp.render import timings_json
+from mlxcel.api.openai import response_format as rf
+from mlxcel.api.openai.chat_surface import ChatOutput, message, with_alias
+from mlxcel.api.openai.generation import error_frame, usage
+from mlxcel.api.stream_runner import Encoder, Run, sse
+from mlxcel.engine.requests import RequestHandle
+from mlxcel.engine.types import TokenEvent
+from mlxcel.steering.requests import ActivationReader
+
+DONE = b"data: [DONE]\n\n"
+
+
+def drafted(ev: TokenEvent) -> bool:
+    """A speculated request carries b10621's top-level `timings` object (with the draft counters);
+    upstream puts it on every chat completion, mlxcel only where a verify round ran."""
+    return ev.timings is not None and ev.timings.draft_n is not None
+
+
+class ChatEncoder(Encoder):
+    """Chat completion choices, one `ChatOutput` parser per row (streaming has one row)."""
+
+    trailer = DONE
+
+    def __init__(self, base: dict[str, Any], fingerprint: str, outputs: list[ChatOutput], *, alias: str,
+                 include_usage: bool = False, reader: ActivationReader | None = None,
+                 constraint: rf.Constraint | None = None,
+                 on_begin: Callable[[list[RequestHandle]], None] | None = None) -> None:
+        self.base, self.fingerprint, self.outputs, self.alias = base, fingerprint, outputs, alias
+        self.include_usage, self.reader, self.constraint = include_usage, reader, constraint
+        self.on_begin = on_begin  # arms reasoning_control under the completion id
+
+    def begin(self, handles: list[RequestHandle]) -> None:
+        if self.on_begin is not None:
+            self.on_begin(handles)
+
+    def _chunk(self, **fields: Any) -> dict[str, Any]:
+        return {**self.base, "object": "chat.completion.chunk", **fields}
+
+    def opening(self) -> list[bytes]:
+        return [sse(self._chunk(system_fingerprint=self.fingerprint, choices=[
+            {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]))]
+
+    def error(self, ev: TokenEvent) -> bytes:
+        return error_frame(ev)
+
+    def frames(self, index: int, ev: TokenEvent) -> list[bytes]:
+        out = self.outputs[0]
+        deltas = out.feed(ev.text) + (out.finish() if ev.done else [])
+        frames = []
+        for i, delta in enumerate(deltas if not ev.done else [*deltas, {}]):
+            last = ev.done and i == len(deltas)  # the empty delta after the last one carries the finish
+            chunk = self._chunk(system_fingerprint=self.fingerprint, choices=[
+                {"index": 0, "delta": with_alias(delta, self.alias),
+                 "finish_reason": out.finish_reason(ev.finish_reason) if last else None}])
+            if last:
+                chunk["usage"] = usage([ev])
+                if drafted(ev):
+                    chunk["timings"] = timings_json(ev.timings, ev.prompt_tokens)
+            frames.append(sse(chunk))
+        if ev.done and self.include_usage:
+            frames.append(sse(self._chunk(choices=[], usage=usage([ev]))))
+        if ev.done and self.reader is not None:  # the activations: one last chunk before [DONE]
+            frames.append(sse(self._chunk(choices=[], millm={"sae_activations": self.reader.render()})))
+        return frames
+
+    def body(self, runs: list[Run]) -> dict[str, Any]:
+        finals = [r.final for r in runs]
+        if self.constraint is not None:
+            for r in runs:
+                rf.check_output(self.constraint, r.text, r.final.finish_reason)
+        choices = [{"index": i, "message": with_alias(message(o.feed(r.text) + o.finish()), self.alias),
+                    "logprobs": None, "finish_reason": o.finish_reason(r.final.finish_reason)}
+                   for i, (r, o) in enumerate(zip(runs, self.outputs))]
+        body = {**self.base, "object": "chat.completion", "system_fingerprint": self.fingerprint,
+                "choices": choices, "usage": usage(finals)}
+        if drafted(finals[0]):
+            body["timings"] = timings_json(finals[0].timings, finals[0].prompt_tokens)
+        if self.reader is not None:
+            body["millm"] = {"sae_activations": self.reader.render()}
+        return body
+
+
+class CompletionEncoder(Encoder):
+    """Text completion choices, one per row in prompt order; streamed rows interleave."""
+
+    trailer = DONE
+
+    def __init__(self, base: dict[str, Any], fingerprint: str, *, include_usage: bool = False,
+                 reader: ActivationReader | None = None) -> None:
+        self.base, self.fingerprint = base, fingerprint
+        self.include_usage, self.reader = include_usage, reader
+        self.finals: list[TokenEvent] = []
+
+    def error(self, ev: TokenEvent) -> bytes:
+        return error_frame(ev)
+
+    def frames(self, index: int, ev: TokenEvent) -> list[bytes]:
+        if ev.done:
+            self.finals.append(ev)
+        if not (ev.text or ev.done):
+            return []
+        return [sse({**self.base, "system_fingerprint": self.fingerprint, "choices": [
+            {"index": index, "text": ev.text, "logprobs": None, "finish_reason": ev.finish_reason}]})]
+
+    def closing(self, finished: bool) -> list[bytes]:
+        frames = []
+        if self.include_usage:
+            frames.append(sse({**self.base, "choices": [], "usage": usage(self.finals)}))
+        if self.reader is not None:  # the activations: one last chunk before [DONE]
+            frames.append(sse({**self.base, "choices": [], "millm": {"sae_activations": self.reader.render()}}))
+        return frames
+
+    def body(self, runs: list[Run]) -> dict[str, Any]:
+        out = {**self.base, "system_fingerprint": self.fingerprint,
+               "choices": [{"index": i, "text": r.text, "logprobs": None, "finish_reason": r.final.finish_reason}
+                           for i, r in enumerate(runs)],
+               "usage": usage([r.final for r in runs])}
+        if self.reader is not None:
+            out["millm"] = {"sae_activations": self.reader.render()}
+        return out
