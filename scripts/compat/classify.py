@@ -1,7 +1,7 @@
 """Change the policy of manifest entries by id, writing the canonical form back.
 
     python -m scripts.compat.classify 'route:GET /tools' 'route:POST /tools' \
-        --state not_applicable --issue 4 --test tests/unit/test_http_gate.py::test_tools_and_cors_proxy_stubs \
+        --state not_applicable --issue 4 --test tests/api/test_http_gate.py::test_tools_and_cors_proxy_stubs \
         --notes '...' --claim route=self
 
 `--claim route=self` claims the entry's own method/path; `--claim field=self` its field name;

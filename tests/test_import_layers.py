@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[2] / "mlxcel"
+PACKAGE = Path(__file__).resolve().parents[1] / "mlxcel"
 
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("config", "mlxcel"),
@@ -115,7 +115,7 @@ def test_every_package_has_a_layer():
     packages |= {p.stem for p in PACKAGE.glob("*.py") if p.name != "__init__.py"}
     missing = sorted(packages - set(LAYER))
     if missing:
-        pytest.fail(f"packages with no layer in LAYERS (tests/unit/test_import_layers.py): {', '.join(missing)}",
+        pytest.fail(f"packages with no layer in LAYERS (tests/test_import_layers.py): {', '.join(missing)}",
                     pytrace=False)
 
 
@@ -130,7 +130,7 @@ def test_imports_only_go_down():
         elif LAYER[dst] == LAYER[src]:
             wrong.append(f"{edge}  ({src} imports {dst}, of its own layer)")
     if wrong:
-        pytest.fail("imports against the layer order (tests/unit/test_import_layers.py):\n" + "\n".join(wrong),
+        pytest.fail("imports against the layer order (tests/test_import_layers.py):\n" + "\n".join(wrong),
                     pytrace=False)
 
 
