@@ -3,7 +3,7 @@ while it loads)."""
 
 from __future__ import annotations
 
-from dataclasses import InitVar, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -12,15 +12,17 @@ from mlxcel.config.settings import ServerSettings
 from mlxcel.runtime.host import ModelHost
 from mlxcel.runtime.served import ServedModel
 
+_ON_HOST: Any = object()  # `model` / `load_error` not given: whatever the host holds
+
 
 @dataclass
 class AppState:
     settings: ServerSettings
-    # the served model and why none is loaded live on the host; given here, they start it
-    model: InitVar[ServedModel | None] = None
-    load_error: InitVar[str | None] = None
     # the served model's lifecycle (runtime/host.py); a host of its own when none is given
     host: ModelHost | None = None
+    # the served model and why none is loaded: kept on the host (the properties below)
+    model: ServedModel | None = _ON_HOST
+    load_error: str | None = _ON_HOST
     # side workers (mlxcel/workers): present once loaded; `plan` says which were asked for
     plan: Any = None  # workers.plan.ServePlan; None = plain generation server
     embedder: Any = None  # workers.embedding.EmbeddingWorker
@@ -33,20 +35,33 @@ class AppState:
     # completion id -> (ReasoningControl, handles) of running requests armed with reasoning_control
     reasoning_controls: dict = field(default_factory=dict)
 
-    def __post_init__(self, model: ServedModel | None, load_error: str | None) -> None:
-        if self.host is None:
+    def __post_init__(self) -> None:
+        self._own_host()
+
+    def _own_host(self) -> ModelHost:
+        if self.host is None:  # the generated __init__ may set `model` before __post_init__ runs
             self.host = ModelHost(self.settings)
-        if model is not None:
-            self.host.model = model
-        if load_error is not None:
-            self.host.load_error = load_error
+        return self.host
+
+    @property
+    def switch(self) -> ModelHost | None:
+        """The host when /v1 requests may switch the generation model (a server started with
+        one), with its phase (every request gets model_busy meanwhile); None: the loaded model
+        is the only one."""
+        return self.host if self.host.switching else None
 
 
-# Properties set after the class: a dataclass field of the same name (the InitVars above) would
-# otherwise take the property for its default.
-AppState.model = property(lambda self: self.host.model, lambda self, m: setattr(self.host, "model", m))
-AppState.load_error = property(lambda self: self.host.load_error,
-                               lambda self, e: setattr(self.host, "load_error", e))
-# the host when /v1 requests may switch the generation model (a server started with one), with
-# its phase (every request gets model_busy meanwhile); None: the loaded model is the only one
-AppState.switch = property(lambda self: self.host if self.host.switching else None)
+def _on_host(name: str) -> property:
+    def get(self: AppState) -> Any:
+        return getattr(self._own_host(), name)
+
+    def set_(self: AppState, value: Any) -> None:
+        if value is not _ON_HOST:
+            setattr(self._own_host(), name, value)
+
+    return property(get, set_)
+
+
+# Set after the class: a property in its body would become the dataclass fields' default.
+AppState.model = _on_host("model")
+AppState.load_error = _on_host("load_error")
