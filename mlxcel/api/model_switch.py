@@ -18,6 +18,11 @@ second switch or running on a half-moved model:
 While the server is locked to the loaded model for steering (/api/models/<id>/lock, or SAEs
 attached), /v1/models lists only that model and a request naming another one gets 404.
 
+The phases, the drain, the restore and the memory clean-up are the model host's
+(`runtime.host.ModelHost`, `state.host`); this module decides what a request's model name asks
+for and answers the host's errors (`HostBusy`, `LoadFailed`, `LoadRefused`) with the statuses
+and codes above.
+
 The management API drives the same machinery (`load_model`, `unload_model`): a load is a
 switch (or, with no model loaded, phase 2 alone), an unload is phase 1 alone and leaves the
 server with no generation model, so a request that names none answers 503 `model_not_loaded`
@@ -26,37 +31,31 @@ until a load, while a /v1 request naming a store model loads it.
 
 from __future__ import annotations
 
-import asyncio
-import gc
 import json
-import logging
 from pathlib import Path
 
 from mlxcel.api.errors import ApiError
-from mlxcel.api.state import AppState, SwitchState
+from mlxcel.api.state import AppState
 from mlxcel.models.registry import UnsupportedModelType, family_for
-from mlxcel.runtime.capacity import LoadRefused, check_loadable
-from mlxcel.runtime.load import load_served_model
+from mlxcel.runtime.capacity import LoadRefused
+from mlxcel.runtime.host import HostBusy, LoadFailed, ModelHost
 from mlxcel.runtime.served import ServedModel
 from mlxcel.store.repo_id import InvalidRepoId, expand, parse_repo_id
 from mlxcel.store.resolve import refusal
 from mlxcel.store.store import list_models
 
-log = logging.getLogger("mlxcel.switch")
 
-
-def busy_error(sw: SwitchState) -> ApiError:
-    if sw.phase == "unloading":
-        what = f"the model {sw.previous!r} is being unloaded" + (f" to load {sw.target!r}" if sw.target else "")
-    else:
-        what = f"the model {sw.target!r} is being loaded"
-    return ApiError(503, f"{what}; retry once it finishes", code="model_busy", type="server_error")
+def busy_error(e: HostBusy) -> ApiError:
+    return ApiError(503, e.message, code="model_busy", type="server_error")
 
 
 def check_not_busy(state: AppState) -> None:
-    sw = state.switch
-    if sw is not None and sw.phase is not None:
-        raise busy_error(sw)
+    host = state.switch
+    if host is not None:
+        try:
+            host.check_not_busy()
+        except HostBusy as e:
+            raise busy_error(e) from None
 
 
 def store_checkpoint(state: AppState, name: str) -> Path | None:
@@ -109,7 +108,7 @@ async def model_for(state: AppState, name: str | None) -> ServedModel:
         path = store_checkpoint(state, name)  # unloaded through the management API: load on demand
         if path is None:
             raise ApiError(404, f"The model '{name}' does not exist", code="model_not_found", param="model")
-        return await _load_into_empty(state, name, path)
+        return await _host_load(state.host, name, path)
     if current is None or current.answers_to(name) or state.switch is None:
         return served_model(state, name)
     served_model(state, None)  # side-worker-only servers refuse here
@@ -122,7 +121,8 @@ async def model_for(state: AppState, name: str | None) -> ServedModel:
         raise ApiError(404, f"The model '{name}' is not available: the server is locked to '{current.id}' for "
                        "steering (unlock it and detach its SAEs to switch models)",
                        code="model_not_found", param="model")
-    return await _switch(state, current, name, path)
+    del current  # the switch frees the loaded model's memory: no reference may outlive it here
+    return await _host_load(state.host, name, path)
 
 
 async def load_model(state: AppState, name: str, path: Path) -> ServedModel:
@@ -135,11 +135,10 @@ async def load_model(state: AppState, name: str, path: Path) -> ServedModel:
     if steering_locked(state):
         raise ApiError(409, f"the server is locked to '{current.id if current else state.steering_lock}' for "
                        "steering; unlock it and detach its SAEs to load another model", code="model_locked")
-    if current is None:
-        if state.load_error is None and state.switch.unloaded is None:
-            raise ApiError(503, "the model is still loading", code="model_not_loaded", type="server_error")
-        return await _load_into_empty(state, name, path)
-    return await _switch(state, current, name, path)
+    if current is None and state.load_error is None and state.switch.unloaded is None:
+        raise ApiError(503, "the model is still loading", code="model_not_loaded", type="server_error")
+    del current  # as in model_for: the switch frees the loaded model's memory
+    return await _host_load(state.host, name, path)
 
 
 async def unload_model(state: AppState, current: ServedModel) -> None:
@@ -149,107 +148,18 @@ async def unload_model(state: AppState, current: ServedModel) -> None:
         raise ApiError(409, f"'{current.id}' is locked for steering; unlock it and detach its SAEs to unload it",
                        code="model_locked")
     check_not_busy(state)
-    sw = state.switch
-    sw.phase, sw.target, sw.previous = "unloading", None, current.id
+    del current  # the host frees its memory once the engine stops
+    await state.host.unload()
+
+
+async def _host_load(host: ModelHost, name: str, path: Path) -> ServedModel:
+    """The host's load (a switch when a model is held), its errors in the API's statuses."""
     try:
-        log.info("unloading %s", current.id)
-        await _unload(state, current)
-        sw.unloaded = current.id
-        del current
-        release_memory()
-    finally:
-        sw.phase = sw.target = sw.previous = None
-
-
-async def _unload(state: AppState, current: ServedModel) -> None:
-    """Running requests finish first (up to the graceful timeout), then the engine stops and
-    the server holds no model; the caller drops its reference and releases the memory."""
-    settings = state.settings
-    idle = await asyncio.to_thread(current.engine.drain, settings.graceful_unload_timeout)
-    if not idle:
-        log.warning("graceful unload timeout (%ss) reached with %d requests running; they end with an error",
-                    settings.graceful_unload_timeout, current.engine.outstanding)
-    await asyncio.to_thread(current.engine.shutdown)
-    state.model = None
-
-
-async def _load_into_empty(state: AppState, name: str, path: Path) -> ServedModel:
-    """Phase 2 alone, with no model loaded (after a management unload or a failed load)."""
-    try:
-        check_loadable(state.settings, path, None)
+        return await host.load(path, name)
     except LoadRefused as e:
         raise ApiError(e.status, e.message, code=e.code, param="model",
                        type="invalid_request_error" if e.status < 500 else "server_error") from None
-    check_not_busy(state)
-    sw = state.switch
-    sw.phase, sw.target, sw.previous = "loading", name, None
-    try:
-        try:
-            model = await asyncio.to_thread(load_served_model, state.settings, path, name, state.startup)
-        except Exception as e:  # noqa: BLE001 - any load failure is this request's 500
-            log.exception("loading %s failed", name)
-            release_memory()
-            raise ApiError(500, f"loading the model '{name}' failed: {e}", code="model_load_failed",
-                           type="server_error", param="model") from None
-        state.model, state.load_error, sw.unloaded = model, None, None
-        log.info("model %s loaded", name)
-        return model
-    finally:
-        sw.phase = sw.target = sw.previous = None
-
-
-async def _switch(state: AppState, current: ServedModel, name: str, path: Path) -> ServedModel:
-    settings = state.settings
-    sw = state.switch
-    try:
-        check_loadable(settings, path, current)  # quick file reads: the loaded model still serves
-    except LoadRefused as e:
-        raise ApiError(e.status, e.message, code=e.code, param="model",
-                       type="invalid_request_error" if e.status < 500 else "server_error") from None
-    check_not_busy(state)  # nothing awaited since the first check, but say it where it matters
-    sw.phase, sw.target, sw.previous = "unloading", name, current.id
-    try:
-        log.info("switching models: unloading %s to load %s", current.id, name)
-        await _unload(state, current)
-        previous_path, previous_id, previous_aliases = current.info.path, current.id, current.aliases
-        del current
-        release_memory()
-        sw.phase = "loading"
-        try:
-            model = await asyncio.to_thread(load_served_model, settings, path, name, state.startup)
-        except Exception as e:  # noqa: BLE001 - any load failure is this request's 500
-            log.exception("loading %s failed", name)
-            release_memory()
-            await asyncio.to_thread(_restore, state, previous_path, previous_id, previous_aliases)
-            raise ApiError(500, f"loading the model '{name}' failed: {e}", code="model_load_failed",
-                           type="server_error", param="model") from None
-        state.model = model
-        log.info("model %s loaded (switch)", name)
-        return model
-    finally:
-        sw.phase = sw.target = sw.previous = None
-
-
-def _restore(state: AppState, path: Path, served_id: str, aliases: list[str]) -> None:
-    """Load the previous model back after a failed switch, so the server keeps serving."""
-    try:
-        model = load_served_model(state.settings, path, served_id, state.startup)
-        model.aliases = list(aliases)
-        state.model = model
-    except Exception as e:  # noqa: BLE001 - the server stays up and says why
-        state.load_error = f"reloading {served_id} after a failed switch failed: {e}"
-        log.exception("reloading %s failed", served_id)
-
-
-def release_memory() -> None:
-    gc.collect()
-    try:
-        import sys
-
-        if "mlx.core" in sys.modules:
-            sys.modules["mlx.core"].clear_cache()
-        if "torch" in sys.modules and sys.modules["torch"].cuda.is_available():
-            sys.modules["torch"].cuda.empty_cache()
-    except Exception:  # noqa: BLE001 - freeing caches is best effort
-        pass
-
+    except HostBusy as e:
+        raise busy_error(e) from None
+    except LoadFailed as e:
+        raise ApiError(500, e.message, code="model_load_failed", type="server_error", param="model") from None

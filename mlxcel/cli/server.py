@@ -154,8 +154,8 @@ def serve(settings: ServerSettings, path: Path | None, plan=None, startup: Start
     import uvicorn
 
     from mlxcel.api.app import build_app
-    from mlxcel.api.state import AppState, SwitchState
-    from mlxcel.runtime.load import load_served_model
+    from mlxcel.api.state import AppState
+    from mlxcel.runtime.host import ModelHost
     from mlxcel.runtime.served import Startup
     from mlxcel.steering.store import SteeringStore
     from mlxcel.store.paths import store_root
@@ -169,15 +169,16 @@ def serve(settings: ServerSettings, path: Path | None, plan=None, startup: Start
         sock = bind_listener(kwargs["host"], kwargs["port"], settings.reuse_port)
         kwargs["port"] = bound_port(sock)
     root = store_root(settings.model_store_root, os.environ)
-    state = AppState(settings=settings, plan=plan if plan is not None and plan.sides else None, store_root=root,
-                     steering_store=SteeringStore(settings.state_dir or root / ".mlxcel-state"),
-                     switch=SwitchState() if path is not None else None, startup=startup or Startup())
+    # a server started with a generation model may switch it (api/model_switch.py)
+    host = ModelHost(settings, startup or Startup(), switching=path is not None)
+    state = AppState(settings=settings, host=host, plan=plan if plan is not None and plan.sides else None,
+                     store_root=root, steering_store=SteeringStore(settings.state_dir or root / ".mlxcel-state"))
     app = build_app(state)
 
     def load() -> None:
         try:
             if path is not None:
-                state.model = load_served_model(settings, path, startup=state.startup)
+                host.open(path)
                 info = state.model.info
                 log.info("model %s loaded: %s on %s/%s, compute dtype %s, context %d",
                          state.model.id, info.model_type, info.backend, info.device, info.dtype, state.model.n_ctx)
@@ -195,8 +196,7 @@ def serve(settings: ServerSettings, path: Path | None, plan=None, startup: Start
         uvicorn.run(app, log_level="warning", **kwargs)
     else:
         uvicorn.Server(uvicorn.Config(app, log_level="warning", **kwargs)).run(sockets=[sock])
-    if state.model is not None:
-        state.model.engine.shutdown()
+    host.close()
 
 
 def serve_router(settings: ServerSettings) -> None:

@@ -66,7 +66,8 @@ class Engine:
                  cache_budget_bytes: int | None = 2048 << 20, cont_batching: bool = True,
                  max_queue_depth: int = 64, context_shift: bool = False, keep: int = 0,
                  special: bool = False, sleep_idle_seconds: int = -1,
-                 reload: Callable[[], Backend] | None = None, speculator=None) -> None:
+                 reload: Callable[[], Backend] | None = None, release_memory: Callable[[], None] | None = None,
+                 speculator=None) -> None:
         self.tokenizer = tokenizer
         self.parallel = max(1, parallel)
         self.n_ctx = n_ctx
@@ -90,7 +91,9 @@ class Engine:
         self._outstanding = 0  # submitted and not yet retired (queued or holding a slot)
         self._count_lock = threading.Lock()
         # --sleep-idle-seconds: free the model when idle, reload it on the next work (engine/sleep.py)
-        self.sleeper = IdleSleeper(sleep_idle_seconds, reload) if sleep_idle_seconds >= 0 and reload else None
+        # (`reload` and `release_memory` come from the host that loaded the model: runtime/host.py)
+        self.sleeper = (IdleSleeper(sleep_idle_seconds, reload, release_memory)
+                        if sleep_idle_seconds >= 0 and reload else None)
         self._inbox: queue.Queue = queue.Queue()
         self._stopping = False
         # each slot's token stream: what its last request left in its KV (save / restore / erase)

@@ -7,13 +7,13 @@ request, no slot job), drops the backend (weights and KV pool) and the prompt ca
 lived in that pool, and the first request, score or slot job that arrives reloads it before it
 is handled. Waking is therefore that request's own latency, as upstream's blocking wake is.
 Tokenizer, templates and counters stay, so the routes that read only them answer without waking.
+Both the reload and the memory clean-up after the drop come from the host that loaded the model
+(runtime/host.py), injected as callables: the engine sits below it.
 """
 
 from __future__ import annotations
 
-import gc
 import logging
-import sys
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -25,11 +25,15 @@ log = logging.getLogger("mlxcel.engine")
 
 
 class IdleSleeper:
-    """`seconds` < 0 disables; 0 sleeps as soon as the engine is idle (upstream's own gate)."""
+    """`seconds` < 0 disables; 0 sleeps as soon as the engine is idle (upstream's own gate).
+    `reload` builds a fresh backend; `release_memory` frees what the dropped one held (None:
+    nothing beyond dropping the references)."""
 
-    def __init__(self, seconds: int, reload: Callable[[], Any]) -> None:
+    def __init__(self, seconds: int, reload: Callable[[], Any],
+                 release_memory: Callable[[], None] | None = None) -> None:
         self.seconds = seconds
         self.reload = reload
+        self.release_memory = release_memory
         self.asleep = False
         self._idle_since: float | None = None
 
@@ -46,9 +50,8 @@ class IdleSleeper:
 
     def _sleep(self, engine: Engine) -> None:
         engine.drop_backend()
-        gc.collect()
-        if "mlx.core" in sys.modules:
-            sys.modules["mlx.core"].clear_cache()
+        if self.release_memory is not None:
+            self.release_memory()
         self.asleep = True
         log.info("idle for %ds: the model is unloaded until the next request", self.seconds)
 

@@ -2,8 +2,10 @@
 
 Each model of the registry has a `Slot` with b10621's status vocabulary (unloaded, loading,
 loaded, downloading). A loaded slot holds a `Child`: the model's own AppState and Litestar app,
-built by the same composition root as a single-model server (`runtime.load_served_model`), so a
-routed request meets exactly the routes and engine a single-model server would give it.
+built by the same composition root as a single-model server, through a model host of its own
+(`runtime.host.ModelHost`), so a routed request meets exactly the routes and engine a
+single-model server would give it, and an unload drains, stops and frees it as a single-model
+server's does.
 
 Everything here runs on the event loop; loads, drains and downloads run in worker threads.
 Every status change notifies `changed` (requests waiting for a load) and the /models/sse
@@ -22,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 from mlxcel.api.app import build_litestar
-from mlxcel.api.model_switch import release_memory
 from mlxcel.api.state import AppState
 from mlxcel.api.stream_resume import wrap_streams
 from mlxcel.api.stream_sessions import StreamStore
@@ -30,8 +31,9 @@ from mlxcel.config.refusal import StartupRefusal
 from mlxcel.config.settings import ServerSettings
 from mlxcel.router.preset import Configure, Preset, effective_args
 from mlxcel.router.registry import CACHE, ModelEntry, discover, lookup
-from mlxcel.runtime.capacity import LoadRefused, check_loadable
-from mlxcel.runtime.load import load_served_model, select_backend
+from mlxcel.runtime.capacity import LoadRefused
+from mlxcel.runtime.host import ModelHost
+from mlxcel.runtime.load import select_backend
 from mlxcel.runtime.served import Startup
 from mlxcel.store.store import DownloadFailed, NotInStore, download, remove
 
@@ -50,6 +52,10 @@ class RouterError(Exception):
 class Child:
     state: AppState  # this model's own
     app: Any  # its ASGI app (routes + resumable streams)
+
+    @property
+    def host(self) -> ModelHost:
+        return self.state.host
 
 
 @dataclass
@@ -214,15 +220,8 @@ class RouterPool:
             return
         slot.stopping = True
         try:
-            engine = slot.child.state.model.engine
-            idle = await asyncio.to_thread(engine.drain, self.settings.graceful_unload_timeout)
-            if not idle:
-                log.warning("unloading %s: %d requests still running after --graceful-unload-timeout; they end "
-                            "with an error", slot.entry.name, engine.outstanding)
-            await asyncio.to_thread(engine.shutdown)
+            await slot.child.host.unload()  # drain (up to --graceful-unload-timeout), stop, free
             slot.child = None
-            del engine
-            release_memory()
             log.info("model %s unloaded", slot.entry.name)
             self._status(slot, "unloaded", exit_code=0)
         finally:
@@ -240,7 +239,7 @@ class RouterPool:
     def shutdown(self) -> None:
         for slot in self.slots.values():
             if slot.child is not None:
-                slot.child.state.model.engine.shutdown()
+                slot.child.host.close()
 
     # --- the store --------------------------------------------------------------------------
 
@@ -319,13 +318,13 @@ def _build_child(settings: ServerSettings, configure: Configure, entry: ModelEnt
     own.model, own.alias, own.tags = entry.name, list(entry.aliases), list(entry.tags)
     choice = select_backend(own, entry.path)
     own.backend, own.device = choice.backend, choice.device
-    startup = Startup(backend_reason=choice.reason)
+    host = ModelHost(own, Startup(backend_reason=choice.reason))
     try:
-        check_loadable(own, entry.path, None)
+        host.check(entry.path)
     except LoadRefused as e:
         raise RuntimeError(e.message) from None
-    served = load_served_model(own, entry.path, entry.name, startup)
+    served = host.open(entry.path, entry.name)
     served.aliases, served.tags = list(entry.aliases), list(entry.tags)
-    state = AppState(settings=own, model=served, store_root=store_root, steering_store=steering_store,
-                     streams=streams, startup=startup)
+    state = AppState(settings=own, host=host, store_root=store_root, steering_store=steering_store,
+                     streams=streams)
     return Child(state, wrap_streams(build_litestar(state), state))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from mlxcel.engine.speculative import DRAFT, ModelDrafter, NgramDrafter, SpecCon
 from mlxcel.engine.tokenizer import Tokenizer
 from mlxcel.models.lora import LoraError, LoraSet, checkpoint_shapes, load_adapter, validate
 from mlxcel.models.vision import BudgetRefused, ImageBudget, VisionInput, is_vision, is_vision_checkpoint
+from mlxcel.runtime.memory import release_memory as default_release
 from mlxcel.runtime.served import ServedModel, Startup
 from mlxcel.steering.manager import SteeringManager
 
@@ -114,10 +116,13 @@ def load_backend(settings: ServerSettings, path: Path):
 
 
 def load_served_model(settings: ServerSettings, path: Path, served_id: str | None = None,
-                      startup: Startup | None = None) -> ServedModel:
+                      startup: Startup | None = None,
+                      release_memory: Callable[[], None] = default_release) -> ServedModel:
     """Load `path` and start its engine. `served_id`: the name it answers to (default: the
     --alias, else -m as given); a model loaded by a switch answers to the name requested.
-    `startup`: what the CLI settled before the load (without it, the adapters are read here)."""
+    `startup`: what the CLI settled before the load (without it, the adapters are read here).
+    `release_memory`: the clean-up the engine runs when --sleep-idle-seconds drops the backend
+    (the model host passes its own)."""
     startup = startup or Startup()
     lora = None
     if served_id is None and settings.lora:  # the adapters belong to the -m model, not to a switch target
@@ -140,7 +145,8 @@ def load_served_model(settings: ServerSettings, path: Path, served_id: str | Non
                     cache_prompt=settings.cache_prompt, cache_budget_bytes=cache_budget_bytes(settings),
                     cont_batching=settings.cont_batching, max_queue_depth=settings.max_queue_depth,
                     context_shift=settings.context_shift, keep=settings.keep, special=settings.special,
-                    sleep_idle_seconds=settings.sleep_idle_seconds, reload=lambda: backend_with_adapters()[0])
+                    sleep_idle_seconds=settings.sleep_idle_seconds, reload=lambda: backend_with_adapters()[0],
+                    release_memory=release_memory)
     engine.lora = lora
     if served_id is None and startup.speculative is not None:  # the draft was chosen for the -m model only
         engine.speculator = load_speculator(settings, startup.speculative, engine, tokenizer, choice.backend)
