@@ -36,7 +36,7 @@ class ConversionError(ValueError):
 def checked_config(raw: dict) -> dict:
     """The normalised config (models/checkpoint_config.py) a conversion writes; one whose
     family needs a RoPE base it does not state is refused rather than written with a default."""
-    config = checked_config(raw)
+    config = normalize_config(raw)
     if "rope_theta" not in config and config.get("model_type") in ("llama", "qwen2", "qwen3"):
         raise ConversionError("config.json has no rope_theta (top-level or in rope_parameters)")
     return config
