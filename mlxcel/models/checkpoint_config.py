@@ -69,5 +69,5 @@ def mlx_overrides(raw: dict) -> dict:
     if (config.get("model_type") == "gemma3_text" and isinstance(config.get("layer_types"), list)
             and "sliding_window_pattern" not in config):
         raise ConfigRefused("config.json's layer_types is not every n-th layer full attention, the only pattern "
-                            "mlx-lm's gemma3_text builds; serve it with --backend torch")
+                            "mlx-lm's gemma3_text builds (--backend torch serves it as written)")
     return {k: v for k, v in config.items() if k not in raw}

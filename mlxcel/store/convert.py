@@ -15,7 +15,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from mlxcel.models.checkpoint_config import normalize_config
+from mlxcel.models.checkpoint_config import ConfigRefused, mlx_overrides, normalize_config
 from mlxcel.models.registry import family_for, mlx_module
 from mlxcel.store.repo_id import parse_repo_id
 
@@ -36,6 +36,10 @@ class ConversionError(ValueError):
 def checked_config(raw: dict) -> dict:
     """The normalised config (models/checkpoint_config.py) a conversion writes; one whose
     family needs a RoPE base it does not state is refused rather than written with a default."""
+    try:
+        mlx_overrides(raw)  # refuses what mlx-lm could not build as written
+    except ConfigRefused as e:
+        raise ConversionError(str(e)) from None
     config = normalize_config(raw)
     if "rope_theta" not in config and config.get("model_type") in ("llama", "qwen2", "qwen3"):
         raise ConversionError("config.json has no rope_theta (top-level or in rope_parameters)")
