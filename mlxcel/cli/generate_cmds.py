@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import sys
 from pathlib import Path
@@ -50,7 +51,7 @@ def add_parser(sub) -> None:
 
 
 def _load(args):
-    from mlxcel.cli.server import enable_fast_blas, prepare_cpu_runtime
+    from mlxcel.cli.server import enable_fast_blas, prepare_cpu_runtime, refuse_unsupported
 
     enable_fast_blas()  # before mlx.core is imported by the runtime
     from mlxcel.runtime.load import load_served_model
@@ -62,6 +63,7 @@ def _load(args):
                              offline=args.offline)
     except (ModelSourceRefused, ModelNotAvailable) as e:
         raise SystemExit(f"error: {e}") from None
+    refuse_unsupported(json.loads((path / "config.json").read_text()))  # before any weight is read
     settings = ServerSettings(model=args.model, dtype=args.dtype, temperature=args.temp, top_k=args.top_k,
                               top_p=args.top_p, min_p=args.min_p, seed=args.seed, parallel=1, warmup=False,
                               backend=args.backend, device=args.device, threads=args.threads)

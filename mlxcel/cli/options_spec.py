@@ -108,10 +108,18 @@ def resolve_draft(settings: Any, resolve_ref) -> Path | None:
 
 def check_draft(settings: Any, target: Path, draft: Path) -> None:
     """Before the load: the draft must share the target's vocabulary token for token and run on
-    the backend the target was given."""
+    the backend the target was given; its model_type, like the target's, must be one mlxcel serves."""
+    import json
+
     from transformers import AutoTokenizer
 
+    from mlxcel.models.registry import UnsupportedModelType, family_for
     from mlxcel.runtime.load import select_backend
+
+    try:
+        family_for(json.loads((draft / "config.json").read_text()))
+    except UnsupportedModelType as e:
+        raise StartupRefusal(f"--spec-draft-model {draft.name}: {e}") from None
 
     vocab = [AutoTokenizer.from_pretrained(str(p), local_files_only=True).get_vocab() for p in (target, draft)]
     if vocab[0] != vocab[1]:

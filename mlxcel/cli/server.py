@@ -47,6 +47,7 @@ def resolve(settings: ServerSettings) -> tuple[Path, Startup]:
         raise StartupRefusal("no model given: pass -m <checkpoint dir | owner/name | name> (or --hf-repo)")
     path = resolve_ref(settings, settings.model, "--hf-repo" if settings.hf_repo else "-m")
     config = json.loads((path / "config.json").read_text())
+    refuse_unsupported(config)
     layers = config.get("num_hidden_layers") or config.get("text_config", {}).get("num_hidden_layers")
     if layers:
         check_gpu_layers(settings, int(layers))
@@ -64,6 +65,17 @@ def resolve(settings: ServerSettings) -> tuple[Path, Startup]:
     return path, Startup(backend_reason=reason, lora=lora, speculative=speculative)
 
 
+def refuse_unsupported(config: dict) -> None:
+    """A model_type the registry does not serve stops startup on config.json alone, before
+    the backend is chosen or any weight is read."""
+    from mlxcel.models.registry import UnsupportedModelType, family_for
+
+    try:
+        family_for(config)
+    except UnsupportedModelType as e:
+        raise StartupRefusal(str(e)) from None
+
+
 def check_model_overrides(settings: ServerSettings, config: dict) -> None:
     """Refuse, before the load thread starts, what the checkpoint cannot take: a RoPE override
     its scheme cannot compose with, a -l token outside its vocabulary."""
@@ -79,14 +91,21 @@ def check_model_overrides(settings: ServerSettings, config: dict) -> None:
             raise StartupRefusal(f"--logit-bias {tok}: token id outside the model's vocabulary (0..{n_vocab - 1})")
 
 
-def enable_fast_blas() -> None:
-    """Route MLX's CPU matmuls to OpenBLAS; must run before anything imports mlx.core."""
+def enable_fast_blas(report: bool = True):
+    """Route MLX's CPU matmuls to OpenBLAS; must run before anything imports mlx.core. Returns
+    what was set up; `report=False` leaves its log line to `report_blas`."""
     from mlxcel.backends.mlx.blas import BlasRefusal, ensure_fast_blas
 
     try:
         blas = ensure_fast_blas(os.environ)
     except BlasRefusal as e:
         raise StartupRefusal(str(e)) from None
+    if report:
+        report_blas(blas)
+    return blas
+
+
+def report_blas(blas) -> None:
     (log.warning if blas.warn else log.info)("%s", blas.detail)
 
 
@@ -115,7 +134,8 @@ def main(argv: list[str] | None = None, prog: str = "mlxcel-server") -> int:
     from mlxcel.cli.logging_setup import configure_logging
 
     configure_logging(settings)
-    enable_fast_blas()
+    # its line waits until the checkpoint passed its checks, so a refusal stays the one line on stderr
+    blas = enable_fast_blas(report=False)
     for notice in settings.notices:
         log.warning("%s", notice)
     if settings.vertex_predict_route:
@@ -132,6 +152,7 @@ def main(argv: list[str] | None = None, prog: str = "mlxcel-server") -> int:
         from mlxcel.cli.options_spec import refuse_unused
 
         refuse_unused(settings, "the router's model pool instead (--models-dir / --models-preset)")
+        report_blas(blas)
         serve_router(settings)
         return 0
     # mode switch: --embeddings / --reranking serve a side worker and no chat model
@@ -146,6 +167,7 @@ def main(argv: list[str] | None = None, prog: str = "mlxcel-server") -> int:
         refuse_unused(settings, "none (--embeddings / --reranking)")
     if path is None and any(s.kind in (EMBEDDING, RERANKER) for s in plan.sides):
         choose_backend(settings, None)  # an embedder / reranker runs on the same choice (Whisper is MLX's)
+    report_blas(blas)
     serve(settings, path, plan, startup)
     return 0
 

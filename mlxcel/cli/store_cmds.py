@@ -1,4 +1,5 @@
-"""`mlxcel list`, `mlxcel rm`, `mlxcel download`, `mlxcel convert`: the model store from the shell.
+"""`mlxcel list`, `mlxcel rm`, `mlxcel download`, `mlxcel convert`: the model store from the shell
+(and `mlxcel list --supported`: the model types mlxcel serves, as docs/models.md lists them).
 
 The store root is `--models-dir` / `--model-store-root`, else MLXCEL_MODELS_DIR, else
 MLXCEL_CACHE_DIR, else the default (see mlxcel.store.paths). These subcommands keep the
@@ -53,6 +54,11 @@ def _human(n: int) -> str:
 
 
 def cmd_list(args) -> int:
+    if args.supported:  # what mlxcel serves, not what the store holds
+        from mlxcel.models.catalog import supported_tables
+
+        sys.stdout.write(supported_tables())
+        return 0
     from mlxcel.store.store import list_models
 
     root = _root(args)
@@ -137,6 +143,8 @@ def cmd_convert(args) -> int:
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("list", help="list the models in the store")
+    p.add_argument("--supported", action="store_true",
+                   help="list the model types mlxcel serves, with their backends and features (docs/models.md)")
     _common(p)
     p.set_defaults(func=cmd_list)
 

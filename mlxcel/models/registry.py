@@ -1,16 +1,22 @@
 """The family registry: `model_type` -> the module that implements its forward pass.
 
 An explicit table, not an import-by-name fallback: a checkpoint whose `model_type` is not
-listed here is refused with a message naming the supported types. mlx-lm's per-family
-modules are the maintained reference implementations; a family file of our own goes here
-only when a family needs one.
+listed here is refused, on its config.json alone and before any weight is read, with one line
+naming the type, the nearest supported families and docs/models.md (which is generated from
+this table by scripts/gen_models_doc.py). mlx-lm's per-family modules are the maintained
+reference implementations; a family file of our own goes here only when a family needs one.
 """
 
 from __future__ import annotations
 
+import difflib
 import importlib
+import re
 from dataclasses import dataclass
 from types import ModuleType
+
+MLX, TORCH = "mlx", "torch"
+DOCS_PAGE = "docs/models.md"
 
 
 @dataclass(frozen=True)
@@ -18,20 +24,47 @@ class Family:
     model_type: str
     mlx_module: str | None  # module exposing `Model` and `ModelArgs`; None: torch backend only
     hf_architecture: str  # transformers class used as the numerical reference
+    attention: tuple[str, ...] = ("full",)  # the attention kinds its layers may declare
+    # model types of the same architecture lineage that mlxcel does not serve, named as the
+    # nearest family when one is refused (a shared name stem needs no entry here)
+    kin: tuple[str, ...] = ()
+
+    @property
+    def backends(self) -> tuple[str, ...]:
+        return (MLX, TORCH) if self.mlx_module is not None else (TORCH,)
 
 
 FAMILIES: dict[str, Family] = {
     f.model_type: f
     for f in (
-        Family("llama", "mlx_lm.models.llama", "LlamaForCausalLM"),
+        # Mistral's and Mixtral's decoders are Llama's (a sliding window, MoE experts on top)
+        Family("llama", "mlx_lm.models.llama", "LlamaForCausalLM", kin=("mistral", "mixtral", "ministral")),
         Family("qwen2", "mlx_lm.models.qwen2", "Qwen2ForCausalLM"),
         Family("qwen3", "mlx_lm.models.qwen3", "Qwen3ForCausalLM"),
-        Family("gemma3_text", "mlx_lm.models.gemma3_text", "Gemma3ForCausalLM"),
+        Family("gemma3_text", "mlx_lm.models.gemma3_text", "Gemma3ForCausalLM", attention=("full", "sliding")),
         # vision-language (models/vision.py): transformers' family code on the torch backend only
         Family("qwen2_vl", None, "Qwen2VLForConditionalGeneration"),
     )
 }
 
+
+@dataclass(frozen=True)
+class WorkerType:
+    """A checkpoint kind a side worker serves (mlxcel/workers) rather than the generation engine."""
+
+    model_type: str
+    serves: str  # what it answers
+    how: str  # how a server is started to serve it
+    backends: tuple[str, ...]
+
+
+WORKER_TYPES: dict[str, WorkerType] = {
+    w.model_type: w
+    for w in (
+        WorkerType("bert", "embeddings and reranking", "--embeddings / --reranking", (MLX, TORCH)),
+        WorkerType("whisper", "transcription", "mlxcel-server -m <whisper checkpoint>", (MLX,)),
+    )
+}
 
 # model_type values the encoder workers load (models/bert.py); listed apart from FAMILIES, and
 # here rather than beside the MLX code, so reading a checkpoint's kind needs no MLX
@@ -42,13 +75,43 @@ class UnsupportedModelType(ValueError):
     pass
 
 
-def family_for(config: dict) -> Family:
+def _stem(name: str) -> str:
+    """The leading letters of a type or class name: "qwen2_moe" -> "qwen", "MistralForCausalLM" -> "mistral"."""
+    m = re.match(r"[a-z]+", name.lower())
+    return m.group(0) if m else ""
+
+
+def nearest_families(model_type: str, architectures=()) -> list[str]:
+    """The supported families nearest an unsupported type, nearest first (at most three): those
+    of the same lineage (a shared name stem, or listed as kin, by the type or by its
+    transformers class), else those whose name is close to it."""
+    stems = {_stem(model_type)} | {_stem(str(a).removesuffix("ForCausalLM")) for a in architectures or ()}
+    stems.discard("")
+    kin = [f.model_type for f in FAMILIES.values()
+           if stems & ({_stem(f.model_type)} | {_stem(k) for k in f.kin})]
+    if kin:
+        return sorted(kin, key=lambda t: -difflib.SequenceMatcher(None, model_type, t).ratio())[:3]
+    return difflib.get_close_matches(model_type, list(FAMILIES), n=3, cutoff=0.6)
+
+
+def unsupported_message(config: dict) -> str:
+    """The one line every entry point refuses an unsupported checkpoint with."""
     model_type = config.get("model_type")
-    fam = FAMILIES.get(model_type)
+    if model_type in WORKER_TYPES:
+        w = WORKER_TYPES[model_type]
+        return (f"model_type {model_type!r} is not supported for text generation: mlxcel serves it for "
+                f"{w.serves} ({w.how}); see {DOCS_PAGE}")
+    near = nearest_families(str(model_type or ""), config.get("architectures") or ())
+    nearest = (f"nearest supported: {', '.join(near)}" if near
+               else "no supported family is close to it")
+    return (f"model_type {model_type!r} is not supported ({nearest}); supported: {', '.join(sorted(FAMILIES))}; "
+            f"see {DOCS_PAGE}")
+
+
+def family_for(config: dict) -> Family:
+    fam = FAMILIES.get(config.get("model_type"))
     if fam is None:
-        raise UnsupportedModelType(
-            f"model_type {model_type!r} is not supported; supported: {', '.join(sorted(FAMILIES))}"
-        )
+        raise UnsupportedModelType(unsupported_message(config))
     return fam
 
 

@@ -62,6 +62,10 @@ def check_loadable(settings: ServerSettings, path: Path, current: ServedModel | 
         config = json.loads((Path(path) / "config.json").read_text())
     except (OSError, ValueError) as e:
         raise LoadRefused(500, "model_load_failed", f"{path} has no readable config.json ({e})") from None
+    try:
+        family_for(config)  # on config.json alone, whichever backend would load it
+    except UnsupportedModelType as e:
+        raise LoadRefused(500, "model_load_failed", str(e)) from None
     if not any(Path(path).glob("*.safetensors")):
         raise LoadRefused(500, "model_load_failed", f"{path} holds no *.safetensors weights")
     quant = config.get("quantization")
@@ -70,11 +74,6 @@ def check_loadable(settings: ServerSettings, path: Path, current: ServedModel | 
     except StartupRefusal as e:
         code = "unsupported_quantization" if quant else "model_load_failed"
         raise LoadRefused(400 if quant else 500, code, str(e)) from None
-    if choice.backend == "mlx":
-        try:
-            family_for(config)
-        except UnsupportedModelType as e:
-            raise LoadRefused(500, "model_load_failed", f"{path.name}: {e}") from None
     dtype = current.info.dtype if current is not None and not quant else None
     need = estimated_bytes(path, dtype)
     if settings.model_memory_budget_mib is not None:

@@ -15,6 +15,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from mlxcel.models.checkpoint_config import ConfigRefused, mlx_overrides, normalize_config
 from mlxcel.models.registry import family_for, mlx_module
 from mlxcel.store.repo_id import parse_repo_id
 
@@ -32,32 +33,14 @@ class ConversionError(ValueError):
     """The source or the options cannot produce a checkpoint; the message says why."""
 
 
-def normalize_config(config: dict) -> dict:
-    """Top-level rope keys for mlx-lm, which otherwise falls back silently to its defaults.
-
-    transformers 5 writes rope settings only under `rope_parameters` (per layer type for
-    Gemma 3); mlx-lm's llama reads `rope_theta` and would use 10000 without complaint.
-    """
-    config = dict(config)
-    rp = config.get("rope_parameters")
-    if isinstance(rp, dict):
-        if config.get("model_type") == "gemma3_text" and "full_attention" in rp:
-            full, local = rp.get("full_attention") or {}, rp.get("sliding_attention") or {}
-            if "rope_theta" in full:
-                config.setdefault("rope_theta", full["rope_theta"])
-            if "rope_theta" in local:
-                config.setdefault("rope_local_base_freq", local["rope_theta"])
-            if full.get("rope_type", "default") != "default":
-                config.setdefault("rope_scaling", full)
-        elif "rope_theta" in rp:
-            config.setdefault("rope_theta", rp["rope_theta"])
-            if rp.get("rope_type", "default") != "default":
-                config.setdefault("rope_scaling", rp)
-    if config.get("model_type") == "gemma3_text" and "layer_types" in config:
-        # mlx-lm's gemma3_text reads a period; derive it from the explicit per-layer list.
-        types = config["layer_types"]
-        if "full_attention" in types:
-            config.setdefault("sliding_window_pattern", types.index("full_attention") + 1)
+def checked_config(raw: dict) -> dict:
+    """The normalised config (models/checkpoint_config.py) a conversion writes; one whose
+    family needs a RoPE base it does not state is refused rather than written with a default."""
+    try:
+        mlx_overrides(raw)  # refuses what mlx-lm could not build as written
+    except ConfigRefused as e:
+        raise ConversionError(str(e)) from None
+    config = normalize_config(raw)
     if "rope_theta" not in config and config.get("model_type") in ("llama", "qwen2", "qwen3"):
         raise ConversionError("config.json has no rope_theta (top-level or in rope_parameters)")
     return config
@@ -99,7 +82,7 @@ def hf_to_mlx(
     if raw.get("quantization") or raw.get("quantization_config"):
         raise ConversionError(f"{src} is already quantized; convert from an unquantized checkpoint")
     family_for(raw)  # refuses an unsupported model_type with the supported list
-    config = normalize_config(raw)
+    config = checked_config(raw)
 
     def classes(config: dict):
         module = mlx_module(config)

@@ -84,3 +84,15 @@ def test_a_draft_must_share_the_target_vocabulary():
     s = parse("--backend", "mlx")
     with pytest.raises(StartupRefusal, match="vocabulary differs from the target's"):
         check_draft(s, fixture_path(DEFAULT_MODEL), fixture_path(QWEN2_TINY))
+
+
+def test_a_draft_of_an_unsupported_type_is_refused_before_its_load(tmp_path):
+    import json
+
+    from mlxcel.cli.options_spec import check_draft
+    from tests.fixtures import DEFAULT_MODEL, fixture_path
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "mistral_unknown"}))
+    with pytest.raises(StartupRefusal, match=r"--spec-draft-model .*'mistral_unknown' is not supported \(nearest "
+                                             r"supported: llama\).*docs/models.md"):
+        check_draft(parse("--backend", "mlx"), fixture_path(DEFAULT_MODEL), tmp_path)

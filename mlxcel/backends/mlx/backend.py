@@ -21,6 +21,7 @@ from mlxcel.backends.mlx import cpu_ops, packed, split_products
 from mlxcel.backends.mlx.packed import PackedBatchView, PackedPlan
 from mlxcel.backends.mlx.paged import PagedBatchView, PagedStorage, StepPlan
 from mlxcel.engine.kv_block_pool import BlockAllocator, SequenceKV
+from mlxcel.models.checkpoint_config import mlx_overrides, normalize_config
 from mlxcel.models.hooks import install_hooks
 from mlxcel.models.registry import decoder_stack, family_for, mlx_module
 from mlxcel.models.rope_overrides import config_overrides
@@ -76,11 +77,14 @@ class MLXBackend(RowSteering):
     def __init__(self, path: str | Path, dtype: str = "auto", rope: RopeOverrides | None = None,
                  threads: int = -1) -> None:
         path = Path(path)
-        config = json.loads((path / "config.json").read_text())
+        raw = json.loads((path / "config.json").read_text())
+        config = normalize_config(raw)
         family_for(config)  # refuse an unknown model_type before reading weights
         # --rope-* / --yarn-*: rewrite the rotation's config before the model is built
         rope_config = config_overrides(config, rope) if rope is not None else {}
-        model, config = load_model(path, get_model_classes=_get_classes, model_config=rope_config or None)
+        # mlx-lm reads config.json itself: the keys normalisation added go in with the overrides
+        model_config = {**mlx_overrides(raw), **rope_config}
+        model, config = load_model(path, get_model_classes=_get_classes, model_config=model_config or None)
         verify_rope(model, rope_config, config["model_type"])
         ckpt_dtype = str(config.get("torch_dtype") or config.get("dtype") or "bfloat16")
         compute = resolve_dtype(dtype, ckpt_dtype)

@@ -21,7 +21,6 @@ that same stream, so the engine needs no events to wait for them.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Mapping
 from pathlib import Path
@@ -39,6 +38,7 @@ from mlxcel.backends.torch.paged import PagedStepCache, PagedStorage, StepPlan
 from mlxcel.backends.torch.row_gemv import (ALL, RowKernel, RowRouting, install_row_gemv, load_row_kernel, prompt_linears,
                                             prompt_tiles)
 from mlxcel.engine.kv_block_pool import BlockAllocator, SequenceKV
+from mlxcel.models.checkpoint_config import read_config
 from mlxcel.models.hooks import LayerHooks
 from mlxcel.models.registry import family_for
 from mlxcel.models.rope_overrides import RopeRefused, config_overrides, hf_rope_parameters
@@ -135,7 +135,8 @@ class TorchBackend(RowSteering):
         import transformers
 
         path = Path(path)
-        config = json.loads((path / "config.json").read_text())
+        # normalised for mlxcel's own reads (RoPE overrides, geometry); transformers reads the file
+        config = read_config(path)
         family_for(config)  # refuse an unknown model_type before reading weights
         refuse_quantized(path, config)
         self.device = torch.device(device)

@@ -1,0 +1,73 @@
+"""A checkpoint's config.json in the form mlxcel and mlx-lm read, whichever transformers wrote it.
+
+transformers 5 saves RoPE settings only under `rope_parameters` (keyed by layer type for
+Gemma 3) and Gemma 3's layer pattern only as `layer_types`; mlx-lm's families read top-level
+`rope_theta`, `rope_scaling`, `rope_local_base_freq` and `sliding_window_pattern`, and fall
+back to their defaults without a word when those are missing (a Llama would rotate with base
+10000 whatever it was trained with). `normalize_config` adds the top-level keys; it never
+changes a key the checkpoint already sets. Both backends read configs through here (MLX hands
+mlx-lm the added keys, `mlx_overrides`; transformers 5 reads either form itself, so torch needs
+them only for mlxcel's own reads), and `mlxcel convert` writes the normalised form.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+class ConfigRefused(ValueError):
+    """A config.json whose settings a family's loader could not take as written (says why)."""
+
+
+def read_config(path: str | Path) -> dict:
+    """The normalised config.json of the checkpoint directory `path`."""
+    return normalize_config(json.loads((Path(path) / "config.json").read_text()))
+
+
+def normalize_config(config: dict) -> dict:
+    """`config` with the top-level keys mlx-lm reads, derived from transformers 5's nested ones."""
+    config = dict(config)
+    gemma3 = config.get("model_type") == "gemma3_text"
+    rp = config.get("rope_parameters")
+    if isinstance(rp, dict) and isinstance(rp.get("full_attention"), dict):
+        full, local = rp["full_attention"], rp.get("sliding_attention") or {}
+        _rope_keys(config, full)
+        if "rope_theta" in local:
+            config.setdefault("rope_local_base_freq", local["rope_theta"])
+    elif isinstance(rp, dict):
+        _rope_keys(config, rp)
+    if gemma3 and isinstance(config.get("layer_types"), list):
+        period = layer_period(config["layer_types"])
+        if period is not None:
+            config.setdefault("sliding_window_pattern", period)
+    return config
+
+
+def _rope_keys(config: dict, block: dict) -> None:
+    if "rope_theta" in block:
+        config.setdefault("rope_theta", block["rope_theta"])
+    if block.get("rope_type", block.get("type", "default")) != "default":
+        config.setdefault("rope_scaling", block)
+
+
+def layer_period(types: list) -> int | None:
+    """The period of a layer list in which every p-th layer is full attention and the others
+    sliding (Gemma 3's `sliding_window_pattern`); None when the list has no such period."""
+    if "full_attention" not in types:
+        return None
+    p = types.index("full_attention") + 1
+    periodic = all((t == "full_attention") == ((i + 1) % p == 0) for i, t in enumerate(types))
+    return p if periodic and set(types) <= {"full_attention", "sliding_attention"} else None
+
+
+def mlx_overrides(raw: dict) -> dict:
+    """The entries mlx-lm's loader must take over the file's own (`load_model`'s model_config):
+    those normalisation adds to the config.json `raw`. A Gemma 3 layer list that no period
+    describes is refused, since mlx-lm's gemma3_text can only build a periodic one."""
+    config = normalize_config(raw)
+    if (config.get("model_type") == "gemma3_text" and isinstance(config.get("layer_types"), list)
+            and "sliding_window_pattern" not in config):
+        raise ConfigRefused("config.json's layer_types is not every n-th layer full attention, the only pattern "
+                            "mlx-lm's gemma3_text builds (--backend torch serves it as written)")
+    return {k: v for k, v in config.items() if k not in raw}

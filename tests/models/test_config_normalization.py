@@ -1,0 +1,104 @@
+"""A checkpoint saved by transformers 5 (RoPE only under `rope_parameters`) serves the same
+logits as the same weights with the classic top-level keys, on both backends.
+
+Each variant is a tmp checkpoint: the fixture's files linked, its config.json rewritten. The
+RoPE base is moved off the family's default in both spellings, so a loader that missed the
+nested key (mlx-lm's llama falls back to 10000, its gemma3_text to 1e6) would answer with the
+default's logits, which the tests show differ. The backends are built by the loader the server
+uses (runtime.load.load_backend), and the logits are the last prompt position's.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mlxcel.config.settings import ServerSettings
+from tests.conftest import fixture_path
+from tests.fixtures import GEMMA3, LLAMA3_TOOLS_TINY
+
+PROMPT = "The history of the city of Paris begins with a small settlement on an island"
+BACKENDS = ("mlx", "torch")
+
+
+def variant(tmp: Path, src: Path, name: str, edit) -> Path:
+    out = tmp / name
+    out.mkdir()
+    for f in src.iterdir():
+        if f.name != "config.json":
+            (out / f.name).symlink_to(f)
+    config = json.loads((src / "config.json").read_text())
+    edit(config)
+    (out / "config.json").write_text(json.dumps(config))
+    return out
+
+
+def last_logits(path: Path, backend: str) -> np.ndarray:
+    from mlxcel.engine.backend import ForwardRow
+    from mlxcel.engine.tokenizer import Tokenizer
+    from mlxcel.runtime.load import load_backend
+
+    settings = ServerSettings(backend=backend, device="cpu", dtype="float32", warmup=False)
+    model, _ = load_backend(settings, path)
+    ids = Tokenizer(path).encode(PROMPT)
+    assert len(ids) > 8  # RoPE bases differ only away from position 0
+    return np.asarray(model.forward([ForwardRow(ids, model.new_sequence())])[0], dtype=np.float32)
+
+
+def _drop(config: dict, *keys: str) -> None:
+    for k in keys:
+        config.pop(k, None)
+
+
+def llama_classic(theta: float):
+    def edit(c: dict) -> None:
+        _drop(c, "rope_parameters")
+        c["rope_theta"] = theta
+    return edit
+
+
+def llama_tf5(theta: float):
+    def edit(c: dict) -> None:
+        _drop(c, "rope_theta", "rope_scaling")
+        c["rope_parameters"] = {"rope_type": "default", "rope_theta": theta}
+    return edit
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_llama_rope_parameters_serve_their_base(tmp_path, backend):
+    src = fixture_path(LLAMA3_TOOLS_TINY)
+    classic = last_logits(variant(tmp_path, src, "classic", llama_classic(500000.0)), backend)
+    tf5 = last_logits(variant(tmp_path, src, "tf5", llama_tf5(500000.0)), backend)
+    default = last_logits(variant(tmp_path, src, "base10k", llama_classic(10000.0)), backend)
+    assert np.abs(tf5 - classic).max() <= 1e-5
+    assert np.abs(default - classic).max() > 1e-3  # the base moves these logits
+
+
+def gemma_classic(full: float):
+    def edit(c: dict) -> None:
+        _drop(c, "rope_parameters")
+        c["rope_theta"], c["rope_local_base_freq"] = full, 10000.0
+    return edit
+
+
+def gemma_tf5(full: float):
+    def edit(c: dict) -> None:
+        _drop(c, "rope_theta", "rope_local_base_freq", "rope_scaling", "sliding_window_pattern")
+        c["rope_parameters"] = {"full_attention": {"rope_type": "default", "rope_theta": full},
+                                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}
+        assert c["layer_types"][5] == "full_attention"  # the period the loader must derive
+    return edit
+
+
+def test_gemma3_rope_parameters_and_layer_types_serve_their_geometry(tmp_path):
+    """Gemma 3 on MLX: the full-attention base and the sliding pattern both come from the
+    nested / per-layer keys (torch reads those natively; the llama test covers its loader)."""
+    src = fixture_path(GEMMA3)
+    classic = last_logits(variant(tmp_path, src, "classic", gemma_classic(250000.0)), "mlx")
+    tf5 = last_logits(variant(tmp_path, src, "tf5", gemma_tf5(250000.0)), "mlx")
+    default = last_logits(variant(tmp_path, src, "default", gemma_classic(1000000.0)), "mlx")
+    assert np.abs(tf5 - classic).max() <= 1e-4
+    assert np.abs(default - classic).max() > 1e-3

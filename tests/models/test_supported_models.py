@@ -1,0 +1,140 @@
+"""What mlxcel serves: the registry's refusal line, config normalisation, docs/models.md and
+`mlxcel list --supported` (both rendered from the registry), and the tables' claims held
+against the backends and the fixture checkpoints."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from mlxcel.models.catalog import FEATURES, generation_table, supported_tables, worker_table
+from mlxcel.models.checkpoint_config import ConfigRefused, layer_period, mlx_overrides, normalize_config
+from mlxcel.models.registry import (DOCS_PAGE, FAMILIES, UnsupportedModelType, family_for, nearest_families,
+                                    unsupported_message)
+from scripts import gen_models_doc
+from tests import fixtures
+from tests.conftest import REPO, fixture_path
+
+
+@pytest.mark.parametrize(("model_type", "nearest"), [
+    ("mistral_unknown", ["llama"]),  # Llama's lineage (kin)
+    ("mixtral", ["llama"]),
+    ("llama4", ["llama"]),  # a shared name stem
+    ("gemma2", ["gemma3_text"]),
+    ("qwen2_moe", ["qwen2", "qwen2_vl", "qwen3"]),
+    ("qwen2_5_vl", ["qwen2_vl", "qwen2", "qwen3"]),
+    ("lama", ["llama"]),  # a close name
+    ("gpt_neox", []),
+])
+def test_nearest_families(model_type, nearest):
+    assert nearest_families(model_type) == nearest
+
+
+def test_the_transformers_class_counts_as_lineage():
+    assert nearest_families("custom", ["MistralForCausalLM"]) == ["llama"]
+
+
+def test_refusal_is_one_line_naming_type_nearest_and_docs():
+    with pytest.raises(UnsupportedModelType) as e:
+        family_for({"model_type": "gemma2"})
+    msg = str(e.value)
+    assert msg.startswith("model_type 'gemma2' is not supported")
+    assert "nearest supported: gemma3_text" in msg and DOCS_PAGE in msg and "\n" not in msg
+    assert "no supported family is close" in unsupported_message({"model_type": "gpt_neox"})
+    assert "--embeddings / --reranking" in unsupported_message({"model_type": "bert"})
+    assert "transcription" in unsupported_message({"model_type": "whisper"})
+
+
+# ---- normalisation -----------------------------------------------------------------------------
+
+
+def test_transformers5_rope_parameters_reach_the_top_level():
+    got = normalize_config({"model_type": "llama", "rope_parameters": {"rope_type": "default", "rope_theta": 5e5}})
+    assert got["rope_theta"] == 5e5 and "rope_scaling" not in got
+    scaled = {"rope_type": "llama3", "factor": 8.0, "rope_theta": 5e5, "original_max_position_embeddings": 8192}
+    got = normalize_config({"model_type": "llama", "rope_parameters": scaled})
+    assert got["rope_theta"] == 5e5 and got["rope_scaling"] == scaled
+    # a key the checkpoint sets itself is kept
+    kept = normalize_config({"model_type": "llama", "rope_theta": 1e4, "rope_parameters": {"rope_theta": 5e5}})
+    assert kept["rope_theta"] == 1e4
+
+
+def test_gemma3_nested_rope_and_layer_types():
+    types = (["sliding_attention"] * 5 + ["full_attention"]) * 3
+    got = normalize_config({"model_type": "gemma3_text", "layer_types": types, "rope_parameters": {
+        "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}})
+    assert (got["rope_theta"], got["rope_local_base_freq"], got["sliding_window_pattern"]) == (1e6, 1e4, 6)
+    assert got["rope_scaling"]["rope_type"] == "linear"
+    assert layer_period(types) == 6 and layer_period(["full_attention"] * 2) == 1
+    assert layer_period(["sliding_attention", "full_attention", "full_attention"]) is None
+
+
+def test_mlx_overrides_are_the_added_keys_and_refuse_an_unperiodic_gemma3():
+    raw = {"model_type": "llama", "rope_parameters": {"rope_theta": 5e5}}
+    assert mlx_overrides(raw) == {"rope_theta": 5e5}
+    assert mlx_overrides({"model_type": "llama", "rope_theta": 1e4}) == {}
+    odd = {"model_type": "gemma3_text", "layer_types": ["sliding_attention", "full_attention", "full_attention"]}
+    with pytest.raises(ConfigRefused, match="--backend torch"):
+        mlx_overrides(odd)
+
+
+def test_every_fixture_config_is_unchanged_where_it_states_a_key():
+    for ref in fixtures.ALL:
+        path = fixture_path(ref)
+        raw = json.loads((path / "config.json").read_text())
+        got = normalize_config(raw)
+        assert {k: got[k] for k in raw} == raw, ref
+
+
+# ---- docs/models.md and `mlxcel list --supported` ----------------------------------------------
+
+
+def test_models_doc_is_current():
+    assert gen_models_doc.main(["--check"]) == 0, "docs/models.md is stale: run scripts/gen_models_doc.py"
+
+
+def test_list_supported_prints_the_docs_tables():
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    p = subprocess.run([sys.executable, "-m", "mlxcel.cli.main", "list", "--supported"], cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout == supported_tables()
+    doc = (REPO / DOCS_PAGE).read_text()
+    for table in (generation_table(), worker_table()):
+        assert "\n".join(table) in doc and "\n".join(table) in p.stdout
+    for model_type in FAMILIES:
+        assert f"\n| {model_type} |" in p.stdout
+
+
+def test_every_backend_has_the_seams_the_feature_columns_claim():
+    """LoRA and steering hooks are backend seams (the engine runs drafting and the prefix cache
+    over any backend), so every backend a family runs on must implement both."""
+    from mlxcel.backends.mlx.backend import MLXBackend
+    from mlxcel.backends.rows import RowSteering
+    from mlxcel.backends.torch.backend import TorchBackend
+    from mlxcel.backends.torch.vlm import TorchVLMBackend
+
+    assert FEATURES == ("LoRA", "steering hooks", "speculative drafting", "prefix cache")
+    for cls in (MLXBackend, TorchBackend, TorchVLMBackend):
+        assert callable(getattr(cls, "attach_lora", None)) and issubclass(cls, RowSteering), cls
+
+
+FAMILY_FIXTURES = {"llama": fixtures.DEFAULT_MODEL, "gemma3_text": fixtures.GEMMA3, "qwen2": fixtures.QWEN2_TINY,
+                   "qwen3": fixtures.QWEN3_TINY, "qwen2_vl": fixtures.QWEN2_VL_TINY}
+
+
+@pytest.mark.parametrize("model_type", sorted(FAMILIES))
+def test_the_attention_column_covers_the_fixture(model_type):
+    from mlxcel.engine.backend import layer_windows
+    from mlxcel.models.checkpoint_config import read_config
+
+    config = read_config(fixture_path(FAMILY_FIXTURES[model_type]))
+    config = {**config.get("text_config", {}), **config}
+    windows = layer_windows(config, int(config["num_hidden_layers"]))
+    kinds = {"full" if w is None else "sliding" for w in windows}
+    assert kinds == set(FAMILIES[model_type].attention)
