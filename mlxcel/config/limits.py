@@ -17,3 +17,8 @@ MAX_INPUTS = 2048
 MAX_JSON_DEPTH = 64
 # Nesting of a GBNF grammar's groups: the parser recurses once per level.
 MAX_GRAMMAR_DEPTH = 64
+# Lazy-grammar triggers of one request, and the time all of one row's trigger patterns may take
+# per generated token: matching runs on the engine thread, so a pattern that backtracks without
+# end would stall every row; past the budget the row ends with an error instead.
+MAX_GRAMMAR_TRIGGERS = 64
+TRIGGER_MATCH_BUDGET_S = 0.02

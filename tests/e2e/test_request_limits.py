@@ -59,3 +59,14 @@ def test_a_deeply_nested_grammar_is_a_400_in_the_native_envelope(small):
                    timeout=120)
     assert r.status_code == 400, r.text
     assert r.json()["error"]["code"] == 400 and "nest deeper" in r.json()["error"]["message"]
+
+
+def test_a_trigger_pattern_past_its_budget_ends_the_request_with_a_400(small):
+    body = {"prompt": "The capital of France is", "n_predict": 32, "grammar": 'root ::= "x"',
+            "grammar_lazy": True, "grammar_triggers": [{"type": 2, "value": "(.*){1,32000}(?!)"}]}
+    start = time.monotonic()
+    r = httpx.post(small.base_url + "/completion", json=body, timeout=120)
+    assert time.monotonic() - start < 30
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["code"] == 400 and "took longer than" in r.json()["error"]["message"]
+    assert httpx.get(small.base_url + "/health", timeout=5).status_code == 200
