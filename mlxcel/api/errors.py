@@ -40,6 +40,7 @@ CODE_TYPES = {
     "invalid_parameter": "invalid_request_error", "unsupported_quantization": "invalid_request_error",
     "insufficient_memory": "invalid_request_error", "model_load_failed": "server_error",
     "model_busy": "server_error", "server_error": "server_error",
+    "trigger_pattern_too_slow": "invalid_request_error",
 }
 
 
@@ -107,7 +108,8 @@ def internal_error_handler(request: Request, exc: Exception) -> Response:
 
 # The one map from an engine condition to an HTTP status, the same on every surface; each
 # route's envelope then renders it. A code not named keeps the status it came with.
-ENGINE_STATUS = {"model_busy": 503, "insufficient_memory": 503, "queue_full": 503, "context_length_exceeded": 400}
+ENGINE_STATUS = {"model_busy": 503, "insufficient_memory": 503, "queue_full": 503, "context_length_exceeded": 400,
+                 "trigger_pattern_too_slow": 400}
 
 
 def engine_error(message: str, code: str | None, status: int = 500) -> ApiError:

@@ -21,10 +21,11 @@ import asyncio
 import logging
 from typing import Any
 
-import msgspec
 from litestar import Request, Response, delete, get, post
 from litestar.response import Stream
 
+from mlxcel.api.body import decode_json
+from mlxcel.api.errors import ApiError
 from mlxcel.api.stream_runner import SSE_HEADERS
 from mlxcel.api.security import presented_key
 from mlxcel.api.state import AppState
@@ -201,9 +202,9 @@ async def stream_replay(request: Request, app_state: AppState) -> Any:
 async def streams_lookup(request: Request, app_state: AppState) -> Any:
     """Status of the sessions the caller names; sessions it does not name are never listed."""
     try:
-        body = msgspec.json.decode(await request.body())
-    except msgspec.DecodeError as e:
-        return Response({"error": {"message": f"invalid body: {e}", "type": "invalid_request_error"}},
+        body = decode_json(await request.body())
+    except ApiError as e:
+        return Response({"error": {"message": f"invalid body: {e.message}", "type": "invalid_request_error"}},
                         status_code=400)
     ids = body.get("conversation_ids") if isinstance(body, dict) else None
     wanted = [i for i in ids if isinstance(i, str) and i] if isinstance(ids, list) else []

@@ -3,7 +3,7 @@
 A surface validates its body into a `Job` (the engine requests, its response headers,
 streaming or not, the SSE ping interval) and an `Encoder` (how its rows' events become its
 wire frames, and its rows' results its JSON body). `run` owns the rest, once for all
-surfaces: submission (a refused row cancels the rows already queued), disconnect watching
+surfaces: submission (all rows queued or none), disconnect watching
 and cancellation, `--sse-ping-interval` comments, and the status of an engine error (the
 one map in errors.py, rendered in the route's own envelope). A stream carrying
 `X-Conversation-Id` is recorded below the routes (stream_resume.StreamRecorder), so every
@@ -114,16 +114,11 @@ class Encoder:
 
 
 def submit_all(model: ServedModel, greqs: list[GenerationRequest]) -> list[RequestHandle]:
-    """Submit every row of one request; if one is refused, cancel those already queued."""
-    handles: list[RequestHandle] = []
+    """Submit every row of one request; the engine queues all of them or none."""
     try:
-        for greq in greqs:
-            handles.append(model.engine.submit(greq))
+        return model.engine.submit_all(greqs)
     except EngineError as e:
-        for h in handles:
-            h.cancel()
         raise engine_error(e.message, e.code, e.status) from None
-    return handles
 
 
 def raise_for_error(ev: TokenEvent) -> None:

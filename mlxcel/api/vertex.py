@@ -28,6 +28,8 @@ from typing import Any
 
 from litestar import Request, Response, post
 
+from mlxcel.api.body import decode_json
+from mlxcel.api.errors import ApiError
 from mlxcel.config.refusal import StartupRefusal
 
 log = logging.getLogger("mlxcel.api.vertex")
@@ -122,9 +124,9 @@ def make_predict_handler(path: str = "/predict"):
 
     async def predict(request: Request) -> Response:
         try:
-            payload = json.loads(await request.body())
-        except ValueError as e:
-            return Response(_error(400, f"request body is not valid JSON: {e}"), status_code=400)
+            payload = decode_json(await request.body())
+        except ApiError as e:
+            return Response(_error(400, e.message), status_code=400)
         if not isinstance(payload, dict):
             return Response(_error(400, "request body must be a JSON object"), status_code=400)
         instances = payload.get("instances")

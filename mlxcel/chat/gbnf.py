@@ -21,6 +21,8 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from mlxcel.config.limits import MAX_GRAMMAR_DEPTH
+
 MAX_REPETITIONS = 2000  # llama.cpp's MAX_REPETITION_THRESHOLD
 MAX_SOURCE_BYTES = 256 * 1024  # mlxcel's own cap on GBNF source (upstream has none)
 MAX_LOWERED_BYTES = 4 * 1024 * 1024  # the lowered grammar handed to the constraint library
@@ -74,6 +76,7 @@ class _Reader:
         self.n_vocab = n_vocab
         self.symbols: dict[str, int] = {}
         self.rules: dict[int, list[Alternative]] = {}
+        self.depth = 0  # open parentheses: the reader recurses once per level
 
     # -- lexical helpers --------------------------------------------------------
     def at(self, pos: int) -> str:
@@ -231,8 +234,13 @@ class _Reader:
                 seq.append(Ref(self.symbol(self.src[pos:end])))
                 pos = self.space(end, nested)
             elif c == "(":
+                if self.depth >= MAX_GRAMMAR_DEPTH:
+                    raise GbnfError(f"groups nest deeper than mlxcel's limit of {MAX_GRAMMAR_DEPTH} "
+                                    f"at {self.show(pos)}")
                 sub = self.fresh(name)
+                self.depth += 1
                 pos = self.alternates(self.space(pos + 1, True), name, sub, nested=True)
+                self.depth -= 1
                 n_prev = max(len(self.symbols) - before, 1)
                 seq.append(Ref(sub))
                 if self.at(pos) != ")":

@@ -155,25 +155,40 @@ class Engine:
                 self._outstanding -= 1
 
     def submit(self, request: GenerationRequest) -> RequestHandle:
-        n = len(request.prompt)
-        if n == 0:
-            raise EngineError("the prompt is empty", "invalid_request", 400)
-        if n >= self.n_ctx_slot:
-            raise _too_long(n, self.n_ctx_slot)
+        return self.submit_all([request])[0]
+
+    def submit_all(self, requests: list[GenerationRequest]) -> list[RequestHandle]:
+        """Queue every row of one request, or none: a request that can never fit the slots and
+        the queue together is a 400, one that does not fit now a 503, and neither holds places."""
+        for request in requests:
+            n = len(request.prompt)
+            if n == 0:
+                raise EngineError("the prompt is empty", "invalid_request", 400)
+            if n >= self.n_ctx_slot:
+                raise _too_long(n, self.n_ctx_slot)
+        capacity = self.parallel + self.max_queue_depth
+        if self.max_queue_depth >= 0 and len(requests) > capacity:
+            raise EngineError(f"the request asks for {len(requests)} generations (choices times prompts); this "
+                              f"server holds at most {capacity} at once ({self.parallel} slots and "
+                              f"{self.max_queue_depth} queue places)", "invalid_request", 400)
         with self._count_lock:
-            if self.max_queue_depth >= 0 and self._outstanding >= self.parallel + self.max_queue_depth:
+            if self.max_queue_depth >= 0 and self._outstanding + len(requests) > capacity:
                 self.counters.n_rejected_total += 1
                 raise EngineError(f"the server is busy: {self.max_queue_depth} requests are already waiting "
                                   "for a slot; retry later", "queue_full", 503)
-            self._outstanding += 1
+            self._outstanding += len(requests)
+        handles = [self._handle(request) for request in requests]
+        for handle in handles:
+            self._inbox.put(handle)
+        return handles
+
+    def _handle(self, request: GenerationRequest) -> RequestHandle:
         if self.lora is not None:
             if request.lora is None:  # snapshot now: a later change of the server's scales never reaches it
                 request.lora = self.lora.snapshot()
             if any(request.lora):  # adapted KV must never be shared with another request's prefix
                 request.cache_prompt = False
-        handle = RequestHandle(request, self._wake)
-        self._inbox.put(handle)
-        return handle
+        return RequestHandle(request, self._wake)
 
     def _wake(self) -> None:
         self._inbox.put(None)

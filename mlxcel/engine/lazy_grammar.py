@@ -10,18 +10,22 @@ trigger fires on:
 - a full pattern (type 3) matching the whole buffer: the grammar is fed the buffer from
   the first non-empty capture group (the whole buffer when no group captured).
 The matcher advances by whole tokens, so text fed from a match that starts inside a token
-is re-tokenized before it is replayed. Patterns are Python regular expressions (b10621
-uses std::regex; the common syntax is shared).
+is re-tokenized before it is replayed. Patterns are compiled by the `regex` package (re's
+syntax; b10621 uses std::regex, the common syntax is shared), whose matching takes a timeout:
+all of a row's patterns get TRIGGER_MATCH_BUDGET_S per token, and a row whose patterns run past
+it ends with an error rather than stalling the engine thread.
 """
 
 from __future__ import annotations
 
-import re
+import time
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import regex as rx
 
+from mlxcel.config.limits import TRIGGER_MATCH_BUDGET_S
 from mlxcel.engine.detokenize import IncrementalDetokenizer
 
 TOKEN, WORD, PATTERN, PATTERN_FULL = 0, 1, 2, 3
@@ -33,7 +37,7 @@ class LazyGrammar:
 
     grammar: Any  # engine.grammar.CompiledGrammar
     trigger_tokens: frozenset[int]
-    patterns: tuple[tuple[re.Pattern, bool], ...]  # (regex, must match the whole buffer)
+    patterns: tuple[tuple[rx.Pattern, bool], ...]  # (regex, must match the whole buffer)
     tokenizer: Any  # engine.tokenizer.Tokenizer
     reported: tuple[dict, ...] = ()  # the triggers as b10621 reports them (generation_settings)
 
@@ -57,10 +61,13 @@ class LazyMatcher:
         self._lazy = lazy
         self.awaiting = True
         self._buffer = ""
+        self._failed = ""  # why the trigger patterns could not be matched (then no token is allowed)
         tok = lazy.tokenizer
         self._detok = IncrementalDetokenizer(lambda ids: tok.decode(ids, skip_special_tokens=False))
 
     def allowed_mask(self, n_vocab: int) -> np.ndarray | None:
+        if self._failed:
+            return np.zeros(n_vocab, dtype=bool)
         return None if self.awaiting else self._inner.allowed_mask(n_vocab)
 
     def accept(self, token: int) -> bool:
@@ -74,8 +81,14 @@ class LazyMatcher:
             return self._replay(tok.encode(tok.decode([token], skip_special_tokens=False),
                                            add_special_tokens=False, parse_special=False))
         self._buffer += self._detok.add(token)
+        deadline = time.monotonic() + TRIGGER_MATCH_BUDGET_S
         for regex, full in self._lazy.patterns:
-            start = _start(regex, full, self._buffer)
+            try:
+                start = _start(regex, full, self._buffer, max(deadline - time.monotonic(), 0.0))
+            except TimeoutError:
+                self._failed = (f"the grammar trigger patterns took longer than {TRIGGER_MATCH_BUDGET_S * 1e3:g} ms "
+                                f"to match (at {regex.pattern!r}); simplify them")
+                return False
             if start is not None:
                 text = self._buffer[start:]
                 self._fire()
@@ -99,15 +112,21 @@ class LazyMatcher:
         return self.awaiting or self._inner.is_accepting()
 
     def error(self) -> str:
-        return "" if self.awaiting else self._inner.error()
+        return self._failed or ("" if self.awaiting else self._inner.error())
+
+    @property
+    def error_code(self) -> str | None:
+        """The request's own pattern is at fault, not the output: a client error."""
+        return "trigger_pattern_too_slow" if self._failed else None
 
 
-def _start(regex: re.Pattern, full: bool, buffer: str) -> int | None:
-    """Where the constrained text starts in `buffer` when the trigger matches, else None."""
+def _start(regex: rx.Pattern, full: bool, buffer: str, timeout: float) -> int | None:
+    """Where the constrained text starts in `buffer` when the trigger matches, else None;
+    TimeoutError past `timeout` seconds."""
     if not full:
-        m = regex.search(buffer)
+        m = regex.search(buffer, timeout=timeout)
         return None if m is None else m.start()
-    m = regex.fullmatch(buffer)
+    m = regex.fullmatch(buffer, timeout=timeout)
     if m is None:
         return None
     for i in range(1, (m.re.groups or 0) + 1):

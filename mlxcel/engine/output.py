@@ -110,8 +110,10 @@ class OutputProcessor:
         if row.grammar is not None:
             mask = row.grammar.allowed_mask(len(logits))  # None: a lazy grammar not triggered yet
             if mask is not None and not mask.any():
+                # a grammar may name its own condition (a lazy grammar's trigger ran past its budget)
+                code = getattr(row.grammar, "error_code", None) or "constrained_output_invalid"
                 self.finish(row, TokenEvent(error=f"the grammar allows no token here: {row.grammar.error()}",
-                                            error_code="constrained_output_invalid"))
+                                            error_code=code))
                 return
         sampled = sample_row(logits, req.params, row.sampler, history=req.prompt + row.generated, mask=mask)
         self.take(row, sampled.token, sampled.probs)

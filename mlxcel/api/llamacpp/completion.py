@@ -14,7 +14,7 @@ from typing import Any
 from litestar import Request, post
 
 from mlxcel.api import stream_runner as runner
-from mlxcel.api.body import read_json_object
+from mlxcel.api.body import check_count, read_json_object
 from mlxcel.api.errors import ApiError, engine_error, native_type
 from mlxcel.api.llamacpp import native_grammar, render
 from mlxcel.api.llamacpp.native_params import NativeRequest, parse_native, with_prompt
@@ -22,6 +22,7 @@ from mlxcel.api.openai.fields import ignored_fields_header
 from mlxcel.api.openai.generation import served_model
 from mlxcel.api.state import AppState
 from mlxcel.api.stream_runner import Encoder, Job, Run, sse
+from mlxcel.config.limits import MAX_PROMPTS
 from mlxcel.engine.types import GenerationRequest, TokenEvent
 from mlxcel.runtime.served import ServedModel
 from mlxcel.steering.requests import server_steering
@@ -124,6 +125,7 @@ async def respond(request: Request, app_state: AppState, model: ServedModel, nre
 @post(["/completion", "/completions"], status_code=200)
 async def completion(request: Request, app_state: AppState) -> Any:
     body = await read_json_object(request)
+    check_count(body, "prompt", MAX_PROMPTS, "prompts")
     model = served_model(app_state, None)
     nreq = parse_native(body, model, app_state.settings.parallel, app_state.settings.sse_ping_interval)
     nreq.template.grammar = await native_grammar.resolve(body, model)

@@ -17,10 +17,11 @@ from typing import Any, Callable
 import numpy as np
 from litestar import Request, Response, post
 
-from mlxcel.api.body import read_json_object
+from mlxcel.api.body import check_count, read_json_object
 from mlxcel.api.errors import ApiError
 from mlxcel.api.side_workers import side_worker
 from mlxcel.api.state import AppState
+from mlxcel.config.limits import MAX_INPUTS
 from mlxcel.workers.embedding import EmbeddingWorker, InputTooLong
 
 
@@ -29,11 +30,12 @@ def _is_ids(value: Any) -> bool:
 
 
 def prompt_field(body: dict[str, Any]) -> tuple[str, Any]:
-    """("input" | "content", value); `input` wins, as upstream reads it."""
-    if "input" in body:
-        return "input", body["input"]
-    if "content" in body:
-        return "content", body["content"]
+    """("input" | "content", value); `input` wins, as upstream reads it. Its count is bounded here,
+    before any input is tokenized."""
+    for field in ("input", "content"):
+        if field in body:
+            check_count(body, field, MAX_INPUTS, "inputs")
+            return field, body[field]
     raise ApiError(400, '"input" or "content" must be provided', code="invalid_request")
 
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import msgspec
 from litestar import Request, get, post
 
+from mlxcel.api.body import decode_json
 from mlxcel.api.errors import ApiError
 from mlxcel.api.openai.generation import served_model
 from mlxcel.api.state import AppState
@@ -43,10 +43,7 @@ def get_lora_adapters(app_state: AppState) -> list[dict[str, Any]]:
 
 @post("/lora-adapters", status_code=200)
 async def post_lora_adapters(request: Request, app_state: AppState) -> dict[str, bool]:
-    try:
-        body = msgspec.json.decode(await request.body())
-    except msgspec.DecodeError as e:
-        raise ApiError(400, f"request body is not valid JSON: {e}", code="invalid_json") from None
+    body = decode_json(await request.body())
     if not isinstance(body, list):
         raise ApiError(400, "Request body must be an array", code="invalid_request")
     model = served_model(app_state, None)

@@ -15,10 +15,12 @@ both are validated with b10621's refusals. `grammar_type` is inert (native_param
 from __future__ import annotations
 
 import asyncio
-import re
 from typing import Any
 
+import regex as rx
+
 from mlxcel.api.errors import ApiError
+from mlxcel.config.limits import MAX_GRAMMAR_TRIGGERS
 from mlxcel.engine.grammar import GrammarError
 from mlxcel.engine.lazy_grammar import LazyGrammar, PATTERN, PATTERN_FULL, TOKEN, WORD
 from mlxcel.runtime.served import ServedModel
@@ -99,12 +101,12 @@ def _trigger(t: Any, model: ServedModel, preserved: frozenset[int]) -> tuple[str
                 raise ApiError(400, f"Grammar trigger word should be marked as preserved token: {value}",
                                code="invalid_request", param="grammar_triggers")
             return "token", ids[0], {"type": TOKEN, "value": value, "token": ids[0]}
-        return "pattern", (re.compile(re.escape(value)), False), {"type": WORD, "value": value}
+        return "pattern", (rx.compile(rx.escape(value)), False), {"type": WORD, "value": value}
     if kind in (PATTERN, PATTERN_FULL):
         full = kind == PATTERN_FULL  # matched against the whole buffer (upstream anchors it with ^...$)
         try:
-            regex = re.compile(value)
-        except re.error as e:
+            regex = rx.compile(value)
+        except rx.error as e:
             raise bad(f"the pattern {value!r} does not compile: {e}") from None
         return "pattern", (regex, full), {"type": kind, "value": value}
     raise bad(f"unknown trigger type {kind} (0 token, 1 word, 2 pattern, 3 pattern_full)")
@@ -120,6 +122,9 @@ def lazy(body: dict[str, Any], model: ServedModel, grammar: Any, preserved: froz
     raw = body.get("grammar_triggers")
     if raw is not None and not isinstance(raw, list):
         raise ApiError(400, "'grammar_triggers' must be an array", code="invalid_request", param="grammar_triggers")
+    if len(raw or []) > MAX_GRAMMAR_TRIGGERS:
+        raise ApiError(400, f"'grammar_triggers' holds {len(raw)} triggers; at most {MAX_GRAMMAR_TRIGGERS} are "
+                       "accepted", code="invalid_request", param="grammar_triggers")
     triggers = [_trigger(t, model, preserved) for t in raw or []]
     if not flag:
         return grammar

@@ -17,10 +17,11 @@ from typing import Any
 
 from litestar import Request, Response, post
 
-from mlxcel.api.body import read_json_object
+from mlxcel.api.body import check_count, read_json_object
 from mlxcel.api.errors import ApiError
 from mlxcel.api.side_workers import side_worker
 from mlxcel.api.state import AppState
+from mlxcel.config.limits import MAX_INPUTS
 from mlxcel.workers.embedding import InputTooLong
 
 
@@ -39,6 +40,7 @@ def parse(body: dict[str, Any]) -> tuple[str, list[str], bool, int]:
     if not isinstance(query, str):
         raise ApiError(400, '"query" must be a string', code="invalid_parameter", param="query")
     tei = "texts" in body and "documents" not in body
+    check_count(body, "texts" if tei else "documents", MAX_INPUTS, "documents")
     docs = body.get("texts") if tei else body.get("documents")
     if not isinstance(docs, list) or not docs or not all(isinstance(d, str) for d in docs):
         raise ApiError(400, '"documents" must be a non-empty string array', code="invalid_parameter",

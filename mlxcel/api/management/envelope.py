@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import msgspec
 from litestar import Request, Response
 
+from mlxcel.api.body import decode_json
 from mlxcel.api.errors import ApiError
 from mlxcel.steering.circuits import CircuitError
 from mlxcel.steering.intensity import IntensityError
@@ -56,12 +56,11 @@ async def read_body(request: Request) -> dict[str, Any]:
     raw = await request.body()
     if not raw.strip():
         return {}
-    try:
-        body = msgspec.json.decode(raw)
-    except msgspec.DecodeError as e:
-        raise Refusal(400, "invalid_json", f"request body is not valid JSON: {e}") from None
+    # ApiError, not Refusal: handlers read the body outside `run`, and the app's handler renders
+    # an ApiError in this same envelope
+    body = decode_json(raw)
     if not isinstance(body, dict):
-        raise Refusal(400, "invalid_request", "request body must be a JSON object")
+        raise ApiError(400, "request body must be a JSON object", code="invalid_request")
     return body
 
 

@@ -16,7 +16,7 @@ from litestar import Request, Response, post
 
 from mlxcel.api import media
 from mlxcel.api import stream_runner as runner
-from mlxcel.api.body import convert, read_json_object
+from mlxcel.api.body import check_count, convert, read_json_object
 from mlxcel.api.errors import ApiError
 from mlxcel.api.model_switch import model_for
 from mlxcel.api.openai import chat_surface, reasoning_control
@@ -32,6 +32,7 @@ from mlxcel.api.state import AppState
 from mlxcel.api.stream_runner import Job
 from mlxcel.chat.chat_template import TemplateError, render_chat, render_plain
 from mlxcel.chat.reasoning import primed
+from mlxcel.config.limits import MAX_PROMPTS
 from mlxcel.engine.requests import RequestHandle
 from mlxcel.engine.types import GenerationRequest
 from mlxcel.runtime.served import ServedModel
@@ -153,6 +154,7 @@ async def _ask(request: Request) -> ChatAsk:
     """Read and check the body: the field contract, scoring mode, the sampling ranges."""
     strict = strict_mode(request.headers)
     body = await read_json_object(request)
+    check_count(body, "extra_messages", MAX_PROMPTS, "conversations")
     steering = steer.take_fields(body)  # profile, steering_intensity, return_sae_activations: honoured here
     req = convert(body, ChatCompletionRequest)
     constraint = rf.parse(body)  # first: a conflicting field is refused naming response_format

@@ -13,7 +13,7 @@ from typing import Any
 from litestar import Request, Response, post
 
 from mlxcel.api import stream_runner as runner
-from mlxcel.api.body import convert, read_json_object
+from mlxcel.api.body import check_count, convert, read_json_object
 from mlxcel.api.errors import ApiError
 from mlxcel.api.model_switch import model_for
 from mlxcel.api.openai import generation as g
@@ -24,6 +24,7 @@ from mlxcel.api.openai.schemas import CompletionRequest
 from mlxcel.api.state import AppState
 from mlxcel.api.openai import response_format as rf
 from mlxcel.api.stream_runner import Job
+from mlxcel.config.limits import MAX_PROMPTS
 from mlxcel.engine.types import GenerationRequest
 from mlxcel.runtime.served import ServedModel
 from mlxcel.steering import requests as steer
@@ -82,6 +83,7 @@ async def _ask(request: Request) -> CompletionAsk:
     """Read and check the body: the field contract, scoring mode, the sampling ranges."""
     strict = strict_mode(request.headers)
     body = await read_json_object(request)
+    check_count(body, "prompt", MAX_PROMPTS, "prompts")
     activations = steer.take_activations(body)  # honoured here; profile / steering_intensity are refused
     req = convert(body, CompletionRequest)
     rf.refuse(body, "/v1/completions")

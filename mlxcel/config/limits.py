@@ -1,0 +1,24 @@
+"""Bounds on the work one request can ask for, checked before any of it starts (docs/api.md,
+"Request limits")."""
+
+from __future__ import annotations
+
+# Choices of one request (`n`). Fixed rather than tied to --parallel so the answer does not
+# change with the server's shape; a request whose rows cannot all be slotted or queued is
+# refused separately (engine admission).
+MAX_CHOICES = 128
+# Prompts or conversations of one generation request (`prompt` arrays, `extra_messages`):
+# each becomes an engine row, so the same bound as `n`.
+MAX_PROMPTS = 128
+# Inputs of one embedding or rerank request: OpenAI's own cap on embedding inputs.
+MAX_INPUTS = 2048
+# Nesting of a request body's JSON: far above any real request, far below the decoder's
+# recursion limit (about 1000).
+MAX_JSON_DEPTH = 64
+# Nesting of a GBNF grammar's groups: the parser recurses once per level.
+MAX_GRAMMAR_DEPTH = 64
+# Lazy-grammar triggers of one request, and the time all of one row's trigger patterns may take
+# per generated token: matching runs on the engine thread, so a pattern that backtracks without
+# end would stall every row; past the budget the row ends with an error instead.
+MAX_GRAMMAR_TRIGGERS = 64
+TRIGGER_MATCH_BUDGET_S = 0.02
