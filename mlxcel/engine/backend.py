@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Callable, Protocol
 
 import numpy as np
 
-from mlxcel.engine.kv_block_pool import BlockAllocator
+from mlxcel.engine.kv_block_pool import BlockAllocator, SequenceKV
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ class ModelInfo:
 @dataclass
 class ForwardRow:
     tokens: list[int]  # tokens to append to this row's sequence
-    cache: Any  # the backend's per-sequence cache (SequenceCache on MLX)
+    cache: SequenceKV  # the row's block table and stored tokens (the KV manager's)
     # layer -> residual delta [hidden] added at that layer's output, every position (SAE steering)
     steering: dict[int, np.ndarray] | None = None
     # layer -> fn(tokens, pre [n, hidden], post [n, hidden]): this row's residuals at that
@@ -113,13 +113,13 @@ class Backend(Protocol):
         """Append each row's tokens to its sequence; return [len(rows), vocab] fp32 logits of
         each row's last position."""
 
-    def forward_all(self, tokens: list[int], cache: Any) -> np.ndarray:
+    def forward_all(self, tokens: list[int], cache: SequenceKV) -> np.ndarray:
         """Like forward for one row, but return logits for every position: [n, vocab]."""
 
     def copy_slots(self, src: np.ndarray, dst: np.ndarray) -> None:
         """Copy the keys and values of pool slots `src` to slots `dst` in every layer."""
 
-    def hidden_states(self, tokens: list[int], cache: Any) -> np.ndarray:
+    def hidden_states(self, tokens: list[int], cache: SequenceKV) -> np.ndarray:
         """Like forward_all, but the final hidden states (after the model's final norm) of every
         position instead of logits: [n, hidden] fp32. /v1/embeddings pools these."""
 
