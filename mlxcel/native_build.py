@@ -11,6 +11,7 @@ reads os.environ.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import shutil
 import subprocess
@@ -19,6 +20,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 COMPILE_TIMEOUT_S = 180
+
+log = logging.getLogger("mlxcel.native")
 
 
 class BuildUnavailable(Exception):
@@ -55,6 +58,8 @@ def build_cached(out_dir: Path, stem: str, key: Sequence[bytes], command: Callab
         raise BuildUnavailable(f"cannot create the build cache {out_dir}: {e}") from None
     fd, tmp = tempfile.mkstemp(prefix=".build-", suffix=".so", dir=out_dir)
     os.close(fd)
+    # said before the wait: `mlxcel build-kernels` (run by the install) leaves nothing to do here
+    log.info("compiling %s for this machine (once; up to a few minutes) into %s", what, out_dir)
     try:
         proc = subprocess.run(command(tmp), capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
     except (OSError, subprocess.TimeoutExpired) as e:

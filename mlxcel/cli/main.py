@@ -19,6 +19,7 @@ SUBCOMMANDS = {
     "convert": "mlxcel.cli.store_cmds",
     "generate": "mlxcel.cli.generate_cmds",
     "chat": "mlxcel.cli.generate_cmds",
+    "build-kernels": "mlxcel.cli.build_cmds",
 }
 
 
