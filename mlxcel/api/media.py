@@ -6,8 +6,9 @@ started with --no-mmproj refuse every media part with b10621's `<kind> input is 
 supported` clause at HTTP 501 (audio and video parts are refused the same way: no served
 checkpoint takes them), and the image count is checked. Then each image is read (a data:
 base64 URL; a file:// URL under --media-path, api/media_path.py; an http(s) URL under the
-address policy, api/media_fetch.py), bounded by the payload limit, and decoded with Pillow
-under a pixel cap. Each image part is replaced by the checkpoint's placeholder text
+address policy, api/media_fetch.py), bounded by the payload limit, and its header opened with
+Pillow; the per-image and per-request pixel limits (config/limits.py) are checked on those header
+sizes before any image is decoded. Each image part is replaced by the checkpoint's placeholder text
 (models/vision.py), which the chat template renders in place; the backend later expands it to
 the image's tokens. `prepare()` turns the decoded images into the request's Media.
 """
@@ -22,13 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from mlxcel.api.errors import ApiError
+from mlxcel.config.limits import MAX_IMAGE_BYTES, MAX_IMAGE_PIXELS, MAX_IMAGES, MAX_REQUEST_IMAGE_PIXELS
 
 IMAGE_PARTS = ("image_url", "input_image")
 OTHER_MEDIA = {"input_audio": "audio", "audio": "audio", "video_url": "video", "input_video": "video"}
-# Limits enforced before any vision work (mlxcel's own; b10621 has no such flags).
-MAX_IMAGES = 16  # image parts per request
-MAX_IMAGE_BYTES = 20 << 20  # encoded bytes per image
-MAX_IMAGE_PIXELS = 40_000_000  # decoded width * height per image
 
 
 @dataclass(frozen=True)
@@ -38,6 +36,8 @@ class MediaPolicy:
     allow_private: bool  # MLXCEL_ALLOW_PRIVATE_MEDIA_URLS=1
     max_images: int = MAX_IMAGES
     max_bytes: int = MAX_IMAGE_BYTES
+    max_pixels: int = MAX_IMAGE_PIXELS  # per image
+    max_total_pixels: int = MAX_REQUEST_IMAGE_PIXELS  # all of one request's images
 
 
 def policy(settings: Any) -> MediaPolicy:
@@ -128,29 +128,58 @@ async def _read(url: str, pol: MediaPolicy) -> bytes:
         raise ApiError(400, str(e), code="invalid_parameter", param="messages") from None
 
 
-def decode(data: bytes) -> Any:
-    """Bytes -> a loaded RGB PIL image, refusing what is not an image or is too large."""
+def _undecodable() -> ApiError:
+    return ApiError(400, "an image part could not be decoded as an image", code="invalid_parameter",
+                    param="messages")
+
+
+def probe(data: bytes, pol: MediaPolicy) -> Any:
+    """Bytes -> an opened, not yet decoded PIL image whose header size is within the per-image
+    cap. Our cap is checked whatever PIL's own global bomb limit is set to (even None)."""
     from PIL import Image, UnidentifiedImageError
 
     try:
         im = Image.open(io.BytesIO(data))
-        if im.width * im.height > MAX_IMAGE_PIXELS:
-            raise ApiError(400, f"an image of {im.width}x{im.height} exceeds the decode cap of {MAX_IMAGE_PIXELS} "
-                           "pixels", code="invalid_parameter", param="messages")
+    except Image.DecompressionBombError:  # PIL's own check fired first: still our limit's refusal
+        raise ApiError(400, f"an image exceeds the per-image limit of {pol.max_pixels} pixels",
+                       code="invalid_parameter", param="messages") from None
+    except (UnidentifiedImageError, OSError, ValueError):
+        raise _undecodable() from None
+    if im.width * im.height > pol.max_pixels:
+        raise ApiError(400, f"an image of {im.width}x{im.height} exceeds the per-image limit of {pol.max_pixels} "
+                       "pixels", code="invalid_parameter", param="messages")
+    return im
+
+
+def decode(im: Any) -> Any:
+    """A probed image -> a loaded RGB image (the size was checked by probe before this)."""
+    from PIL import Image
+
+    try:
         im.load()
-    except (UnidentifiedImageError, OSError, Image.DecompressionBombError, ValueError):
-        raise ApiError(400, "an image part could not be decoded as an image", code="invalid_parameter",
-                       param="messages") from None
-    return im.convert("RGB")
+        return im.convert("RGB")
+    except (OSError, Image.DecompressionBombError, ValueError):
+        raise _undecodable() from None
+    finally:
+        im.close()  # the encoded bytes and the undecoded copy are not held past this
+
+
+def _check_total(images: list, pol: MediaPolicy) -> None:
+    total = sum(im.width * im.height for im in images)
+    if total > pol.max_total_pixels:
+        raise ApiError(400, f"the request's {len(images)} images total {total} pixels; at most "
+                       f"{pol.max_total_pixels} are accepted per request", code="invalid_parameter",
+                       param="messages")
 
 
 async def gather(model: Any, pol: MediaPolicy, messages: list, others: list = ()) -> tuple[list, list]:
-    """(messages with each image part replaced by the placeholder text, decoded images in order)."""
+    """(messages with each image part replaced by the placeholder text, decoded images in order).
+    Every image is read and its header checked, per image and for the request, before any is decoded."""
     if not check(model, pol, messages, others):
         return messages, []
     import anyio
 
-    images, out = [], []
+    opened, out = [], []
     for m in messages:
         content = m.get("content") if isinstance(m, dict) else None
         if not isinstance(content, list):
@@ -160,10 +189,12 @@ async def gather(model: Any, pol: MediaPolicy, messages: list, others: list = ()
         for part in content:
             if isinstance(part, dict) and part.get("type") in IMAGE_PARTS:
                 data = await _read(_url(part), pol)
-                images.append(await anyio.to_thread.run_sync(decode, data))
+                opened.append(await anyio.to_thread.run_sync(probe, data, pol))
                 part = {"type": "text", "text": model.vision.placeholder}
             parts.append(part)
         out.append({**m, "content": parts})
+    _check_total(opened, pol)
+    images = [await anyio.to_thread.run_sync(decode, im) for im in opened]
     return out, images
 
 

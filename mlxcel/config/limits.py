@@ -22,3 +22,14 @@ MAX_GRAMMAR_DEPTH = 64
 # end would stall every row; past the budget the row ends with an error instead.
 MAX_GRAMMAR_TRIGGERS = 64
 TRIGGER_MATCH_BUDGET_S = 0.02
+# Images of one request (api/media.py), all checked from the image headers before any is decoded.
+# Image parts per request: each becomes a vision-tower forward and its tokens in the prompt.
+MAX_IMAGES = 16
+# Encoded bytes per image (data: payload, file or download).
+MAX_IMAGE_BYTES = 20 << 20
+# Decoded width * height per image: a solid-colour PNG a few KB on disk can declare tens of
+# megapixels, and decoding (RGB, then the processor's float copies) costs memory per pixel.
+MAX_IMAGE_PIXELS = 40_000_000
+# Decoded pixels summed over a request's images: the per-image cap times the count would still let
+# one request hold gigabytes of decoded pictures.
+MAX_REQUEST_IMAGE_PIXELS = 64_000_000
