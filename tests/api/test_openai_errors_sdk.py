@@ -74,7 +74,7 @@ def test_an_engine_error_ending_a_non_streamed_request_keeps_the_contract_status
     import pytest
 
     from mlxcel.api.errors import ApiError
-    from mlxcel.api.openai.generation import raise_for_error
+    from mlxcel.api.stream_runner import raise_for_error
     from mlxcel.engine.types import TokenEvent
 
     for code, status, kind in (("model_busy", 503, "server_error"), ("insufficient_memory", 503, "invalid_request_error"),

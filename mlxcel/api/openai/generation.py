@@ -20,8 +20,7 @@ from mlxcel.api.engine_request import Sampling, generation_request
 from mlxcel.api.errors import ApiError, error_type
 from mlxcel.api.openai.schemas import _Sampling
 from mlxcel.api.state import AppState
-# raise_for_error: an error event's ApiError, also reached through this module as the /v1 name
-from mlxcel.api.stream_runner import raise_for_error, sse  # noqa: F401
+from mlxcel.api.stream_runner import sse
 from mlxcel.engine.types import GenerationRequest, TokenEvent
 from mlxcel.runtime.served import ServedModel
 
