@@ -29,6 +29,17 @@ JSON_TOOLS_TINY = "mlxcel-fixtures/json-tools-tiny"  # no tool-call marker: the 
 # random-weight Qwen2-VL (vision tower + M-RoPE, real Qwen vocabulary), HF layout: torch backend only
 QWEN2_VL_TINY = "mlxcel-fixtures/qwen2-vl-tiny"
 
+# one tiny random-weight checkpoint per zoo family (scripts/fixtures/build_zoo.py), SmolLM2's
+# tokenizer; all under one owner folder, which router-mode tests serve as --models-dir
+ZOO_OWNER = "mlxcel-zoo"
+ZOO_TYPES = ("mistral", "mixtral", "phi", "phi3", "gemma", "qwen2_moe", "qwen3_moe", "olmo2", "starcoder2",
+             "cohere", "cohere2", "granite", "granitemoe", "smollm3", "glm4")
+
+
+def zoo_fixture(model_type: str) -> str:
+    return f"{ZOO_OWNER}/{model_type}"
+
+
 # SAEs in SAELens layout for SmolLM2 (scripts/fixtures/build_sae.py): not checkpoints, so not in ALL
 SAE_TRAINED = "mlxcel-fixtures/sae-smollm2-l15-topk1024"  # trained, top-k, layer 15 output
 SAE_RANDOM = "mlxcel-fixtures/sae-smollm2-l10-random64"  # random, 64 features, layer 10 output

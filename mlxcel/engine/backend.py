@@ -86,15 +86,22 @@ class KVSpec:
 
 
 def layer_windows(config: dict, num_layers: int) -> list[int | None]:
-    """Each layer's sliding-attention window as the config declares it (None: full attention)."""
+    """Each layer's sliding-attention window as the config declares it (None: full attention):
+    per layer type where the config lists them, by a period of local layers (Gemma 3's
+    sliding_window_pattern), from `max_window_layers` on for Qwen's switch, else on every
+    layer (Mistral, Mixtral, Phi-3, Starcoder2 read `sliding_window` that way)."""
     window = config.get("sliding_window")
+    if not window or config.get("use_sliding_window") is False:
+        return [None] * num_layers
     types = config.get("layer_types")
-    if window and types:
+    if types:
         return [window if t == "sliding_attention" else None for t in types[:num_layers]]
     pattern = config.get("sliding_window_pattern")
-    if window and isinstance(pattern, int) and pattern > 1:
+    if isinstance(pattern, int) and pattern > 1:
         return [None if (i + 1) % pattern == 0 else window for i in range(num_layers)]
-    return [None] * num_layers
+    if config.get("use_sliding_window") and isinstance(config.get("max_window_layers"), int):
+        return [window if i >= config["max_window_layers"] else None for i in range(num_layers)]
+    return [window] * num_layers
 
 
 class Backend(Protocol):

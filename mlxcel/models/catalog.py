@@ -70,7 +70,11 @@ _NOTES = """
 - **backends**: `--backend mlx` (mlx-lm's family module) and `--backend torch` (the
   transformers class named as the reference). Each feature cell names the backends it applies on.
 - **attention**: the attention kinds the family's layers may declare in config.json (`full`;
-  `sliding`: a window over the last tokens, from `layer_types` or `sliding_window_pattern`).
+  `sliding`: a window over the last tokens). A layer's window comes from `layer_types`, from
+  Gemma 3's `sliding_window_pattern`, from Qwen's `use_sliding_window` with `max_window_layers`,
+  or else, when `sliding_window` is set, on every layer (Mistral, Mixtral, Phi-3, Starcoder2), as
+  transformers reads it. mlxcel applies each layer's window at its own attention seam on both
+  backends, also where mlx-lm's module would attend without it.
 - **LoRA**: `--lora` / `--lora-scaled` adapters (PEFT or mlx-lm layout) on the checkpoint's linear
   layers, served unfused with live scales. On MLX also over an MLX-quantized checkpoint; the torch
   backend serves unquantized checkpoints only.
@@ -82,6 +86,14 @@ _NOTES = """
   with images skip it: every picture's pad tokens are the same ids, so a token-keyed prefix
   cannot tell two images apart.
 
+## Checkpoint layout
+
+A checkpoint in transformers' layout (as published on the hub) serves on both backends; mlx-lm
+reshapes what it needs at load (a mixture of experts' per-expert weights are stacked). An MLX
+conversion (`mlxcel convert`, or an `mlx-community` repository) serves on `--backend mlx`; for a
+mixture-of-experts family its stacked experts are not transformers' layout, and the torch
+backend refuses such a checkpoint by the weights it lacks rather than filling them at random.
+
 ## Config normalisation
 
 Checkpoints saved by transformers 5 keep their RoPE settings under `rope_parameters` (keyed by
@@ -89,7 +101,10 @@ layer type for Gemma 3) and Gemma 3's layer pattern under `layer_types`. Both ba
 config normalised at load (`mlxcel/models/checkpoint_config.py`): the top-level `rope_theta`,
 `rope_scaling`, `rope_local_base_freq` and `sliding_window_pattern` that mlx-lm reads are derived
 from them (a key the checkpoint sets itself is kept), so such a checkpoint rotates with its own
-RoPE base rather than a family default. `mlxcel convert` writes the normalised form.
+RoPE base rather than a family default. Likewise `num_experts` is derived from transformers 5's
+`num_local_experts` (Qwen's MoE families), GLM-4's `partial_rotary_factor` from
+`rope_parameters`, and a Gemma 2 config without `layer_types` gets the alternating local/global
+list transformers builds for it. `mlxcel convert` writes the normalised form.
 """
 
 

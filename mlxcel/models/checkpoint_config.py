@@ -4,7 +4,9 @@ transformers 5 saves RoPE settings only under `rope_parameters` (keyed by layer 
 Gemma 3) and Gemma 3's layer pattern only as `layer_types`; mlx-lm's families read top-level
 `rope_theta`, `rope_scaling`, `rope_local_base_freq` and `sliding_window_pattern`, and fall
 back to their defaults without a word when those are missing (a Llama would rotate with base
-10000 whatever it was trained with). `normalize_config` adds the top-level keys; it never
+10000 whatever it was trained with); it also renamed the expert count of Qwen's MoE families
+`num_local_experts` and moved GLM-4's `partial_rotary_factor` under `rope_parameters`.
+`normalize_config` adds the top-level keys; it never
 changes a key the checkpoint already sets. Both backends read configs through here (MLX hands
 mlx-lm the added keys, `mlx_overrides`; transformers 5 reads either form itself, so torch needs
 them only for mlxcel's own reads), and `mlxcel convert` writes the normalised form.
@@ -37,6 +39,12 @@ def normalize_config(config: dict) -> dict:
             config.setdefault("rope_local_base_freq", local["rope_theta"])
     elif isinstance(rp, dict):
         _rope_keys(config, rp)
+    if "num_local_experts" in config:  # transformers 5's name; mlx-lm's Qwen MoE families read num_experts
+        config.setdefault("num_experts", config["num_local_experts"])
+    if config.get("model_type") == "gemma2" and "layer_types" not in config:
+        # what transformers builds for a Gemma 2 config without the list: local, global, local, ...
+        n = int(config.get("num_hidden_layers") or 0)
+        config["layer_types"] = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n)]
     if gemma3 and isinstance(config.get("layer_types"), list):
         period = layer_period(config["layer_types"])
         if period is not None:
@@ -45,8 +53,9 @@ def normalize_config(config: dict) -> dict:
 
 
 def _rope_keys(config: dict, block: dict) -> None:
-    if "rope_theta" in block:
-        config.setdefault("rope_theta", block["rope_theta"])
+    for key in ("rope_theta", "partial_rotary_factor"):  # GLM-4 keeps its rotary fraction here
+        if key in block:
+            config.setdefault(key, block[key])
     if block.get("rope_type", block.get("type", "default")) != "default":
         config.setdefault("rope_scaling", block)
 

@@ -34,14 +34,32 @@ class Family:
         return (MLX, TORCH) if self.mlx_module is not None else (TORCH,)
 
 
+# a config's sliding_window may put every layer, or Qwen's later layers, on a window
+SLIDABLE = ("full", "sliding")
+
 FAMILIES: dict[str, Family] = {
     f.model_type: f
     for f in (
-        # Mistral's and Mixtral's decoders are Llama's (a sliding window, MoE experts on top)
-        Family("llama", "mlx_lm.models.llama", "LlamaForCausalLM", kin=("mistral", "mixtral", "ministral")),
-        Family("qwen2", "mlx_lm.models.qwen2", "Qwen2ForCausalLM"),
-        Family("qwen3", "mlx_lm.models.qwen3", "Qwen3ForCausalLM"),
-        Family("gemma3_text", "mlx_lm.models.gemma3_text", "Gemma3ForCausalLM", attention=("full", "sliding")),
+        Family("llama", "mlx_lm.models.llama", "LlamaForCausalLM", kin=("ministral",)),
+        # Mistral's decoder is Llama's with a sliding window over every layer
+        Family("mistral", "mlx_lm.models.llama", "MistralForCausalLM", attention=SLIDABLE),
+        Family("mixtral", "mlx_lm.models.mixtral", "MixtralForCausalLM", attention=SLIDABLE),
+        Family("qwen2", "mlx_lm.models.qwen2", "Qwen2ForCausalLM", attention=SLIDABLE),
+        Family("qwen2_moe", "mlx_lm.models.qwen2_moe", "Qwen2MoeForCausalLM", attention=SLIDABLE),
+        Family("qwen3", "mlx_lm.models.qwen3", "Qwen3ForCausalLM", attention=SLIDABLE),
+        Family("qwen3_moe", "mlx_lm.models.qwen3_moe", "Qwen3MoeForCausalLM", attention=SLIDABLE),
+        Family("gemma", "mlx_lm.models.gemma", "GemmaForCausalLM"),
+        Family("gemma3_text", "mlx_lm.models.gemma3_text", "Gemma3ForCausalLM", attention=SLIDABLE),
+        Family("phi", "mlx_lm.models.phi", "PhiForCausalLM"),
+        Family("phi3", "mlx_lm.models.phi3", "Phi3ForCausalLM", attention=SLIDABLE),
+        Family("olmo2", "mlx_lm.models.olmo2", "Olmo2ForCausalLM"),
+        Family("starcoder2", "mlx_lm.models.starcoder2", "Starcoder2ForCausalLM", attention=SLIDABLE),
+        Family("cohere", "mlx_lm.models.cohere", "CohereForCausalLM"),
+        Family("cohere2", "mlx_lm.models.cohere2", "Cohere2ForCausalLM", attention=SLIDABLE),
+        Family("granite", "mlx_lm.models.granite", "GraniteForCausalLM"),
+        Family("granitemoe", "mlx_lm.models.granitemoe", "GraniteMoeForCausalLM"),
+        Family("smollm3", "mlx_lm.models.smollm3", "SmolLM3ForCausalLM"),
+        Family("glm4", "mlx_lm.models.glm4", "Glm4ForCausalLM"),
         # vision-language (models/vision.py): transformers' family code on the torch backend only
         Family("qwen2_vl", None, "Qwen2VLForConditionalGeneration"),
     )

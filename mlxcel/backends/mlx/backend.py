@@ -15,7 +15,7 @@ import numpy as np
 from mlx_lm.utils import load_model
 
 from mlxcel.config.rope import RopeOverrides
-from mlxcel.engine.backend import ForwardRow, KVSpec, ModelInfo
+from mlxcel.engine.backend import ForwardRow, KVSpec, ModelInfo, layer_windows
 from mlxcel.backends.rows import RowLayout, RowSteering
 from mlxcel.backends.mlx import cpu_ops, packed, split_products
 from mlxcel.backends.mlx.packed import PackedBatchView, PackedPlan
@@ -23,7 +23,7 @@ from mlxcel.backends.mlx.paged import PagedBatchView, PagedStorage, StepPlan
 from mlxcel.engine.kv_block_pool import BlockAllocator, SequenceKV
 from mlxcel.models.checkpoint_config import mlx_overrides, normalize_config
 from mlxcel.models.hooks import install_hooks
-from mlxcel.models.registry import decoder_stack, family_for, mlx_module
+from mlxcel.models.registry import DOCS_PAGE, UnsupportedModelType, decoder_stack, family_for, mlx_module
 from mlxcel.models.rope_overrides import config_overrides
 from mlxcel.models.rope_overrides import verify as verify_rope
 
@@ -116,7 +116,10 @@ class MLXBackend(RowSteering):
             device="cpu" if on_cpu() else "metal",
             config=config,
         )
-
+        self.windows = layer_windows(config, self.info.num_layers)
+        if any(self.windows) and not self.packs_rows:
+            raise UnsupportedModelType(f"{config['model_type']} declares sliding-window attention, which mlxcel applies "
+                                       f"at the attention seam this family's module does not expose; see {DOCS_PAGE}")
         # a pool of one context for direct drivers (tests, benchmarks); the engine binds its own
         self.bind_kv(BlockAllocator((self.info.context_length // 16) + 8, 16))
 
@@ -153,7 +156,7 @@ class MLXBackend(RowSteering):
         if layout.packed and self.packs_rows:
             plan = PackedPlan(kv, layout)
             ids = mx.array(np.concatenate([r.tokens for r in rows]).astype(np.int32))[None]
-            views = [PackedBatchView(self.storage, li, plan) for li in range(self.info.num_layers)]
+            views = [PackedBatchView(self.storage, li, plan, w) for li, w in enumerate(self.windows)]
         else:
             layout = RowLayout(layout.n, False)
             plan = StepPlan(kv)
@@ -164,7 +167,7 @@ class MLXBackend(RowSteering):
                 ids = mx.array(host)
             else:
                 ids = ids.reshape(plan.batch, 1)
-            views = [PagedBatchView(self.storage, li, plan) for li in range(self.info.num_layers)]
+            views = [PagedBatchView(self.storage, li, plan, w) for li, w in enumerate(self.windows)]
         self._prepare_step(rows, layout)
         if self.lora is not None:
             self.lora.begin([r.lora for r in rows], layout)

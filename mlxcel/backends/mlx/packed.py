@@ -20,6 +20,7 @@ import mlx.nn as nn
 import numpy as np
 from mlx_lm.models import base as mlx_base
 
+from mlxcel.backends.mlx.paged import PagedBatchView
 from mlxcel.backends.rows import AttendGroup, RowLayout, attend_groups, contiguous_start, packed_positions
 from mlxcel.engine.kv_block_pool import NULL_BLOCK, SequenceKV
 
@@ -61,6 +62,10 @@ def _packed_rope_class(cls: type) -> type:
 def _dispatch_sdpa(queries, keys, values, cache, scale, mask, sinks=None):
     if isinstance(cache, PackedBatchView):
         return cache.attend(queries, scale, mask, sinks)
+    if isinstance(cache, PagedBatchView) and cache.window is not None:
+        # the layer's declared window, whatever mask the family built (mlx-lm's llama, phi3 and
+        # starcoder2 build none for a config's sliding_window)
+        mask = cache.plan.mask(cache.window)
     return _sdpa(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
 
 
@@ -115,8 +120,9 @@ class PackedPlan:
 class PackedBatchView:
     """One layer's cache, as mlx-lm sees it, for one packed step."""
 
-    def __init__(self, storage, layer: int, plan: PackedPlan) -> None:
+    def __init__(self, storage, layer: int, plan: PackedPlan, window: int | None = None) -> None:
         self.storage, self.layer, self.plan = storage, layer, plan
+        self.window = window  # the layer's declared sliding window (engine.backend.layer_windows)
         self.offset = plan.offset
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
@@ -135,7 +141,7 @@ class PackedBatchView:
 
     def attend(self, queries: mx.array, scale: float, mask, sinks=None) -> mx.array:
         """[1, H, T, D] attention output, each row over its own history."""
-        window = mask.window if isinstance(mask, PackedMask) else None
+        window = self.window if self.window is not None else mask.window if isinstance(mask, PackedMask) else None
         st, li = self.storage, self.layer
         outs = []
         for g in self.plan.groups:

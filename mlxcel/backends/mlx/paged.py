@@ -103,8 +103,9 @@ class StepPlan:
 class PagedBatchView:
     """One layer's cache, as mlx-lm sees it, for one step over a batch of rows."""
 
-    def __init__(self, storage: PagedStorage, layer: int, plan: StepPlan) -> None:
+    def __init__(self, storage: PagedStorage, layer: int, plan: StepPlan, window: int | None = None) -> None:
         self.storage, self.layer, self.plan = storage, layer, plan
+        self.window = window  # the layer's declared sliding window (engine.backend.layer_windows)
         self.offset = plan.offset
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:

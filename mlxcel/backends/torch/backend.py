@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from mlxcel.config.rope import RopeOverrides
-from mlxcel.engine.backend import ForwardRow, KVSpec, ModelInfo
+from mlxcel.engine.backend import ForwardRow, KVSpec, ModelInfo, layer_windows
 from mlxcel.backends.rows import RowLayout, RowSteering
 from mlxcel.backends.torch import fused_ops, packed
 from mlxcel.backends.torch.cpu_kernels import cpu_flags
@@ -179,8 +179,12 @@ class TorchBackend(RowSteering):
         self.packs_rows = self.can_pack and not compile and packed.install(self.model)
         if kernel is not None:
             self.set_fused_ops(True)
-        self.softcap = getattr(model.config, "final_logit_softcapping", None)
         text_config = model.config.get_text_config()
+        # transforms the causal-LM classes apply after the head: Gemma 2's soft-cap, Cohere's
+        # logit_scale (a product) and Granite's logits_scaling (a quotient)
+        self.softcap = getattr(model.config, "final_logit_softcapping", None)
+        self.logit_scale = getattr(text_config, "logit_scale", None)
+        self.logits_divisor = getattr(text_config, "logits_scaling", None)
         self._layer_types = getattr(text_config, "layer_types", None)
         self._window = getattr(text_config, "sliding_window", None)
         layers = self.base.layers
@@ -200,8 +204,22 @@ class TorchBackend(RowSteering):
             device=str(self.device),
             config={**config.get("text_config", {}), **config},  # a VLM keeps its geometry in text_config
         )
+        self._set_windows(layers)
         # a pool of one context for direct drivers (tests, benchmarks); the engine binds its own
         self.bind_kv(BlockAllocator((self.info.context_length // 16) + 8, 16))
+
+    def _set_windows(self, layers) -> None:
+        """Each attention module carries its layer's declared window (engine.backend.layer_windows),
+        which the kernels and the packed groups read; a padded step's mask is one per layer type,
+        or one for all layers when the config names no types (Mistral's window on every layer)."""
+        self.windows = layer_windows(self.info.config, len(layers))
+        for layer, window in zip(layers, self.windows):
+            attn = getattr(layer, "self_attn", None)
+            if attn is not None:
+                attn.sliding_window = window
+        if not self._layer_types and len(set(self.windows)) > 1:
+            raise CheckpointRefused(f"{self.info.model_type}: the config gives layers different sliding windows "
+                                    "without layer_types, which this backend cannot mask per layer")
 
     def _row_kernel(self, build_env: Mapping[str, str] | None) -> RowKernel | None:
         if build_env is None:
@@ -246,8 +264,17 @@ class TorchBackend(RowSteering):
     def _load_model(self, path: Path, dtype: torch.dtype, extra: dict):
         import transformers
 
-        return transformers.AutoModelForCausalLM.from_pretrained(
-            str(path), dtype=dtype, local_files_only=True, attn_implementation="sdpa", **extra)
+        model, loading = transformers.AutoModelForCausalLM.from_pretrained(
+            str(path), dtype=dtype, local_files_only=True, attn_implementation="sdpa", output_loading_info=True,
+            **extra)
+        missing = sorted(loading.get("missing_keys") or ())
+        if missing:
+            # transformers would fill them with random values; an MLX conversion's stacked MoE
+            # experts (switch_mlp) are the usual cause
+            raise CheckpointRefused(f"{path}: the checkpoint lacks {len(missing)} weights the {model.config.model_type} "
+                                    f"class needs (first: {missing[0]}); the torch backend reads transformers' layout, "
+                                    "so serve an MLX conversion with --backend mlx")
+        return model
 
     def _decoder_stack(self, model):
         """The module mapping token ids to final hidden states (embeddings, layers, norm)."""
@@ -280,7 +307,7 @@ class TorchBackend(RowSteering):
         """A 4-D mask for uniform families; one per layer type where the config names them."""
         dtype = DTYPES[self.info.dtype]
         if not self._layer_types:
-            return plan.mask(None, dtype)
+            return plan.mask(self.windows[0] if self.windows else None, dtype)
         kinds = set(self._layer_types)
         return {k: plan.mask(self._window if k == "sliding_attention" else None, dtype) for k in kinds}
 
@@ -350,6 +377,10 @@ class TorchBackend(RowSteering):
 
     def _logits(self, hidden: torch.Tensor) -> np.ndarray:
         logits = self.lm_head(hidden)
+        if self.logit_scale is not None:
+            logits = logits * self.logit_scale
+        if self.logits_divisor is not None:
+            logits = logits / self.logits_divisor
         if self.softcap:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits.float().cpu().numpy()

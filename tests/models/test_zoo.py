@@ -1,0 +1,170 @@
+"""Every zoo family on every backend it is served on, through the paged engine.
+
+One tiny random-weight checkpoint per family (scripts/fixtures/build_zoo.py: 2 layers, hidden
+64, SmolLM2's tokenizer, float32). Per family and backend:
+1. logits through mlxcel's paged KV against the reference (transformers' forward with its own
+   cache, both fp32 from the same safetensors) over a prompt longer than the fixtures' sliding
+   windows and 8 greedy decode steps: max |difference| <= 1e-3 and the same greedy tokens;
+2. a row's greedy tokens in a batch of 4 with different prompt lengths equal its solo run;
+3. a prefix-cache hit gives the cold run's tokens;
+4. one /v1/chat/completions round trip over HTTP, every family through one router-mode server
+   per backend (`--models-dir` over the zoo's folder), so each is loaded as a served model is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import numpy as np
+import pytest
+
+from mlxcel.cli.flags import BUILD_ENV
+from mlxcel.config.settings import ServerSettings
+from mlxcel.engine.sampling_params import SamplingParams
+from mlxcel.engine.types import GenerationRequest
+from mlxcel.models.registry import FAMILIES
+from tests import fixtures
+from tests.conftest import ServerProcess, fixture_path, models_dir
+
+TOLERANCE = 1e-3
+DECODE_STEPS = 8
+PROMPT = ("The history of the city of Paris begins with a small settlement on an island in the river, "
+          "where fishermen and traders built their huts")
+GREEDY = SamplingParams(temperature=0.0)
+CASES = [(t, b) for t in fixtures.ZOO_TYPES for b in FAMILIES[t].backends]
+
+
+def test_every_zoo_type_is_a_registered_family():
+    assert set(fixtures.ZOO_TYPES) <= set(FAMILIES)
+
+
+def _backend(family: str, backend: str):
+    path = fixture_path(fixtures.zoo_fixture(family))
+    if backend == "mlx":
+        from mlxcel.backends.mlx.backend import MLXBackend
+
+        return MLXBackend(path, dtype="float32")
+    from mlxcel.backends.torch.backend import TorchBackend
+
+    return TorchBackend(path, dtype="float32")
+
+
+@pytest.mark.parametrize("family,backend", CASES)
+def test_logits_match_reference(family, backend):
+    import torch
+
+    from mlxcel.engine.backend import ForwardRow
+    from mlxcel.engine.kv_block_pool import BlockAllocator
+    from mlxcel.engine.tokenizer import Tokenizer
+    from tests.models.reference import load_reference
+
+    path = fixture_path(fixtures.zoo_fixture(family))
+    ids = Tokenizer(path).encode(PROMPT)
+    mine = _backend(family, backend)
+    assert mine.info.model_type == family
+    mine.bind_kv(BlockAllocator(num_blocks=64, block_size=16))
+    ref = load_reference(path)
+    seq = mine.new_sequence()
+    got = mine.forward_all(ids, seq)
+    with torch.no_grad():
+        out = ref(torch.tensor([ids]), use_cache=True)
+    want, past = out.logits[0].float().numpy(), out.past_key_values
+    worst = float(np.abs(got - want).max())
+    assert worst <= TOLERANCE, f"prefill of {len(ids)} tokens: max abs diff {worst}"
+    token = int(want[-1].argmax())
+    assert int(got[-1].argmax()) == token
+    for step in range(DECODE_STEPS):
+        row = mine.forward([ForwardRow([token], seq)])[0]
+        with torch.no_grad():
+            out = ref(torch.tensor([[token]]), past_key_values=past, use_cache=True)
+        ref_row, past = out.logits[0, -1].float().numpy(), out.past_key_values
+        diff = float(np.abs(row - ref_row).max())
+        assert diff <= TOLERANCE, f"decode step {step}: max abs diff {diff}"
+        token = int(ref_row.argmax())
+        assert int(row.argmax()) == token, f"greedy tokens diverge at step {step}"
+
+
+@pytest.fixture(scope="module")
+def served(request):
+    from mlxcel.runtime.load import load_served_model
+
+    family, backend = request.param
+    ref = fixtures.zoo_fixture(family)
+    settings = ServerSettings(model=ref, ctx_size=2048, parallel=4, warmup=False, backend=backend, dtype="float32",
+                              build_env={k: os.environ[k] for k in BUILD_ENV if k in os.environ})
+    model = load_served_model(settings, fixture_path(ref))
+    yield model
+    model.engine.shutdown()
+
+
+async def _run(model, prompt: list[int], max_tokens: int, cache_prompt: bool = True) -> tuple[list[int], int]:
+    """The greedy tokens, and how many prompt tokens the prompt cache supplied."""
+    handle = model.engine.submit(GenerationRequest(prompt=prompt, params=GREEDY, max_tokens=max_tokens,
+                                                   ignore_eos=True, cache_prompt=cache_prompt))
+    tokens, last = [], None
+    async for ev in handle:
+        if ev.token is not None:
+            tokens.append(ev.token)
+        last = ev
+    assert last.error is None, last.error
+    return tokens, last.timings.cache_n
+
+
+@pytest.mark.parametrize("served", CASES, indirect=True, ids=[f"{t}-{b}" for t, b in CASES])
+def test_row_in_a_batch_of_four_equals_its_solo_run(served):
+    enc = served.tokenizer.encode
+    target = enc(PROMPT)
+    others = [enc("Hi"), enc("List the planets of the solar system:"), enc(PROMPT + " and " + PROMPT)]
+
+    async def scenario():
+        solo = await _run(served, target, 12)
+        together = await asyncio.gather(_run(served, target, 12, cache_prompt=False),
+                                        *(_run(served, o, 6 + 3 * i) for i, o in enumerate(others)))
+        return solo[0], together[0][0]
+
+    solo, batched = asyncio.run(scenario())
+    assert batched == solo
+
+
+@pytest.mark.parametrize("served", CASES, indirect=True, ids=[f"{t}-{b}" for t, b in CASES])
+def test_prefix_cache_hit_equals_cold_run(served):
+    # a prompt no other test of this model starts with, so the first run is cold
+    prompt = served.tokenizer.encode("Once more, from the top: " + PROMPT)
+
+    async def scenario():
+        return await _run(served, prompt, 10), await _run(served, prompt, 10)
+
+    (cold, cold_cached), (warm, warm_cached) = asyncio.run(scenario())
+    assert cold_cached == 0 and warm_cached == len(prompt) - 1
+    assert warm == cold
+
+
+@pytest.fixture(scope="module")
+def zoo_routers(tmp_path_factory):
+    """Router-mode servers over the zoo's folder, one per backend, started on first use; one
+    model loaded at a time, and an empty store root keeps the rest of the store out of the list."""
+    servers: dict[str, ServerProcess] = {}
+
+    def get(backend: str) -> ServerProcess:
+        if backend not in servers:
+            servers[backend] = ServerProcess([
+                "--models-dir", str(models_dir() / fixtures.ZOO_OWNER), "--models-max", "1",
+                "--model-store-root", str(tmp_path_factory.mktemp("empty-store")), "--offline",
+                "--backend", backend, "--dtype", "float32", "-np", "2", "-c", "1024"])
+        return servers[backend]
+
+    yield get
+    for server in servers.values():
+        server.stop()
+
+
+@pytest.mark.parametrize("family,backend", sorted(CASES, key=lambda c: c[1]))
+def test_chat_round_trip(zoo_routers, family, backend):
+    from openai import OpenAI
+
+    client = OpenAI(base_url=zoo_routers(backend).base_url + "/v1", api_key="none", max_retries=0)
+    reply = client.chat.completions.create(model=family, messages=[{"role": "user", "content": "Hello!"}],
+                                           max_tokens=5, temperature=0)
+    assert reply.model == family and reply.choices[0].message.role == "assistant"
+    assert reply.usage.completion_tokens >= 1
