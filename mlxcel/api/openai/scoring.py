@@ -61,9 +61,8 @@ def scoring_spec(req: Any, body: dict[str, Any], chat: bool) -> ScoringSpec:
         raise _refuse("scoring mode (logprobs / allowed_token_ids) reads one next-token distribution and needs "
                       f"max_tokens: 1 (or max_completion_tokens: 1); got {max_tokens}. logprobs on a "
                       "generation request is refused rather than ignored", "max_tokens")
+    # the 0-2 range is generation.validate_sampling's, which every scoring route also runs
     temperature = 1.0 if req.temperature is None else req.temperature
-    if not 0 <= temperature <= 2:
-        raise ApiError(400, "temperature must be between 0 and 2", code="invalid_parameter", param="temperature")
     if 0 < temperature < MIN_TEMPERATURE:
         raise _refuse(f"scoring temperature must be 0 or at least {MIN_TEMPERATURE}: a smaller one overflows "
                       "the scaled logits", "temperature")
