@@ -168,3 +168,16 @@ def test_chat_round_trip(zoo_routers, family, backend):
                                            max_tokens=5, temperature=0)
     assert reply.model == family and reply.choices[0].message.role == "assistant"
     assert reply.usage.completion_tokens >= 1
+
+
+def test_torch_refuses_an_mlx_conversion_whose_experts_are_stacked(tmp_path):
+    """mlx-lm stacks a mixture of experts' weights (switch_mlp); transformers would load such a
+    file with those weights random. The torch backend names what is missing instead."""
+    from mlxcel.backends.mlx.backend import MLXBackend
+    from mlxcel.backends.torch.backend import CheckpointRefused, TorchBackend
+    from mlxcel.store.convert import convert
+
+    out = convert(fixture_path(fixtures.zoo_fixture("mixtral")), tmp_path, "local/mixtral-mlx", dtype="float32")
+    with pytest.raises(CheckpointRefused, match="lacks .* weights .* --backend mlx"):
+        TorchBackend(out, dtype="float32")
+    assert MLXBackend(out, dtype="float32").info.model_type == "mixtral"  # the conversion serves on MLX
