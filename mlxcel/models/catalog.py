@@ -94,6 +94,13 @@ conversion (`mlxcel convert`, or an `mlx-community` repository) serves on `--bac
 mixture-of-experts family its stacked experts are not transformers' layout, and the torch
 backend refuses such a checkpoint by the weights it lacks rather than filling them at random.
 
+## Conversion
+
+`mlxcel convert` turns an HF checkpoint of any type above into an MLX checkpoint (optionally
+quantized), and a GGUF file of llama.cpp's `llama` (Llama, and Mistral exported as llama),
+`qwen2`, `qwen3` or `gemma3` architecture into one (dequantized to the requested dtype); a
+GGUF of another architecture is refused by name.
+
 ## Config normalisation
 
 Checkpoints saved by transformers 5 keep their RoPE settings under `rope_parameters` (keyed by

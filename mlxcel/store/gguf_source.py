@@ -51,6 +51,11 @@ _LAYER_NAMES: dict[str, dict[str, str]] = {
     },
 }
 
+# Qwen 2 and 3 use Llama's names (Qwen 2's biases ride on the same stems; Qwen 3 adds the
+# per-head q/k norms) and llama.cpp leaves their q/k rows in HF's order
+_LAYER_NAMES["qwen2"] = dict(_LAYER_NAMES["llama"])
+_LAYER_NAMES["qwen3"] = {**_LAYER_NAMES["llama"], "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}
+
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
@@ -83,27 +88,39 @@ def _meta(reader, key: str, default=None):
     return field.contents()
 
 
-def _llama_config(reader, has_output: bool) -> dict:
-    a = "llama"
+def _decoder_config(reader, a: str, has_output: bool) -> dict:
+    """The geometry every Llama-shaped GGUF architecture records under its own prefix `a`."""
     hidden = int(_meta(reader, f"{a}.embedding_length"))
     heads = int(_meta(reader, f"{a}.attention.head_count"))
+    head_dim = _meta(reader, f"{a}.attention.key_length", _meta(reader, f"{a}.rope.dimension_count", hidden // heads))
     return {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
         "hidden_size": hidden,
         "intermediate_size": int(_meta(reader, f"{a}.feed_forward_length")),
         "num_hidden_layers": int(_meta(reader, f"{a}.block_count")),
         "num_attention_heads": heads,
         "num_key_value_heads": int(_meta(reader, f"{a}.attention.head_count_kv", heads)),
-        "head_dim": int(_meta(reader, f"{a}.rope.dimension_count", hidden // heads)),
+        "head_dim": int(head_dim),
         "max_position_embeddings": int(_meta(reader, f"{a}.context_length")),
         "rms_norm_eps": float(_meta(reader, f"{a}.attention.layer_norm_rms_epsilon")),
         "rope_theta": float(_meta(reader, f"{a}.rope.freq_base", 10000.0)),
         "hidden_act": "silu",
-        "attention_bias": False,
-        "mlp_bias": False,
         "tie_word_embeddings": not has_output,
     }
+
+
+def _llama_config(reader, has_output: bool) -> dict:
+    return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", **_decoder_config(reader, "llama", has_output),
+            "attention_bias": False, "mlp_bias": False}
+
+
+def _qwen2_config(reader, has_output: bool) -> dict:
+    # Qwen 2's q/k/v biases are part of the architecture, not a config switch
+    return {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", **_decoder_config(reader, "qwen2", has_output)}
+
+
+def _qwen3_config(reader, has_output: bool) -> dict:
+    return {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", **_decoder_config(reader, "qwen3", has_output),
+            "attention_bias": False}
 
 
 def _gemma3_config(reader, has_output: bool) -> dict:
@@ -140,7 +157,7 @@ def _gemma3_config(reader, has_output: bool) -> dict:
     }
 
 
-_CONFIGS = {"llama": _llama_config, "gemma3": _gemma3_config}
+_CONFIGS = {"llama": _llama_config, "gemma3": _gemma3_config, "qwen2": _qwen2_config, "qwen3": _qwen3_config}
 
 
 def _unpermute_rotary(w: np.ndarray, n_head: int) -> np.ndarray:
