@@ -49,6 +49,7 @@ FAMILIES: dict[str, Family] = {
         Family("qwen3", "mlx_lm.models.qwen3", "Qwen3ForCausalLM", attention=SLIDABLE),
         Family("qwen3_moe", "mlx_lm.models.qwen3_moe", "Qwen3MoeForCausalLM", attention=SLIDABLE),
         Family("gemma", "mlx_lm.models.gemma", "GemmaForCausalLM"),
+        Family("gemma2", "mlx_lm.models.gemma2", "Gemma2ForCausalLM", attention=SLIDABLE),
         Family("gemma3_text", "mlx_lm.models.gemma3_text", "Gemma3ForCausalLM", attention=SLIDABLE),
         Family("phi", "mlx_lm.models.phi", "PhiForCausalLM"),
         Family("phi3", "mlx_lm.models.phi3", "Phi3ForCausalLM", attention=SLIDABLE),
