@@ -61,6 +61,7 @@ FAMILIES: dict[str, Family] = {
         Family("granitemoe", "mlx_lm.models.granitemoe", "GraniteMoeForCausalLM"),
         Family("smollm3", "mlx_lm.models.smollm3", "SmolLM3ForCausalLM"),
         Family("glm4", "mlx_lm.models.glm4", "Glm4ForCausalLM"),
+        Family("gpt_oss", "mlx_lm.models.gpt_oss", "GptOssForCausalLM", attention=SLIDABLE),
         # vision-language (models/vision.py): transformers' family code on the torch backend only
         Family("qwen2_vl", None, "Qwen2VLForConditionalGeneration"),
     )
