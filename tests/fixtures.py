@@ -32,8 +32,8 @@ QWEN2_VL_TINY = "mlxcel-fixtures/qwen2-vl-tiny"
 # one tiny random-weight checkpoint per zoo family (scripts/fixtures/build_zoo.py), SmolLM2's
 # tokenizer; all under one owner folder, which router-mode tests serve as --models-dir
 ZOO_OWNER = "mlxcel-zoo"
-ZOO_TYPES = ("mistral", "mixtral", "phi", "phi3", "gemma", "qwen2_moe", "qwen3_moe", "olmo2", "starcoder2",
-             "cohere", "cohere2", "granite", "granitemoe", "smollm3", "glm4")
+ZOO_TYPES = ("mistral", "mixtral", "phi", "phi3", "gemma", "gemma2", "qwen2_moe", "qwen3_moe", "olmo2", "starcoder2",
+             "cohere", "cohere2", "granite", "granitemoe", "smollm3", "glm4", "gpt_oss")
 
 
 def zoo_fixture(model_type: str) -> str:

@@ -49,6 +49,7 @@ FAMILIES: dict[str, Family] = {
         Family("qwen3", "mlx_lm.models.qwen3", "Qwen3ForCausalLM", attention=SLIDABLE),
         Family("qwen3_moe", "mlx_lm.models.qwen3_moe", "Qwen3MoeForCausalLM", attention=SLIDABLE),
         Family("gemma", "mlx_lm.models.gemma", "GemmaForCausalLM"),
+        Family("gemma2", "mlx_lm.models.gemma2", "Gemma2ForCausalLM", attention=SLIDABLE),
         Family("gemma3_text", "mlx_lm.models.gemma3_text", "Gemma3ForCausalLM", attention=SLIDABLE),
         Family("phi", "mlx_lm.models.phi", "PhiForCausalLM"),
         Family("phi3", "mlx_lm.models.phi3", "Phi3ForCausalLM", attention=SLIDABLE),
@@ -60,6 +61,7 @@ FAMILIES: dict[str, Family] = {
         Family("granitemoe", "mlx_lm.models.granitemoe", "GraniteMoeForCausalLM"),
         Family("smollm3", "mlx_lm.models.smollm3", "SmolLM3ForCausalLM"),
         Family("glm4", "mlx_lm.models.glm4", "Glm4ForCausalLM"),
+        Family("gpt_oss", "mlx_lm.models.gpt_oss", "GptOssForCausalLM", attention=SLIDABLE),
         # vision-language (models/vision.py): transformers' family code on the torch backend only
         Family("qwen2_vl", None, "Qwen2VLForConditionalGeneration"),
     )

@@ -24,7 +24,7 @@ from tests.conftest import REPO, fixture_path
     ("ministral", ["llama"]),  # Llama's lineage (kin)
     ("mistral_unknown", ["mistral"]),  # a shared name stem
     ("llama4", ["llama"]),
-    ("gemma4", ["gemma", "gemma3_text"]),
+    ("gemma4", ["gemma", "gemma2", "gemma3_text"]),
     ("qwen2_5_vl", ["qwen2_vl", "qwen2", "qwen2_moe"]),
     ("lama", ["llama"]),  # a close name
     ("rwkv7", []),
@@ -43,7 +43,7 @@ def test_refusal_is_one_line_naming_type_nearest_and_docs():
         family_for({"model_type": "gemma4"})
     msg = str(e.value)
     assert msg.startswith("model_type 'gemma4' is not supported")
-    assert "nearest supported: gemma, gemma3_text" in msg and DOCS_PAGE in msg and "\n" not in msg
+    assert "nearest supported: gemma, gemma2, gemma3_text" in msg and DOCS_PAGE in msg and "\n" not in msg
     assert "no supported family is close" in unsupported_message({"model_type": "rwkv7"})
     assert "--embeddings / --reranking" in unsupported_message({"model_type": "bert"})
     assert "transcription" in unsupported_message({"model_type": "whisper"})

@@ -17,7 +17,7 @@ from mlx_lm.utils import load_model
 from mlxcel.config.rope import RopeOverrides
 from mlxcel.engine.backend import ForwardRow, KVSpec, ModelInfo, layer_windows
 from mlxcel.backends.rows import RowLayout, RowSteering
-from mlxcel.backends.mlx import cpu_ops, packed, split_products
+from mlxcel.backends.mlx import cpu_ops, hf_layout, packed, split_products
 from mlxcel.backends.mlx.packed import PackedBatchView, PackedPlan
 from mlxcel.backends.mlx.paged import PagedBatchView, PagedStorage, StepPlan
 from mlxcel.engine.kv_block_pool import BlockAllocator, SequenceKV
@@ -32,7 +32,7 @@ _DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16
 
 def _get_classes(config: dict):
     module = mlx_module(config)
-    return module.Model, module.ModelArgs
+    return hf_layout.with_transformers_layout(module.Model, config.get("model_type")), module.ModelArgs
 
 
 def on_cpu() -> bool:
@@ -89,7 +89,10 @@ class MLXBackend(RowSteering):
         ckpt_dtype = str(config.get("torch_dtype") or config.get("dtype") or "bfloat16")
         compute = resolve_dtype(dtype, ckpt_dtype)
         model.set_dtype(_DTYPES[compute])
-        mx.eval(model.parameters())
+        # and the arrays modules keep out of their parameters (a YaRN RoPE's `_freqs`): left lazy,
+        # they would first be evaluated on the engine's thread, which lacks this thread's stream
+        mx.eval(model.parameters(),
+                [v for _, m in model.named_modules() for v in m.values() if isinstance(v, mx.array)])
         self.model = model
         self.hooks = install_hooks(model)
         self.threads = product_threads(threads)

@@ -8,7 +8,9 @@ history). mlxcel owns both seams (`install`): each attention's `rope` gets a sub
 also takes a per-token position array, and the family module's `scaled_dot_product_attention`
 name points at a dispatcher that hands a packed view's attention to the view. The view attends
 per row group: the one-token rows together (padded to their longest history, as a decode step
-does), each longer row on its own with its causal mask.
+does), each longer row on its own with its causal mask. A family that computes its attention
+scores itself, because it soft-caps them (Gemma 2), has no such name: its attention modules get
+mlxcel's forward instead (`_own_scores_class`), which reaches the same dispatcher with the cap.
 """
 
 from __future__ import annotations
@@ -20,12 +22,12 @@ import mlx.nn as nn
 import numpy as np
 from mlx_lm.models import base as mlx_base
 
+from mlxcel.backends.mlx import scores
 from mlxcel.backends.mlx.paged import PagedBatchView
 from mlxcel.backends.rows import AttendGroup, RowLayout, attend_groups, contiguous_start, packed_positions
 from mlxcel.engine.kv_block_pool import NULL_BLOCK, SequenceKV
 
 _sdpa = mlx_base.scaled_dot_product_attention
-
 
 class TokenPositions:
     """A packed step's RoPE offset: every token's logical position, [T] int32."""
@@ -59,14 +61,44 @@ def _packed_rope_class(cls: type) -> type:
     return _PACKED_ROPE[cls]
 
 
-def _dispatch_sdpa(queries, keys, values, cache, scale, mask, sinks=None):
+def _dispatch_sdpa(queries, keys, values, cache, scale, mask, sinks=None, softcap=None):
     if isinstance(cache, PackedBatchView):
-        return cache.attend(queries, scale, mask, sinks)
-    if isinstance(cache, PagedBatchView) and cache.window is not None:
-        # the layer's declared window, whatever mask the family built (mlx-lm's llama, phi3 and
-        # starcoder2 build none for a config's sliding_window)
-        mask = cache.plan.mask(cache.window)
+        return cache.attend(queries, scale, mask, sinks, softcap)
+    if isinstance(cache, PagedBatchView):
+        if cache.window is not None:
+            # the layer's declared window, whatever mask the family built (mlx-lm's llama, phi3,
+            # starcoder2 and gemma2 build none for a config's sliding_window)
+            mask = cache.plan.mask(cache.window)
+        return scores.attention(queries, keys, values, scale, mask, sinks, softcap)
     return _sdpa(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
+
+
+# what mlxcel's forward reads from a family attention module that computes its own scores
+_OWN_SCORES_ATTRS = ("q_proj", "k_proj", "v_proj", "o_proj", "n_heads", "n_kv_heads", "scale",
+                     "attn_logit_softcapping")
+_OWN_SCORES: dict[type, type] = {}
+
+
+def _own_scores_class(cls: type) -> type:
+    """A soft-capping family's attention class whose forward, over one of mlxcel's views, is
+    mlxcel's: the family's projections and RoPE, then the dispatcher with the cap, so windows,
+    packed rows and the cap all come from one place; under any other cache it is the family's."""
+    if cls not in _OWN_SCORES:
+
+        def __call__(self, x, mask=None, cache=None):
+            if not isinstance(cache, (PagedBatchView, PackedBatchView)):
+                return cls.__call__(self, x, mask, cache)
+            b, n, _ = x.shape
+            q = self.q_proj(x).reshape(b, n, self.n_heads, -1).transpose(0, 2, 1, 3)
+            k = self.k_proj(x).reshape(b, n, self.n_kv_heads, -1).transpose(0, 2, 1, 3)
+            v = self.v_proj(x).reshape(b, n, self.n_kv_heads, -1).transpose(0, 2, 1, 3)
+            q, k = self.rope(q, offset=cache.offset), self.rope(k, offset=cache.offset)
+            k, v = cache.update_and_fetch(k, v)
+            out = _dispatch_sdpa(q, k, v, cache, self.scale, mask, softcap=self.attn_logit_softcapping)
+            return self.o_proj(out.transpose(0, 2, 1, 3).reshape(b, n, -1))
+
+        _OWN_SCORES[cls] = type(f"Paged{cls.__name__}", (cls,), {"__call__": __call__})
+    return _OWN_SCORES[cls]
 
 
 def install(model: nn.Module) -> bool:
@@ -74,12 +106,19 @@ def install(model: nn.Module) -> bool:
     when the family does not have the shape these seams expect, and its steps stay padded."""
     module = sys.modules.get(type(model).__module__)
     layers = getattr(model, "layers", None)
-    if module is None or not hasattr(module, "scaled_dot_product_attention") or not layers:
+    if module is None or not layers:
         return False
     attns = [getattr(layer, "self_attn", None) for layer in layers]
     if any(a is None or not isinstance(getattr(a, "rope", None), nn.Module) for a in attns):
         return False
-    module.scaled_dot_product_attention = _dispatch_sdpa
+    if hasattr(module, "scaled_dot_product_attention"):
+        module.scaled_dot_product_attention = _dispatch_sdpa
+    elif all(hasattr(a, name) for a in attns for name in _OWN_SCORES_ATTRS):
+        for attn in attns:
+            if type(attn) not in _OWN_SCORES.values():
+                attn.__class__ = _own_scores_class(type(attn))
+    else:
+        return False
     for attn in attns:
         if type(attn.rope) not in _PACKED_ROPE.values():
             attn.rope.__class__ = _packed_rope_class(type(attn.rope))
@@ -139,7 +178,7 @@ class PackedBatchView:
     def make_mask(self, n: int, window_size: int | None = None, return_array: bool = False) -> PackedMask:
         return PackedMask(window_size)
 
-    def attend(self, queries: mx.array, scale: float, mask, sinks=None) -> mx.array:
+    def attend(self, queries: mx.array, scale: float, mask, sinks=None, softcap: float | None = None) -> mx.array:
         """[1, H, T, D] attention output, each row over its own history."""
         window = self.window if self.window is not None else mask.window if isinstance(mask, PackedMask) else None
         st, li = self.storage, self.layer
@@ -155,7 +194,7 @@ class PackedBatchView:
             else:
                 k, v = st.keys[li][g.read], st.values[li][g.read]
             k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
-            o = mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=g.mask(window), sinks=sinks)
+            o = scores.attention(q, k, v, scale, g.mask(window), sinks, softcap)
             outs.append(o if isinstance(g.tokens, slice) else o.transpose(2, 1, 0, 3))
         out = outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=2)
         return out if self.plan.unperm is None else out[:, :, self.plan.unperm]

@@ -264,9 +264,19 @@ class TorchBackend(RowSteering):
     def _load_model(self, path: Path, dtype: torch.dtype, extra: dict):
         import transformers
 
-        model, loading = transformers.AutoModelForCausalLM.from_pretrained(
-            str(path), dtype=dtype, local_files_only=True, attn_implementation="sdpa", output_loading_info=True,
-            **extra)
+        def load(implementation: str):
+            return transformers.AutoModelForCausalLM.from_pretrained(
+                str(path), dtype=dtype, local_files_only=True, attn_implementation=implementation,
+                output_loading_info=True, **extra)
+
+        try:
+            model, loading = load("sdpa")
+        except ValueError as e:
+            if "scaled_dot_product_attention" not in str(e):
+                raise
+            # a family whose attention SDPA cannot compute (Gemma 2's soft-capping): loaded eager,
+            # then packed.install moves it to mlxcel's attention, which computes it (scores.py)
+            model, loading = load("eager")
         missing = sorted(loading.get("missing_keys") or ())
         if missing:
             # transformers would fill them with random values; an MLX conversion's stacked MoE

@@ -21,11 +21,10 @@ from contextlib import contextmanager
 import numpy as np
 import torch
 from transformers import AttentionInterface
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from mlxcel.backends.rows import AttendGroup, RowLayout, attend_groups, contiguous_start, packed_positions
-from mlxcel.backends.torch import fused_ops
+from mlxcel.backends.torch import fused_ops, scores
 from mlxcel.backends.torch.paged import _to_device, additive_mask
 from mlxcel.engine.kv_block_pool import NULL_BLOCK, SequenceKV
 
@@ -45,8 +44,8 @@ def step_plan(plan):
 def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
     plan = getattr(_step, "plan", None)
     if plan is None:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
-                                      scaling=scaling, **kwargs)
+        return scores.attention(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                **kwargs)
     return plan.attend(module, query, key, value, attention_mask, scaling, dropout=dropout, **kwargs)
 
 
@@ -160,8 +159,8 @@ class PackedPlan:
             else:
                 k = keys.index_select(0, g.read).view(g.b, g.lmax, kvh, dk).transpose(1, 2)
                 v = values.index_select(0, g.read).view(g.b, g.lmax, kvh, dv).transpose(1, 2)
-            o, _ = sdpa_attention_forward(module, q, k, v, g.mask(window, q.dtype), dropout=dropout, scaling=scaling,
-                                          **kwargs)
+            o, _ = scores.attention(module, q, k, v, g.mask(window, q.dtype), dropout=dropout, scaling=scaling,
+                                    **kwargs)
             outs.append(o if isinstance(g.tokens, slice) else o.reshape(1, g.b, *o.shape[2:]))  # [1, n, H, D]
         out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
         return (out if self.unperm is None else out.index_select(1, self.unperm)), None

@@ -16,10 +16,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 from transformers.cache_utils import Cache
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from mlxcel.backends.rows import causal_allowed, contiguous_start
-from mlxcel.backends.torch import fused_ops
+from mlxcel.backends.torch import fused_ops, scores
 from mlxcel.engine.kv_block_pool import NULL_BLOCK, SCRATCH_BLOCK, BlockAllocator, SequenceKV, grown_slots
 
 
@@ -139,10 +138,10 @@ class StepPlan:
     def attend(self, module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
         """The attention output [B, nmax, H, D] for this step's padded rows [B, H, nmax, D]:
         through the kernels (fused_ops.py) where they are in use and the family's attention is
-        their kind, else SDPA over the gathered history."""
+        their kind, else SDPA (or scores.py's soft-capped / sink attention) over the gathered history."""
         if not self.rowwise:  # PagedStepCache.update stored and gathered the history
-            return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
-                                          scaling=scaling, **kwargs)
+            return scores.attention(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                    **kwargs)
         layer = module.layer_idx
         keys, values = self.storage.keys[layer], self.storage.values[layer]
         if fused_ops.attention_fits(query, dropout, kwargs):
@@ -166,7 +165,7 @@ class StepPlan:
         key, value = self.gather(layer)
         window = getattr(module, "sliding_window", None)
         mask = additive_mask(causal_allowed(self._qpos, self.lmax, window)[:, None], query.dtype, self.device)
-        return sdpa_attention_forward(module, query, key, value, mask, dropout=dropout, scaling=scaling, **kwargs)
+        return scores.attention(module, query, key, value, mask, dropout=dropout, scaling=scaling, **kwargs)
 
     def gather(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Every row's history of `layer` [B, kv_heads, lmax, D], right-padded."""
