@@ -29,6 +29,7 @@ from mlxcel.engine.kv_block_pool import NULL_BLOCK, SequenceKV
 
 _sdpa = mlx_base.scaled_dot_product_attention
 
+
 class TokenPositions:
     """A packed step's RoPE offset: every token's logical position, [T] int32."""
 
