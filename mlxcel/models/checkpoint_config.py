@@ -39,6 +39,9 @@ def normalize_config(config: dict) -> dict:
             config.setdefault("rope_local_base_freq", local["rope_theta"])
     elif isinstance(rp, dict):
         _rope_keys(config, rp)
+    for alias, key in _ALIASES.get(config.get("model_type"), {}).items():
+        if key in config:
+            config.setdefault(alias, config[key])
     if "num_local_experts" in config:  # transformers 5's name; mlx-lm's Qwen MoE families read num_experts
         config.setdefault("num_experts", config["num_local_experts"])
     if config.get("model_type") == "gemma2" and "layer_types" not in config:
@@ -50,6 +53,11 @@ def normalize_config(config: dict) -> dict:
         if period is not None:
             config.setdefault("sliding_window_pattern", period)
     return config
+
+
+# a family's own names for a key transformers 5 saves under its common name, which that
+# family's mlx-lm module reads and has no default for
+_ALIASES = {"gpt_neox": {"rotary_emb_base": "rope_theta", "rotary_pct": "partial_rotary_factor"}}
 
 
 def _rope_keys(config: dict, block: dict) -> None:

@@ -60,6 +60,16 @@ FAMILIES: dict[str, Family] = {
         Family("granitemoe", "mlx_lm.models.granitemoe", "GraniteMoeForCausalLM"),
         Family("smollm3", "mlx_lm.models.smollm3", "SmolLM3ForCausalLM"),
         Family("glm4", "mlx_lm.models.glm4", "Glm4ForCausalLM"),
+        Family("olmo3", "mlx_lm.models.olmo3", "Olmo3ForCausalLM", attention=SLIDABLE),
+        Family("olmoe", "mlx_lm.models.olmoe", "OlmoeForCausalLM"),
+        Family("stablelm", "mlx_lm.models.stablelm", "StableLmForCausalLM"),
+        Family("gpt_neox", "mlx_lm.models.gpt_neox", "GPTNeoXForCausalLM"),
+        Family("helium", "mlx_lm.models.helium", "HeliumForCausalLM"),
+        Family("ernie4_5", "mlx_lm.models.ernie4_5", "Ernie4_5ForCausalLM"),
+        Family("nemotron", "mlx_lm.models.nemotron", "NemotronForCausalLM"),
+        Family("seed_oss", "mlx_lm.models.seed_oss", "SeedOssForCausalLM"),
+        Family("hunyuan_v1_dense", "mlx_lm.models.hunyuan_v1_dense", "HunYuanDenseV1ForCausalLM"),
+        Family("phimoe", "mlx_lm.models.phimoe", "PhimoeForCausalLM", attention=SLIDABLE),
         # vision-language (models/vision.py): transformers' family code on the torch backend only
         Family("qwen2_vl", None, "Qwen2VLForConditionalGeneration"),
     )

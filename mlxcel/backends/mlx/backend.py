@@ -89,7 +89,9 @@ class MLXBackend(RowSteering):
         ckpt_dtype = str(config.get("torch_dtype") or config.get("dtype") or "bfloat16")
         compute = resolve_dtype(dtype, ckpt_dtype)
         model.set_dtype(_DTYPES[compute])
-        mx.eval(model.parameters())
+        # private arrays too (a family's precomputed RoPE frequencies): left lazy they would be
+        # evaluated on the engine's thread, which has no stream of the loading thread's
+        mx.eval(model.filter_and_map(lambda _m, _k, v: isinstance(v, (dict, list, mx.array))))
         self.model = model
         self.hooks = install_hooks(model)
         self.threads = product_threads(threads)
