@@ -70,6 +70,7 @@ FAMILIES: dict[str, Family] = {
         Family("seed_oss", "mlx_lm.models.seed_oss", "SeedOssForCausalLM"),
         Family("hunyuan_v1_dense", "mlx_lm.models.hunyuan_v1_dense", "HunYuanDenseV1ForCausalLM"),
         Family("phimoe", "mlx_lm.models.phimoe", "PhimoeForCausalLM", attention=SLIDABLE),
+        Family("dbrx", "mlx_lm.models.dbrx", "DbrxForCausalLM"),
         # vision-language (models/vision.py): transformers' family code on the torch backend only
         Family("qwen2_vl", None, "Qwen2VLForConditionalGeneration"),
     )

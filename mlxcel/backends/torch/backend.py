@@ -187,7 +187,8 @@ class TorchBackend(RowSteering):
         self.logits_divisor = getattr(text_config, "logits_scaling", None)
         self._layer_types = getattr(text_config, "layer_types", None)
         self._window = getattr(text_config, "sliding_window", None)
-        layers = self.base.layers
+        # DBRX keeps its decoder layers as `blocks`, every other family as `layers`
+        layers = self.base.layers if hasattr(self.base, "layers") else self.base.blocks
         self.hooks = install_torch_hooks(layers)
         self._init_steering()  # per-step SAE deltas and residual reads (backends/rows.RowSteering)
         self.lora = None  # TorchLoraTerms once adapters are attached
