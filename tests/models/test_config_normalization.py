@@ -118,3 +118,14 @@ def test_gpt_neox_rotary_names_come_from_rope_parameters():
     assert (classic["rotary_emb_base"], classic["rotary_pct"]) == (1e4, 0.5)  # the file's own keys win
     # another family's rotary fraction gets no GPT-NeoX name
     assert "rotary_pct" not in normalize_config({"model_type": "stablelm", "partial_rotary_factor": 0.25})
+
+
+def test_dbrx_shape_keys_get_their_common_names():
+    """mlxcel sizes the KV pool and the context from the common names; DBRX's config.json has its own."""
+    from mlxcel.models.checkpoint_config import normalize_config
+
+    got = normalize_config({"model_type": "dbrx", "d_model": 6144, "n_heads": 48, "n_layers": 40, "max_seq_len": 32768,
+                            "attn_config": {"kv_n_heads": 8, "clip_qkv": 8}})
+    assert (got["hidden_size"], got["num_attention_heads"], got["num_hidden_layers"], got["max_position_embeddings"],
+            got["num_key_value_heads"]) == (6144, 48, 40, 32768, 8)
+    assert "hidden_size" not in normalize_config({"model_type": "llama", "d_model": 64})  # DBRX's names only
