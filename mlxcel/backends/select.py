@@ -85,11 +85,12 @@ def _mlx_device(device: str, apple: bool) -> str:
 
 
 def choose(backend: str, device: str, *, apple: bool | None = None, has_torch: bool | None = None,
-           mlx_quantized: bool = False, vision: bool = False) -> Choice:
+           mlx_quantized: bool = False, vision: bool = False, mlx_only: str | None = None) -> Choice:
     """The concrete backend and device for the flags; idempotent on its own output.
 
     `mlx_quantized`: the checkpoint carries MLX's packed quantization, which only MLX runs.
-    `vision`: a vision-language checkpoint (models/vision.py), which only torch serves."""
+    `vision`: a vision-language checkpoint (models/vision.py), which only torch serves.
+    `mlx_only`: why only MLX serves the checkpoint's family (registry.mlx_only), else None."""
     if backend not in BACKENDS:
         raise BackendRefused(f"invalid backend {backend!r} (expected one of: {', '.join(BACKENDS)})")
     check_device(device)
@@ -106,6 +107,8 @@ def choose(backend: str, device: str, *, apple: bool | None = None, has_torch: b
     if backend == "mlx":
         return Choice("mlx", _mlx_device(device, apple), "requested")
     if backend == "torch":
+        if mlx_only:
+            raise BackendRefused(f"--backend torch: {mlx_only}; serve it with --backend mlx")
         if mlx_quantized:
             raise BackendRefused("--backend torch: this is an MLX-quantized checkpoint, which the torch backend cannot "
                                  "load; serve it with --backend mlx, or point -m at the unquantized checkpoint")
@@ -116,11 +119,13 @@ def choose(backend: str, device: str, *, apple: bool | None = None, has_torch: b
     # auto
     if device in ("metal",) or (apple and device in ("auto", "cpu", "mps")):
         return Choice("mlx", _mlx_device(device, apple), "auto: Apple Silicon runs MLX")
-    if mlx_quantized:
+    if mlx_quantized or mlx_only:
+        what = "this MLX-quantized checkpoint" if mlx_quantized else "this family"
         if device.startswith("cuda") or (device == "mps" and not apple):
-            raise BackendRefused(f"--device {device}: this MLX-quantized checkpoint runs only on the MLX backend, "
-                                 f"which has no such device here")
-        return Choice("mlx", _mlx_device(device, apple), "auto: MLX-quantized checkpoint")
+            raise BackendRefused(f"--device {device}: {what} runs only on the MLX backend, which has no such "
+                                 f"device here")
+        return Choice("mlx", _mlx_device(device, apple),
+                      "auto: MLX-quantized checkpoint" if mlx_quantized else f"auto: {mlx_only}")
     has_torch = torch_installed() if has_torch is None else has_torch
     if not has_torch:
         if device.startswith("cuda") or device == "mps":

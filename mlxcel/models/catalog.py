@@ -34,7 +34,7 @@ def generation_table() -> list[str]:
     lines = [_row(head), _row(["---"] * len(head))]
     for fam in sorted(FAMILIES.values(), key=lambda f: f.model_type):
         inputs = "text, image" if fam.model_type in VISION_FAMILIES else "text"
-        lines.append(_row([fam.model_type, fam.hf_architecture, inputs, ", ".join(fam.backends),
+        lines.append(_row([fam.model_type, fam.hf_architecture or "mlx-lm's module", inputs, ", ".join(fam.backends),
                            ", ".join(fam.attention), *(_feature_cell(fam, f) for f in FEATURES)]))
     return lines
 
@@ -69,6 +69,9 @@ _NOTES = """
 
 - **backends**: `--backend mlx` (mlx-lm's family module) and `--backend torch` (the
   transformers class named as the reference). Each feature cell names the backends it applies on.
+  A family transformers has no class for (the hub's is remote code, which mlxcel does not run)
+  is served by MLX only, with mlx-lm's module as its reference; `--backend torch` refuses it by
+  name, and `--backend auto` picks MLX for it.
 - **attention**: the attention kinds the family's layers may declare in config.json (`full`;
   `sliding`: a window over the last tokens). A layer's window comes from `layer_types`, from
   Gemma 3's `sliding_window_pattern`, from Qwen's `use_sliding_window` with `max_window_layers`,

@@ -39,6 +39,15 @@ def normalize_config(config: dict) -> dict:
             config.setdefault("rope_local_base_freq", local["rope_theta"])
     elif isinstance(rp, dict):
         _rope_keys(config, rp)
+    for alias, key in _ALIASES.get(config.get("model_type"), {}).items():
+        if key in config:
+            config.setdefault(alias, config[key])
+    for common, own in _OWN_NAMES.get(config.get("model_type"), {}).items():
+        if own in config:
+            config.setdefault(common, config[own])
+    if config.get("model_type") == "dbrx" and isinstance(config.get("attn_config"), dict):
+        if "kv_n_heads" in config["attn_config"]:  # DBRX keeps its KV head count in its attention block
+            config.setdefault("num_key_value_heads", config["attn_config"]["kv_n_heads"])
     if "num_local_experts" in config:  # transformers 5's name; mlx-lm's Qwen MoE families read num_experts
         config.setdefault("num_experts", config["num_local_experts"])
     if config.get("model_type") == "gemma2" and "layer_types" not in config:
@@ -50,6 +59,15 @@ def normalize_config(config: dict) -> dict:
         if period is not None:
             config.setdefault("sliding_window_pattern", period)
     return config
+
+
+# a family's own names for a key transformers 5 saves under its common name, which that
+# family's mlx-lm module reads and has no default for
+_ALIASES = {"gpt_neox": {"rotary_emb_base": "rope_theta", "rotary_pct": "partial_rotary_factor"}}
+# a family's own names for the shape keys mlxcel reads under their common names (KV bytes per
+# token, context length, layer count); transformers maps them by a class attribute config.json lacks
+_OWN_NAMES = {"dbrx": {"hidden_size": "d_model", "num_attention_heads": "n_heads", "num_hidden_layers": "n_layers",
+                       "max_position_embeddings": "max_seq_len"}}
 
 
 def _rope_keys(config: dict, block: dict) -> None:

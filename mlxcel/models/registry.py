@@ -23,7 +23,9 @@ DOCS_PAGE = "docs/models.md"
 class Family:
     model_type: str
     mlx_module: str | None  # module exposing `Model` and `ModelArgs`; None: torch backend only
-    hf_architecture: str  # transformers class used as the numerical reference
+    # transformers class used as the numerical reference; None: transformers has no class for
+    # the family, so only MLX serves it and mlx-lm's module with its own cache is the reference
+    hf_architecture: str | None
     attention: tuple[str, ...] = ("full",)  # the attention kinds its layers may declare
     # model types of the same architecture lineage that mlxcel does not serve, named as the
     # nearest family when one is refused (a shared name stem needs no entry here)
@@ -31,7 +33,9 @@ class Family:
 
     @property
     def backends(self) -> tuple[str, ...]:
-        return (MLX, TORCH) if self.mlx_module is not None else (TORCH,)
+        if self.mlx_module is None:
+            return (TORCH,)
+        return (MLX,) if self.hf_architecture is None else (MLX, TORCH)
 
 
 # a config's sliding_window may put every layer, or Qwen's later layers, on a window
@@ -62,6 +66,20 @@ FAMILIES: dict[str, Family] = {
         Family("smollm3", "mlx_lm.models.smollm3", "SmolLM3ForCausalLM"),
         Family("glm4", "mlx_lm.models.glm4", "Glm4ForCausalLM"),
         Family("gpt_oss", "mlx_lm.models.gpt_oss", "GptOssForCausalLM", attention=SLIDABLE),
+        Family("olmo3", "mlx_lm.models.olmo3", "Olmo3ForCausalLM", attention=SLIDABLE),
+        Family("olmoe", "mlx_lm.models.olmoe", "OlmoeForCausalLM"),
+        Family("stablelm", "mlx_lm.models.stablelm", "StableLmForCausalLM"),
+        Family("gpt_neox", "mlx_lm.models.gpt_neox", "GPTNeoXForCausalLM"),
+        Family("helium", "mlx_lm.models.helium", "HeliumForCausalLM"),
+        Family("ernie4_5", "mlx_lm.models.ernie4_5", "Ernie4_5ForCausalLM"),
+        Family("nemotron", "mlx_lm.models.nemotron", "NemotronForCausalLM"),
+        Family("seed_oss", "mlx_lm.models.seed_oss", "SeedOssForCausalLM"),
+        Family("hunyuan_v1_dense", "mlx_lm.models.hunyuan_v1_dense", "HunYuanDenseV1ForCausalLM"),
+        Family("phimoe", "mlx_lm.models.phimoe", "PhimoeForCausalLM", attention=SLIDABLE),
+        Family("dbrx", "mlx_lm.models.dbrx", "DbrxForCausalLM"),
+        # no transformers class in the transformers mlxcel pins (the hub's is remote code): MLX only
+        Family("internlm2", "mlx_lm.models.internlm2", None),
+        Family("internlm3", "mlx_lm.models.internlm3", None),
         # vision-language (models/vision.py): transformers' family code on the torch backend only
         Family("qwen2_vl", None, "Qwen2VLForConditionalGeneration"),
     )
@@ -133,6 +151,14 @@ def family_for(config: dict) -> Family:
     if fam is None:
         raise UnsupportedModelType(unsupported_message(config))
     return fam
+
+
+def mlx_only(config: dict) -> str | None:
+    """Why only the MLX backend serves this checkpoint's family (one line), or None."""
+    fam = FAMILIES.get(config.get("model_type"))
+    if fam is None or TORCH in fam.backends:
+        return None
+    return f"{fam.model_type} has no transformers class, which the torch backend runs"
 
 
 def mlx_module(config: dict) -> ModuleType:

@@ -27,6 +27,7 @@ from mlxcel.engine.sampling_params import SamplingParams
 from mlxcel.engine.speculative import DRAFT, ModelDrafter, NgramDrafter, SpecConfig, Speculator
 from mlxcel.engine.tokenizer import Tokenizer
 from mlxcel.models.lora import LoraError, LoraSet, checkpoint_shapes, load_adapter, validate
+from mlxcel.models.registry import mlx_only
 from mlxcel.models.vision import BudgetRefused, ImageBudget, VisionInput, is_vision, is_vision_checkpoint
 from mlxcel.runtime.memory import release_memory as default_release
 from mlxcel.runtime.served import ServedModel, Startup
@@ -77,7 +78,7 @@ def select_backend(settings: ServerSettings, path: Path | None = None) -> select
     config = json.loads((path / "config.json").read_text()) if path is not None else {}
     try:
         choice = select.choose(settings.backend, settings.device, mlx_quantized=bool(config.get("quantization")),
-                        vision=is_vision(config))
+                        vision=is_vision(config), mlx_only=mlx_only(config))
     except select.BackendRefused as e:
         raise StartupRefusal(str(e)) from None
     if choice.backend == "mlx" and choice.device != "cpu" and settings.threads > 0:

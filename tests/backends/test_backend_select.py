@@ -93,6 +93,21 @@ def test_mlx_quantized_checkpoints_stay_on_mlx():
         choose("auto", "cuda:0", apple=False, has_torch=True, mlx_quantized=True)
 
 
+def test_a_family_without_a_transformers_class_runs_on_mlx_and_torch_refuses_it_by_name(tmp_path):
+    from mlxcel.backends.torch.backend import TorchBackend
+    from mlxcel.models.registry import UnsupportedModelType
+
+    (tmp_path / "config.json").write_text('{"model_type": "internlm2"}')
+    auto = select_backend(ServerSettings(), tmp_path)
+    assert (auto.backend, auto.device) == ("mlx", "cpu") and "internlm2 has no transformers class" in auto.reason
+    with pytest.raises(StartupRefusal, match="--backend torch: internlm2 has no transformers class.*--backend mlx"):
+        select_backend(ServerSettings(backend="torch"), tmp_path)
+    with pytest.raises(BackendRefused, match="this family runs only on the MLX backend"):
+        choose("auto", "cuda:0", apple=False, has_torch=True, mlx_only="internlm2 has no transformers class")
+    with pytest.raises(UnsupportedModelType, match="internlm2 has no transformers class.*--backend mlx"):
+        TorchBackend(tmp_path)
+
+
 def test_torch_backend_refuses_an_mlx_quantized_checkpoint(tmp_path):
     from mlxcel.backends.torch.backend import CheckpointRefused, TorchBackend
 

@@ -16,3 +16,47 @@ def load_reference(path: Path):
         embed = model.get_input_embeddings()
         embed.embed_scale.fill_(float(torch.tensor(model.config.hidden_size**0.5, dtype=torch.bfloat16)))
     return model
+
+
+class Stepper:
+    """A reference run with its own KV cache: each call appends tokens and returns their
+    [n, vocab] fp32 logits."""
+
+    def __call__(self, ids: list[int]):
+        raise NotImplementedError
+
+
+class TransformersStepper(Stepper):
+    def __init__(self, path: Path) -> None:
+        self.model, self.past = load_reference(path), None
+
+    def __call__(self, ids: list[int]):
+        import torch
+
+        with torch.no_grad():
+            out = self.model(torch.tensor([ids]), past_key_values=self.past, use_cache=True)
+        self.past = out.past_key_values
+        return out.logits[0].float().numpy()
+
+
+class MLXLMStepper(Stepper):
+    """mlx-lm's own module and KV cache, for a family transformers has no class for: what it
+    checks is mlxcel's paged engine around the module, not the module itself."""
+
+    def __init__(self, path: Path) -> None:
+        from mlx_lm.models.cache import make_prompt_cache
+        from mlx_lm.utils import load_model
+
+        self.model, _ = load_model(Path(path))
+        self.cache = make_prompt_cache(self.model)
+
+    def __call__(self, ids: list[int]):
+        import mlx.core as mx
+        import numpy as np
+
+        logits = self.model(mx.array([ids]), cache=self.cache)[0].astype(mx.float32)
+        return np.array(logits)
+
+
+def reference_stepper(path: Path, hf_architecture: str | None) -> Stepper:
+    return TransformersStepper(path) if hf_architecture is not None else MLXLMStepper(path)

@@ -102,3 +102,30 @@ def test_gemma3_rope_parameters_and_layer_types_serve_their_geometry(tmp_path):
     default = last_logits(variant(tmp_path, src, "default", gemma_classic(1000000.0)), "mlx")
     assert np.abs(tf5 - classic).max() <= 1e-4
     assert np.abs(default - classic).max() > 1e-3
+
+
+def test_gpt_neox_rotary_names_come_from_rope_parameters():
+    """mlx-lm's gpt_neox reads only `rotary_emb_base` / `rotary_pct`, with no default; transformers 5
+    writes them as rope_parameters' `rope_theta` / `partial_rotary_factor`."""
+    from mlxcel.models.checkpoint_config import normalize_config
+
+    tf5 = {"model_type": "gpt_neox",
+           "rope_parameters": {"rope_type": "default", "rope_theta": 5e4, "partial_rotary_factor": 0.25}}
+    got = normalize_config(tf5)
+    assert (got["rotary_emb_base"], got["rotary_pct"]) == (5e4, 0.25)
+    classic = normalize_config({"model_type": "gpt_neox", "rotary_emb_base": 1e4, "rotary_pct": 0.5,
+                                "rope_parameters": {"rope_theta": 5e4, "partial_rotary_factor": 0.25}})
+    assert (classic["rotary_emb_base"], classic["rotary_pct"]) == (1e4, 0.5)  # the file's own keys win
+    # another family's rotary fraction gets no GPT-NeoX name
+    assert "rotary_pct" not in normalize_config({"model_type": "stablelm", "partial_rotary_factor": 0.25})
+
+
+def test_dbrx_shape_keys_get_their_common_names():
+    """mlxcel sizes the KV pool and the context from the common names; DBRX's config.json has its own."""
+    from mlxcel.models.checkpoint_config import normalize_config
+
+    got = normalize_config({"model_type": "dbrx", "d_model": 6144, "n_heads": 48, "n_layers": 40, "max_seq_len": 32768,
+                            "attn_config": {"kv_n_heads": 8, "clip_qkv": 8}})
+    assert (got["hidden_size"], got["num_attention_heads"], got["num_hidden_layers"], got["max_position_embeddings"],
+            got["num_key_value_heads"]) == (6144, 48, 40, 32768, 8)
+    assert "hidden_size" not in normalize_config({"model_type": "llama", "d_model": 64})  # DBRX's names only

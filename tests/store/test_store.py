@@ -277,9 +277,9 @@ def test_cli_download_offline_and_refusals(root, capsys, monkeypatch):
 def test_cli_convert_errors(root, tmp_path, capsys):
     assert mlxcel_main(["convert", str(tmp_path / "nope"), "--out-repo", "a/b", "--models-dir", str(root)]) == 1
     assert "does not exist" in capsys.readouterr().err
-    src = make_checkpoint(tmp_path / "src", model_type="gpt_neox")
+    src = make_checkpoint(tmp_path / "src", model_type="rwkv")
     assert mlxcel_main(["convert", str(src), "--out-repo", "a/b", "--models-dir", str(root)]) == 1
-    assert "model_type 'gpt_neox' is not supported" in capsys.readouterr().err
+    assert "model_type 'rwkv' is not supported" in capsys.readouterr().err
     assert mlxcel_main(["convert", str(src), "--out-repo", "bad", "--models-dir", str(root)]) == 1
     assert "is not a repository id" in capsys.readouterr().err
     make_checkpoint(root / "a" / "b")

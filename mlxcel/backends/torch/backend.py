@@ -40,7 +40,7 @@ from mlxcel.backends.torch.row_gemv import (ALL, RowKernel, RowRouting, install_
 from mlxcel.engine.kv_block_pool import BlockAllocator, SequenceKV
 from mlxcel.models.checkpoint_config import read_config
 from mlxcel.models.hooks import LayerHooks
-from mlxcel.models.registry import family_for
+from mlxcel.models.registry import UnsupportedModelType, family_for, mlx_only
 from mlxcel.models.rope_overrides import RopeRefused, config_overrides, hf_rope_parameters
 from mlxcel.native_build import BuildUnavailable
 
@@ -138,6 +138,8 @@ class TorchBackend(RowSteering):
         # normalised for mlxcel's own reads (RoPE overrides, geometry); transformers reads the file
         config = read_config(path)
         family_for(config)  # refuse an unknown model_type before reading weights
+        if mlx_only(config):  # a family transformers has no class for, refused by name
+            raise UnsupportedModelType(f"{mlx_only(config)}; serve it with --backend mlx")
         refuse_quantized(path, config)
         self.device = torch.device(device)
         if self.device.type == "cpu" and threads > 0:
@@ -187,7 +189,8 @@ class TorchBackend(RowSteering):
         self.logits_divisor = getattr(text_config, "logits_scaling", None)
         self._layer_types = getattr(text_config, "layer_types", None)
         self._window = getattr(text_config, "sliding_window", None)
-        layers = self.base.layers
+        # DBRX keeps its decoder layers as `blocks`, every other family as `layers`
+        layers = self.base.layers if hasattr(self.base, "layers") else self.base.blocks
         self.hooks = install_torch_hooks(layers)
         self._init_steering()  # per-step SAE deltas and residual reads (backends/rows.RowSteering)
         self.lora = None  # TorchLoraTerms once adapters are attached
