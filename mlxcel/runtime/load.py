@@ -34,8 +34,6 @@ from mlxcel.steering.manager import SteeringManager
 
 log = logging.getLogger("mlxcel.runtime")
 
-DEFAULT_CACHE_RAM_MIB = 2048  # mlxcel's --cache-ram default (b10621's is 8192)
-
 
 def resolve_sampling_defaults(settings: ServerSettings, gen_defaults, n_vocab: int | None = None) -> SamplingParams:
     """Flag > checkpoint generation_config.json > b10621 default for the four knobs a checkpoint
@@ -62,13 +60,11 @@ def resolve_sampling_defaults(settings: ServerSettings, gen_defaults, n_vocab: i
 
 def cache_budget_bytes(settings: ServerSettings) -> int | None:
     """--prompt-cache-capacity-bytes, else --cache-ram in MiB: -1 no limit (None), 0 no prefix
-    cache, unset: mlxcel's 2048 MiB."""
+    cache (the default is declared in config/settings.py KvSection)."""
     if settings.kv.prompt_cache_capacity_bytes is not None:
         b = settings.kv.prompt_cache_capacity_bytes
         return None if b < 0 else b
     mib = settings.kv.cache_ram_mib
-    if mib is None:
-        return DEFAULT_CACHE_RAM_MIB << 20
     return None if mib < 0 else mib << 20
 
 

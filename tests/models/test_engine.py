@@ -32,7 +32,7 @@ def make_model(backend: str = "mlx", *, dtype: str = "auto", cache_ram_mib: int 
     settings = ServerSettings(source=SourceSection(model=DEFAULT_MODEL),
                               engine=EngineSection(**{"ctx_size": 8192, "parallel": 4, "warmup": False, **engine}),
                               backend=BackendSection(name=backend, dtype=dtype, build_env=build_env),
-                              kv=KvSection(cache_ram_mib=cache_ram_mib))
+                              kv=KvSection() if cache_ram_mib is None else KvSection(cache_ram_mib=cache_ram_mib))
     return load_served_model(settings, fixture_path(DEFAULT_MODEL))
 
 
