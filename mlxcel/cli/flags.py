@@ -372,7 +372,8 @@ def uvicorn_kwargs(settings: ServerSettings) -> dict[str, Any]:
     from --ssl-key-file / --ssl-cert-file; --timeout bounds how long a connection may sit idle
     between requests (uvicorn has no separate read/write timeout).
     """
-    kw: dict[str, Any] = {"timeout_keep_alive": settings.server.timeout if settings.server.timeout > 0 else 3600, "log_config": None}
+    timeout = settings.server.timeout
+    kw: dict[str, Any] = {"timeout_keep_alive": timeout if timeout > 0 else 3600, "log_config": None}
     if settings.server.unix_socket:
         kw["uds"] = settings.server.unix_socket
     else:

@@ -38,13 +38,13 @@ def one_of(value: str, spelling: str, allowed: tuple[str, ...]) -> str:
 def field_path(path: str) -> str:
     """Check a "section.field" path against ServerSettings' sections (a typo in the option table
     fails at import, not when the flag is first given)."""
-    from dataclasses import fields
+    from dataclasses import fields, is_dataclass
 
     from mlxcel.config.settings import ServerSettings
 
     section, _, name = path.partition(".")
-    sections = {f.name: f.default_factory for f in fields(ServerSettings) if callable(f.default_factory)}
-    if section not in sections or name not in {f.name for f in fields(sections[section]())}:
+    sections = {f.name: f.default_factory for f in fields(ServerSettings) if is_dataclass(f.default_factory)}
+    if section not in sections or name not in {f.name for f in fields(sections[section])}:
         raise ValueError(f"no settings field {path!r}")
     return path
 

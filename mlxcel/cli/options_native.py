@@ -15,7 +15,7 @@ NATIVE_OPTIONS: tuple[Option, ...] = (
          apply=a.setter("steering.state_dir", "path"), path_value=True,
          help="server state (steering profiles and clusters, SQLite; default: <model store root>/.mlxcel-state)"),
     make("--dtype", VALUE, section=NATIVE, state=SUPPORTED, native=True, mv="{auto,float16,bfloat16,float32}",
-         apply=lambda s, v, sp: a.assign(s, "backend.dtype", a.one_of(v, sp, ("auto", "float16", "bfloat16", "float32"))),
+         apply=a.stored("backend.dtype", lambda v, sp: a.one_of(v, sp, ("auto", "float16", "bfloat16", "float32"))),
          help="compute dtype for unquantized weights"),
     make("--prompt-cache-capacity-bytes", VALUE, section=NATIVE, state=SUPPORTED, native=True, mv="N",
          apply=lambda s, v, sp: a.assign(s, "kv.prompt_cache_capacity_bytes", max(a.as_int(v, sp), -1)),

@@ -21,6 +21,7 @@ from mlxcel.config.refusal import StartupRefusal
 from mlxcel.config.settings import ServerSettings
 
 if TYPE_CHECKING:
+    from mlxcel.backends.select import Choice
     from mlxcel.runtime.served import Startup
 
 log = logging.getLogger("mlxcel.server")
@@ -109,7 +110,7 @@ def report_blas(blas) -> None:
     (log.warning if blas.warn else log.info)("%s", blas.detail)
 
 
-def choose_backend(settings: ServerSettings, path: Path | None):
+def choose_backend(settings: ServerSettings, path: Path | None) -> Choice:
     """Settle --backend/--device before the load thread starts, so a refusal stops startup.
     Returns the choice (backend, device, why: the startup line, /props) for runtime `Startup`;
     settings keep what was asked for."""
@@ -197,7 +198,8 @@ def serve(settings: ServerSettings, path: Path | None, plan=None, startup: Start
     # a server started with a generation model may switch it (api/model_switch.py)
     host = ModelHost(settings, startup or Startup(), switching=path is not None)
     state = AppState(settings=settings, host=host, plan=plan if plan is not None and plan.sides else None,
-                     store_root=root, steering_store=SteeringStore(settings.steering.state_dir or root / ".mlxcel-state"))
+                     store_root=root,
+                     steering_store=SteeringStore(settings.steering.state_dir or root / ".mlxcel-state"))
     app = build_app(state)
 
     def load() -> None:
@@ -252,7 +254,8 @@ def serve_router(settings: ServerSettings) -> None:
     for slot in pool.slots.values():
         model_settings(settings, slot.entry.sections)  # a bad preset value refuses now, not at first load
     log.info("router mode: %d models (%s); --models-max %d, autoload %s", len(pool.slots),
-             ", ".join(sorted(pool.slots)) or "none", settings.router.models_max, "on" if settings.router.models_autoload else "off")
+             ", ".join(sorted(pool.slots)) or "none", settings.router.models_max,
+             "on" if settings.router.models_autoload else "off")
     kwargs = uvicorn_kwargs(settings)
     app = wrap_app(RouterApp(pool), settings)
     try:

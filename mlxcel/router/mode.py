@@ -13,7 +13,8 @@ from mlxcel.config.refusal import StartupRefusal
 
 
 def is_router(settings: Any) -> bool:
-    return (settings.router.models_dir is not None or settings.router.models_preset is not None) and not settings.source.model
+    router = settings.router
+    return (router.models_dir is not None or router.models_preset is not None) and not settings.source.model
 
 
 def check_router_mode(settings: Any) -> None:

@@ -82,8 +82,8 @@ def select_backend(settings: ServerSettings, path: Path | None = None,
     except select.BackendRefused as e:
         raise StartupRefusal(str(e)) from None
     if choice.backend == "mlx" and choice.device != "cpu" and settings.backend.threads > 0:
-        raise StartupRefusal(f"--threads {settings.backend.threads}: on Metal the GPU runs MLX's products, there is no CPU "
-                             f"thread count to set (drop it, or pass --device cpu or --backend torch)")
+        raise StartupRefusal(f"--threads {settings.backend.threads}: on Metal the GPU runs MLX's products, there is no "
+                             f"CPU thread count to set (drop it, or pass --device cpu or --backend torch)")
     if choice.backend == "mlx" and settings.backend.torch_compile:
         raise StartupRefusal("--torch-compile applies to the torch backend, whose forward it compiles "
                              "(drop it, or pass --backend torch)")
@@ -97,8 +97,9 @@ def load_backend(settings: ServerSettings, path: Path, placed: select.Choice | N
             from mlxcel.backends.torch.vlm import TorchVLMBackend as backend_class
         else:
             from mlxcel.backends.torch.backend import TorchBackend as backend_class
-        backend = backend_class(path, dtype=settings.backend.dtype, device=choice.device, threads=settings.backend.threads,
-                                rope=settings.backend.rope, compile=settings.backend.torch_compile, build_env=settings.backend.build_env)
+        b = settings.backend
+        backend = backend_class(path, dtype=b.dtype, device=choice.device, threads=b.threads, rope=b.rope,
+                                compile=b.torch_compile, build_env=b.build_env)
         if backend.device.type == "cpu" and backend.info.dtype in ("bfloat16", "float32"):
             log.info("torch CPU: decode rows' %s linears via %s, prompt rows' via %s; fused ops: %s",
                      backend.info.dtype, backend.row_kernel, backend.prompt_linears, backend.fused_ops)
@@ -109,7 +110,8 @@ def load_backend(settings: ServerSettings, path: Path, placed: select.Choice | N
 
     if choice.device == "cpu":
         mx.set_default_device(mx.cpu)
-    backend = MLXBackend(path, dtype=settings.backend.dtype, rope=settings.backend.rope, threads=settings.backend.threads)
+    b = settings.backend
+    backend = MLXBackend(path, dtype=b.dtype, rope=b.rope, threads=b.threads)
     if backend.split_modules:
         log.info("MLX CPU: %d large products split over %d threads (--threads)", backend.split_modules,
                  backend.threads)
@@ -142,11 +144,12 @@ def load_served_model(settings: ServerSettings, path: Path, served_id: str | Non
         tokenizer.chat_template = template
     vision = load_vision(settings, path, backend, tokenizer)  # before the engine starts: it may refuse
     n_ctx = settings.engine.ctx_size if settings.engine.ctx_size > 0 else backend.info.context_length
-    engine = Engine(backend, tokenizer, n_ctx=n_ctx, parallel=settings.engine.parallel, batch_size=settings.engine.batch_size,
+    e = settings.engine
+    engine = Engine(backend, tokenizer, n_ctx=n_ctx, parallel=e.parallel, batch_size=e.batch_size,
                     cache_prompt=settings.kv.cache_prompt, cache_budget_bytes=cache_budget_bytes(settings),
-                    cont_batching=settings.engine.cont_batching, max_queue_depth=settings.engine.max_queue_depth,
-                    context_shift=settings.engine.context_shift, keep=settings.engine.keep, special=settings.engine.special,
-                    sleep_idle_seconds=settings.engine.sleep_idle_seconds, reload=lambda: backend_with_adapters()[0],
+                    cont_batching=e.cont_batching, max_queue_depth=e.max_queue_depth,
+                    context_shift=e.context_shift, keep=e.keep, special=e.special,
+                    sleep_idle_seconds=e.sleep_idle_seconds, reload=lambda: backend_with_adapters()[0],
                     release_memory=release_memory)
     engine.lora = lora
     if served_id is None and startup.speculative is not None:  # the draft was chosen for the -m model only

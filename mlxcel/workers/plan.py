@@ -76,11 +76,11 @@ def _whisper_side(settings: ServerSettings, resolve: Callable[[str, str], Path],
 
     missing = [m for m in ("mlx_whisper", "soundfile", "scipy") if importlib.util.find_spec(m) is None]
     if missing:
-        raise StartupRefusal(f"-m {settings.source.model} is a Whisper checkpoint, and serving it needs {', '.join(missing)}: "
-                             f"pip install 'mlxcel[audio]'")
-    if settings.backend.name == "torch":
-        raise StartupRefusal(f"--backend torch: {settings.source.model} is a Whisper checkpoint, which mlxcel serves on MLX "
-                             f"(mlx-whisper) only; drop --backend torch")
+        raise StartupRefusal(f"-m {settings.source.model} is a Whisper checkpoint, and serving it needs "
+                             f"{', '.join(missing)}: pip install 'mlxcel[audio]'")
+    if settings.backend.name == "torch":  # as requested: plan() runs before the backend is settled
+        raise StartupRefusal(f"--backend torch: {settings.source.model} is a Whisper checkpoint, which mlxcel serves on "
+                             f"MLX (mlx-whisper) only; drop --backend torch")
     return SidePlan(TRANSCRIPTION, model_id, path)
 
 
@@ -90,9 +90,10 @@ def plan(settings: ServerSettings, resolve: Callable[[str, str], Path]) -> Serve
     main_id = settings.source.alias[0] if settings.source.alias else settings.source.model
     sides: list[SidePlan] = []
     m_used = mode is None
+    w = settings.workers
     for kind, selected, side_ref, side_flag, mode_flag in (
-        (ck.EMBEDDING, settings.workers.embedding, settings.workers.embedding_model, "--embedding-model", "--embeddings"),
-        (ck.RERANKER, settings.workers.reranking, settings.workers.reranker_model, "--reranker-model", "--reranking"),
+        (ck.EMBEDDING, w.embedding, w.embedding_model, "--embedding-model", "--embeddings"),
+        (ck.RERANKER, w.reranking, w.reranker_model, "--reranker-model", "--reranking"),
     ):
         if side_ref:
             sides.append(_side(settings, kind, side_ref, side_flag, resolve, side_ref))

@@ -28,9 +28,9 @@ def main() -> None:
     from mlxcel.config.settings import BackendSection, ServerSettings
     from mlxcel.runtime.load import load_backend
 
+    # build_env as served: the torch kernel for decode rows
     settings = ServerSettings(backend=BackendSection(name=args.backend, device=args.device, dtype=args.dtype,
-                                                     threads=args.threads,
-                                                     build_env=dict(os.environ)))  # as served: the torch kernel for decode rows
+                                                     threads=args.threads, build_env=dict(os.environ)))
     backend, choice = load_backend(settings, args.model)
     prompt = [(i * 37) % 1000 + 100 for i in range(128)]
 

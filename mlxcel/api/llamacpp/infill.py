@@ -121,8 +121,8 @@ async def infill(request: Request, app_state: AppState) -> Any:
     if fim.missing():
         raise ApiError(501, f"Infill is not supported by this model: {fim.missing()}",
                        code="not_supported", type="not_supported_error")
-    nreq = parse_native({k: v for k, v in body.items() if k not in INFILL_FIELDS}, model, app_state.settings.engine.parallel,
-                        app_state.settings.server.sse_ping_interval)
+    nreq = parse_native({k: v for k, v in body.items() if k not in INFILL_FIELDS}, model,
+                        app_state.settings.engine.parallel, app_state.settings.server.sse_ping_interval)
     nreq.template.grammar = await native_grammar.resolve(body, model)
     nreq.template.keep_tokens = native_grammar.preserved_tokens(body, model)  # written into the text
     nreq.template.grammar = native_grammar.lazy(body, model, nreq.template.grammar, nreq.template.keep_tokens)

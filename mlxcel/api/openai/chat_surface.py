@@ -118,7 +118,8 @@ def prepare(state: AppState, model: ServedModel, req: Any) -> Prepared:
             and messages[-1].get("role") == "assistant":
         prefill = messages[-1].get("content") or ""
         prefill = prefill if isinstance(prefill, str) else ""
-    text = render_prompt_text(model, messages, tools=tools, extra=kwargs, prefill_assistant=settings.chat.prefill_assistant)
+    text = render_prompt_text(model, messages, tools=tools, extra=kwargs,
+                              prefill_assistant=settings.chat.prefill_assistant)
     prompt = model.tokenizer.encode(text, add_special_tokens=False)
     budget = _budget(settings, model, req)
     parse = not settings.chat.skip_parsing
