@@ -16,10 +16,10 @@ from pathlib import Path
 from mlxcel.config.rope import RopeOverrides
 
 # slots: writing a name a section does not declare fails instead of adding a stray attribute
-section = dataclass(slots=True)
+_section = dataclass(slots=True)
 
 
-@section
+@_section
 class SourceSection:
     """Where the model comes from and what it answers to."""
 
@@ -33,7 +33,7 @@ class SourceSection:
     tags: list[str] = field(default_factory=list)  # --tags: informational, reported on /v1/models
 
 
-@section
+@_section
 class ServerSection:
     """The HTTP listener, its security, and which routes it serves."""
 
@@ -62,7 +62,7 @@ class ServerSection:
     vertex_health_route: str | None = None
 
 
-@section
+@_section
 class EngineSection:
     """The scheduler's shape, and the model host's switch / idle behaviour."""
 
@@ -84,7 +84,7 @@ class EngineSection:
     model_memory_budget_mib: int | None = None
 
 
-@section
+@_section
 class KvSection:
     """The KV cache and the prompt (prefix) cache."""
 
@@ -95,7 +95,7 @@ class KvSection:
     prompt_cache_capacity_bytes: int | None = None  # wins over cache_ram_mib when both are given
 
 
-@section
+@_section
 class BackendSection:
     """What was asked for: the backend and device as requested (`auto` included; the resolved
     choice lives in runtime `Startup`), and how the weights are loaded and run."""
@@ -112,7 +112,7 @@ class BackendSection:
     build_env: dict[str, str] | None = None
 
 
-@section
+@_section
 class SamplingSection:
     """Server-wide sampling defaults. The four a checkpoint may declare are None until a flag sets
     them (then generation_config.json, then config/sampling.py's b10621 value applies)."""
@@ -133,7 +133,7 @@ class SamplingSection:
     grammar: tuple[str, str] | None = None
 
 
-@section
+@_section
 class LoraSection:
     # --lora / --lora-scaled as parsed (models/lora.AdapterSpec: path and scale), in id order;
     # parsed configuration, not loaded weights (those are checked and read into runtime `Startup`)
@@ -141,7 +141,7 @@ class LoraSection:
     init_without_apply: bool = False  # every adapter starts at scale 0.0
 
 
-@section
+@_section
 class SpecSection:
     """Speculative decoding as given (cli/options_spec.py builds the engine's SpecConfig)."""
 
@@ -158,14 +158,14 @@ class SpecSection:
     draft_cache_type_v: str = "f16"
 
 
-@section
+@_section
 class SteeringSection:
     state_dir: Path | None = None  # SQLite steering state (profiles, clusters); None: <store root>/.mlxcel-state
     cluster_intensity_min: float = 0.5  # CLUSTER_INTENSITY_MIN: a cluster's undeclared dial floor
     circuit_intensity_min: float = 0.0  # CIRCUIT_INTENSITY_MIN: a circuit's dial floor
 
 
-@section
+@_section
 class RouterSection:
     """Router mode (mlxcel/router): --models-dir / --models-preset with no model argument."""
 
@@ -175,7 +175,7 @@ class RouterSection:
     models_autoload: bool = True  # a request naming an unloaded model loads it (?autoload= per request)
 
 
-@section
+@_section
 class WorkersSection:
     """Side workers: --embeddings / --reranking select a dedicated encoder worker and turn
     generation off; --embedding-model / --reranker-model name the side checkpoints."""
@@ -189,7 +189,7 @@ class WorkersSection:
     embd_normalize: int | None = None  # None = the checkpoint's own normalize flag
 
 
-@section
+@_section
 class LoggingSection:
     verbose: bool = False
     disable: bool = False  # --log-disable
@@ -201,7 +201,7 @@ class LoggingSection:
     secrets: list[str] = field(default_factory=list)  # values the log redaction pass hides
 
 
-@section
+@_section
 class ChatSection:
     """The chat surface: template, tool-call / reasoning parsing, template kwargs."""
 
@@ -216,7 +216,7 @@ class ChatSection:
     reasoning_budget_message: str = ""  # forced just before the close tag when the budget runs out
 
 
-@section
+@_section
 class MediaSection:
     """Images and media URLs: api/media.py, models/vision.py."""
 
@@ -227,7 +227,7 @@ class MediaSection:
     allow_private_media_urls: bool = False  # MLXCEL_ALLOW_PRIVATE_MEDIA_URLS=1, read by the CLI layer
 
 
-@section
+@_section
 class ServerSettings:
     source: SourceSection = field(default_factory=SourceSection)
     server: ServerSection = field(default_factory=ServerSection)
