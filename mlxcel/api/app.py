@@ -40,12 +40,12 @@ def build_litestar(state: AppState) -> Litestar:
     """The Litestar app alone (no gate): what route tests and the manifest check inspect."""
     settings = state.settings
     routes = list(ROUTES)
-    if settings.vertex_health_route:
-        routes.append(health_alias(settings.vertex_health_route))
-    if settings.vertex_predict_route:
+    if settings.server.vertex_health_route:
+        routes.append(health_alias(settings.server.vertex_health_route))
+    if settings.server.vertex_predict_route:
         from mlxcel.api.vertex import make_predict_handler
 
-        routes.append(make_predict_handler(settings.vertex_predict_route))
+        routes.append(make_predict_handler(settings.server.vertex_predict_route))
 
     def provide_state() -> AppState:
         return state

@@ -41,8 +41,8 @@ class MediaPolicy:
 
 
 def policy(settings: Any) -> MediaPolicy:
-    return MediaPolicy(enabled=settings.mmproj, root=settings.media_path,
-                       allow_private=settings.allow_private_media_urls)
+    return MediaPolicy(enabled=settings.media.mmproj, root=settings.media.media_path,
+                       allow_private=settings.media.allow_private_media_urls)
 
 
 def _not_supported(kind: str, hint: str) -> ApiError:

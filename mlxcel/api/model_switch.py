@@ -64,7 +64,7 @@ def store_checkpoint(state: AppState, name: str) -> Path | None:
     root = state.store_root
     if root is None or not name or refusal(name) is not None or name.startswith((".", "/", "~")):
         return None
-    repo_id = expand(name, state.settings.default_org)
+    repo_id = expand(name, state.settings.source.default_org)
     try:
         owner, repo = parse_repo_id(repo_id)
     except InvalidRepoId:

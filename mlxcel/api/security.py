@@ -88,10 +88,10 @@ class LlamaGate:
 
     def __init__(self, app: Any, settings: Any) -> None:
         self.app = app
-        self.keys = [k.encode() for k in settings.api_keys]
-        self.cors = CorsPolicy(settings.cors_origins, settings.cors_methods, settings.cors_headers,
-                               settings.cors_credentials)
-        self.prefix = settings.api_prefix
+        self.keys = [k.encode() for k in settings.server.api_keys]
+        self.cors = CorsPolicy(settings.server.cors_origins, settings.server.cors_methods, settings.server.cors_headers,
+                               settings.server.cors_credentials)
+        self.prefix = settings.server.api_prefix
 
     def key_ok(self, scope: dict) -> bool:
         given = presented_key(scope).encode()

@@ -155,7 +155,7 @@ class StreamRecorder:
         if not conv_id:
             await self.app(scope, receive, send)
             return
-        owner = stream_owner(presented_key(scope), self.state.settings.api_keys)
+        owner = stream_owner(presented_key(scope), self.state.settings.server.api_keys)
         await _Attachment(self.app, self.state.streams, owner, conv_id, scope, receive, send).run()
 
 
@@ -169,7 +169,7 @@ def _error(status: int, message: str) -> Response:
 
 
 def _owner(request: Request, state: AppState) -> str:
-    return stream_owner(presented_key(request.scope), state.settings.api_keys)
+    return stream_owner(presented_key(request.scope), state.settings.server.api_keys)
 
 
 @get("/v1/stream")

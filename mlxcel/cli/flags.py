@@ -241,7 +241,7 @@ def model_settings(base: ServerSettings, sections: list[PresetSection]) -> Serve
     a preset value is validated exactly as the flag is; an option the router was started with
     (command line or environment) wins, upstream's order."""
     out = copy.deepcopy(base)
-    out.models_dir = out.models_preset = None
+    out.router.models_dir = out.router.models_preset = None
     for sec in sections:
         for key, value in sec.values.items():
             opt_key = TRANSLATED.get(key)
@@ -293,7 +293,8 @@ def parse_server_args(
     cli = _parse_given(argv, prog)
     _print_and_exit(cli, prog, environ)
 
-    settings = ServerSettings(default_org=environ.get("MLXCEL_DEFAULT_ORG", "mlx-community"))
+    settings = ServerSettings()
+    settings.source.default_org = environ.get("MLXCEL_DEFAULT_ORG", settings.source.default_org)
     given: dict[str, tuple[Option, Given]] = {}
     for o in TABLE:
         env_g = _from_environment(o, environ)
@@ -311,13 +312,13 @@ def parse_server_args(
             _classify(o, g, settings)
     settings.cli_given = frozenset(given)  # a router preset yields to these (mlxcel/router/preset.py)
 
-    settings.pooling_env = environ.get("MLXCEL_EMBEDDING_POOLING") or None
-    settings.build_env = {k: environ[k] for k in BUILD_ENV if k in environ}
-    settings.allow_private_media_urls = environ.get("MLXCEL_ALLOW_PRIVATE_MEDIA_URLS", "") == "1"
-    for var, attr in (("CLUSTER_INTENSITY_MIN", "cluster_intensity_min"),
-                      ("CIRCUIT_INTENSITY_MIN", "circuit_intensity_min")):
-        if environ.get(var):
-            setattr(settings, attr, _dial_floor(var, environ[var]))
+    settings.workers.pooling_env = environ.get("MLXCEL_EMBEDDING_POOLING") or None
+    settings.backend.build_env = {k: environ[k] for k in BUILD_ENV if k in environ}
+    settings.media.allow_private_media_urls = environ.get("MLXCEL_ALLOW_PRIVATE_MEDIA_URLS", "") == "1"
+    if environ.get("CLUSTER_INTENSITY_MIN"):
+        settings.steering.cluster_intensity_min = _dial_floor("CLUSTER_INTENSITY_MIN", environ["CLUSTER_INTENSITY_MIN"])
+    if environ.get("CIRCUIT_INTENSITY_MIN"):
+        settings.steering.circuit_intensity_min = _dial_floor("CIRCUIT_INTENSITY_MIN", environ["CIRCUIT_INTENSITY_MIN"])
     if "device" not in given and environ.get("MLXCEL_DEVICE"):  # mlxcel's own variable, below LLAMA_ARG_DEVICE
         from mlxcel.cli.options_apply import apply_device
 
@@ -344,20 +345,20 @@ def _finish(settings: ServerSettings, environ: Mapping[str, str]) -> None:
 
     finish_sampling(settings)
 
-    if settings.hf_repo:
-        if settings.model and settings.model != settings.hf_repo:
-            settings.notices.append(f"--hf-repo {settings.hf_repo} supersedes -m {settings.model}")
-        settings.model = settings.hf_repo
+    if settings.source.hf_repo:
+        if settings.source.model and settings.source.model != settings.source.hf_repo:
+            settings.notices.append(f"--hf-repo {settings.source.hf_repo} supersedes -m {settings.source.model}")
+        settings.source.model = settings.source.hf_repo
     for var in ("HF_TOKEN", "LLAMA_API_KEY"):
-        if environ.get(var) and environ[var] not in settings.secrets:
-            settings.secrets.append(environ[var])
-    if bool(settings.ssl_key_file) != bool(settings.ssl_cert_file):
+        if environ.get(var) and environ[var] not in settings.logging.secrets:
+            settings.logging.secrets.append(environ[var])
+    if bool(settings.server.ssl_key_file) != bool(settings.server.ssl_cert_file):
         raise StartupRefusal("TLS needs both --ssl-key-file and --ssl-cert-file")
-    for path in (settings.ssl_key_file, settings.ssl_cert_file):
+    for path in (settings.server.ssl_key_file, settings.server.ssl_cert_file):
         if path is not None and not path.is_file():
             raise StartupRefusal(f"TLS file not found: {path}")
-    if settings.log_file is not None and not settings.log_disable:
-        prepare_log_file(settings.log_file)
+    if settings.logging.file is not None and not settings.logging.disable:
+        prepare_log_file(settings.logging.file)
     apply_vertex_env(settings, environ)
     from mlxcel.router.mode import check_router_mode
 
@@ -371,13 +372,14 @@ def uvicorn_kwargs(settings: ServerSettings) -> dict[str, Any]:
     from --ssl-key-file / --ssl-cert-file; --timeout bounds how long a connection may sit idle
     between requests (uvicorn has no separate read/write timeout).
     """
-    kw: dict[str, Any] = {"timeout_keep_alive": settings.timeout if settings.timeout > 0 else 3600, "log_config": None}
-    if settings.unix_socket:
-        kw["uds"] = settings.unix_socket
+    timeout = settings.server.timeout
+    kw: dict[str, Any] = {"timeout_keep_alive": timeout if timeout > 0 else 3600, "log_config": None}
+    if settings.server.unix_socket:
+        kw["uds"] = settings.server.unix_socket
     else:
-        kw["host"] = settings.host
-        kw["port"] = settings.port
-    if settings.ssl_key_file and settings.ssl_cert_file:
-        kw["ssl_keyfile"] = str(settings.ssl_key_file)
-        kw["ssl_certfile"] = str(settings.ssl_cert_file)
+        kw["host"] = settings.server.host
+        kw["port"] = settings.server.port
+    if settings.server.ssl_key_file and settings.server.ssl_cert_file:
+        kw["ssl_keyfile"] = str(settings.server.ssl_key_file)
+        kw["ssl_certfile"] = str(settings.server.ssl_cert_file)
     return kw

@@ -16,12 +16,12 @@ from mlxcel.cli.flags import parse_server_args
 
 
 def settings_json(settings) -> str:
-    data = dataclasses.asdict(settings)
-    secrets = set(settings.secrets)
-    data["secrets"] = ["[redacted]"] * len(secrets)
-    data["api_keys"] = ["[redacted]"] * len(settings.api_keys)
-    if data.get("hf_token"):
-        data["hf_token"] = "[redacted]"
+    data = dataclasses.asdict(settings)  # nested: one object per settings section
+    secrets = set(settings.logging.secrets)
+    data["logging"]["secrets"] = ["[redacted]"] * len(secrets)
+    data["server"]["api_keys"] = ["[redacted]"] * len(settings.server.api_keys)
+    if data["source"].get("hf_token"):
+        data["source"]["hf_token"] = "[redacted]"
     return json.dumps(data, default=lambda v: str(v) if isinstance(v, Path) else repr(v), sort_keys=True)
 
 

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from mlxcel.chat.chat_template import render_chat, render_plain
-from mlxcel.config.settings import ServerSettings
+from mlxcel.config.settings import BackendSection, EngineSection, SamplingSection, ServerSettings, SourceSection
 from mlxcel.engine.types import GenerationRequest
 from mlxcel.store.paths import store_root
 from mlxcel.store.resolve import ModelNotAvailable, ModelSourceRefused, resolve_model
@@ -64,9 +64,12 @@ def _load(args):
     except (ModelSourceRefused, ModelNotAvailable) as e:
         raise SystemExit(f"error: {e}") from None
     refuse_unsupported(json.loads((path / "config.json").read_text()))  # before any weight is read
-    settings = ServerSettings(model=args.model, dtype=args.dtype, temperature=args.temp, top_k=args.top_k,
-                              top_p=args.top_p, min_p=args.min_p, seed=args.seed, parallel=1, warmup=False,
-                              backend=args.backend, device=args.device, threads=args.threads)
+    settings = ServerSettings(source=SourceSection(model=args.model),
+                              engine=EngineSection(parallel=1, warmup=False),
+                              backend=BackendSection(name=args.backend, device=args.device, dtype=args.dtype,
+                                                     threads=args.threads),
+                              sampling=SamplingSection(temperature=args.temp, top_k=args.top_k, top_p=args.top_p,
+                                                       min_p=args.min_p, seed=args.seed))
     return load_served_model(settings, path)
 
 

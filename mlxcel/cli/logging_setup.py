@@ -87,9 +87,9 @@ class RedactingFormatter(logging.Formatter):
 
 
 def level_for(settings: Any) -> int:
-    if settings.verbose:
+    if settings.logging.verbose:
         return logging.DEBUG
-    v = settings.log_verbosity
+    v = settings.logging.verbosity
     if v <= 1:
         return logging.ERROR
     if v == 2:
@@ -104,22 +104,22 @@ def configure_logging(settings: Any, *, stream=None) -> logging.Handler | None:
     root = logging.getLogger()
     for h in list(root.handlers):
         root.removeHandler(h)
-    if settings.log_disable:
+    if settings.logging.disable:
         root.addHandler(logging.NullHandler())
         root.setLevel(logging.CRITICAL + 1)
         return None
-    if settings.log_file is not None:
-        prepare_log_file(Path(settings.log_file))
-        handler: logging.Handler = logging.StreamHandler(os.fdopen(_open_append(Path(settings.log_file)), "a",
+    if settings.logging.file is not None:
+        prepare_log_file(Path(settings.logging.file))
+        handler: logging.Handler = logging.StreamHandler(os.fdopen(_open_append(Path(settings.logging.file)), "a",
                                                                    buffering=1, encoding="utf-8"))
         is_tty = False
     else:
         stream = stream or sys.stderr
         handler = logging.StreamHandler(stream)
         is_tty = hasattr(stream, "isatty") and stream.isatty()
-    colors = settings.log_colors == "on" or (settings.log_colors == "auto" and is_tty)
-    handler.setFormatter(RedactingFormatter(settings.secrets, prefix=settings.log_prefix,
-                                            timestamps=settings.log_timestamps, colors=colors))
+    colors = settings.logging.colors == "on" or (settings.logging.colors == "auto" and is_tty)
+    handler.setFormatter(RedactingFormatter(settings.logging.secrets, prefix=settings.logging.prefix,
+                                            timestamps=settings.logging.timestamps, colors=colors))
     level = level_for(settings)
     handler.setLevel(level)
     root.addHandler(handler)

@@ -35,8 +35,29 @@ def one_of(value: str, spelling: str, allowed: tuple[str, ...]) -> str:
     return value
 
 
-def setter(field: str, conv: str = "str"):
-    """An apply function storing the converted value in `field`."""
+def field_path(path: str) -> str:
+    """Check a "section.field" path against ServerSettings' sections (a typo in the option table
+    fails at import, not when the flag is first given)."""
+    from dataclasses import fields, is_dataclass
+
+    from mlxcel.config.settings import ServerSettings
+
+    section, _, name = path.partition(".")
+    sections = {f.name: f.default_factory for f in fields(ServerSettings) if is_dataclass(f.default_factory)}
+    if section not in sections or name not in {f.name for f in fields(sections[section])}:
+        raise ValueError(f"no settings field {path!r}")
+    return path
+
+
+def assign(settings: Any, path: str, value: Any) -> None:
+    """The one place an option addresses a settings field by name: `path` is "section.field"."""
+    section, name = path.split(".")
+    setattr(getattr(settings, section), name, value)
+
+
+def setter(path: str, conv: str = "str"):
+    """An apply function storing the converted value at `path` ("section.field")."""
+    field_path(path)
 
     def apply(settings: Any, value: Any, spelling: str) -> None:
         if conv == "int":
@@ -45,16 +66,27 @@ def setter(field: str, conv: str = "str"):
             value = as_float(value, spelling)
         elif conv == "path":
             value = Path(value).expanduser()
-        setattr(settings, field, value)
+        assign(settings, path, value)
 
     return apply
 
 
-def flag_to(field: str):
+def flag_to(path: str):
     """Flags and pairs: the bool itself is the setting."""
+    field_path(path)
 
     def apply(settings: Any, value: Any, _spelling: str) -> None:
-        setattr(settings, field, bool(value))
+        assign(settings, path, bool(value))
+
+    return apply
+
+
+def stored(path: str, convert):
+    """An apply function storing `convert(value, spelling)` at `path`."""
+    field_path(path)
+
+    def apply(settings: Any, value: Any, spelling: str) -> None:
+        assign(settings, path, convert(value, spelling))
 
     return apply
 
@@ -76,26 +108,26 @@ def apply_device(settings: Any, value: str, spelling: str) -> None:
     llama_names = {"none": "cpu", "CPU": "cpu", "MTL0": "metal", "Metal": "metal"}
     text = f"cuda:{cuda.group(1)}" if cuda else llama_names.get(text, text)
     try:
-        settings.device = check_device(text)
+        settings.backend.device = check_device(text)
     except BackendRefused:
         raise StartupRefusal(f"invalid value for {spelling}: {value!r} (expected one of: {DEVICE_FORMS})") from None
 
 
 def apply_alias(settings: Any, value: str, _spelling: str) -> None:
     # b10621 keeps aliases in a std::set and serves the first: sorted, de-duplicated.
-    settings.alias = sorted({a.strip() for a in value.split(",") if a.strip()})
+    settings.source.alias = sorted({a.strip() for a in value.split(",") if a.strip()})
 
 
 def apply_tags(settings: Any, values: list[str], _spelling: str) -> None:
     # b10621 inserts each tag into a std::set: every --tags adds to it, sorted, de-duplicated.
-    settings.tags = sorted({t.strip() for v in values for t in v.split(",") if t.strip()})
+    settings.source.tags = sorted({t.strip() for v in values for t in v.split(",") if t.strip()})
 
 
 def apply_models_max(settings: Any, value: str, spelling: str) -> None:
     n = as_int(value, spelling)
     if n < 0:
         raise StartupRefusal(f"invalid value for {spelling}: {value!r} (expected 0 for unlimited or a positive count)")
-    settings.models_max = n
+    settings.router.models_max = n
 
 
 def apply_hf_repo(settings: Any, value: str, spelling: str) -> None:
@@ -106,7 +138,7 @@ def apply_hf_repo(settings: Any, value: str, spelling: str) -> None:
             f"{spelling} {value}: the ':{quant}' suffix selects a GGUF quantization; mlxcel loads a whole "
             f"MLX checkpoint, so name an MLX repository instead (e.g. {spelling} {base} for an MLX repo)"
         )
-    settings.hf_repo = repo
+    settings.source.hf_repo = repo
 
 
 def apply_model_url(_settings: Any, value: str, spelling: str) -> None:
@@ -124,7 +156,7 @@ def apply_model_url(_settings: Any, value: str, spelling: str) -> None:
 def apply_seed(settings: Any, value: str, spelling: str) -> None:
     # b10621 folds the seed into uint32; -1 (and 0xFFFFFFFF) means "random".
     s = as_int(value, spelling) & 0xFFFFFFFF
-    settings.seed = -1 if s == 0xFFFFFFFF else s
+    settings.sampling.seed = -1 if s == 0xFFFFFFFF else s
 
 
 def apply_parallel(settings: Any, value: str, spelling: str) -> None:
@@ -133,13 +165,13 @@ def apply_parallel(settings: Any, value: str, spelling: str) -> None:
         n = 4  # b10621's auto resolves to 4 slots
     if n < 1:
         raise StartupRefusal(f"invalid value for {spelling}: {value!r} (expected -1 for auto, or N >= 1)")
-    settings.parallel = n
+    settings.engine.parallel = n
 
 
 def apply_api_key(settings: Any, value: str, _spelling: str) -> None:
     keys = [k.strip() for k in value.split(",") if k.strip()]
-    settings.api_keys.extend(k for k in keys if k not in settings.api_keys)
-    settings.secrets.extend(keys)
+    settings.server.api_keys.extend(k for k in keys if k not in settings.server.api_keys)
+    settings.logging.secrets.extend(keys)
 
 
 def apply_api_key_file(settings: Any, value: str, spelling: str) -> None:
@@ -150,33 +182,33 @@ def apply_api_key_file(settings: Any, value: str, spelling: str) -> None:
         raise StartupRefusal(f"{spelling} {value}: cannot read the API key file ({e.strerror or e})") from None
     for line in text.splitlines():
         key = line.strip()
-        if key and not key.startswith("#") and key not in settings.api_keys:
-            settings.api_keys.append(key)
-            settings.secrets.append(key)
+        if key and not key.startswith("#") and key not in settings.server.api_keys:
+            settings.server.api_keys.append(key)
+            settings.logging.secrets.append(key)
 
 
 def apply_hf_token(settings: Any, value: str, _spelling: str) -> None:
-    settings.hf_token = value
+    settings.source.hf_token = value
     if value:
-        settings.secrets.append(value)
+        settings.logging.secrets.append(value)
 
 
 def apply_host(settings: Any, value: str, _spelling: str) -> None:
-    settings.host = value
-    settings.unix_socket = value if value.endswith(".sock") else None
+    settings.server.host = value
+    settings.server.unix_socket = value if value.endswith(".sock") else None
 
 
 def apply_port(settings: Any, value: str, spelling: str) -> None:
     port = as_int(value, spelling)
     if not 0 <= port <= 65535:
         raise StartupRefusal(f"invalid value for {spelling}: {value!r} (expected 0..65535; 0 = any free port)")
-    settings.port = port
+    settings.server.port = port
 
 
 def apply_api_prefix(settings: Any, value: str, spelling: str) -> None:
     """Taken verbatim, as b10621 does (it concatenates prefix and route). A value that cannot
     match a request path is still accepted there, so it is accepted here with a warning."""
-    settings.api_prefix = value
+    settings.server.api_prefix = value
     if value and (not value.startswith("/") or value.endswith("/")):
         settings.notices.append(f"{spelling} {value!r}: routes are served at {value}<route>, e.g. {value}/health; "
                                 f"a prefix normally starts with '/' and has no trailing '/'")
@@ -186,41 +218,43 @@ def apply_timeout(settings: Any, value: str, spelling: str) -> None:
     t = as_int(value, spelling)
     if t < 0:
         raise StartupRefusal(f"invalid value for {spelling}: {value!r} (expected seconds >= 0)")
-    settings.timeout = t
+    settings.server.timeout = t
 
 
 def apply_ctx_size(settings: Any, value: str, spelling: str) -> None:
     n = as_int(value, spelling)
     if n < 0:
         raise StartupRefusal(f"invalid value for {spelling}: {value!r} (expected 0 for the model's own, or N > 0)")
-    settings.ctx_size = n
+    settings.engine.ctx_size = n
 
 
 def apply_log_colors(settings: Any, value: str, spelling: str) -> None:
-    settings.log_colors = one_of(value, spelling, ("on", "off", "auto"))
+    settings.logging.colors = one_of(value, spelling, ("on", "off", "auto"))
 
 
 def apply_verbosity(settings: Any, value: str, spelling: str) -> None:
-    settings.log_verbosity = as_int(value, spelling)
+    settings.logging.verbosity = as_int(value, spelling)
 
 
 def apply_verbose(settings: Any, value: Any, _spelling: str) -> None:
-    settings.verbose = bool(value)
+    settings.logging.verbose = bool(value)
 
 
 def apply_cache_ram(settings: Any, value: str, spelling: str) -> None:
     n = as_int(value, spelling)
     if n < -1:
         raise StartupRefusal(f"invalid value for {spelling}: {value!r} (expected MiB, -1 = no limit, 0 = disable)")
-    settings.cache_ram_mib = n
+    settings.kv.cache_ram_mib = n
 
 
-def apply_positive_int(field: str):
+def apply_positive_int(path: str):
+    field_path(path)
+
     def apply(settings: Any, value: str, spelling: str) -> None:
         n = as_int(value, spelling)
         if n < 1:
             raise StartupRefusal(f"invalid value for {spelling}: {value!r} (expected N >= 1)")
-        setattr(settings, field, n)
+        assign(settings, path, n)
 
     return apply
 
@@ -228,8 +262,9 @@ def apply_positive_int(field: str):
 KV_CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
 
 
-def cache_type(field: str):
+def cache_type(path: str):
     """-ctk / -ctv: f16 is the same storage on both sides; everything else is refused."""
+    field_path(path)
 
     def apply(settings: Any, value: str, spelling: str) -> None:
         one_of(value, spelling, KV_CACHE_TYPES)
@@ -243,19 +278,19 @@ def cache_type(field: str):
                 f"{spelling} {value}: {value} is a GGML block quantizer with no equivalent in mlxcel's KV "
                 f"cache (a similar name is not the same numerics); use f16"
             )
-        setattr(settings, field, value)
+        assign(settings, path, value)
 
     return apply
 
 
 def apply_gpu_layers(settings: Any, value: str, spelling: str) -> None:
     if value in ("auto", "all"):
-        settings.gpu_layers = value
+        settings.backend.gpu_layers = value
         return
     n = as_int(value, spelling)
     if n < 0:
         raise StartupRefusal(f"invalid value for {spelling}: {value!r} (expected N >= 0, 'auto' or 'all')")
-    settings.gpu_layers = str(n)
+    settings.backend.gpu_layers = str(n)
 
 
 def check_gpu_layers(settings: Any, num_hidden_layers: int) -> None:
@@ -264,7 +299,7 @@ def check_gpu_layers(settings: Any, num_hidden_layers: int) -> None:
     mlxcel runs every layer on the MLX device, so N >= the layer count (a full offload) is
     inert; anything smaller asks for CPU layers that do not exist here.
     """
-    v = settings.gpu_layers
+    v = settings.backend.gpu_layers
     if v is None or v in ("auto", "all") or int(v) >= num_hidden_layers:
         return
     raise StartupRefusal(
@@ -285,13 +320,13 @@ def apply_pooling(settings: Any, value: str, spelling: str) -> None:
     if value == "none":
         raise StartupRefusal(f"{spelling} none: {POOLING_NONE}")
     if value == "rank":
-        settings.reranking = True
+        settings.workers.reranking = True
         return
-    settings.pooling = one_of(value, spelling, ("none", "mean", "cls", "last", "rank"))
+    settings.workers.pooling = one_of(value, spelling, ("none", "mean", "cls", "last", "rank"))
 
 
 def apply_embd_normalize(settings: Any, value: str, spelling: str) -> None:
-    settings.embd_normalize = as_int(value, spelling)
+    settings.workers.embd_normalize = as_int(value, spelling)
 # --- grammar defaults (--grammar, --grammar-file, --json-schema, --json-schema-file) ----
 
 
@@ -308,7 +343,7 @@ def apply_grammar(from_file: bool):
 
     def apply(settings: Any, value: str, spelling: str) -> None:
         text = read_text(value, spelling) if from_file else value
-        settings.default_grammar = ("gbnf", text) if text else None
+        settings.sampling.grammar = ("gbnf", text) if text else None
 
     return apply
 
@@ -324,7 +359,7 @@ def apply_json_schema(from_file: bool):
             check_json_schema_text(text)
         except GrammarError as e:
             raise StartupRefusal(f"{spelling}: invalid JSON schema: {e}") from None
-        settings.default_grammar = ("json_schema", text)
+        settings.sampling.grammar = ("json_schema", text)
 
     return apply
 # --- chat surface --------------------------------------------------------------------------
@@ -333,7 +368,7 @@ REASONING_FORMATS = ("none", "deepseek", "deepseek-legacy", "auto")
 
 
 def apply_reasoning_format(settings: Any, value: str, spelling: str) -> None:
-    settings.reasoning_format = one_of(value, spelling, REASONING_FORMATS)
+    settings.chat.reasoning_format = one_of(value, spelling, REASONING_FORMATS)
 
 
 def apply_chat_template_kwargs(settings: Any, value: str, spelling: str) -> None:
@@ -347,32 +382,32 @@ def apply_chat_template_kwargs(settings: Any, value: str, spelling: str) -> None
         raise StartupRefusal(f"invalid value for {spelling}: {value!r} (expected a JSON object)")
     # the dedicated --reasoning* flags may already have set their keys; they win (logged)
     for key, v in parsed.items():
-        if key in settings.chat_template_kwargs:  # set by --reasoning* earlier
+        if key in settings.chat.template_kwargs:  # set by --reasoning* earlier
             settings.notices.append(f"{spelling}: '{key}' is also set by a dedicated flag, which wins")
             continue
-        settings.chat_template_kwargs[key] = v
+        settings.chat.template_kwargs[key] = v
 
 
 def apply_reasoning(settings: Any, value: str, spelling: str) -> None:
     value = one_of(value, spelling, ("on", "off", "auto"))
     if value != "auto":
-        settings.chat_template_kwargs["enable_thinking"] = value == "on"
+        settings.chat.template_kwargs["enable_thinking"] = value == "on"
 
 
 def apply_reasoning_effort(settings: Any, value: str, spelling: str) -> None:
     if value != "default":
-        settings.chat_template_kwargs["reasoning_effort"] = value
+        settings.chat.template_kwargs["reasoning_effort"] = value
 
 
 def apply_reasoning_budget(settings: Any, value: str, spelling: str) -> None:
     n = as_int(value, spelling)
     if n < -1:
         raise StartupRefusal(f"{spelling} {value}: the budget is a token count, or -1 for no limit")
-    settings.reasoning_budget = n
+    settings.chat.reasoning_budget = n
 
 
 def apply_reasoning_preserve(settings: Any, value: Any, spelling: str) -> None:
-    settings.chat_template_kwargs["preserve_reasoning"] = bool(value)
+    settings.chat.template_kwargs["preserve_reasoning"] = bool(value)
 
 
 # --- RoPE overrides (--rope-*, --yarn-*): semantics in mlxcel/models/rope_overrides.py ----------
@@ -389,9 +424,9 @@ def rope(field: str, conv: str = "float", *, inverse: bool = False, positive: bo
             raise StartupRefusal(f"invalid value for {spelling}: {value!r} (expected a number > 0)")
         if inverse:
             v = 1.0 / v
-        if field == "freq_scale" and settings.rope.freq_scale > 0:
+        if field == "freq_scale" and settings.backend.rope.freq_scale > 0:
             raise StartupRefusal(f"{spelling}: --rope-scale and --rope-freq-scale set the same factor; give one")
-        settings.rope = replace(settings.rope, **{field: v})
+        settings.backend.rope = replace(settings.backend.rope, **{field: v})
 
     return apply
 
@@ -401,7 +436,7 @@ def apply_rope_scaling(settings: Any, value: str, spelling: str) -> None:
 
     from mlxcel.config.rope import SCALING_TYPES
 
-    settings.rope = replace(settings.rope, scaling=one_of(value, spelling, SCALING_TYPES))
+    settings.backend.rope = replace(settings.backend.rope, scaling=one_of(value, spelling, SCALING_TYPES))
 
 
 def apply_slot_save_path(settings: Any, value: str, spelling: str) -> None:
@@ -409,16 +444,17 @@ def apply_slot_save_path(settings: Any, value: str, spelling: str) -> None:
     path = Path(value).expanduser()
     if not path.is_dir():
         raise StartupRefusal(f"invalid value for {spelling}: not a directory: {value}")
-    settings.slot_save_path = path.resolve()
+    settings.server.slot_save_path = path.resolve()
 
 
-def apply_image_tokens(field: str):
+def apply_image_tokens(path: str):
     """--image-min-tokens / --image-max-tokens: an integer; <= 0 means the checkpoint's own bound."""
+    field_path(path)
 
     def apply(settings: Any, value: Any, spelling: str) -> None:
         n = as_int(value, spelling)
-        setattr(settings, field, n if n > 0 else None)
-        lo, hi = settings.image_min_tokens, settings.image_max_tokens
+        assign(settings, path, n if n > 0 else None)
+        lo, hi = settings.media.image_min_tokens, settings.media.image_max_tokens
         if lo is not None and hi is not None and hi < lo:
             raise StartupRefusal(f"--image-max-tokens {hi} is below --image-min-tokens {lo}")
 
@@ -430,4 +466,4 @@ def apply_media_path(settings: Any, value: str, spelling: str) -> None:
     path = Path(value).expanduser()
     if not path.is_dir():
         raise StartupRefusal(f"invalid value for {spelling}: not a directory: {value}")
-    settings.media_path = path.resolve()
+    settings.media.media_path = path.resolve()

@@ -35,7 +35,10 @@ def chat_template(from_file: bool):
         except jinja2.TemplateSyntaxError as e:
             raise StartupRefusal(f"{spelling}: the chat template is not valid Jinja (line {e.lineno}: "
                                    f"{e.message})") from None
-        setattr(settings, "chat_template_file" if from_file else "chat_template", text)
+        if from_file:
+            settings.chat.template_file = text
+        else:
+            settings.chat.template = text
 
     return apply
 

@@ -28,17 +28,17 @@ def _checked_specs(values: list[str], spelling: str, parse) -> list:
 
 def apply_lora(settings: Any, values: list[str], spelling: str) -> None:
     # --lora's adapters ahead of --lora-scaled's
-    settings.lora = [*_checked_specs(values, spelling, parse_lora), *settings.lora]
+    settings.lora.adapters = [*_checked_specs(values, spelling, parse_lora), *settings.lora.adapters]
 
 
 def apply_lora_scaled(settings: Any, values: list[str], spelling: str) -> None:
-    settings.lora = [*settings.lora, *_checked_specs(values, spelling, parse_lora_scaled)]
+    settings.lora.adapters = [*settings.lora.adapters, *_checked_specs(values, spelling, parse_lora_scaled)]
 
 
 def refuse_without_generation(settings: Any) -> None:
     """Adapters on a server that runs no generation model (--embeddings / --reranking) would
     be parsed and never used: refused instead."""
-    if settings.lora:
+    if settings.lora.adapters:
         raise StartupRefusal("--lora / --lora-scaled: LoRA adapters apply to a generation model, and this server "
                              "runs none (--embeddings / --reranking)")
 

@@ -86,6 +86,20 @@ class Option:
         return None
 
 
+def own(path: str) -> str:
+    """A default the table shows that mlxcel shares with b10621, read from where it is declared
+    (a ServerSettings section, "server.port"; deeper paths reach into a section's value), as
+    b10621's help prints it: true/false, two decimals for a float."""
+    from mlxcel.config.settings import ServerSettings
+
+    value: Any = ServerSettings()
+    for name in path.split("."):
+        value = getattr(value, name)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return f"{value:.2f}" if isinstance(value, float) else str(value)
+
+
 def make(
     spellings: str,
     kind: str = FLAG,

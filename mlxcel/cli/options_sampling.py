@@ -1,6 +1,6 @@
 """How b10621's sampling flags land in `ServerSettings`: the server-wide sampler defaults.
 
-Each honoured flag writes one `SamplingParams` field into `settings.sampling` (the field names
+Each honoured flag writes one `SamplingParams` field into `settings.sampling.overrides` (the field names
 are the native request's), so a request inherits the value wherever it sends no field of its
 own. Value domains follow b10621's argument parser: `--repeat-last-n` and `--dry-penalty-last-n`
 take -1 ("the whole context") and nothing lower, `--dry-base 0` keeps the default, `--mirostat`
@@ -33,7 +33,7 @@ def sampler_letters(samplers: tuple[str, ...]) -> str:
 
 
 def _store(settings: Any, field: str, value: Any) -> None:
-    settings.sampling[field] = value
+    settings.sampling.overrides[field] = value
 
 
 def number(field: str, conv: str = "float", *, minimum: float | None = None, allowed: tuple | None = None):
@@ -85,7 +85,7 @@ def apply_dry_sequence_breakers(settings: Any, values: list[str], _spelling: str
             out.clear()
         else:
             out.append(v)
-    settings.dry_sequence_breakers_raw = out
+    settings.sampling.dry_sequence_breakers_raw = out
 
 
 _BIAS = re.compile(r"\s*([+-]?\d+)\s*([+-])(.*)", re.DOTALL)
@@ -107,14 +107,14 @@ def apply_logit_bias(settings: Any, values: list[str], spelling: str) -> None:
     """Repeatable: each occurrence adds one (token, bias); a token named twice adds up."""
     for v in values:
         try:
-            settings.logit_bias.append(parse_logit_bias(v))
+            settings.sampling.logit_bias.append(parse_logit_bias(v))
         except ValueError as e:
             raise StartupRefusal(f"invalid value for {spelling}: {v!r} ({e}; expected TOKEN_ID+BIAS or "
                                  f"TOKEN_ID-BIAS)") from None
 
 
 def apply_ignore_eos(settings: Any, value: Any, _spelling: str) -> None:
-    settings.ignore_eos = bool(value)
+    settings.sampling.ignore_eos = bool(value)
 
 
 _ESCAPES = {"n": "\n", "r": "\r", "t": "\t", "'": "'", '"': '"', "\\": "\\", "a": "\a", "b": "\b",
@@ -147,11 +147,11 @@ def finish_sampling(settings: Any) -> None:
     """Resolve the breakers' escapes and refuse a default set the chain cannot run with."""
     from mlxcel.engine.sampling_params import SamplingParams
 
-    raw = settings.dry_sequence_breakers_raw
+    raw = settings.sampling.dry_sequence_breakers_raw
     if raw is not None:
-        settings.sampling["dry_sequence_breakers"] = tuple(
-            process_escapes(b) if settings.escape else b for b in raw)
+        settings.sampling.overrides["dry_sequence_breakers"] = tuple(
+            process_escapes(b) if settings.sampling.escape else b for b in raw)
     try:
-        SamplingParams(**settings.sampling)
+        SamplingParams(**settings.sampling.overrides)
     except ValueError as e:
         raise StartupRefusal(f"invalid sampling defaults: {e}") from None

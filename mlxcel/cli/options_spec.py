@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from mlxcel.cli.options_apply import as_float, as_int
+from mlxcel.cli.options_apply import as_float, as_int, assign, field_path
 from mlxcel.config.refusal import StartupRefusal
 
 IMPLEMENTED = ("draft-simple", "ngram-simple")
@@ -46,15 +46,17 @@ def apply_spec_type(settings: Any, value: str, spelling: str) -> None:
     chosen = [t for t in dict.fromkeys(types) if t != "none"]
     if len(chosen) > 1:
         raise StartupRefusal(f"{spelling} {value}: mlxcel runs one drafter at a time; pick one of {', '.join(chosen)}")
-    settings.spec_type = chosen[0] if chosen else "none"
+    settings.spec.type = chosen[0] if chosen else "none"
 
 
-def bounded_int(field: str, low: int):
+def bounded_int(path: str, low: int):
+    field_path(path)
+
     def apply(settings: Any, value: str, spelling: str) -> None:
         n = as_int(value, spelling)
         if n < low:
             raise StartupRefusal(f"invalid value for {spelling}: {value!r} (expected an integer >= {low})")
-        setattr(settings, field, n)
+        assign(settings, path, n)
 
     return apply
 
@@ -67,7 +69,7 @@ def _probability(value: str, spelling: str) -> float:
 
 
 def apply_p_min(settings: Any, value: str, spelling: str) -> None:
-    settings.spec_draft_p_min = _probability(value, spelling)
+    settings.spec.draft_p_min = _probability(value, spelling)
 
 
 def apply_p_split(_settings: Any, value: str, spelling: str) -> None:
@@ -76,7 +78,7 @@ def apply_p_split(_settings: Any, value: str, spelling: str) -> None:
 
 
 def apply_draft_model(settings: Any, value: str, _spelling: str) -> None:
-    settings.spec_draft_model = value.strip()
+    settings.spec.draft_model = value.strip()
 
 
 def apply_draft_hf(settings: Any, value: str, spelling: str) -> None:
@@ -87,7 +89,7 @@ def apply_draft_hf(settings: Any, value: str, spelling: str) -> None:
         base, quant = repo.rsplit(":", 1)
         raise StartupRefusal(f"{spelling} {value}: the ':{quant}' suffix selects a GGUF quantization; mlxcel loads a "
                              f"whole MLX checkpoint, so name an MLX repository (e.g. {spelling} {base})")
-    settings.spec_draft_hf = repo
+    settings.spec.draft_hf = repo
 
 
 def refuse_lookup_cache(_settings: Any, value: str, spelling: str) -> None:
@@ -99,16 +101,17 @@ def refuse_lookup_cache(_settings: Any, value: str, spelling: str) -> None:
 def resolve_draft(settings: Any, resolve_ref) -> Path | None:
     """The draft checkpoint's path (--spec-draft-hf wins over --spec-draft-model, as --hf-repo
     wins over -m), through the same store resolution as the target; None without one."""
-    if settings.spec_draft_hf:
-        return resolve_ref(settings, settings.spec_draft_hf, "--spec-draft-hf")
-    if settings.spec_draft_model:
-        return resolve_ref(settings, settings.spec_draft_model, "--spec-draft-model")
+    if settings.spec.draft_hf:
+        return resolve_ref(settings, settings.spec.draft_hf, "--spec-draft-hf")
+    if settings.spec.draft_model:
+        return resolve_ref(settings, settings.spec.draft_model, "--spec-draft-model")
     return None
 
 
-def check_draft(settings: Any, target: Path, draft: Path) -> None:
+def check_draft(settings: Any, target: Path, draft: Path, placed) -> None:
     """Before the load: the draft must share the target's vocabulary token for token and run on
-    the backend the target was given; its model_type, like the target's, must be one mlxcel serves."""
+    the backend the target was given (`placed`, its backends.select.Choice); its model_type, like
+    the target's, must be one mlxcel serves."""
     import json
 
     from transformers import AutoTokenizer
@@ -125,16 +128,16 @@ def check_draft(settings: Any, target: Path, draft: Path) -> None:
     if vocab[0] != vocab[1]:
         raise StartupRefusal(f"--spec-draft-model {draft.name}: its vocabulary differs from the target's; a draft "
                              f"model must share the target's tokenizer token for token")
-    choice = select_backend(settings, draft)
-    if choice.backend != settings.backend:
+    choice = select_backend(settings, draft, placed)
+    if choice.backend != placed.backend:
         raise StartupRefusal(f"--spec-draft-model {draft.name}: it would run on {choice.backend} while the target runs "
-                             f"on {settings.backend}; pick a draft checkpoint both can share")
+                             f"on {placed.backend}; pick a draft checkpoint both can share")
 
 
 def refuse_unused(settings: Any, mode: str) -> None:
     """Speculation asked for where no single generation model runs (the router, or an
     --embeddings / --reranking server) would be parsed and never used: refused instead."""
-    if settings.spec_type not in (None, "none") or settings.spec_draft_model or settings.spec_draft_hf:
+    if settings.spec.type not in (None, "none") or settings.spec.draft_model or settings.spec.draft_hf:
         raise StartupRefusal(f"--spec-type / --spec-draft-model / --spec-draft-hf: speculative decoding drafts for the "
                              f"-m generation model, and this server runs {mode}")
 
@@ -145,7 +148,7 @@ def spec_config(settings: Any, draft_path: Path | None):
     even loaded); draft-simple without a draft model is refused."""
     from mlxcel.engine.speculative import DRAFT, NGRAM_SIMPLE, SpecConfig
 
-    kind = settings.spec_type
+    kind = settings.spec.type
     if kind is None:
         kind = DRAFT if draft_path is not None else "none"
     if kind == "none":
@@ -156,9 +159,9 @@ def spec_config(settings: Any, draft_path: Path | None):
     if kind == NGRAM_SIMPLE and draft_path is not None:
         raise StartupRefusal("--spec-type ngram-simple drafts without a model; drop --spec-draft-model, or use "
                              "--spec-type draft-simple")
-    if settings.spec_draft_n_min > settings.spec_draft_n_max and kind == DRAFT:
-        raise StartupRefusal(f"--spec-draft-n-min {settings.spec_draft_n_min} exceeds --spec-draft-n-max "
-                             f"{settings.spec_draft_n_max}: every draft would be dropped")
-    return SpecConfig(kind=kind, n_max=settings.spec_draft_n_max, n_min=settings.spec_draft_n_min,
-                      p_min=settings.spec_draft_p_min, ngram_size_n=settings.spec_ngram_simple_size_n,
-                      ngram_size_m=settings.spec_ngram_simple_size_m, draft_model=draft_path)
+    if settings.spec.draft_n_min > settings.spec.draft_n_max and kind == DRAFT:
+        raise StartupRefusal(f"--spec-draft-n-min {settings.spec.draft_n_min} exceeds --spec-draft-n-max "
+                             f"{settings.spec.draft_n_max}: every draft would be dropped")
+    return SpecConfig(kind=kind, n_max=settings.spec.draft_n_max, n_min=settings.spec.draft_n_min,
+                      p_min=settings.spec.draft_p_min, ngram_size_n=settings.spec.ngram_simple_size_n,
+                      ngram_size_m=settings.spec.ngram_simple_size_m, draft_model=draft_path)

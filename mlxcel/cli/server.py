@@ -21,6 +21,7 @@ from mlxcel.config.refusal import StartupRefusal
 from mlxcel.config.settings import ServerSettings
 
 if TYPE_CHECKING:
+    from mlxcel.backends.select import Choice
     from mlxcel.runtime.served import Startup
 
 log = logging.getLogger("mlxcel.server")
@@ -31,9 +32,9 @@ def resolve_ref(settings: ServerSettings, ref: str, flag: str) -> Path:
     from mlxcel.store.resolve import ModelNotAvailable, ModelSourceRefused, resolve_model
 
     try:
-        return resolve_model(ref, root=store_root(settings.model_store_root, os.environ),
-                             default_org=settings.default_org, offline=settings.offline,
-                             hf_token=settings.hf_token, flag=flag)
+        return resolve_model(ref, root=store_root(settings.source.model_store_root, os.environ),
+                             default_org=settings.source.default_org, offline=settings.source.offline,
+                             hf_token=settings.source.hf_token, flag=flag)
     except (ModelSourceRefused, ModelNotAvailable) as e:
         raise StartupRefusal(str(e)) from None
 
@@ -43,26 +44,26 @@ def resolve(settings: ServerSettings) -> tuple[Path, Startup]:
     refusal here stops startup before the load thread starts."""
     from mlxcel.cli.options_apply import check_gpu_layers
 
-    if not settings.model:
+    if not settings.source.model:
         raise StartupRefusal("no model given: pass -m <checkpoint dir | owner/name | name> (or --hf-repo)")
-    path = resolve_ref(settings, settings.model, "--hf-repo" if settings.hf_repo else "-m")
+    path = resolve_ref(settings, settings.source.model, "--hf-repo" if settings.source.hf_repo else "-m")
     config = json.loads((path / "config.json").read_text())
     refuse_unsupported(config)
     layers = config.get("num_hidden_layers") or config.get("text_config", {}).get("num_hidden_layers")
     if layers:
         check_gpu_layers(settings, int(layers))
-    reason = choose_backend(settings, path)
+    placement = choose_backend(settings, path)
     check_model_overrides(settings, config)
     from mlxcel.cli.options_spec import check_draft, resolve_draft, spec_config
     from mlxcel.runtime.load import load_for_checkpoint
     from mlxcel.runtime.served import Startup
 
     lora = load_for_checkpoint(settings, path)  # read and fit-checked now: a misfit stops startup before the load
-    draft = resolve_draft(settings, resolve_ref) if settings.spec_type != "none" else None
+    draft = resolve_draft(settings, resolve_ref) if settings.spec.type != "none" else None
     speculative = spec_config(settings, draft)
     if draft is not None:
-        check_draft(settings, path, draft)
-    return path, Startup(backend_reason=reason, lora=lora, speculative=speculative)
+        check_draft(settings, path, draft, placement)
+    return path, Startup(placement=placement, lora=lora, speculative=speculative)
 
 
 def refuse_unsupported(config: dict) -> None:
@@ -82,11 +83,11 @@ def check_model_overrides(settings: ServerSettings, config: dict) -> None:
     from mlxcel.models.rope_overrides import RopeRefused, config_overrides
 
     try:
-        config_overrides(config, settings.rope)
+        config_overrides(config, settings.backend.rope)
     except RopeRefused as e:
         raise StartupRefusal(str(e)) from None
     n_vocab = config.get("vocab_size")
-    for tok, _ in settings.logit_bias:
+    for tok, _ in settings.sampling.logit_bias:
         if isinstance(n_vocab, int) and not 0 <= tok < n_vocab:
             raise StartupRefusal(f"--logit-bias {tok}: token id outside the model's vocabulary (0..{n_vocab - 1})")
 
@@ -109,15 +110,15 @@ def report_blas(blas) -> None:
     (log.warning if blas.warn else log.info)("%s", blas.detail)
 
 
-def choose_backend(settings: ServerSettings, path: Path | None) -> str:
-    """Settle --backend/--device before the load thread starts, so a refusal stops startup;
-    returns why they were chosen (the startup line, /props)."""
+def choose_backend(settings: ServerSettings, path: Path | None) -> Choice:
+    """Settle --backend/--device before the load thread starts, so a refusal stops startup.
+    Returns the choice (backend, device, why: the startup line, /props) for runtime `Startup`;
+    settings keep what was asked for."""
     from mlxcel.runtime.load import select_backend
 
     choice = select_backend(settings, path)
     log.info("backend %s on %s (%s)", choice.backend, choice.device, choice.reason)
-    settings.backend, settings.device = choice.backend, choice.device
-    return choice.reason
+    return choice
 
 
 def prepare_cpu_runtime(environ) -> None:
@@ -138,11 +139,11 @@ def main(argv: list[str] | None = None, prog: str = "mlxcel-server") -> int:
     blas = enable_fast_blas(report=False)
     for notice in settings.notices:
         log.warning("%s", notice)
-    if settings.vertex_predict_route:
+    if settings.server.vertex_predict_route:
         from mlxcel.api.app import registered_paths
         from mlxcel.api.vertex import check_predict_route
 
-        check_predict_route(settings.vertex_predict_route, registered_paths())
+        check_predict_route(settings.server.vertex_predict_route, registered_paths())
     from mlxcel.workers.checkpoint import EMBEDDING, RERANKER
     from mlxcel.workers.plan import plan as plan_workers
 
@@ -166,7 +167,10 @@ def main(argv: list[str] | None = None, prog: str = "mlxcel-server") -> int:
 
         refuse_unused(settings, "none (--embeddings / --reranking)")
     if path is None and any(s.kind in (EMBEDDING, RERANKER) for s in plan.sides):
-        choose_backend(settings, None)  # an embedder / reranker runs on the same choice (Whisper is MLX's)
+        from mlxcel.runtime.served import Startup
+
+        # an embedder / reranker runs on the same choice (Whisper is MLX's)
+        startup = Startup(placement=choose_backend(settings, None))
     report_blas(blas)
     serve(settings, path, plan, startup)
     return 0
@@ -188,13 +192,14 @@ def serve(settings: ServerSettings, path: Path | None, plan=None, startup: Start
     if "uds" not in kwargs:  # bound before the load starts, so a busy port stops startup cleanly
         from mlxcel.cli.listen import bind_listener, bound_port
 
-        sock = bind_listener(kwargs["host"], kwargs["port"], settings.reuse_port)
+        sock = bind_listener(kwargs["host"], kwargs["port"], settings.server.reuse_port)
         kwargs["port"] = bound_port(sock)
-    root = store_root(settings.model_store_root, os.environ)
+    root = store_root(settings.source.model_store_root, os.environ)
     # a server started with a generation model may switch it (api/model_switch.py)
     host = ModelHost(settings, startup or Startup(), switching=path is not None)
     state = AppState(settings=settings, host=host, plan=plan if plan is not None and plan.sides else None,
-                     store_root=root, steering_store=SteeringStore(settings.state_dir or root / ".mlxcel-state"))
+                     store_root=root,
+                     steering_store=SteeringStore(settings.steering.state_dir or root / ".mlxcel-state"))
     app = build_app(state)
 
     def load() -> None:
@@ -205,7 +210,7 @@ def serve(settings: ServerSettings, path: Path | None, plan=None, startup: Start
                 log.info("model %s loaded: %s on %s/%s, compute dtype %s, context %d",
                          state.model.id, info.model_type, info.backend, info.device, info.dtype, state.model.n_ctx)
             if state.plan is not None:
-                load_side_workers(state, settings)
+                load_side_workers(state, settings, host.startup.placement)
         except Exception as e:  # keep serving /health's 503 and say why
             state.load_error = str(e)
             log.exception("model load failed")
@@ -213,7 +218,7 @@ def serve(settings: ServerSettings, path: Path | None, plan=None, startup: Start
     threading.Thread(target=load, name="mlxcel-load", daemon=True).start()
     scheme = "https" if "ssl_keyfile" in kwargs else "http"
     log.info("listening on %s", kwargs.get("uds") or f"{scheme}://{kwargs['host']}:{kwargs['port']}"
-             + (" (SO_REUSEPORT)" if settings.reuse_port and sock is not None else ""))
+             + (" (SO_REUSEPORT)" if settings.server.reuse_port and sock is not None else ""))
     if sock is None:
         uvicorn.run(app, log_level="warning", **kwargs)
     else:
@@ -239,17 +244,18 @@ def serve_router(settings: ServerSettings) -> None:
 
     select_backend(settings, None)  # an explicit --backend / --device that cannot be honoured stops here;
     # each model settles "auto" for its own checkpoint when it loads (an MLX-quantized one needs MLX)
-    root = store_root(settings.model_store_root, os.environ)
-    preset = parse_preset(settings.models_preset) if settings.models_preset is not None else None
+    root = store_root(settings.source.model_store_root, os.environ)
+    preset = parse_preset(settings.router.models_preset) if settings.router.models_preset is not None else None
     try:
         pool = RouterPool(settings, root, preset, model_settings,
-                          SteeringStore(settings.state_dir or root / ".mlxcel-state"))
+                          SteeringStore(settings.steering.state_dir or root / ".mlxcel-state"))
     except RegistryError as e:
         raise StartupRefusal(str(e)) from None
     for slot in pool.slots.values():
         model_settings(settings, slot.entry.sections)  # a bad preset value refuses now, not at first load
     log.info("router mode: %d models (%s); --models-max %d, autoload %s", len(pool.slots),
-             ", ".join(sorted(pool.slots)) or "none", settings.models_max, "on" if settings.models_autoload else "off")
+             ", ".join(sorted(pool.slots)) or "none", settings.router.models_max,
+             "on" if settings.router.models_autoload else "off")
     kwargs = uvicorn_kwargs(settings)
     app = wrap_app(RouterApp(pool), settings)
     try:
@@ -258,7 +264,7 @@ def serve_router(settings: ServerSettings) -> None:
         else:
             from mlxcel.cli.listen import bind_listener, bound_port
 
-            sock = bind_listener(kwargs["host"], kwargs["port"], settings.reuse_port)
+            sock = bind_listener(kwargs["host"], kwargs["port"], settings.server.reuse_port)
             kwargs["port"] = bound_port(sock)
             log.info("listening on http%s://%s:%s (router)", "s" if "ssl_keyfile" in kwargs else "",
                      kwargs["host"], kwargs["port"])

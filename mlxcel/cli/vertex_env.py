@@ -28,8 +28,8 @@ def apply_vertex_env(settings: Any, environ: Mapping[str, str]) -> None:
         port = int(raw_port)
     except ValueError:
         raise StartupRefusal(f"AIP_HTTP_PORT={raw_port}: expected a port number") from None
-    if port != settings.port:
-        settings.notices.append(f"Vertex AI: AIP_HTTP_PORT {port} overrides the server port {settings.port}")
-    settings.port = port
-    settings.vertex_predict_route = _route(environ.get("AIP_PREDICT_ROUTE"), "/predict")
-    settings.vertex_health_route = _route(environ.get("AIP_HEALTH_ROUTE"), None)
+    if port != settings.server.port:
+        settings.notices.append(f"Vertex AI: AIP_HTTP_PORT {port} overrides the server port {settings.server.port}")
+    settings.server.port = port
+    settings.server.vertex_predict_route = _route(environ.get("AIP_PREDICT_ROUTE"), "/predict")
+    settings.server.vertex_health_route = _route(environ.get("AIP_HEALTH_ROUTE"), None)

@@ -88,9 +88,9 @@ def mounted_routes() -> set[tuple[str, str]] | None:
         # Routing needs no model: an AppState whose model is still absent mounts every route.
         # Vertex AI mode is on so its POST /predict counts, as b10621's own inventory counts it.
         from mlxcel.api.state import AppState
-        from mlxcel.config.settings import ServerSettings
+        from mlxcel.config.settings import ServerSection, ServerSettings
 
-        app = build_app(AppState(settings=ServerSettings(vertex_predict_route="/predict")))
+        app = build_app(AppState(settings=ServerSettings(server=ServerSection(vertex_predict_route="/predict"))))
     elif not required:
         app = build_app()
     else:

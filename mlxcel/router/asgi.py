@@ -47,7 +47,8 @@ class RouterApp:
                 raise RouterError(400, "model name is missing from the request")
             if slot is None:
                 raise RouterError(400, f"model '{name}' not found")
-            autoload = query["autoload"] in ("true", "1") if "autoload" in query else self.pool.settings.models_autoload
+            autoload = (query["autoload"] in ("true", "1") if "autoload" in query
+                        else self.pool.settings.router.models_autoload)
             child = await self.pool.ready(slot, autoload)
         except RouterError as e:
             return await _send_error(send, e)

@@ -94,7 +94,7 @@ class RouterPool:
 
     def rescan(self) -> None:
         """Re-read the sources; loaded and downloading models stay, vanished idle ones go."""
-        found = discover(self.store_root, self.settings.models_dir, self.preset, self.settings.default_org)
+        found = discover(self.store_root, self.settings.router.models_dir, self.preset, self.settings.source.default_org)
         for name, entry in found.items():
             if name in self.slots:
                 self.slots[name].entry = entry
@@ -181,7 +181,7 @@ class RouterPool:
         task.add_done_callback(self._tasks.discard)
 
     async def _make_room(self) -> None:
-        limit = self.settings.models_max
+        limit = self.settings.router.models_max
         while limit > 0 and sum(s.running for s in self.slots.values()) >= limit:
             loaded = [s for s in self.slots.values() if s.status == "loaded" and not s.stopping]
             if not loaded:
@@ -257,7 +257,7 @@ class RouterPool:
         async def run() -> None:
             ok = True
             try:
-                await asyncio.to_thread(download, repo_id, Path(self.store_root), hf_token=self.settings.hf_token,
+                await asyncio.to_thread(download, repo_id, Path(self.store_root), hf_token=self.settings.source.hf_token,
                                         fetch=fetch_with_progress(progress))
             except DownloadFailed as e:
                 ok, slot.failure = False, str(e)
@@ -315,10 +315,9 @@ def _build_child(settings: ServerSettings, configure: Configure, entry: ModelEnt
     if entry.path is None:
         raise RuntimeError(f"{entry.repo_id} is not in the model store {store_root}; POST /models downloads it")
     own = configure(settings, entry.sections)
-    own.model, own.alias, own.tags = entry.name, list(entry.aliases), list(entry.tags)
+    own.source.model, own.source.alias, own.source.tags = entry.name, list(entry.aliases), list(entry.tags)
     choice = select_backend(own, entry.path)
-    own.backend, own.device = choice.backend, choice.device
-    host = ModelHost(own, Startup(backend_reason=choice.reason))
+    host = ModelHost(own, Startup(placement=choice))  # its loads ask for this choice, as the CLI's do
     try:
         host.check(entry.path)
     except LoadRefused as e:

@@ -128,17 +128,17 @@ async def router_download(request: Request, pool: RouterPool) -> Any:
     why = refusal(name, "model")
     if why:
         raise RouterError(400, why)
-    repo_id = expand(name, pool.settings.default_org)
+    repo_id = expand(name, pool.settings.source.default_org)
     try:
         parse_repo_id(repo_id)
     except InvalidRepoId as e:
         raise RouterError(400, f"model {name!r}: {e}") from None
-    if pool.settings.offline:
+    if pool.settings.source.offline:
         raise RouterError(400, f"--offline forbids downloading {repo_id}")
     if pool.store_root is None:
         raise RouterError(500, "no model store to download into (--model-store-root)")
     try:
-        await asyncio.to_thread(probe, repo_id, pool.settings.hf_token)
+        await asyncio.to_thread(probe, repo_id, pool.settings.source.hf_token)
     except ProbeFailed as e:
         raise RouterError(500, str(e)) from None
     if pool.find(repo_id) is not None or pool.find(name) is not None:
@@ -176,8 +176,8 @@ async def router_events(pool: RouterPool) -> Stream:
 
 @get("/props", name="router-props")
 async def router_props(pool: RouterPool) -> dict:
-    return {"role": "router", "max_instances": pool.settings.models_max,
-            "models_autoload": pool.settings.models_autoload, "model_alias": "llama-server", "model_path": "none",
+    return {"role": "router", "max_instances": pool.settings.router.models_max,
+            "models_autoload": pool.settings.router.models_autoload, "model_alias": "llama-server", "model_path": "none",
             "default_generation_settings": {"params": {}, "n_ctx": 0}, "ui_settings": {},
             "build_info": f"mlxcel-{__version__}", "cors_proxy_enabled": False}
 

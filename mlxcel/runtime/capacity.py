@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from mlxcel.backends.select import Choice
 from mlxcel.config.refusal import StartupRefusal
 from mlxcel.config.settings import ServerSettings
 from mlxcel.models.registry import UnsupportedModelType, family_for
@@ -54,10 +55,12 @@ def available_memory_bytes(device: str) -> int | None:
     return None
 
 
-def check_loadable(settings: ServerSettings, path: Path, current: ServedModel | None) -> int:
+def check_loadable(settings: ServerSettings, path: Path, current: ServedModel | None,
+                   placed: Choice | None = None) -> int:
     """Everything a switch to `path` can be refused for while `current` (the loaded model, or
     None) still serves: not a generation checkpoint, a quantization this backend cannot run,
-    weights larger than the memory budget. Returns the estimate."""
+    weights larger than the memory budget. Returns the estimate. `placed`: the backend and device
+    settled at startup, which the switch target would be loaded on."""
     try:
         config = json.loads((Path(path) / "config.json").read_text())
     except (OSError, ValueError) as e:
@@ -70,14 +73,14 @@ def check_loadable(settings: ServerSettings, path: Path, current: ServedModel | 
         raise LoadRefused(500, "model_load_failed", f"{path} holds no *.safetensors weights")
     quant = config.get("quantization")
     try:
-        choice = select_backend(settings, Path(path))
+        choice = select_backend(settings, Path(path), placed)
     except StartupRefusal as e:
         code = "unsupported_quantization" if quant else "model_load_failed"
         raise LoadRefused(400 if quant else 500, code, str(e)) from None
     dtype = current.info.dtype if current is not None and not quant else None
     need = estimated_bytes(path, dtype)
-    if settings.model_memory_budget_mib is not None:
-        budget, where = settings.model_memory_budget_mib << 20, "the --model-memory-budget"
+    if settings.engine.model_memory_budget_mib is not None:
+        budget, where = settings.engine.model_memory_budget_mib << 20, "the --model-memory-budget"
     else:
         free = available_memory_bytes(choice.device)
         if free is None:

@@ -90,7 +90,7 @@ class ModelHost:
     def check(self, path: Path) -> int:
         """What a load of `path` is refused for while the held model still serves (quick file
         reads; raises capacity.LoadRefused); the weights' estimated size."""
-        return check_loadable(self.settings, path, self.model)
+        return check_loadable(self.settings, path, self.model, self.startup.placement)
 
     def _enter(self, phase: str, target: str | None, previous: str | None) -> None:
         self.check_not_busy()
@@ -165,7 +165,7 @@ class ModelHost:
         """Drain, stop the engine, let the model go and release the memory; the id it had.
         Callers hold no reference to the model, so the clean-up can free its weights."""
         engine, served_id = self.model.engine, self.model.id
-        timeout = self.settings.graceful_unload_timeout
+        timeout = self.settings.engine.graceful_unload_timeout
         if not await asyncio.to_thread(engine.drain, timeout):
             log.warning("unloading %s: the graceful unload timeout (%ss) ran out with %d requests running; "
                         "they end with an error", served_id, timeout, engine.outstanding)

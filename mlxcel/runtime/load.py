@@ -35,70 +35,72 @@ from mlxcel.steering.manager import SteeringManager
 
 log = logging.getLogger("mlxcel.runtime")
 
-DEFAULT_CACHE_RAM_MIB = 2048  # mlxcel's --cache-ram default (b10621's is 8192)
-
 
 def resolve_sampling_defaults(settings: ServerSettings, gen_defaults, n_vocab: int | None = None) -> SamplingParams:
     """Flag > checkpoint generation_config.json > b10621 default for the four knobs a checkpoint
-    declares; every other sampler flag (`settings.sampling`, `-l`) over b10621's default."""
+    declares; every other sampler flag (`settings.sampling.overrides`, `-l`) over b10621's default."""
     def pick(flag, ckpt, default):
         return flag if flag is not None else (ckpt if ckpt is not None else default)
 
     b = B10621_SAMPLING
     bias: dict[int, float] = {}
-    for tok, value in settings.logit_bias:
+    for tok, value in settings.sampling.logit_bias:
         if n_vocab is not None and not 0 <= tok < n_vocab:
             raise StartupRefusal(f"--logit-bias {tok}: token id outside the model's vocabulary (0..{n_vocab - 1})")
         bias[tok] = bias.get(tok, 0.0) + value
     return SamplingParams(
-        temperature=pick(settings.temperature, gen_defaults.temperature, b.temperature),
-        top_k=pick(settings.top_k, gen_defaults.top_k, b.top_k),
-        top_p=pick(settings.top_p, gen_defaults.top_p, b.top_p),
-        min_p=pick(settings.min_p, gen_defaults.min_p, b.min_p),
-        seed=settings.seed if settings.seed >= 0 else None,
+        temperature=pick(settings.sampling.temperature, gen_defaults.temperature, b.temperature),
+        top_k=pick(settings.sampling.top_k, gen_defaults.top_k, b.top_k),
+        top_p=pick(settings.sampling.top_p, gen_defaults.top_p, b.top_p),
+        min_p=pick(settings.sampling.min_p, gen_defaults.min_p, b.min_p),
+        seed=settings.sampling.seed if settings.sampling.seed >= 0 else None,
         logit_bias=bias,
-        **settings.sampling,
+        **settings.sampling.overrides,
     )
 
 
 def cache_budget_bytes(settings: ServerSettings) -> int | None:
     """--prompt-cache-capacity-bytes, else --cache-ram in MiB: -1 no limit (None), 0 no prefix
-    cache, unset: mlxcel's 2048 MiB."""
-    if settings.prompt_cache_capacity_bytes is not None:
-        b = settings.prompt_cache_capacity_bytes
+    cache (the default is declared in config/settings.py KvSection)."""
+    if settings.kv.prompt_cache_capacity_bytes is not None:
+        b = settings.kv.prompt_cache_capacity_bytes
         return None if b < 0 else b
-    mib = settings.cache_ram_mib
-    if mib is None:
-        return DEFAULT_CACHE_RAM_MIB << 20
+    mib = settings.kv.cache_ram_mib
     return None if mib < 0 else mib << 20
 
 
-def select_backend(settings: ServerSettings, path: Path | None = None) -> select.Choice:
-    """Resolve --backend/--device for the checkpoint at `path`; refuses what cannot be honoured."""
+def select_backend(settings: ServerSettings, path: Path | None = None,
+                   placed: select.Choice | None = None) -> select.Choice:
+    """Resolve --backend/--device for the checkpoint at `path`; refuses what cannot be honoured.
+    `placed`: the choice settled for the -m model at startup (runtime `Startup.placement`), which
+    a later load asks for as given instead of resolving `auto` again."""
     config = json.loads((path / "config.json").read_text()) if path is not None else {}
+    backend, device = (placed.backend, placed.device) if placed is not None else \
+        (settings.backend.name, settings.backend.device)
     try:
-        choice = select.choose(settings.backend, settings.device, mlx_quantized=bool(config.get("quantization")),
-                        vision=is_vision(config), mlx_only=mlx_only(config))
+        choice = select.choose(backend, device, mlx_quantized=bool(config.get("quantization")),
+                               vision=is_vision(config), mlx_only=mlx_only(config))
     except select.BackendRefused as e:
         raise StartupRefusal(str(e)) from None
-    if choice.backend == "mlx" and choice.device != "cpu" and settings.threads > 0:
-        raise StartupRefusal(f"--threads {settings.threads}: on Metal the GPU runs MLX's products, there is no CPU "
-                             f"thread count to set (drop it, or pass --device cpu or --backend torch)")
-    if choice.backend == "mlx" and settings.torch_compile:
+    if choice.backend == "mlx" and choice.device != "cpu" and settings.backend.threads > 0:
+        raise StartupRefusal(f"--threads {settings.backend.threads}: on Metal the GPU runs MLX's products, there is no "
+                             f"CPU thread count to set (drop it, or pass --device cpu or --backend torch)")
+    if choice.backend == "mlx" and settings.backend.torch_compile:
         raise StartupRefusal("--torch-compile applies to the torch backend, whose forward it compiles "
                              "(drop it, or pass --backend torch)")
     return choice
 
 
-def load_backend(settings: ServerSettings, path: Path):
-    choice = select_backend(settings, path)
+def load_backend(settings: ServerSettings, path: Path, placed: select.Choice | None = None):
+    choice = select_backend(settings, path, placed)
     if choice.backend == "torch":
         if is_vision_checkpoint(path):
             from mlxcel.backends.torch.vlm import TorchVLMBackend as backend_class
         else:
             from mlxcel.backends.torch.backend import TorchBackend as backend_class
-        backend = backend_class(path, dtype=settings.dtype, device=choice.device, threads=settings.threads,
-                                rope=settings.rope, compile=settings.torch_compile, build_env=settings.build_env)
+        b = settings.backend
+        backend = backend_class(path, dtype=b.dtype, device=choice.device, threads=b.threads, rope=b.rope,
+                                compile=b.torch_compile, build_env=b.build_env)
         if backend.device.type == "cpu" and backend.info.dtype in ("bfloat16", "float32"):
             log.info("torch CPU: decode rows' %s linears via %s, prompt rows' via %s; fused ops: %s",
                      backend.info.dtype, backend.row_kernel, backend.prompt_linears, backend.fused_ops)
@@ -109,7 +111,8 @@ def load_backend(settings: ServerSettings, path: Path):
 
     if choice.device == "cpu":
         mx.set_default_device(mx.cpu)
-    backend = MLXBackend(path, dtype=settings.dtype, rope=settings.rope, threads=settings.threads)
+    b = settings.backend
+    backend = MLXBackend(path, dtype=b.dtype, rope=b.rope, threads=b.threads)
     if backend.split_modules:
         log.info("MLX CPU: %d large products split over %d threads (--threads)", backend.split_modules,
                  backend.threads)
@@ -126,50 +129,51 @@ def load_served_model(settings: ServerSettings, path: Path, served_id: str | Non
     (the model host passes its own)."""
     startup = startup or Startup()
     lora = None
-    if served_id is None and settings.lora:  # the adapters belong to the -m model, not to a switch target
+    if served_id is None and settings.lora.adapters:  # the adapters belong to the -m model, not to a switch target
         lora = startup.lora if startup.lora is not None else load_for_checkpoint(settings, path)
 
     def backend_with_adapters():
-        backend, choice = load_backend(settings, path)
+        backend, choice = load_backend(settings, path, startup.placement)
         if lora is not None:
             backend.attach_lora(lora.adapters)
         return backend, choice
 
     backend, choice = backend_with_adapters()
     tokenizer = Tokenizer(path)
-    template = settings.chat_template or settings.chat_template_file
+    template = settings.chat.template or settings.chat.template_file
     if template:  # --chat-template(-file) replaces the checkpoint's own template everywhere
         tokenizer.chat_template = template
     vision = load_vision(settings, path, backend, tokenizer)  # before the engine starts: it may refuse
-    n_ctx = settings.ctx_size if settings.ctx_size > 0 else backend.info.context_length
-    engine = Engine(backend, tokenizer, n_ctx=n_ctx, parallel=settings.parallel, batch_size=settings.batch_size,
-                    cache_prompt=settings.cache_prompt, cache_budget_bytes=cache_budget_bytes(settings),
-                    cont_batching=settings.cont_batching, max_queue_depth=settings.max_queue_depth,
-                    context_shift=settings.context_shift, keep=settings.keep, special=settings.special,
-                    sleep_idle_seconds=settings.sleep_idle_seconds, reload=lambda: backend_with_adapters()[0],
+    n_ctx = settings.engine.ctx_size if settings.engine.ctx_size > 0 else backend.info.context_length
+    e = settings.engine
+    engine = Engine(backend, tokenizer, n_ctx=n_ctx, parallel=e.parallel, batch_size=e.batch_size,
+                    cache_prompt=settings.kv.cache_prompt, cache_budget_bytes=cache_budget_bytes(settings),
+                    cont_batching=e.cont_batching, max_queue_depth=e.max_queue_depth,
+                    context_shift=e.context_shift, keep=e.keep, special=e.special,
+                    sleep_idle_seconds=e.sleep_idle_seconds, reload=lambda: backend_with_adapters()[0],
                     release_memory=release_memory)
     engine.lora = lora
     if served_id is None and startup.speculative is not None:  # the draft was chosen for the -m model only
-        engine.speculator = load_speculator(settings, startup.speculative, engine, tokenizer, choice.backend)
-    if settings.warmup:
+        engine.speculator = load_speculator(settings, startup.speculative, engine, tokenizer, choice)
+    if settings.engine.warmup:
         seq = engine.kv.new_sequence()
         backend.forward([ForwardRow([0], seq)])  # first-call costs off the request path
         engine.kv.release(seq, donate=False)
     engine.start()
     served = ServedModel(
         id=served_id or model_id(settings),
-        aliases=[] if served_id else list(settings.alias),
-        tags=[] if served_id else list(settings.tags),  # like the aliases, they name the -m model
+        aliases=[] if served_id else list(settings.source.alias),
+        tags=[] if served_id else list(settings.source.tags),  # like the aliases, they name the -m model
         info=backend.info,
         tokenizer=tokenizer,
         engine=engine,
         defaults=resolve_sampling_defaults(settings, tokenizer.generation_defaults, backend.info.vocab_size),
-        ignore_eos=settings.ignore_eos,
+        ignore_eos=settings.sampling.ignore_eos,
         n_ctx=engine.n_ctx_slot,
-        n_predict=settings.n_predict,
+        n_predict=settings.engine.n_predict,
         backend_reason=startup.backend_reason or choice.reason,
         steering=SteeringManager(int(backend.info.config.get("hidden_size") or 0), backend.info.num_layers,
-                                 settings.cluster_intensity_min, settings.circuit_intensity_min),
+                                 settings.steering.cluster_intensity_min, settings.steering.circuit_intensity_min),
         grammars=for_tokenizer(tokenizer, backend.info.vocab_size),
         lora=lora,
     )
@@ -179,16 +183,18 @@ def load_served_model(settings: ServerSettings, path: Path, served_id: str | Non
 
 
 def load_speculator(settings: ServerSettings, config: SpecConfig, engine: Engine, tokenizer: Tokenizer,
-                    backend_name: str) -> Speculator:
+                    target: select.Choice) -> Speculator:
     """The engine's Speculator for `config`: an n-gram drafter, or the draft checkpoint loaded on
-    the target's backend (the CLI checked its vocabulary and backend before the load started)."""
+    the target's backend and device, `target` (the CLI checked its vocabulary and backend before
+    the load started)."""
     if config.kind != DRAFT:
         return Speculator(config, NgramDrafter(config))
     path = config.draft_model
     # the draft runs as its checkpoint says: --rope-* overrides and LoRA adapters are the target's
-    draft, choice = load_backend(replace(settings, rope=RopeOverrides()), path)
-    if choice.backend != backend_name:
-        raise RuntimeError(f"the draft model {path.name} would run on {choice.backend}, the target on {backend_name}")
+    as_given = replace(settings, backend=replace(settings.backend, rope=RopeOverrides()))
+    draft, choice = load_backend(as_given, path, target)
+    if choice.backend != target.backend:
+        raise RuntimeError(f"the draft model {path.name} would run on {choice.backend}, the target on {target.backend}")
     drafter = ModelDrafter(draft, config, n_ctx_slot=engine.n_ctx_slot, parallel=engine.parallel,
                            batch_size=engine.batch_size, block_size=BLOCK_SIZE,
                            target_vocab=engine.backend.info.vocab_size)
@@ -199,10 +205,10 @@ def load_speculator(settings: ServerSettings, config: SpecConfig, engine: Engine
 def load_vision(settings: ServerSettings, path: Path, backend, tokenizer: Tokenizer | None) -> VisionInput | None:
     """A vision-language checkpoint's image side (models/vision.py), with the image-token budget
     applied; None for a text-only checkpoint. A budget it cannot honour refuses the load."""
-    budget = ImageBudget(settings.image_min_tokens, settings.image_max_tokens)
+    budget = ImageBudget(settings.media.image_min_tokens, settings.media.image_max_tokens)
     if not is_vision(backend.info.config):
         if budget.requested:  # no processor took the budget: the same refusal as a fixed-geometry one
-            flag = "--image-min-tokens" if settings.image_min_tokens else "--image-max-tokens"
+            flag = "--image-min-tokens" if settings.media.image_min_tokens else "--image-max-tokens"
             raise StartupRefusal(f"{path.name} takes no images, so {flag} has nothing to bound; drop {flag} or "
                                  f"serve a vision-language checkpoint")
         return None
@@ -218,9 +224,9 @@ def load_default_grammar(settings: ServerSettings, served: ServedModel) -> None:
     """Compile the --grammar / --json-schema default against the model's vocabulary. A
     schema was already checked at startup; a GBNF grammar that does not parse is logged
     and then refuses each request that would use it, as b10621 does."""
-    if settings.default_grammar is None:
+    if settings.sampling.grammar is None:
         return
-    kind, text = settings.default_grammar
+    kind, text = settings.sampling.grammar
     try:
         served.default_grammar = served.grammars.compile(kind, text)
     except GrammarError as e:
@@ -231,7 +237,7 @@ def load_default_grammar(settings: ServerSettings, served: ServedModel) -> None:
 
 
 def model_id(settings: ServerSettings) -> str:
-    return settings.alias[0] if settings.alias else str(settings.model)
+    return settings.source.alias[0] if settings.source.alias else str(settings.source.model)
 
 
 def load_for_checkpoint(settings: ServerSettings, path: Path) -> LoraSet | None:
@@ -239,17 +245,17 @@ def load_for_checkpoint(settings: ServerSettings, path: Path) -> LoraSet | None:
     (every term against the base's linear shapes from the safetensors headers, so a misfit
     refuses in one line before any weight is read), at their starting scales (0.0 each under
     --lora-init-without-apply); None without adapters."""
-    if not settings.lora:
+    if not settings.lora.adapters:
         return None
     config = json.loads((Path(path) / "config.json").read_text())
     shapes = checkpoint_shapes(path, config)
     adapters = []
     try:
-        for spec in settings.lora:
+        for spec in settings.lora.adapters:
             adapter = load_adapter(spec.path)
             validate(adapter, shapes)
             adapters.append(adapter)
     except LoraError as e:
         raise StartupRefusal(str(e)) from None
-    scales = [0.0 if settings.lora_init_without_apply else s.scale for s in settings.lora]
+    scales = [0.0 if settings.lora.init_without_apply else s.scale for s in settings.lora.adapters]
     return LoraSet(adapters, scales)

@@ -8,6 +8,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from mlxcel.backends.select import Choice
 from mlxcel.engine.backend import ModelInfo
 from mlxcel.engine.engine import Engine
 from mlxcel.engine.grammar import CompiledGrammar, GrammarCompiler
@@ -21,13 +22,19 @@ from mlxcel.steering.manager import SteeringManager
 
 @dataclass(frozen=True)
 class Startup:
-    """Resolved by the CLI for the -m model before its load: why its backend and device were
-    chosen, its LoRA adapters (read and fit-checked) and its speculative decoding. A model a
-    switch loads keeps the reason and gets neither the adapters nor the draft."""
+    """Resolved by the CLI for the -m model before its load: the backend and device `auto`
+    settled on (and why), its LoRA adapters (read and fit-checked) and its speculative decoding.
+    Settings keep what was asked for; every later load (a switch target, the draft, a capacity
+    check) asks for `placement` as given. A model a switch loads keeps the placement and its
+    reason and gets neither the adapters nor the draft."""
 
-    backend_reason: str = ""
+    placement: Choice | None = None
     lora: LoraSet | None = None
     speculative: SpecConfig | None = None
+
+    @property
+    def backend_reason(self) -> str:
+        return self.placement.reason if self.placement is not None else ""
 
 
 @dataclass

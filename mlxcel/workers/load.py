@@ -9,12 +9,15 @@ from mlxcel.workers import checkpoint as ck
 log = logging.getLogger("mlxcel.server")
 
 
-def load_side_workers(state, settings) -> None:
+def load_side_workers(state, settings, placed=None) -> None:
+    """`placed`: the backend/device choice settled at startup (backends.select.Choice), if any;
+    without one, the backend as requested."""
     from mlxcel.workers.embedding import EmbeddingWorker
     from mlxcel.workers.reranking import RerankWorker
     from mlxcel.workers.whisper import TRANSCRIPTION, WhisperWorker
 
-    backend = settings.backend if settings.backend in ("mlx", "torch") else "mlx"
+    requested = placed.backend if placed is not None else settings.backend.name
+    backend = requested if requested in ("mlx", "torch") else "mlx"
     for side in state.plan.sides:
         if side.kind == TRANSCRIPTION:
             state.transcriber = WhisperWorker.load(side.model_id, side.path)
@@ -22,7 +25,7 @@ def load_side_workers(state, settings) -> None:
                      "English-only" if state.transcriber.english_only else "multilingual")
         elif side.kind == ck.EMBEDDING:
             state.embedder = EmbeddingWorker.load(side.model_id, side.path, pooling=side.pooling,
-                                                  normalize=settings.embd_normalize, backend=backend)
+                                                  normalize=settings.workers.embd_normalize, backend=backend)
             log.info("embedding model %s loaded: pooling %s, embd_normalize %d, context %d", side.model_id,
                      state.embedder.pooling, state.embedder.normalize, state.embedder.n_ctx)
         else:

@@ -41,9 +41,9 @@ class ServePlan:
 
 
 def restricting_flag(settings: ServerSettings) -> str | None:
-    if settings.reranking:
+    if settings.workers.reranking:
         return "--reranking"
-    if settings.embedding:
+    if settings.workers.embedding:
         return "--embeddings"
     return None
 
@@ -60,7 +60,7 @@ def _side(settings: ServerSettings, kind: str, ref: str, flag: str, resolve: Cal
     pooling = None
     if kind == ck.EMBEDDING:
         try:
-            pooling = ck.resolve_pooling(path, settings.pooling, settings.pooling_env)
+            pooling = ck.resolve_pooling(path, settings.workers.pooling, settings.workers.pooling_env)
         except ck.CheckpointError as e:
             raise StartupRefusal(f"{flag}: {e}") from None
     return SidePlan(kind, model_id, path, pooling)
@@ -69,49 +69,50 @@ def _side(settings: ServerSettings, kind: str, ref: str, flag: str, resolve: Cal
 def _whisper_side(settings: ServerSettings, resolve: Callable[[str, str], Path], model_id: str) -> SidePlan | None:
     from mlxcel.workers.whisper import TRANSCRIPTION, is_whisper
 
-    path = resolve(settings.model, "--hf-repo" if settings.hf_repo else "-m")
+    path = resolve(settings.source.model, "--hf-repo" if settings.source.hf_repo else "-m")
     if not is_whisper(path):
         return None
     import importlib.util
 
     missing = [m for m in ("mlx_whisper", "soundfile", "scipy") if importlib.util.find_spec(m) is None]
     if missing:
-        raise StartupRefusal(f"-m {settings.model} is a Whisper checkpoint, and serving it needs {', '.join(missing)}: "
-                             f"pip install 'mlxcel[audio]'")
-    if settings.backend == "torch":
-        raise StartupRefusal(f"--backend torch: {settings.model} is a Whisper checkpoint, which mlxcel serves on MLX "
-                             f"(mlx-whisper) only; drop --backend torch")
+        raise StartupRefusal(f"-m {settings.source.model} is a Whisper checkpoint, and serving it needs "
+                             f"{', '.join(missing)}: pip install 'mlxcel[audio]'")
+    if settings.backend.name == "torch":  # as requested: plan() runs before the backend is settled
+        raise StartupRefusal(f"--backend torch: {settings.source.model} is a Whisper checkpoint, which mlxcel serves on "
+                             f"MLX (mlx-whisper) only; drop --backend torch")
     return SidePlan(TRANSCRIPTION, model_id, path)
 
 
 def plan(settings: ServerSettings, resolve: Callable[[str, str], Path]) -> ServePlan:
     """`resolve(ref, flag)` turns a model reference into a local checkpoint or raises StartupRefusal."""
     mode = restricting_flag(settings)
-    main_id = settings.alias[0] if settings.alias else settings.model
+    main_id = settings.source.alias[0] if settings.source.alias else settings.source.model
     sides: list[SidePlan] = []
     m_used = mode is None
+    w = settings.workers
     for kind, selected, side_ref, side_flag, mode_flag in (
-        (ck.EMBEDDING, settings.embedding, settings.embedding_model, "--embedding-model", "--embeddings"),
-        (ck.RERANKER, settings.reranking, settings.reranker_model, "--reranker-model", "--reranking"),
+        (ck.EMBEDDING, w.embedding, w.embedding_model, "--embedding-model", "--embeddings"),
+        (ck.RERANKER, w.reranking, w.reranker_model, "--reranker-model", "--reranking"),
     ):
         if side_ref:
             sides.append(_side(settings, kind, side_ref, side_flag, resolve, side_ref))
         elif selected:
-            if not settings.model:
+            if not settings.source.model:
                 raise StartupRefusal(f"{mode_flag} needs a checkpoint: pass -m or {side_flag}")
-            sides.append(_side(settings, kind, settings.model, mode_flag, resolve, main_id))
+            sides.append(_side(settings, kind, settings.source.model, mode_flag, resolve, main_id))
             m_used = True
-    if settings.pooling and not any(s.kind == ck.EMBEDDING for s in sides):
-        raise StartupRefusal(f"--pooling {settings.pooling}: no embedding model is served (pass --embeddings "
+    if settings.workers.pooling and not any(s.kind == ck.EMBEDDING for s in sides):
+        raise StartupRefusal(f"--pooling {settings.workers.pooling}: no embedding model is served (pass --embeddings "
                              f"or --embedding-model)")
-    if settings.embd_normalize is not None and not any(s.kind == ck.EMBEDDING for s in sides):
+    if settings.workers.embd_normalize is not None and not any(s.kind == ck.EMBEDDING for s in sides):
         raise StartupRefusal("--embd-normalize: no embedding model is served (pass --embeddings or "
                              "--embedding-model)")
-    if mode is None and settings.model:
+    if mode is None and settings.source.model:
         whisper = _whisper_side(settings, resolve, main_id)
         if whisper is not None:
             return ServePlan(generation=False, restricted_by="-m", sides=(whisper, *sides))
-    if settings.model and not m_used:
-        raise StartupRefusal(f"-m {settings.model} would not be served: {mode} turns generation off and every "
+    if settings.source.model and not m_used:
+        raise StartupRefusal(f"-m {settings.source.model} would not be served: {mode} turns generation off and every "
                              f"selected worker has its own checkpoint flag; drop -m or one of those flags")
     return ServePlan(generation=mode is None, restricted_by=mode, sides=tuple(sides))

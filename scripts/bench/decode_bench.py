@@ -25,11 +25,12 @@ def main() -> None:
     args = p.parse_args()
 
     from mlxcel.engine.backend import ForwardRow
-    from mlxcel.config.settings import ServerSettings
+    from mlxcel.config.settings import BackendSection, ServerSettings
     from mlxcel.runtime.load import load_backend
 
-    settings = ServerSettings(backend=args.backend, device=args.device, dtype=args.dtype, threads=args.threads,
-                              build_env=dict(os.environ))  # as served: the torch kernel for decode rows
+    # build_env as served: the torch kernel for decode rows
+    settings = ServerSettings(backend=BackendSection(name=args.backend, device=args.device, dtype=args.dtype,
+                                                     threads=args.threads, build_env=dict(os.environ)))
     backend, choice = load_backend(settings, args.model)
     prompt = [(i * 37) % 1000 + 100 for i in range(128)]
 

@@ -55,7 +55,7 @@ def main() -> None:
     from mlx_lm.sample_utils import make_sampler
 
     from mlxcel.engine.backend import ForwardRow
-    from mlxcel.config.settings import ServerSettings
+    from mlxcel.config.settings import BackendSection, EngineSection, ServerSettings, SourceSection
     from mlxcel.engine.sampling_params import SamplingParams
     from mlxcel.engine.types import GenerationRequest
     from mlxcel.runtime.load import load_served_model
@@ -66,8 +66,9 @@ def main() -> None:
     ids = ref_tok.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True)
     sampler = make_sampler(temp=0.0)
 
-    served = load_served_model(ServerSettings(model=a.model, backend="mlx", ctx_size=4096, parallel=1,
-                                              warmup=False), Path(a.model))
+    served = load_served_model(ServerSettings(source=SourceSection(model=a.model),
+                                              engine=EngineSection(ctx_size=4096, parallel=1, warmup=False),
+                                              backend=BackendSection(name="mlx")), Path(a.model))
     engine, backend = served.engine, served.engine.backend
     greedy = SamplingParams(temperature=0.0)
 

@@ -40,7 +40,7 @@ def main() -> None:
     args = p.parse_args()
 
     from mlxcel.cli.flags import BUILD_ENV
-    from mlxcel.config.settings import ServerSettings
+    from mlxcel.config.settings import BackendSection, EngineSection, ServerSettings, SourceSection
     from mlxcel.engine.sampling_params import SamplingParams
     from mlxcel.engine.speculative import DRAFT, SpecConfig
     from mlxcel.engine.types import GenerationRequest
@@ -48,8 +48,10 @@ def main() -> None:
     from mlxcel.runtime.served import Startup
 
     spec = SpecConfig(kind=DRAFT, n_max=3, draft_model=args.draft) if args.draft else None
-    settings = ServerSettings(model=str(args.model), backend=args.backend, ctx_size=8192, parallel=4, warmup=False,
-                              build_env={k: os.environ[k] for k in BUILD_ENV if k in os.environ})
+    settings = ServerSettings(source=SourceSection(model=str(args.model)),
+                              engine=EngineSection(ctx_size=8192, parallel=4, warmup=False),
+                              backend=BackendSection(name=args.backend,
+                                                     build_env={k: os.environ[k] for k in BUILD_ENV if k in os.environ}))
     system = " ".join([SYSTEM] * args.system_repeat)
     model = load_served_model(settings, args.model, startup=Startup(speculative=spec))
     greedy = SamplingParams(temperature=0.0)

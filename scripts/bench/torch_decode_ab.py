@@ -69,7 +69,7 @@ def main() -> None:
     import os
 
     from mlxcel.backends.torch.row_gemv import load_row_kernel, remove_row_gemv
-    from mlxcel.config.settings import ServerSettings
+    from mlxcel.config.settings import BackendSection, ServerSettings
     from mlxcel.runtime.load import load_backend
 
     kernel = load_row_kernel(os.environ)
@@ -97,8 +97,8 @@ def main() -> None:
         dtype, variant = arm.split(":")
         key = (dtype, variant == "compile")
         if key not in backends:
-            settings = ServerSettings(backend="torch", device="cpu", dtype=dtype, threads=args.threads,
-                                      torch_compile=key[1])
+            asked = BackendSection(name="torch", device="cpu", dtype=dtype, threads=args.threads, torch_compile=key[1])
+            settings = ServerSettings(backend=asked)
             backends[key] = load_backend(settings, args.model)[0]
     prompt = [(i * 37) % 1000 + 100 for i in range(args.context)]
 

@@ -51,10 +51,11 @@ def main() -> None:
     import torch
 
     from mlxcel.engine.backend import ForwardRow
-    from mlxcel.config.settings import ServerSettings
+    from mlxcel.config.settings import BackendSection, ServerSettings
     from mlxcel.runtime.load import load_backend
 
-    settings = ServerSettings(backend="torch", device="cpu", dtype=args.dtype, threads=args.threads)
+    settings = ServerSettings(backend=BackendSection(name="torch", device="cpu", dtype=args.dtype,
+                                                     threads=args.threads))
     backend, _ = load_backend(settings, args.model)
     import os
 

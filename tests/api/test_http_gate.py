@@ -55,7 +55,7 @@ def make_client(*argv: str, predict: bool = False, **environ: str) -> httpx.Asyn
     settings = parse_server_args(list(argv), environ)
     handlers = [health, models, chat, apply_template, native_completions, oai_completions, *FEATURE_DISABLED_HANDLERS]
     if predict:
-        handlers.append(make_predict_handler(settings.vertex_predict_route or "/predict"))
+        handlers.append(make_predict_handler(settings.server.vertex_predict_route or "/predict"))
     app = wrap_app(Litestar(route_handlers=handlers), settings)
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")
 
@@ -182,9 +182,9 @@ def test_api_prefix_moves_every_route_and_404s_outside_it():
 
 def test_api_prefix_from_environment_and_reuse_port_flag():
     s = parse_server_args([], {"LLAMA_ARG_API_PREFIX": "/v2", "LLAMA_ARG_REUSE_PORT": "true"})
-    assert (s.api_prefix, s.reuse_port) == ("/v2", True)
+    assert (s.server.api_prefix, s.server.reuse_port) == ("/v2", True)
     s = parse_server_args(["--api-prefix", "/cli"], {"LLAMA_ARG_API_PREFIX": "/env"})
-    assert (s.api_prefix, s.reuse_port) == ("/cli", False)
+    assert (s.server.api_prefix, s.server.reuse_port) == ("/cli", False)
     assert any("--api-prefix 'api/'" in n for n in parse_server_args(["--api-prefix", "api/"], {}).notices)
 
 

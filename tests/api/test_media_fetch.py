@@ -39,8 +39,8 @@ def test_scheme_credentials_and_names():
 
 
 def test_the_cli_reads_the_switch():
-    assert not parse_server_args(["-m", "x"], {}).allow_private_media_urls
-    assert parse_server_args(["-m", "x"], {"MLXCEL_ALLOW_PRIVATE_MEDIA_URLS": "1"}).allow_private_media_urls
+    assert not parse_server_args(["-m", "x"], {}).media.allow_private_media_urls
+    assert parse_server_args(["-m", "x"], {"MLXCEL_ALLOW_PRIVATE_MEDIA_URLS": "1"}).media.allow_private_media_urls
 
 
 class _Handler(BaseHTTPRequestHandler):

@@ -75,9 +75,9 @@ def test_vocab_type_follows_the_tokenizer_algorithm(tmp_path):
 
 def test_tags_are_a_sorted_set_from_flag_or_env():
     s = parse_server_args(["-m", "x", "--tags", "prod, b,,a", "--tags", "a,c"], {})
-    assert s.tags == ["a", "b", "c", "prod"]  # b10621 inserts into a std::set
-    assert parse_server_args(["-m", "x"], {"LLAMA_ARG_TAGS": "x,y"}).tags == ["x", "y"]
-    assert parse_server_args(["-m", "x"], {}).tags == []
+    assert s.source.tags == ["a", "b", "c", "prod"]  # b10621 inserts into a std::set
+    assert parse_server_args(["-m", "x"], {"LLAMA_ARG_TAGS": "x,y"}).source.tags == ["x", "y"]
+    assert parse_server_args(["-m", "x"], {}).source.tags == []
 
 
 def test_unreadable_weights_are_reported_as_unknown(tmp_path):

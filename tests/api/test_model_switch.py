@@ -7,14 +7,15 @@ import pytest
 
 from mlxcel.api.model_switch import store_checkpoint
 from mlxcel.api.state import AppState
-from mlxcel.config.settings import ServerSettings
+from mlxcel.config.settings import BackendSection, EngineSection, ServerSettings, SourceSection
 from mlxcel.runtime.capacity import LoadRefused, check_loadable, estimated_bytes
 from tests.conftest import fixture_path
 from tests.fixtures import DEFAULT_MODEL, MINILM, QWEN2_TINY, SMOLLM2_4BIT, models_dir
 
 
 def test_names_resolve_only_to_store_checkpoints():
-    state = AppState(settings=ServerSettings(default_org="mlxcel-fixtures"), store_root=models_dir())
+    state = AppState(settings=ServerSettings(source=SourceSection(default_org="mlxcel-fixtures")),
+                     store_root=models_dir())
     assert store_checkpoint(state, QWEN2_TINY) == models_dir() / QWEN2_TINY
     assert store_checkpoint(state, "qwen2-tiny") == models_dir() / QWEN2_TINY  # bare name: the default org
     for name in ("nobody/nothing", str(fixture_path(QWEN2_TINY)), "../models/" + QWEN2_TINY, "./x",
@@ -34,15 +35,18 @@ def test_weights_are_estimated_at_the_compute_dtype():
 
 def test_refusals_before_the_unload():
     with pytest.raises(LoadRefused) as e:
-        check_loadable(ServerSettings(backend="mlx", model_memory_budget_mib=100), fixture_path(DEFAULT_MODEL), None)
+        check_loadable(ServerSettings(engine=EngineSection(model_memory_budget_mib=100),
+                                      backend=BackendSection(name="mlx")), fixture_path(DEFAULT_MODEL), None)
     assert (e.value.status, e.value.code) == (503, "insufficient_memory") and "100 MiB" in e.value.message
     with pytest.raises(LoadRefused) as e:
-        check_loadable(ServerSettings(backend="torch", device="cpu"), fixture_path(SMOLLM2_4BIT), None)
+        check_loadable(ServerSettings(backend=BackendSection(name="torch", device="cpu")), fixture_path(SMOLLM2_4BIT),
+                       None)
     assert (e.value.status, e.value.code) == (400, "unsupported_quantization")
     with pytest.raises(LoadRefused) as e:
-        check_loadable(ServerSettings(backend="mlx"), fixture_path(MINILM), None)
+        check_loadable(ServerSettings(backend=BackendSection(name="mlx")), fixture_path(MINILM), None)
     assert (e.value.status, e.value.code) == (500, "model_load_failed") and "bert" in e.value.message
-    assert check_loadable(ServerSettings(backend="mlx", model_memory_budget_mib=100), fixture_path(QWEN2_TINY),
+    assert check_loadable(ServerSettings(engine=EngineSection(model_memory_budget_mib=100),
+                                         backend=BackendSection(name="mlx")), fixture_path(QWEN2_TINY),
                           None) > 0
 
 
@@ -50,7 +54,7 @@ def test_switch_flags():
     from mlxcel.cli.flags import parse_server_args
 
     s = parse_server_args(["-m", "x"], {})
-    assert (s.graceful_unload_timeout, s.model_memory_budget_mib) == (30.0, None)
+    assert (s.engine.graceful_unload_timeout, s.engine.model_memory_budget_mib) == (30.0, None)
     s = parse_server_args(["-m", "x", "--model-memory-budget", "800"], {"GRACEFUL_UNLOAD_TIMEOUT": "2.5"})
-    assert (s.graceful_unload_timeout, s.model_memory_budget_mib) == (2.5, 800)
-    assert parse_server_args(["-m", "x", "--graceful-unload-timeout", "0"], {}).graceful_unload_timeout == 0.0
+    assert (s.engine.graceful_unload_timeout, s.engine.model_memory_budget_mib) == (2.5, 800)
+    assert parse_server_args(["-m", "x", "--graceful-unload-timeout", "0"], {}).engine.graceful_unload_timeout == 0.0

@@ -11,8 +11,13 @@ import pytest
 from mlxcel.backends.select import BackendRefused, choose
 from mlxcel.cli.flags import parse_server_args
 from mlxcel.config.refusal import StartupRefusal
-from mlxcel.config.settings import ServerSettings
+from mlxcel.config.settings import BackendSection, ServerSettings
 from mlxcel.runtime.load import select_backend
+
+
+def on(backend: str, **kw) -> ServerSettings:
+    """Settings asking for `backend`; `kw`: other BackendSection fields."""
+    return ServerSettings(backend=BackendSection(name=backend, **kw))
 
 
 def test_auto_picks_mlx_on_apple_silicon_and_torch_on_a_linux_cpu():
@@ -50,16 +55,16 @@ def test_choice_is_idempotent_on_its_own_output():
 def test_device_flag_translates_llama_names_and_refuses_lists():
     for given, want in (("CUDA1", "cuda:1"), ("CPU", "cpu"), ("none", "cpu"), ("MTL0", "metal"), ("cuda:0", "cuda:0"),
                         ("mps", "mps")):
-        assert parse_server_args(["-dev", given], {}).device == want
+        assert parse_server_args(["-dev", given], {}).backend.device == want
     with pytest.raises(StartupRefusal) as e:
         parse_server_args(["--device", "CUDA0,CUDA1"], {})
     assert "one device" in str(e.value.code)
     with pytest.raises(StartupRefusal):
         parse_server_args(["--device", "tpu"], {})
-    assert parse_server_args([], {"MLXCEL_DEVICE": "cpu"}).device == "cpu"
-    assert parse_server_args([], {"MLXCEL_DEVICE": "cpu", "LLAMA_ARG_DEVICE": "CUDA0"}).device == "cuda:0"
-    assert parse_server_args(["-dev", "mps"], {"MLXCEL_DEVICE": "cpu"}).device == "mps"
-    assert parse_server_args(["--backend", "torch"], {}).backend == "torch"
+    assert parse_server_args([], {"MLXCEL_DEVICE": "cpu"}).backend.device == "cpu"
+    assert parse_server_args([], {"MLXCEL_DEVICE": "cpu", "LLAMA_ARG_DEVICE": "CUDA0"}).backend.device == "cuda:0"
+    assert parse_server_args(["-dev", "mps"], {"MLXCEL_DEVICE": "cpu"}).backend.device == "mps"
+    assert parse_server_args(["--backend", "torch"], {}).backend.name == "torch"
     with pytest.raises(StartupRefusal):
         parse_server_args(["--backend", "jax"], {})
 
@@ -68,19 +73,19 @@ def test_threads_flag_reaches_settings_and_each_backend(monkeypatch):
     from mlxcel.backends import select
     from mlxcel.backends.mlx.backend import product_threads
 
-    assert parse_server_args(["-t", "2"], {}).threads == 2
-    assert parse_server_args([], {"LLAMA_ARG_THREADS": "3"}).threads == 3
-    assert select_backend(ServerSettings(backend="torch", device="cpu", threads=2)).backend == "torch"
-    assert select_backend(ServerSettings(backend="auto", device="auto", threads=2)).backend == "torch"
+    assert parse_server_args(["-t", "2"], {}).backend.threads == 2
+    assert parse_server_args([], {"LLAMA_ARG_THREADS": "3"}).backend.threads == 3
+    assert select_backend(on(backend="torch", device="cpu", threads=2)).backend == "torch"
+    assert select_backend(on(backend="auto", device="auto", threads=2)).backend == "torch"
     # MLX on the CPU: the threads each large product is split over (split_products.py)
-    assert select_backend(ServerSettings(backend="mlx", device="cpu", threads=4)).backend == "mlx"
+    assert select_backend(on(backend="mlx", device="cpu", threads=4)).backend == "mlx"
     assert product_threads(4) == 4 and product_threads(1) == 1
     assert product_threads(-1) == min(2, os.cpu_count() or 1)
     # MLX on Metal has no CPU thread count to set: refused, naming what to do instead
     monkeypatch.setattr(select, "choose", lambda *a, **k: select.Choice("mlx", "metal", "requested"))
-    assert select_backend(ServerSettings(backend="mlx", device="metal", threads=-1)).device == "metal"
+    assert select_backend(on(backend="mlx", device="metal", threads=-1)).device == "metal"
     with pytest.raises(StartupRefusal) as e:
-        select_backend(ServerSettings(backend="mlx", device="metal", threads=4))
+        select_backend(on(backend="mlx", device="metal", threads=4))
     assert "--threads 4" in str(e.value.code) and "--device cpu" in str(e.value.code)
 
 
@@ -126,4 +131,4 @@ def test_auto_reads_the_checkpoint_and_keeps_an_mlx_quantized_one_on_mlx():
     plain = select_backend(ServerSettings(), fixture_path(DEFAULT_MODEL))
     assert plain.backend == choose("auto", "auto").backend
     with pytest.raises(StartupRefusal, match="MLX-quantized"):
-        select_backend(ServerSettings(backend="torch", device="cpu"), fixture_path(SMOLLM2_4BIT))
+        select_backend(on("torch", device="cpu"), fixture_path(SMOLLM2_4BIT))

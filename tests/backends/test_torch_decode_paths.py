@@ -12,7 +12,7 @@ from mlxcel.backends.torch.paged import StepPlan
 from mlxcel.backends.torch.row_gemv import ALL, install_row_gemv, remove_row_gemv
 from mlxcel.cli.flags import parse_server_args
 from mlxcel.config.refusal import StartupRefusal
-from mlxcel.config.settings import ServerSettings
+from mlxcel.config.settings import BackendSection, ServerSettings
 from mlxcel.engine.kv_block_pool import BlockAllocator, SequenceKV
 from mlxcel.runtime.load import select_backend
 
@@ -70,9 +70,10 @@ def test_one_row_in_consecutive_blocks_reads_a_view_and_others_gather():
 
 
 def test_torch_compile_flag_reaches_settings_and_is_refused_on_mlx():
-    assert parse_server_args(["--torch-compile"], {}).torch_compile is True
-    assert parse_server_args([], {}).torch_compile is False
-    assert select_backend(ServerSettings(backend="torch", device="cpu", torch_compile=True)).backend == "torch"
+    assert parse_server_args(["--torch-compile"], {}).backend.torch_compile is True
+    assert parse_server_args([], {}).backend.torch_compile is False
+    compiled = ServerSettings(backend=BackendSection(name="torch", device="cpu", torch_compile=True))
+    assert select_backend(compiled).backend == "torch"
     with pytest.raises(StartupRefusal) as e:
-        select_backend(ServerSettings(backend="mlx", device="cpu", torch_compile=True))
+        select_backend(ServerSettings(backend=BackendSection(name="mlx", device="cpu", torch_compile=True)))
     assert "--torch-compile" in str(e.value.code) and "--backend torch" in str(e.value.code)

@@ -14,10 +14,10 @@ def test_inline_and_file_templates_are_read(tmp_path):
     f = tmp_path / "t.jinja"
     f.write_text(TEMPLATE)
     s = parse_server_args(["-m", "x", "--chat-template-file", str(f)], {})
-    assert (s.chat_template, s.chat_template_file) == (None, TEMPLATE)
+    assert (s.chat.template, s.chat.template_file) == (None, TEMPLATE)
     both = parse_server_args(["-m", "x", "--chat-template", "{{ 'inline' }}", "--chat-template-file", str(f)], {})
-    assert both.chat_template == "{{ 'inline' }}"  # the runtime prefers the inline one
-    assert parse_server_args(["-m", "x"], {"LLAMA_ARG_CHAT_TEMPLATE": TEMPLATE}).chat_template == TEMPLATE
+    assert both.chat.template == "{{ 'inline' }}"  # the runtime prefers the inline one
+    assert parse_server_args(["-m", "x"], {"LLAMA_ARG_CHAT_TEMPLATE": TEMPLATE}).chat.template == TEMPLATE
 
 
 @pytest.mark.parametrize("args,match", [
@@ -40,8 +40,8 @@ def test_file_refusals(tmp_path):
 
 
 def test_reasoning_alias_field_policy():
-    assert parse_server_args(["-m", "x"], {}).reasoning_alias_field == "reasoning"
-    assert parse_server_args(["-m", "x", "--reasoning-alias-field", "none"], {}).reasoning_alias_field == "none"
+    assert parse_server_args(["-m", "x"], {}).chat.reasoning_alias_field == "reasoning"
+    assert parse_server_args(["-m", "x", "--reasoning-alias-field", "none"], {}).chat.reasoning_alias_field == "none"
     with pytest.raises(StartupRefusal):
         parse_server_args(["-m", "x", "--reasoning-alias-field", "thoughts"], {})
 
@@ -50,20 +50,20 @@ def test_reasoning_flags_write_the_template_kwargs():
     # --reasoning / --reasoning-effort / --reasoning-preserve fill the same map as
     # --chat-template-kwargs, under the keys b10621 writes; the dedicated flag wins a collision
     s = parse_server_args(["-m", "x", "--reasoning", "off", "--reasoning-effort", "high", "--reasoning-preserve"], {})
-    assert s.chat_template_kwargs == {"enable_thinking": False, "reasoning_effort": "high",
+    assert s.chat.template_kwargs == {"enable_thinking": False, "reasoning_effort": "high",
                                       "preserve_reasoning": True}
-    assert parse_server_args(["-m", "x", "-rea", "on"], {}).chat_template_kwargs == {"enable_thinking": True}
+    assert parse_server_args(["-m", "x", "-rea", "on"], {}).chat.template_kwargs == {"enable_thinking": True}
     # auto / default leave the template's own default alone
     assert parse_server_args(["-m", "x", "--reasoning", "auto", "--reasoning-effort", "default"],
-                             {}).chat_template_kwargs == {}
-    assert parse_server_args(["-m", "x"], {"LLAMA_ARG_REASONING": "off"}).chat_template_kwargs == {
+                             {}).chat.template_kwargs == {}
+    assert parse_server_args(["-m", "x"], {"LLAMA_ARG_REASONING": "off"}).chat.template_kwargs == {
         "enable_thinking": False}
     both = parse_server_args(["-m", "x", "--reasoning", "on", "--chat-template-kwargs",
                               '{"enable_thinking": false, "custom": 1}'], {})
-    assert both.chat_template_kwargs == {"enable_thinking": True, "custom": 1}
+    assert both.chat.template_kwargs == {"enable_thinking": True, "custom": 1}
     reverse = parse_server_args(["-m", "x", "--chat-template-kwargs", '{"enable_thinking": false}',
                                  "--reasoning", "on"], {})
-    assert reverse.chat_template_kwargs == {"enable_thinking": True}
+    assert reverse.chat.template_kwargs == {"enable_thinking": True}
     with pytest.raises(StartupRefusal):
         parse_server_args(["-m", "x", "--reasoning", "maybe"], {})
 
@@ -71,8 +71,8 @@ def test_reasoning_flags_write_the_template_kwargs():
 def test_reasoning_format_flag_and_environment():
     # the server-wide placement every chat request uses unless it sends its own reasoning_format
     for fmt in ("none", "deepseek", "deepseek-legacy", "auto"):
-        assert parse_server_args(["-m", "x", "--reasoning-format", fmt], {}).reasoning_format == fmt
-    assert parse_server_args(["-m", "x"], {"LLAMA_ARG_THINK": "none"}).reasoning_format == "none"
-    assert parse_server_args(["-m", "x"], {}).reasoning_format == "auto"
+        assert parse_server_args(["-m", "x", "--reasoning-format", fmt], {}).chat.reasoning_format == fmt
+    assert parse_server_args(["-m", "x"], {"LLAMA_ARG_THINK": "none"}).chat.reasoning_format == "none"
+    assert parse_server_args(["-m", "x"], {}).chat.reasoning_format == "auto"
     with pytest.raises(StartupRefusal):
         parse_server_args(["-m", "x", "--reasoning-format", "r1"], {})

@@ -60,7 +60,7 @@ def test_breakers_replace_the_defaults_unescape_and_none_clears():
 
 def test_logit_bias_and_ignore_eos():
     s = parse("-l", "15+1", "--logit-bias", "15-0.5", "-l", "7-2", "--ignore-eos")
-    assert s.ignore_eos is True
+    assert s.sampling.ignore_eos is True
     p = resolve_sampling_defaults(s, GenerationDefaults(), 1000)
     assert dict(p.logit_bias) == {15: 0.5, 7: -2.0}
     assert parse_logit_bias(" 3 +1e1") == (3, 10.0)

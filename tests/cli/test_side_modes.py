@@ -34,7 +34,7 @@ def test_embeddings_mode_selects_the_worker_and_turns_generation_off():
 
 def test_rank_pooling_is_the_reranking_mode():
     s, p = _plan(["-m", RERANKER_TINY, "--pooling", "rank"])
-    assert s.reranking and p.restricted_by == "--reranking" and p.sides[0].kind == RERANKER
+    assert s.workers.reranking and p.restricted_by == "--reranking" and p.sides[0].kind == RERANKER
     _, p = _plan(["-m", RERANKER_TINY, "--rerank"])
     assert p.sides[0].kind == RERANKER
 

@@ -94,55 +94,55 @@ def test_prepass_rewrites_multi_letter_single_dash_and_joins_values():
 
 def test_prepass_never_rewrites_a_value_and_stops_at_double_dash():
     s = parse("--api-key", "-ngl", "--alias", "-hf")
-    assert s.api_keys == ["-ngl"] and s.alias == ["-hf"]
+    assert s.server.api_keys == ["-ngl"] and s.source.alias == ["-hf"]
     assert prepass(["-c", "8", "--", "-ngl"]) == ["--ctx-size=8", "--", "-ngl"]
 
 
 def test_short_and_multi_letter_spellings_reach_their_settings():
     s = parse("-m", "a/b", "-c", "4096", "-n", "16", "-np", "2", "-nocb", "-cram", "64", "-a", "zebra,apple",
               "-to", "30", "-lv", "4", "-s", "7")
-    assert (s.model, s.ctx_size, s.n_predict, s.parallel, s.cont_batching) == ("a/b", 4096, 16, 2, False)
-    assert (s.cache_ram_mib, s.alias, s.timeout, s.log_verbosity, s.seed) == (64, ["apple", "zebra"], 30, 4, 7)
+    assert (s.source.model, s.engine.ctx_size, s.engine.n_predict, s.engine.parallel, s.engine.cont_batching) == ("a/b", 4096, 16, 2, False)
+    assert (s.kv.cache_ram_mib, s.source.alias, s.server.timeout, s.logging.verbosity, s.sampling.seed) == (64, ["apple", "zebra"], 30, 4, 7)
 
 
 def test_hf_repo_wins_over_model():
     s = parse("--hf-repo", "org/mlx-model", "-m", "other/model")
-    assert s.model == "org/mlx-model"
+    assert s.source.model == "org/mlx-model"
     assert any("supersedes" in n for n in s.notices)
 
 
 def test_parallel_auto_and_seed_fold():
-    assert parse("-np", "-1").parallel == 4
-    assert parse("--seed", "-2").seed == 4294967294
-    assert parse("--seed", "4294967295").seed == -1
+    assert parse("-np", "-1").engine.parallel == 4
+    assert parse("--seed", "-2").sampling.seed == 4294967294
+    assert parse("--seed", "4294967295").sampling.seed == -1
 
 
 # ---- environment ------------------------------------------------------------------------------
 
 
 def test_command_line_beats_environment():
-    assert parse(LLAMA_ARG_CTX_SIZE="100").ctx_size == 100
+    assert parse(LLAMA_ARG_CTX_SIZE="100").engine.ctx_size == 100
     s = parse("-c", "200", LLAMA_ARG_CTX_SIZE="100")
-    assert s.ctx_size == 200 and any("LLAMA_ARG_CTX_SIZE" in n for n in s.notices)
-    assert parse("--no-cont-batching", LLAMA_ARG_CONT_BATCHING="on").cont_batching is False
+    assert s.engine.ctx_size == 200 and any("LLAMA_ARG_CTX_SIZE" in n for n in s.notices)
+    assert parse("--no-cont-batching", LLAMA_ARG_CONT_BATCHING="on").engine.cont_batching is False
 
 
 def test_flag_from_environment_fires_only_on_the_case_sensitive_truthy_set():
     for v in ("on", "enabled", "true", "1"):
-        assert parse(LLAMA_ARG_OFFLINE=v).offline is True
+        assert parse(LLAMA_ARG_OFFLINE=v).source.offline is True
     for v in ("0", "TRUE", "yes", ""):
-        assert parse(LLAMA_ARG_OFFLINE=v).offline is False
+        assert parse(LLAMA_ARG_OFFLINE=v).source.offline is False
     parse(LLAMA_ARG_CPU_MOE="0")  # not truthy: --cpu-moe never fires, so nothing to refuse
     assert "--cpu-moe" in refused(LLAMA_ARG_CPU_MOE="1")
 
 
 def test_bool_pair_from_environment():
-    assert parse(LLAMA_ARG_CONT_BATCHING="disabled").cont_batching is False
-    assert parse(LLAMA_ARG_CONT_BATCHING="enabled").cont_batching is True
+    assert parse(LLAMA_ARG_CONT_BATCHING="disabled").engine.cont_batching is False
+    assert parse(LLAMA_ARG_CONT_BATCHING="enabled").engine.cont_batching is True
     assert "invalid boolean" in refused(LLAMA_ARG_PERF="sometimes")
     assert "invalid boolean" in refused(LLAMA_ARG_CONT_BATCHING="False")
     # LLAMA_ARG_NO_* means false whatever its value, and outranks the positive variable
-    assert parse(LLAMA_ARG_NO_CONT_BATCHING="", LLAMA_ARG_CONT_BATCHING="1").cont_batching is False
+    assert parse(LLAMA_ARG_NO_CONT_BATCHING="", LLAMA_ARG_CONT_BATCHING="1").engine.cont_batching is False
     parse(LLAMA_ARG_NO_UI="1")  # the inert form
     assert "--ui" in refused(LLAMA_ARG_UI="true")
 
@@ -150,9 +150,9 @@ def test_bool_pair_from_environment():
 def test_value_options_bind_their_variables():
     s = parse(LLAMA_ARG_HOST="/tmp/x.sock", LLAMA_ARG_PORT="0", LLAMA_API_KEY="k1,k2", HF_TOKEN="hf_abc",
               LLAMA_ARG_N_PARALLEL="3", LLAMA_ARG_TIMEOUT="5")
-    assert (s.unix_socket, s.port, s.api_keys, s.hf_token, s.parallel, s.timeout) == (
+    assert (s.server.unix_socket, s.server.port, s.server.api_keys, s.source.hf_token, s.engine.parallel, s.server.timeout) == (
         "/tmp/x.sock", 0, ["k1", "k2"], "hf_abc", 3, 5)
-    assert {"k1", "k2", "hf_abc"} <= set(s.secrets)
+    assert {"k1", "k2", "hf_abc"} <= set(s.logging.secrets)
 
 
 # ---- refusals through the real command line ---------------------------------------------------
@@ -361,7 +361,7 @@ def test_api_key_file(tmp_path):
     f = tmp_path / "keys"
     f.write_text("# comment\nkey-one\n\nkey-two\n")
     s = parse("--api-key-file", str(f), "--api-key", "key-three")
-    assert sorted(s.api_keys) == ["key-one", "key-three", "key-two"]
+    assert sorted(s.server.api_keys) == ["key-one", "key-three", "key-two"]
     assert "cannot read" in refused("--api-key-file", str(tmp_path / "none"))
 
 
@@ -380,7 +380,7 @@ def test_host_port_tls_and_uvicorn_kwargs(tmp_path):
 
 def test_vertex_ai_environment():
     s = parse("--port", "9000", AIP_MODE="PREDICTION", AIP_HTTP_PORT="8081", AIP_HEALTH_ROUTE="healthz")
-    assert (s.port, s.vertex_predict_route, s.vertex_health_route) == (8081, "/predict", "/healthz")
+    assert (s.server.port, s.server.vertex_predict_route, s.server.vertex_health_route) == (8081, "/predict", "/healthz")
     assert any("AIP_HTTP_PORT" in n for n in s.notices)
     s = parse(AIP_HTTP_PORT="8081", AIP_PREDICT_ROUTE="/p")
-    assert (s.port, s.vertex_predict_route) == (8080, None)
+    assert (s.server.port, s.server.vertex_predict_route) == (8080, None)

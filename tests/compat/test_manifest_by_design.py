@@ -28,12 +28,12 @@ def _flags():
 def test_sampling_default_left_to_checkpoint(spelling, field, value, expected):
     flags = _flags()
     absent = flags.parse_server_args(["-m", "some/model"], {})
-    assert getattr(absent, field) is None
+    assert getattr(absent.sampling, field) is None
     given = flags.parse_server_args(["-m", "some/model", spelling, value], {})
-    assert getattr(given, field) == pytest.approx(expected)
+    assert getattr(given.sampling, field) == pytest.approx(expected)
 
 
 def test_parallel_auto_is_four_slots():
     flags = _flags()
-    assert flags.parse_server_args(["-m", "some/model", "--parallel", "-1"], {}).parallel == 4
-    assert flags.parse_server_args(["-m", "some/model", "-np", "2"], {}).parallel == 2
+    assert flags.parse_server_args(["-m", "some/model", "--parallel", "-1"], {}).engine.parallel == 4
+    assert flags.parse_server_args(["-m", "some/model", "-np", "2"], {}).engine.parallel == 2

@@ -13,7 +13,7 @@ import pytest
 
 from mlxcel.api.state import AppState
 from mlxcel.backends.select import choose
-from mlxcel.config.settings import ServerSettings
+from mlxcel.config.settings import EngineSection, ServerSection, ServerSettings, SourceSection
 from mlxcel.runtime.load import load_served_model
 from tests.conftest import default_compute_dtype, fixture_path
 from tests.e2e.inprocess import AppServer
@@ -22,10 +22,12 @@ from tests.fixtures import DEFAULT_MODEL, QWEN2_TINY
 
 @pytest.fixture(scope="module")
 def smol():
-    settings = ServerSettings(model=DEFAULT_MODEL, parallel=1, metrics=True, props=True, warmup=False)
+    settings = ServerSettings(source=SourceSection(model=DEFAULT_MODEL),
+                              server=ServerSection(metrics=True, props=True),
+                              engine=EngineSection(parallel=1, warmup=False))
     model = load_served_model(settings, fixture_path(DEFAULT_MODEL))
     on = AppServer(AppState(settings=settings, model=model))
-    off = AppServer(AppState(settings=replace(settings, metrics=False, props=False, slots=False), model=model))
+    off = AppServer(AppState(settings=replace(settings, server=replace(settings.server, metrics=False, props=False, slots=False)), model=model))
     yield on, off
     on.stop()
     off.stop()
@@ -34,10 +36,10 @@ def smol():
 
 @pytest.fixture(scope="module")
 def qwen():
-    settings = ServerSettings(model=QWEN2_TINY, warmup=False)
+    settings = ServerSettings(source=SourceSection(model=QWEN2_TINY), engine=EngineSection(warmup=False))
     model = load_served_model(settings, fixture_path(QWEN2_TINY))
     psm = AppServer(AppState(settings=settings, model=model))
-    spm = AppServer(AppState(settings=replace(settings, spm_infill=True), model=model))
+    spm = AppServer(AppState(settings=replace(settings, server=replace(settings.server, spm_infill=True)), model=model))
     yield psm, spm
     psm.stop()
     spm.stop()

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from mlxcel.api.state import AppState
-from mlxcel.config.settings import ServerSettings
+from mlxcel.config.settings import EngineSection, ServerSection, ServerSettings, SourceSection
 from mlxcel.runtime.load import load_served_model
 from tests.conftest import fixture_path
 from tests.e2e.inprocess import AppServer
@@ -23,7 +23,9 @@ ALPHA, BETA = "key-alpha", "key-beta"
 
 @pytest.fixture(scope="module")
 def server():
-    settings = ServerSettings(model=QWEN2_TINY, warmup=False, parallel=1, api_keys=[ALPHA, BETA])
+    settings = ServerSettings(source=SourceSection(model=QWEN2_TINY),
+                              server=ServerSection(api_keys=[ALPHA, BETA]),
+                              engine=EngineSection(warmup=False, parallel=1))
     model = load_served_model(settings, fixture_path(QWEN2_TINY))
     s = AppServer(AppState(settings=settings, model=model))
     yield s

@@ -70,16 +70,21 @@ def _req(**kw):
 MODEL = SimpleNamespace(tokenizer=SimpleNamespace(encode=lambda s, add_special_tokens=False: [ord(c) for c in s]))
 
 
+def _server(budget: int, message: str):
+    """Settings with only their chat section's --reasoning-budget(-message)."""
+    return SimpleNamespace(chat=SimpleNamespace(reasoning_budget=budget, reasoning_budget_message=message))
+
+
 def test_request_fields_win_over_the_server_flags():
-    server = SimpleNamespace(reasoning_budget=4, reasoning_budget_message="!")
-    assert _budget(SimpleNamespace(reasoning_budget=-1, reasoning_budget_message=""), MODEL, _req()) is None
+    server = _server(4, "!")
+    assert _budget(_server(-1, ""), MODEL, _req()) is None
     b = _budget(server, MODEL, _req())
     assert (b.budget, b.message_ids, b.open_ids, b.close_ids) == (4, (33,), tuple(map(ord, "<think>")),
                                                                   tuple(map(ord, "</think>")))
     b = _budget(server, MODEL, _req(reasoning_budget_tokens=0, reasoning_budget_message="",
                                     reasoning_budget_start_tag="<a>", reasoning_budget_end_tag="</a>"))
     assert (b.budget, b.message_ids, b.close_ids) == (0, (), tuple(map(ord, "</a>")))
-    armed = _budget(SimpleNamespace(reasoning_budget=-1, reasoning_budget_message=""), MODEL,
+    armed = _budget(_server(-1, ""), MODEL,
                     _req(reasoning_control=True))
     assert armed.budget == -1 and armed.control is not None
     with pytest.raises(ApiError) as e:
@@ -92,8 +97,8 @@ def test_server_flags_and_environment():
     from mlxcel.config.refusal import StartupRefusal
 
     s = parse_server_args(["-m", "x", "--reasoning-budget", "0", "--reasoning-budget-message", "Enough."], {})
-    assert (s.reasoning_budget, s.reasoning_budget_message) == (0, "Enough.")
-    assert parse_server_args(["-m", "x"], {"LLAMA_ARG_THINK_BUDGET": "12"}).reasoning_budget == 12
-    assert parse_server_args(["-m", "x"], {}).reasoning_budget == -1
+    assert (s.chat.reasoning_budget, s.chat.reasoning_budget_message) == (0, "Enough.")
+    assert parse_server_args(["-m", "x"], {"LLAMA_ARG_THINK_BUDGET": "12"}).chat.reasoning_budget == 12
+    assert parse_server_args(["-m", "x"], {}).chat.reasoning_budget == -1
     with pytest.raises(StartupRefusal):
         parse_server_args(["-m", "x", "--reasoning-budget", "-5"], {})

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mlxcel.config.settings import ServerSettings
+from mlxcel.config.settings import BackendSection, EngineSection, ServerSettings
 from tests.conftest import fixture_path
 from tests.fixtures import GEMMA3, LLAMA3_TOOLS_TINY
 
@@ -41,7 +41,8 @@ def last_logits(path: Path, backend: str) -> np.ndarray:
     from mlxcel.engine.tokenizer import Tokenizer
     from mlxcel.runtime.load import load_backend
 
-    settings = ServerSettings(backend=backend, device="cpu", dtype="float32", warmup=False)
+    settings = ServerSettings(engine=EngineSection(warmup=False),
+                              backend=BackendSection(name=backend, device="cpu", dtype="float32"))
     model, _ = load_backend(settings, path)
     ids = Tokenizer(path).encode(PROMPT)
     assert len(ids) > 8  # RoPE bases differ only away from position 0

@@ -13,7 +13,7 @@ import os
 import pytest
 
 from mlxcel.cli.flags import BUILD_ENV
-from mlxcel.config.settings import ServerSettings
+from mlxcel.config.settings import BackendSection, EngineSection, KvSection, ServerSettings, SourceSection
 from mlxcel.engine.kv_manager import BLOCK_SIZE
 from mlxcel.engine.sampling_params import SamplingParams
 from mlxcel.engine.types import GenerationRequest
@@ -23,12 +23,16 @@ GREEDY = SamplingParams(temperature=0.0)
 LONG_TEXT = " ".join(f"Item {i}: the {['red', 'green', 'blue', 'amber'][i % 4]} box holds {i * 7 % 13} stones." for i in range(40))
 
 
-def make_model(**overrides):
-    """A served model as the CLI builds it (torch with mlxcel's CPU kernels, as served)."""
+def make_model(backend: str = "mlx", *, dtype: str = "auto", cache_ram_mib: int | None = None, **engine):
+    """A served model as the CLI builds it (torch with mlxcel's CPU kernels, as served);
+    `engine`: EngineSection fields over this file's defaults."""
     from mlxcel.runtime.load import load_served_model
 
-    overrides = {"backend": "mlx", "build_env": {k: os.environ[k] for k in BUILD_ENV if k in os.environ}, **overrides}
-    settings = ServerSettings(**{"model": DEFAULT_MODEL, "ctx_size": 8192, "parallel": 4, "warmup": False, **overrides})
+    build_env = {k: os.environ[k] for k in BUILD_ENV if k in os.environ}
+    settings = ServerSettings(source=SourceSection(model=DEFAULT_MODEL),
+                              engine=EngineSection(**{"ctx_size": 8192, "parallel": 4, "warmup": False, **engine}),
+                              backend=BackendSection(name=backend, dtype=dtype, build_env=build_env),
+                              kv=KvSection() if cache_ram_mib is None else KvSection(cache_ram_mib=cache_ram_mib))
     return load_served_model(settings, fixture_path(DEFAULT_MODEL))
 
 
@@ -231,7 +235,9 @@ def test_drain_waits_for_running_requests_and_shutdown_ends_the_rest():
     from mlxcel.runtime.load import load_served_model
     from tests.fixtures import QWEN2_TINY
 
-    settings = ServerSettings(model=QWEN2_TINY, backend="mlx", ctx_size=2048, parallel=2, warmup=False)
+    settings = ServerSettings(source=SourceSection(model=QWEN2_TINY),
+                              engine=EngineSection(ctx_size=2048, parallel=2, warmup=False),
+                              backend=BackendSection(name="mlx"))
     m = load_served_model(settings, fixture_path(QWEN2_TINY))
     engine = m.engine
     prompt = m.tokenizer.encode("a b c")

@@ -145,7 +145,7 @@ def test_startup_refuses_an_adapter_that_does_not_fit_the_checkpoint(tmp_path):
     from tests.conftest import DEFAULT_MODEL, fixture_path
 
     d, _, _ = _peft(tmp_path)  # q_proj [6, 8]: SmolLM2's is [576, 576]
-    settings = SimpleNamespace(lora=[L.AdapterSpec(d)], lora_init_without_apply=False)
+    settings = SimpleNamespace(lora=SimpleNamespace(adapters=[L.AdapterSpec(d)], init_without_apply=False))
     with pytest.raises(StartupRefusal, match=r"q_proj is \[576, 576\] in the model, but the adapter's A is \[2, 8\]"):
         load_for_checkpoint(settings, fixture_path(DEFAULT_MODEL))
     from safetensors.numpy import save_file
@@ -155,7 +155,7 @@ def test_startup_refuses_an_adapter_that_does_not_fit_the_checkpoint(tmp_path):
               str(d / L.PEFT_WEIGHTS))
     with pytest.raises(StartupRefusal, match="target module model.layers.0.mlp.nope is not a linear layer"):
         load_for_checkpoint(settings, fixture_path(DEFAULT_MODEL))
-    settings.lora_init_without_apply = True
+    settings.lora.init_without_apply = True
     save_file({"base_model.model.model.layers.0.self_attn.v_proj.lora_A.weight": np.zeros((R, 576), np.float32),
                "base_model.model.model.layers.0.self_attn.v_proj.lora_B.weight": np.zeros((192, R), np.float32)},
               str(d / L.PEFT_WEIGHTS))
@@ -172,8 +172,8 @@ def test_cli_specs_through_the_real_parser(tmp_path):
     b, _, _ = _peft(tmp_path, "b")
     s = parse_server_args(["-m", "x", "--lora-scaled", f"{a}:0.5,{b}:-1", "--lora", f"{b}", "--lora", f"{a}",
                            "--lora-init-without-apply"], {})
-    assert [(x.path, x.scale) for x in s.lora] == [(b, 1.0), (a, 1.0), (a, 0.5), (b, -1.0)]
-    assert s.lora_init_without_apply is True
+    assert [(x.path, x.scale) for x in s.lora.adapters] == [(b, 1.0), (a, 1.0), (a, 0.5), (b, -1.0)]
+    assert s.lora.init_without_apply is True
     gguf = tmp_path / "x.gguf"
     gguf.write_bytes(b"GGUF")
     with pytest.raises(StartupRefusal, match="a GGUF LoRA file"):

@@ -16,7 +16,7 @@ YARN = {**PLAIN, "rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_p
 
 
 def rope(*argv: str) -> RopeOverrides:
-    return parse_server_args(["-m", "x", *argv], {}).rope
+    return parse_server_args(["-m", "x", *argv], {}).backend.rope
 
 
 def test_sentinels_ask_for_nothing():

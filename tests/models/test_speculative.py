@@ -44,10 +44,10 @@ def attach(model, kind, draft_model=None, **kw):
     if kind == NGRAM_SIMPLE:
         model.engine.speculator = Speculator(config, NgramDrafter(config))
         return
-    from mlxcel.config.settings import ServerSettings
+    from mlxcel.config.settings import BackendSection, ServerSettings
     from mlxcel.engine.kv_manager import BLOCK_SIZE
 
-    draft, _ = load_backend(ServerSettings(backend=model.info.backend), draft_model)
+    draft, _ = load_backend(ServerSettings(backend=BackendSection(name=model.info.backend)), draft_model)
     e = model.engine
     model.engine.speculator = Speculator(config, ModelDrafter(
         draft, config, n_ctx_slot=e.n_ctx_slot, parallel=e.parallel, batch_size=e.batch_size, block_size=BLOCK_SIZE,

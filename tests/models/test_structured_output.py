@@ -13,7 +13,7 @@ import json
 import jsonschema
 import pytest
 
-from mlxcel.config.settings import ServerSettings
+from mlxcel.config.settings import EngineSection, ServerSettings, SourceSection
 from mlxcel.chat.chat_template import render_chat
 from mlxcel.engine.sampling_params import SamplingParams
 from mlxcel.engine.types import GenerationRequest
@@ -43,7 +43,8 @@ N_DOCS, BATCH = 50, 10
 def model():
     from mlxcel.runtime.load import load_served_model
 
-    settings = ServerSettings(model=DEFAULT_MODEL, ctx_size=8192, parallel=BATCH, warmup=False)
+    settings = ServerSettings(source=SourceSection(model=DEFAULT_MODEL),
+                              engine=EngineSection(ctx_size=8192, parallel=BATCH, warmup=False))
     m = load_served_model(settings, fixture_path(DEFAULT_MODEL))
     yield m
     m.engine.shutdown()
@@ -114,7 +115,7 @@ def test_json_schema_flag_default_compiles_against_the_vocabulary(model):
     from mlxcel.runtime.load import load_default_grammar
 
     settings = parse_server_args(["-m", DEFAULT_MODEL, "--json-schema", json.dumps({"enum": ["a", "b"]})], {})
-    assert settings.default_grammar[0] == "json_schema"
+    assert settings.sampling.grammar[0] == "json_schema"
     saved = model.default_grammar
     try:
         load_default_grammar(settings, model)

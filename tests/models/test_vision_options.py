@@ -64,10 +64,10 @@ def test_a_fixed_geometry_checkpoint_with_a_budget_is_refused(tmp_path, monkeypa
 
 def test_image_token_flags():
     s = parse_server_args(["-m", "x", "--image-min-tokens", "8", "--image-max-tokens", "32"], {})
-    assert (s.image_min_tokens, s.image_max_tokens) == (8, 32)
+    assert (s.media.image_min_tokens, s.media.image_max_tokens) == (8, 32)
     s = parse_server_args(["-m", "x", "--image-min-tokens", "0"], {"LLAMA_ARG_IMAGE_MAX_TOKENS": "-1"})
-    assert (s.image_min_tokens, s.image_max_tokens) == (None, None)
-    assert parse_server_args(["-m", "x"], {"LLAMA_ARG_IMAGE_MAX_TOKENS": "16"}).image_max_tokens == 16
+    assert (s.media.image_min_tokens, s.media.image_max_tokens) == (None, None)
+    assert parse_server_args(["-m", "x"], {"LLAMA_ARG_IMAGE_MAX_TOKENS": "16"}).media.image_max_tokens == 16
     with pytest.raises(StartupRefusal, match="--image-max-tokens 8 is below --image-min-tokens 32"):
         parse_server_args(["-m", "x", "--image-max-tokens", "8", "--image-min-tokens", "32"], {})
     with pytest.raises(StartupRefusal):
@@ -81,11 +81,11 @@ def test_mtmd_batch_max_tokens_is_inert_at_1024_only():
 
 
 def test_mmproj_switch_and_media_path(tmp_path):
-    assert parse_server_args(["-m", "x"], {}).mmproj is True
+    assert parse_server_args(["-m", "x"], {}).media.mmproj is True
     for spelling in ("--no-mmproj", "--no-mmproj-auto"):
-        assert parse_server_args(["-m", "x", spelling], {}).mmproj is False
-    assert parse_server_args(["-m", "x"], {"LLAMA_ARG_MMPROJ_AUTO": "0"}).mmproj is False
-    assert parse_server_args(["-m", "x", "--media-path", str(tmp_path)], {}).media_path == tmp_path.resolve()
+        assert parse_server_args(["-m", "x", spelling], {}).media.mmproj is False
+    assert parse_server_args(["-m", "x"], {"LLAMA_ARG_MMPROJ_AUTO": "0"}).media.mmproj is False
+    assert parse_server_args(["-m", "x", "--media-path", str(tmp_path)], {}).media.media_path == tmp_path.resolve()
     with pytest.raises(StartupRefusal, match="not a directory"):
         parse_server_args(["-m", "x", "--media-path", str(tmp_path / "nope")], {})
 

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from mlxcel.cli.flags import BUILD_ENV
-from mlxcel.config.settings import ServerSettings
+from mlxcel.config.settings import BackendSection, EngineSection, ServerSettings, SourceSection
 from mlxcel.engine.sampling_params import SamplingParams
 from mlxcel.engine.types import GenerationRequest
 from mlxcel.models.registry import FAMILIES
@@ -86,8 +86,10 @@ def served(request):
 
     family, backend = request.param
     ref = fixtures.zoo_fixture(family)
-    settings = ServerSettings(model=ref, ctx_size=2048, parallel=4, warmup=False, backend=backend, dtype="float32",
-                              build_env={k: os.environ[k] for k in BUILD_ENV if k in os.environ})
+    settings = ServerSettings(source=SourceSection(model=ref),
+                              engine=EngineSection(ctx_size=2048, parallel=4, warmup=False),
+                              backend=BackendSection(name=backend, dtype="float32",
+                                                     build_env={k: os.environ[k] for k in BUILD_ENV if k in os.environ}))
     model = load_served_model(settings, fixture_path(ref))
     yield model
     model.engine.shutdown()

@@ -35,11 +35,11 @@ def _ini(tmp_path: Path, text: str) -> Path:
 
 def test_router_flags_land_in_settings(tmp_path):
     s = parse_server_args(["--models-dir", str(tmp_path), "--models-max", "2", "--no-models-autoload"], {})
-    assert (s.models_dir, s.models_max, s.models_autoload) == (tmp_path, 2, False)
+    assert (s.router.models_dir, s.router.models_max, s.router.models_autoload) == (tmp_path, 2, False)
     assert is_router(s)
     env = parse_server_args([], {"LLAMA_ARG_MODELS_DIR": str(tmp_path), "LLAMA_ARG_MODELS_MAX": "0",
                                  "LLAMA_ARG_MODELS_AUTOLOAD": "false"})
-    assert (env.models_dir, env.models_max, env.models_autoload) == (tmp_path, 0, False)
+    assert (env.router.models_dir, env.router.models_max, env.router.models_autoload) == (tmp_path, 0, False)
     single = parse_server_args(["-m", "some/model", "--models-max", "2"], {})
     assert not is_router(single)
     assert any("--models-max applies to router mode only" in n for n in single.notices)
@@ -97,12 +97,12 @@ def test_preset_values_apply_through_the_flag_pipeline(tmp_path):
                                     "parallel = 2\nseed = 7\nn-predict = 9\ntop-p = 0.5\nmin-p = 0.1\n"))
     base = parse_server_args(["--models-preset", str(p.path), "--top-k", "3"], {})
     own = model_settings(base, [p.global_, p.sections["m"]])
-    assert (own.ctx_size, own.parallel, own.seed, own.n_predict) == (256, 2, 7, 9)  # the model's section wins
-    assert (own.temperature, own.top_p, own.min_p, own.top_k) == (0.3, 0.5, 0.1, 3)
-    assert base.ctx_size == 0 and own.models_preset is None  # the router's own settings are untouched
+    assert (own.engine.ctx_size, own.engine.parallel, own.sampling.seed, own.engine.n_predict) == (256, 2, 7, 9)  # the model's section wins
+    assert (own.sampling.temperature, own.sampling.top_p, own.sampling.min_p, own.sampling.top_k) == (0.3, 0.5, 0.1, 3)
+    assert base.engine.ctx_size == 0 and own.router.models_preset is None  # the router's own settings are untouched
     # a flag the router was started with wins over every preset
     pinned = parse_server_args(["--models-preset", str(p.path), "-c", "1024"], {})
-    assert model_settings(pinned, [p.global_, p.sections["m"]]).ctx_size == 1024
+    assert model_settings(pinned, [p.global_, p.sections["m"]]).engine.ctx_size == 1024
     assert "--ctx-size" not in effective_args(pinned, [p.global_, p.sections["m"]])
     assert effective_args(base, [p.global_, p.sections["m"]])[:2] == ["--ctx-size", "256"]
 

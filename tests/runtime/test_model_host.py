@@ -20,7 +20,7 @@ import pytest
 from mlxcel.api.errors import ApiError
 from mlxcel.api.model_switch import check_not_busy, load_model
 from mlxcel.api.state import AppState
-from mlxcel.config.settings import ServerSettings
+from mlxcel.config.settings import BackendSection, EngineSection, ServerSettings
 from mlxcel.engine.engine import Engine
 from mlxcel.engine.sampling_params import SamplingParams
 from mlxcel.runtime.host import HostBusy, LoadFailed, ModelHost
@@ -43,8 +43,9 @@ def checkpoint(root: Path, name: str) -> Path:
     return path
 
 
-def settings(**kw) -> ServerSettings:
-    return ServerSettings(backend="mlx", device="cpu", model_memory_budget_mib=64, **kw)
+def settings(**engine) -> ServerSettings:
+    return ServerSettings(backend=BackendSection(name="mlx", device="cpu"),
+                          engine=EngineSection(model_memory_budget_mib=64, **engine))
 
 
 class Loader:
@@ -72,7 +73,7 @@ class Loader:
         backend.info = replace(backend.info, path=Path(path))  # where a restore loads it back from
         self.backends.append(backend)
         engine = Engine(backend, FakeTokenizer(), n_ctx=512, parallel=2, batch_size=64, cache_budget_bytes=None,
-                        sleep_idle_seconds=settings.sleep_idle_seconds, reload=FakeBackend, release_memory=release)
+                        sleep_idle_seconds=settings.engine.sleep_idle_seconds, reload=FakeBackend, release_memory=release)
         engine.start()
         return ServedModel(id=served_id or Path(path).name, aliases=[], info=backend.info,
                            tokenizer=engine.tokenizer, engine=engine, defaults=SamplingParams(temperature=0.0),

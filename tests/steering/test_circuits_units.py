@@ -134,8 +134,8 @@ def test_dial_floors_come_from_the_environment_and_reach_the_rules(tmp_path):
     from mlxcel.cli.flags import StartupRefusal, parse_server_args
 
     s = parse_server_args(["-m", "x"], {"CLUSTER_INTENSITY_MIN": "0.2", "CIRCUIT_INTENSITY_MIN": "0.4"})
-    assert (s.cluster_intensity_min, s.circuit_intensity_min) == (0.2, 0.4)
-    assert parse_server_args(["-m", "x"], {}).circuit_intensity_min == 0.0
+    assert (s.steering.cluster_intensity_min, s.steering.circuit_intensity_min) == (0.2, 0.4)
+    assert parse_server_args(["-m", "x"], {}).steering.circuit_intensity_min == 0.0
     with pytest.raises((StartupRefusal, SystemExit)):
         parse_server_args(["-m", "x"], {"CIRCUIT_INTENSITY_MIN": "high"})
     m = SteeringManager(64, 2, cluster_min=0.2, circuit_min=0.4)

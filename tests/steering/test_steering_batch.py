@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from mlxcel.engine.backend import ForwardRow
-from mlxcel.config.settings import ServerSettings
+from mlxcel.config.settings import BackendSection, EngineSection, ServerSettings, SourceSection
 from mlxcel.engine.sampling_params import SamplingParams
 from mlxcel.engine.types import GenerationRequest
 from mlxcel.steering import requests as steer
@@ -29,8 +29,9 @@ GREEDY = SamplingParams(temperature=0.0)
 def served(request):
     from mlxcel.runtime.load import load_served_model
 
-    m = load_served_model(ServerSettings(model=QWEN2_TINY, ctx_size=2048, parallel=4, warmup=False,
-                                         backend=request.param), fixture_path(QWEN2_TINY))
+    m = load_served_model(ServerSettings(source=SourceSection(model=QWEN2_TINY),
+                                         engine=EngineSection(ctx_size=2048, parallel=4, warmup=False),
+                                         backend=BackendSection(name=request.param)), fixture_path(QWEN2_TINY))
     assert m.info.backend == request.param
     yield m
     m.engine.shutdown()

@@ -127,7 +127,7 @@ async def completion(request: Request, app_state: AppState) -> Any:
     body = await read_json_object(request)
     check_count(body, "prompt", MAX_PROMPTS, "prompts")
     model = served_model(app_state, None)
-    nreq = parse_native(body, model, app_state.settings.parallel, app_state.settings.sse_ping_interval)
+    nreq = parse_native(body, model, app_state.settings.engine.parallel, app_state.settings.server.sse_ping_interval)
     nreq.template.grammar = await native_grammar.resolve(body, model)
     nreq.template.keep_tokens = native_grammar.preserved_tokens(body, model)  # written into the text
     nreq.template.grammar = native_grammar.lazy(body, model, nreq.template.grammar, nreq.template.keep_tokens)

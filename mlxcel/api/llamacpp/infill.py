@@ -121,12 +121,12 @@ async def infill(request: Request, app_state: AppState) -> Any:
     if fim.missing():
         raise ApiError(501, f"Infill is not supported by this model: {fim.missing()}",
                        code="not_supported", type="not_supported_error")
-    nreq = parse_native({k: v for k, v in body.items() if k not in INFILL_FIELDS}, model, app_state.settings.parallel,
-                        app_state.settings.sse_ping_interval)
+    nreq = parse_native({k: v for k, v in body.items() if k not in INFILL_FIELDS}, model,
+                        app_state.settings.engine.parallel, app_state.settings.server.sse_ping_interval)
     nreq.template.grammar = await native_grammar.resolve(body, model)
     nreq.template.keep_tokens = native_grammar.preserved_tokens(body, model)  # written into the text
     nreq.template.grammar = native_grammar.lazy(body, model, nreq.template.grammar, nreq.template.keep_tokens)
     s = app_state.settings
-    tokens = infill_prompt(model.tokenizer, fim, body, spm=s.spm_infill, n_ctx=model.n_ctx,
-                           n_batch=s.batch_size, n_predict=nreq.template.max_tokens)
+    tokens = infill_prompt(model.tokenizer, fim, body, spm=s.server.spm_infill, n_ctx=model.n_ctx,
+                           n_batch=s.engine.batch_size, n_predict=nreq.template.max_tokens)
     return await respond(request, app_state, model, nreq, [with_prompt(nreq.template, tokens)])

@@ -65,7 +65,7 @@ def render_prometheus(st: EngineStats) -> str:
 
 @get("/metrics")
 async def metrics(app_state: AppState) -> Response:
-    if not app_state.settings.metrics:
+    if not app_state.settings.server.metrics:
         raise ApiError(501, "This server does not support metrics endpoint. Start it with `--metrics`",
                        code="not_supported", type="not_supported_error")
     st = served_model(app_state, None).engine.stats(reset_bucket=True)

@@ -57,11 +57,11 @@ def props_json(app_state: AppState, model: ServedModel) -> dict:
         "model_alias": model.id,
         "model_ftype": model_ftype(model),
         "model_path": str(model.info.path),
-        "modalities": {"vision": model.vision is not None and s.mmproj, "video": False, "audio": False},
+        "modalities": {"vision": model.vision is not None and s.media.mmproj, "video": False, "audio": False},
         "media_marker": MEDIA_MARKER,
-        "endpoint_slots": s.slots,
-        "endpoint_props": s.props,
-        "endpoint_metrics": s.metrics,
+        "endpoint_slots": s.server.slots,
+        "endpoint_props": s.server.props,
+        "endpoint_metrics": s.server.metrics,
         "ui": False,
         "ui_settings": {},
         "chat_template": tok.chat_template or "",
@@ -76,7 +76,7 @@ def props_json(app_state: AppState, model: ServedModel) -> dict:
                     "dtype": model.info.dtype, "compute_dtype": model.info.dtype, "checkpoint_dtype": model.info.checkpoint_dtype,
                     "quantization": model.info.quantization},
         "geometry": {"n_ctx": model.engine.n_ctx, "n_ctx_slot": model.n_ctx, "n_parallel": model.engine.parallel,
-                     "n_batch": model.engine.batch_size, "n_ubatch": s.ubatch_size},
+                     "n_batch": model.engine.batch_size, "n_ubatch": s.engine.ubatch_size},
         "kv_cache": model.engine.kv_usage(),
         # the resolved speculative decoding (--spec-type / -md): null when off
         "speculative": spec.config.props() if (spec := model.engine.speculator) is not None else None,
@@ -94,7 +94,7 @@ async def get_props(app_state: AppState) -> dict:
 
 @post("/props", status_code=200)
 async def post_props(request: Request, app_state: AppState) -> Response:
-    if not app_state.settings.props:
+    if not app_state.settings.server.props:
         raise ApiError(501, "This server does not support changing global properties. Start it with `--props`",
                        code="not_supported", type="not_supported_error")
     return Response({"success": True})

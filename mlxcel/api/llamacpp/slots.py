@@ -43,7 +43,7 @@ def slot_json(info: SlotInfo, defaults: GenerationRequest, speculative: bool = F
 
 @get("/slots")
 async def get_slots(request: Request, app_state: AppState) -> list:
-    if not app_state.settings.slots:
+    if not app_state.settings.server.slots:
         raise ApiError(501, "This server does not support slots endpoint. Start it with `--slots`",
                        code="not_supported", type="not_supported_error")
     model = served_model(app_state, None)
@@ -74,7 +74,7 @@ async def _run(engine, action: str, slot: int, tokens: list[int] | None = None):
 @post("/slots/{id_slot:str}", status_code=200)
 async def slot_action(request: Request, app_state: AppState, id_slot: str) -> dict:
     """b10621's save / restore / erase of one slot's state (here: its token stream)."""
-    root = app_state.settings.slot_save_path
+    root = app_state.settings.server.slot_save_path
     if root is None:
         raise ApiError(501, "This server does not support slots action. Start it with `--slot-save-path`",
                        code="not_supported", type="not_supported_error")

@@ -253,7 +253,7 @@ async def chat_completions(request: Request, app_state: AppState) -> Any:
     greqs, steer_headers, reader = await _rows(app_state, model, ask, prep, images)
     outputs = [chat_surface.ChatOutput(prep, parallel_tool_calls=req.parallel_tool_calls is not False,
                                        echo=bool(req.echo)) for _ in greqs]  # one output parser per choice
-    encoder = ChatEncoder(base, g.fingerprint(model), outputs, alias=app_state.settings.reasoning_alias_field,
+    encoder = ChatEncoder(base, g.fingerprint(model), outputs, alias=app_state.settings.chat.reasoning_alias_field,
                           include_usage=bool(req.stream_options and req.stream_options.include_usage),
                           reader=reader, constraint=ask.constraint, on_begin=_armer(app_state, cid, prep))
     job = Job(model=model, requests=greqs, headers={**ask.headers, **steer_headers}, stream=req.stream)

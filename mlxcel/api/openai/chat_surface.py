@@ -97,10 +97,10 @@ def prepare(state: AppState, model: ServedModel, req: Any) -> Prepared:
     elif req.tool_choice not in (None, "auto", "none"):
         raise ApiError(400, "tool_choice 'required' or a named function needs 'tools'", code="invalid_parameter",
                        param="tool_choice")
-    if forced is not None and settings.skip_chat_parsing:
+    if forced is not None and settings.chat.skip_parsing:
         raise ApiError(400, "tool_choice 'required' or a named function needs chat parsing, which "
                        "--skip-chat-parsing turns off", code="field_not_honoured", param="tool_choice")
-    kwargs = dict(settings.chat_template_kwargs)
+    kwargs = dict(settings.chat.template_kwargs)
     if req.chat_template_kwargs is not None:
         if not isinstance(req.chat_template_kwargs, dict):
             raise ApiError(400, "chat_template_kwargs must be an object", code="invalid_parameter",
@@ -108,20 +108,21 @@ def prepare(state: AppState, model: ServedModel, req: Any) -> Prepared:
         kwargs.update(req.chat_template_kwargs)
     if req.reasoning_effort is not None:
         kwargs["reasoning_effort"] = req.reasoning_effort
-    fmt = req.reasoning_format if req.reasoning_format is not None else settings.reasoning_format
+    fmt = req.reasoning_format if req.reasoning_format is not None else settings.chat.reasoning_format
     if fmt not in FORMATS:
         raise ApiError(400, f"reasoning_format must be one of {', '.join(FORMATS)}", code="invalid_parameter",
                        param="reasoning_format")
     messages = template_history(req.messages)
     prefill = ""
-    if settings.prefill_assistant and messages and isinstance(messages[-1], dict) \
+    if settings.chat.prefill_assistant and messages and isinstance(messages[-1], dict) \
             and messages[-1].get("role") == "assistant":
         prefill = messages[-1].get("content") or ""
         prefill = prefill if isinstance(prefill, str) else ""
-    text = render_prompt_text(model, messages, tools=tools, extra=kwargs, prefill_assistant=settings.prefill_assistant)
+    text = render_prompt_text(model, messages, tools=tools, extra=kwargs,
+                              prefill_assistant=settings.chat.prefill_assistant)
     prompt = model.tokenizer.encode(text, add_special_tokens=False)
     budget = _budget(settings, model, req)
-    parse = not settings.skip_chat_parsing
+    parse = not settings.chat.skip_parsing
     markers = {}
     if parse and tools:
         markers = {m: i for m in MARKERS if (i := model.tokenizer.single_special(m)) is not None}
@@ -134,7 +135,7 @@ INT32_MAX = 2**31 - 1
 
 def _budget(settings: Any, model: ServedModel, req: Any) -> ReasoningBudget | None:
     """The thinking budget of a request: its own fields over --reasoning-budget(-message)."""
-    n = req.reasoning_budget_tokens if req.reasoning_budget_tokens is not None else settings.reasoning_budget
+    n = req.reasoning_budget_tokens if req.reasoning_budget_tokens is not None else settings.chat.reasoning_budget
     if isinstance(n, bool) or not isinstance(n, int) or not -1 <= n <= INT32_MAX:
         raise ApiError(400, f"Field 'reasoning_budget_tokens': Value must be between -1 <= value <= {INT32_MAX}, "
                        f"but got {n}", code="invalid_parameter", param="reasoning_budget_tokens")
@@ -144,7 +145,7 @@ def _budget(settings: Any, model: ServedModel, req: Any) -> ReasoningBudget | No
     ends = req.reasoning_budget_end_tags or ([req.reasoning_budget_end_tag] if req.reasoning_budget_end_tag else [])
     start, end = req.reasoning_budget_start_tag or OPEN, (ends[0] if ends else CLOSE)
     message = req.reasoning_budget_message
-    message = settings.reasoning_budget_message if message is None else message
+    message = settings.chat.reasoning_budget_message if message is None else message
     if not isinstance(end, str) or not end:
         raise ApiError(400, "reasoning_budget_end_tags must be non-empty strings", code="invalid_parameter",
                        param="reasoning_budget_end_tags")
