@@ -106,7 +106,7 @@ def test_a_family_without_a_transformers_class_runs_on_mlx_and_torch_refuses_it_
     auto = select_backend(ServerSettings(), tmp_path)
     assert (auto.backend, auto.device) == ("mlx", "cpu") and "internlm2 has no transformers class" in auto.reason
     with pytest.raises(StartupRefusal, match="--backend torch: internlm2 has no transformers class.*--backend mlx"):
-        select_backend(ServerSettings(backend="torch"), tmp_path)
+        select_backend(on("torch"), tmp_path)
     with pytest.raises(BackendRefused, match="this family runs only on the MLX backend"):
         choose("auto", "cuda:0", apple=False, has_torch=True, mlx_only="internlm2 has no transformers class")
     with pytest.raises(UnsupportedModelType, match="internlm2 has no transformers class.*--backend mlx"):
