@@ -181,6 +181,12 @@ class StepPlan:
         return k, v
 
 
+def expands_cache(module) -> bool:
+    """Whether an attention module caches something other than its keys and values and makes
+    them from what the cache returns (transformers' DeepSeek V2/V3: the latent and rotary key)."""
+    return callable(getattr(module, "expand_kv", None))
+
+
 def store(storage: PagedStorage, layer: int, write: torch.Tensor, key_states: torch.Tensor,
           value_states: torch.Tensor) -> None:
     """A step's new keys/values [B, kv_heads, n, D] into their slots `write` [B * n]."""
