@@ -163,6 +163,8 @@ class StepPlan:
         if self.decode_all:  # not the kernel's kind of attention: store, then SDPA as without it
             store(self.storage, layer, self.write, key, value)
         key, value = self.gather(layer)
+        if expands_cache(module):  # MLA's latent pair (the kernels are off for it; kept whole here too)
+            key, value = module.expand_kv(key, value)
         window = getattr(module, "sliding_window", None)
         mask = additive_mask(causal_allowed(self._qpos, self.lmax, window)[:, None], query.dtype, self.device)
         return scores.attention(module, query, key, value, mask, dropout=dropout, scaling=scaling, **kwargs)
