@@ -51,10 +51,11 @@ class ForwardRow:
 @dataclass(frozen=True)
 class LayerKV:
     """What one layer keeps per token of context. `kind` is how the layer attends:
-    "full" (every earlier token) or "sliding" (the last `window` tokens). Other kinds name
-    storage the KV manager does not hold yet: "latent" (a compressed per-token latent, as
-    multi-head latent attention stores), "recurrent" (a fixed-size state per sequence rather
-    than per token); `quant` names a quantized block format (None: the compute dtype)."""
+    "full" (every earlier token), "sliding" (the last `window` tokens) or "latent" (every
+    earlier token, through multi-head latent attention: the pool keeps each token's compressed
+    latent and shared rotary key, not per-head keys and values). Other kinds name storage the
+    KV manager does not hold yet: "recurrent" (a fixed-size state per sequence rather than per
+    token); `quant` names a quantized block format (None: the compute dtype)."""
 
     kind: str = "full"
     bytes_per_token: int = 0
@@ -79,7 +80,11 @@ class KVSpec:
     @classmethod
     def uniform(cls, info: ModelInfo, dtype_bytes: int) -> KVSpec:
         """Every layer stores keys and values per token at `dtype_bytes`; each layer's window
-        comes from the config (layer_types, or a sliding_window_pattern of local layers)."""
+        comes from the config (layer_types, or a sliding_window_pattern of local layers). A
+        multi-head latent attention config (kv_lora_rank) stores its latent instead."""
+        latent = latent_width(info.config)
+        if latent:
+            return cls(tuple(LayerKV("latent", latent * dtype_bytes) for _ in range(info.num_layers)))
         per_layer = kv_bytes_per_token(info, dtype_bytes) // max(info.num_layers, 1)
         windows = layer_windows(info.config, info.num_layers)
         return cls(tuple(LayerKV("full" if w is None else "sliding", per_layer, w) for w in windows))
@@ -138,3 +143,11 @@ def kv_bytes_per_token(info: ModelInfo, dtype_bytes: int) -> int:
     kv_heads = c.get("num_key_value_heads") or heads
     head_dim = c.get("head_dim") or (c.get("hidden_size", 0) // heads)
     return 2 * info.num_layers * kv_heads * head_dim * dtype_bytes
+
+
+def latent_width(config: dict) -> int:
+    """Values one token keeps per layer under multi-head latent attention (DeepSeek V2/V3): its
+    compressed latent (kv_lora_rank) and the rotary key all heads share (qk_rope_head_dim); 0
+    for any other attention. Both backends store exactly these (their MLA paths)."""
+    rank = config.get("kv_lora_rank")
+    return int(rank) + int(config.get("qk_rope_head_dim") or 0) if rank else 0

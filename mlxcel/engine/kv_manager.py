@@ -7,13 +7,14 @@ slots' context shares plus the prefix cache's byte budget, creates each admitted
 (adopting the longest cached prefix), compacts a sequence on a context shift, and on release
 offers its blocks to the prefix cache before giving them back.
 
-Layer kinds: today every layer keeps every token's keys and values in the one pool ("full", and
-"sliding", whose attention reads only its window but whose blocks are kept). The interface is
-shaped for what is not held yet: sliding layers that free blocks behind their window need a
-block table per layer group (a sequence then holds one table per group), recurrent layers a
-fixed state slot per sequence beside the paged tables, latent attention a smaller per-token
-record (its `bytes_per_token`), quantized blocks a storage format the backend reads
-(`LayerKV.quant`). A backend whose spec names such a layer is refused at bind time, naming it.
+Layer kinds: today every layer keeps a record per token in the one pool: keys and values
+("full", and "sliding", whose attention reads only its window but whose blocks are kept), or
+multi-head latent attention's compressed latent ("latent": a smaller record, sized by its
+`bytes_per_token`, in the same blocks). The interface is shaped for what is not held yet:
+sliding layers that free blocks behind their window need a block table per layer group (a
+sequence then holds one table per group), recurrent layers a fixed state slot per sequence
+beside the paged tables, quantized blocks a storage format the backend reads (`LayerKV.quant`).
+A backend whose spec names such a layer is refused at bind time, naming it.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from mlxcel.engine.kv_prefix_cache import PrefixCache
 # Token-block size of the paged KV pool and the prefix cache's sharing granularity.
 BLOCK_SIZE = 16
 
-HELD_KINDS = frozenset({"full", "sliding"})
+HELD_KINDS = frozenset({"full", "sliding", "latent"})
 
 
 class KVLayoutUnsupported(ValueError):

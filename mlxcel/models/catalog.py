@@ -77,7 +77,10 @@ _NOTES = """
   Gemma 3's `sliding_window_pattern`, from Qwen's `use_sliding_window` with `max_window_layers`,
   or else, when `sliding_window` is set, on every layer (Mistral, Mixtral, Phi-3, Starcoder2), as
   transformers reads it. mlxcel applies each layer's window at its own attention seam on both
-  backends, also where mlx-lm's module would attend without it.
+  backends, also where mlx-lm's module would attend without it. `latent`: multi-head latent
+  attention (DeepSeek V2/V3, a config with `kv_lora_rank`), whose paged KV blocks hold each
+  token's compressed latent and shared rotary key (`kv_lora_rank + qk_rope_head_dim` values per
+  layer) rather than per-head keys and values, on both backends.
 - **LoRA**: `--lora` / `--lora-scaled` adapters (PEFT or mlx-lm layout) on the checkpoint's linear
   layers, served unfused with live scales. On MLX also over an MLX-quantized checkpoint; the torch
   backend serves unquantized checkpoints only.

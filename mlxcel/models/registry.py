@@ -77,6 +77,9 @@ FAMILIES: dict[str, Family] = {
         Family("hunyuan_v1_dense", "mlx_lm.models.hunyuan_v1_dense", "HunYuanDenseV1ForCausalLM"),
         Family("phimoe", "mlx_lm.models.phimoe", "PhimoeForCausalLM", attention=SLIDABLE),
         Family("dbrx", "mlx_lm.models.dbrx", "DbrxForCausalLM"),
+        # multi-head latent attention: the paged pool holds the compressed latent (engine/backend.LayerKV)
+        Family("deepseek_v2", "mlx_lm.models.deepseek_v2", "DeepseekV2ForCausalLM", attention=("latent",)),
+        Family("deepseek_v3", "mlx_lm.models.deepseek_v3", "DeepseekV3ForCausalLM", attention=("latent",)),
         # no transformers class in the transformers mlxcel pins (the hub's is remote code): MLX only
         Family("internlm2", "mlx_lm.models.internlm2", None),
         Family("internlm3", "mlx_lm.models.internlm3", None),

@@ -2,9 +2,10 @@
 
 A packed step (a prefill chunk beside one-token decode rows) must give every row the logits its
 own padded forward gives: RoPE at the row's own positions, attention over the row's own paged
-history (sliding windows included), and the per-row extensions (steering deltas, residual
-reads, LoRA scales) on that row's tokens only. The engine then plans each step as one forward:
-a request admitted while another decodes shares the decode forward with it.
+history (sliding windows included, and DeepSeek's latent attention over a pool of latents), and
+the per-row extensions (steering deltas, residual reads, LoRA scales) on that row's tokens only.
+The engine then plans each step as one forward: a request admitted while another decodes shares
+the decode forward with it.
 
 Tolerance: fp32 logits within 5e-4 absolute and the same argmax. MLX's CPU kernels give the
 padded forwards' bits exactly here; torch's are not invariant to the batch's shape (measured
@@ -21,12 +22,15 @@ import pytest
 from mlxcel.engine.backend import ForwardRow
 from mlxcel.backends.rows import RowLayout
 from mlxcel.engine.types import GenerationRequest
+from tests import fixtures
 from tests.conftest import DEFAULT_MODEL, default_backends, fixture_path
 from tests.models.test_engine import GREEDY, make_model, run
 from tests.models.test_lora import _adapter_path, _backend
 
 TOL = 5e-4
 GEMMA = "google/gemma-3-270m"  # sliding-window layers (512) beside full ones
+# multi-head latent attention: the pool holds the latent, which each row group expands or absorbs
+MLA = [fixtures.zoo_fixture("deepseek_v2"), fixtures.zoo_fixture("deepseek_v3")]
 
 
 def _close(a, b):
@@ -47,7 +51,7 @@ def _prime(backend, a, b):
     return sa, sb, backend.new_sequence()
 
 
-@pytest.mark.parametrize("ref", [DEFAULT_MODEL, GEMMA])
+@pytest.mark.parametrize("ref", [DEFAULT_MODEL, GEMMA, *MLA])
 @pytest.mark.parametrize("backend_name", default_backends())
 def test_a_packed_step_gives_each_row_its_own_logits(backend_name, ref):
     backend = _backend(backend_name, fixture_path(ref))

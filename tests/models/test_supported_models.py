@@ -154,12 +154,12 @@ FAMILY_FIXTURES = {"llama": fixtures.DEFAULT_MODEL, "gemma3_text": fixtures.GEMM
 
 @pytest.mark.parametrize("model_type", sorted(FAMILIES))
 def test_the_attention_column_covers_the_fixture(model_type):
-    from mlxcel.engine.backend import layer_windows
+    from mlxcel.engine.backend import latent_width, layer_windows
     from mlxcel.models.checkpoint_config import read_config
 
     # a family without a fixture of its own is held against its zoo checkpoint
     config = read_config(fixture_path(FAMILY_FIXTURES.get(model_type) or fixtures.zoo_fixture(model_type)))
     config = {**config.get("text_config", {}), **config}
     windows = layer_windows(config, int(config["num_hidden_layers"]))
-    kinds = {"full" if w is None else "sliding" for w in windows}
+    kinds = {"latent"} if latent_width(config) else {"full" if w is None else "sliding" for w in windows}
     assert kinds <= set(FAMILIES[model_type].attention)

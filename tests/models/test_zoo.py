@@ -5,7 +5,8 @@ One tiny random-weight checkpoint per family (scripts/fixtures/build_zoo.py: 2 l
 1. logits through mlxcel's paged KV against the reference (transformers' forward with its own
    cache, both fp32 from the same safetensors; for a family transformers has no class for,
    mlx-lm's module with mlx-lm's cache) over a prompt longer than the fixtures' sliding
-   windows and 8 greedy decode steps: max |difference| <= 1e-3 and the same greedy tokens;
+   windows and 8 greedy decode steps: max |difference| <= 1e-3 and the same greedy tokens,
+   and the KV pool holding what the backend's kv_spec says it does per token;
 2. a row's greedy tokens in a batch of 4 with different prompt lengths equal its solo run;
 3. a prefix-cache hit gives the cold run's tokens;
 4. one /v1/chat/completions round trip over HTTP, every family through one router-mode server
@@ -66,6 +67,10 @@ def test_logits_match_reference(family, backend):
     ref = reference_stepper(path, FAMILIES[family].hf_architecture)
     seq = mine.new_sequence()
     got = mine.forward_all(ids, seq)
+    # the KV manager sizes the pool from kv_spec: it must be what the storage holds per slot
+    # (MLA's latent for DeepSeek, per-head keys and values elsewhere)
+    slots = next(k for k in mine.storage.keys if k is not None).shape[0]
+    assert mine.storage.nbytes == slots * mine.kv_spec.bytes_per_token
     want = ref(ids)
     worst = float(np.abs(got - want).max())
     assert worst <= TOLERANCE, f"prefill of {len(ids)} tokens: max abs diff {worst}"

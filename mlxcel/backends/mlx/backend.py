@@ -15,9 +15,9 @@ import numpy as np
 from mlx_lm.utils import load_model
 
 from mlxcel.config.rope import RopeOverrides
-from mlxcel.engine.backend import ForwardRow, KVSpec, ModelInfo, layer_windows
+from mlxcel.engine.backend import ForwardRow, KVSpec, ModelInfo, latent_width, layer_windows
 from mlxcel.backends.rows import RowLayout, RowSteering
-from mlxcel.backends.mlx import cpu_ops, hf_layout, packed, split_products
+from mlxcel.backends.mlx import cpu_ops, hf_layout, latent, packed, split_products
 from mlxcel.backends.mlx.packed import PackedBatchView, PackedPlan
 from mlxcel.backends.mlx.paged import PagedBatchView, PagedStorage, StepPlan
 from mlxcel.engine.kv_block_pool import BlockAllocator, SequenceKV
@@ -104,6 +104,8 @@ class MLXBackend(RowSteering):
             cpu_ops.install(model)
         # rows of different lengths share one forward where the family takes the packed seams
         self.packs_rows = packed.install(model)
+        # multi-head latent attention keeps its latent in the pool (latent.py), which kv_spec sizes
+        mla_layers = latent.install(model)
         self._init_steering()  # per-step SAE deltas and residual reads (backends/rows.RowSteering)
         self.lora = None  # MLXLoraTerms once adapters are attached
         self.info = ModelInfo(
@@ -119,6 +121,10 @@ class MLXBackend(RowSteering):
             device="cpu" if on_cpu() else "metal",
             config=config,
         )
+        if latent_width(config) and mla_layers != self.info.num_layers:
+            raise UnsupportedModelType(f"{config['model_type']} declares multi-head latent attention, but mlxcel's "
+                                       f"latent forward fits {mla_layers} of its {self.info.num_layers} attention "
+                                       f"modules; see {DOCS_PAGE}")
         self.windows = layer_windows(config, self.info.num_layers)
         if any(self.windows) and not self.packs_rows:
             raise UnsupportedModelType(f"{config['model_type']} declares sliding-window attention, which mlxcel applies "

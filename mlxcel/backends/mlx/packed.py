@@ -179,8 +179,11 @@ class PackedBatchView:
     def make_mask(self, n: int, window_size: int | None = None, return_array: bool = False) -> PackedMask:
         return PackedMask(window_size)
 
-    def attend(self, queries: mx.array, scale: float, mask, sinks=None, softcap: float | None = None) -> mx.array:
-        """[1, H, T, D] attention output, each row over its own history."""
+    def attend(self, queries: mx.array, scale: float, mask, sinks=None, softcap: float | None = None,
+               compose=None) -> mx.array:
+        """[1, H, T, D] attention output, each row over its own history; `compose(stored keys,
+        stored values)` gives the keys and values attended where the pool holds something else
+        (latent.py: MLA's latent and rotary key)."""
         window = self.window if self.window is not None else mask.window if isinstance(mask, PackedMask) else None
         st, li = self.storage, self.layer
         outs = []
@@ -195,6 +198,8 @@ class PackedBatchView:
             else:
                 k, v = st.keys[li][g.read], st.values[li][g.read]
             k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
+            if compose is not None:
+                k, v = compose(k, v)
             o = scores.attention(q, k, v, scale, g.mask(window), sinks, softcap)
             outs.append(o if isinstance(g.tokens, slice) else o.transpose(2, 1, 0, 3))
         out = outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=2)

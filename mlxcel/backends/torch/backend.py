@@ -34,7 +34,7 @@ from mlxcel.backends.rows import RowLayout, RowSteering
 from mlxcel.backends.torch import fused_ops, packed
 from mlxcel.backends.torch.cpu_kernels import cpu_flags
 from mlxcel.backends.torch.packed import PackedPlan, step_plan
-from mlxcel.backends.torch.paged import PagedStepCache, PagedStorage, StepPlan
+from mlxcel.backends.torch.paged import PagedStepCache, PagedStorage, StepPlan, expands_cache
 from mlxcel.backends.torch.row_gemv import (ALL, RowKernel, RowRouting, install_row_gemv, load_row_kernel, prompt_linears,
                                             prompt_tiles)
 from mlxcel.engine.kv_block_pool import BlockAllocator, SequenceKV
@@ -260,7 +260,10 @@ class TorchBackend(RowSteering):
         # only there does the kernel buy chunk-independent bits, and elsewhere prompt tokens one
         # by one cost 2.8x SDPA's prefill at 2048 tokens (fp32 on an AVX2 CPU)
         tiles = self._prompt_tiles
-        self._fused_attention = "off" if not (attention and self.packs_rows) else "all" if tiles else "decode rows"
+        # the kernels read the pool as per-head keys and values, which MLA's latent is not
+        latent = any(expands_cache(m) for m in self.model.modules())
+        attention = attention and self.packs_rows and not latent
+        self._fused_attention = "off" if not attention else "all" if tiles else "decode rows"
         self.fused_ops = (f"{norms} RMSNorms, RoPE in {len(rope)} family modules, "
                           f"row-by-row attention: {self._fused_attention}")
 

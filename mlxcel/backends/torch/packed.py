@@ -10,7 +10,10 @@ mlxcel's kernels are loaded (fused_ops.py) decode rows through them, one at a ti
 padded step (decode_attention), and prompt tokens too where the plan says (prompt_attention);
 other groups as without the kernels: the one-token rows together (padded to their longest
 history, as a decode step does) and each longer row on its own with its causal mask, each
-group through the same SDPA call a padded forward of those rows would make.
+group through the same SDPA call a padded forward of those rows would make. Multi-head latent
+attention (DeepSeek V2/V3) hands the cache its compressed latent and shared rotary key, and
+expands them to per-head keys and values only after the cache returns them (`expand_kv`): the
+pool holds that pair, and a group expands what it reads the same way.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from mlxcel.backends.rows import AttendGroup, RowLayout, attend_groups, contiguous_start, packed_positions
 from mlxcel.backends.torch import fused_ops, scores
-from mlxcel.backends.torch.paged import _to_device, additive_mask
+from mlxcel.backends.torch.paged import _to_device, additive_mask, expands_cache
 from mlxcel.engine.kv_block_pool import NULL_BLOCK, SequenceKV
 
 IMPLEMENTATION = "mlxcel_packed"
@@ -159,6 +162,8 @@ class PackedPlan:
             else:
                 k = keys.index_select(0, g.read).view(g.b, g.lmax, kvh, dk).transpose(1, 2)
                 v = values.index_select(0, g.read).view(g.b, g.lmax, kvh, dv).transpose(1, 2)
+            if expands_cache(module):  # the pool holds MLA's latent: the module makes keys and values of it
+                k, v = module.expand_kv(k, v)
             o, _ = scores.attention(module, q, k, v, g.mask(window, q.dtype), dropout=dropout, scaling=scaling,
                                     **kwargs)
             outs.append(o if isinstance(g.tokens, slice) else o.reshape(1, g.b, *o.shape[2:]))  # [1, n, H, D]

@@ -163,6 +163,8 @@ class StepPlan:
         if self.decode_all:  # not the kernel's kind of attention: store, then SDPA as without it
             store(self.storage, layer, self.write, key, value)
         key, value = self.gather(layer)
+        if expands_cache(module):  # MLA's latent pair (the kernels are off for it; kept whole here too)
+            key, value = module.expand_kv(key, value)
         window = getattr(module, "sliding_window", None)
         mask = additive_mask(causal_allowed(self._qpos, self.lmax, window)[:, None], query.dtype, self.device)
         return scores.attention(module, query, key, value, mask, dropout=dropout, scaling=scaling, **kwargs)
@@ -179,6 +181,12 @@ class StepPlan:
         k = keys.index_select(0, self.read).view(self.batch, self.lmax, h, dk).transpose(1, 2)
         v = values.index_select(0, self.read).view(self.batch, self.lmax, h, dv).transpose(1, 2)
         return k, v
+
+
+def expands_cache(module) -> bool:
+    """Whether an attention module caches something other than its keys and values and makes
+    them from what the cache returns (transformers' DeepSeek V2/V3: the latent and rotary key)."""
+    return callable(getattr(module, "expand_kv", None))
 
 
 def store(storage: PagedStorage, layer: int, write: torch.Tensor, key_states: torch.Tensor,
