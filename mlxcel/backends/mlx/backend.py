@@ -117,9 +117,9 @@ class MLXBackend(RowSteering):
             quantization=quantization_label(config),
             backend="mlx",
             device="cpu" if on_cpu() else "metal",
-            config=config,
+            config={**config.get("text_config", {}), **config},  # a multimodal checkpoint's geometry is its text tower's
         )
-        self.windows = layer_windows(config, self.info.num_layers)
+        self.windows = layer_windows(self.info.config, self.info.num_layers)
         if any(self.windows) and not self.packs_rows:
             raise UnsupportedModelType(f"{config['model_type']} declares sliding-window attention, which mlxcel applies "
                                        f"at the attention seam this family's module does not expose; see {DOCS_PAGE}")

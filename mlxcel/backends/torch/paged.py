@@ -19,6 +19,7 @@ from transformers.cache_utils import Cache
 
 from mlxcel.backends.rows import causal_allowed, contiguous_start
 from mlxcel.backends.torch import fused_ops, scores
+from mlxcel.backends.torch.fused_ops import WINDOW_ATTR
 from mlxcel.engine.kv_block_pool import NULL_BLOCK, SCRATCH_BLOCK, BlockAllocator, SequenceKV, grown_slots
 
 
@@ -163,7 +164,7 @@ class StepPlan:
         if self.decode_all:  # not the kernel's kind of attention: store, then SDPA as without it
             store(self.storage, layer, self.write, key, value)
         key, value = self.gather(layer)
-        window = getattr(module, "sliding_window", None)
+        window = getattr(module, WINDOW_ATTR, None)
         mask = additive_mask(causal_allowed(self._qpos, self.lmax, window)[:, None], query.dtype, self.device)
         return scores.attention(module, query, key, value, mask, dropout=dropout, scaling=scaling, **kwargs)
 
