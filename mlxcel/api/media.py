@@ -50,6 +50,17 @@ def _not_supported(kind: str, hint: str) -> ApiError:
                     type="not_supported_error")
 
 
+def _no_images_hint(model: Any) -> str:
+    """Why a checkpoint served without images takes none: it has no image tower, or (Gemma 3's
+    multimodal checkpoint) mlxcel serves only its text tower."""
+    info = getattr(model, "info", None)
+    config = getattr(info, "config", None) or {}
+    if isinstance(config.get("vision_config"), dict):
+        return (f"the loaded checkpoint '{model.id}' is served for text only: mlxcel does not run its image tower "
+                f"({config.get('model_type')}); see docs/models.md")
+    return f"the loaded checkpoint '{model.id}' has no image tower; serve a vision-language checkpoint for image input"
+
+
 def _parts(messages: Any):
     """(message index, part index, part) for every dict part of every list content."""
     for i, m in enumerate(messages or []):
@@ -87,8 +98,7 @@ def check(model: Any, pol: MediaPolicy, messages: Any, others: list[Any] = ()) -
                 if not pol.enabled:
                     raise _not_supported("image", "media input is turned off on this server (--no-mmproj)")
                 if model.vision is None:
-                    raise _not_supported("image", f"the loaded checkpoint '{model.id}' has no image tower; serve a "
-                                         "vision-language checkpoint for image input")
+                    raise _not_supported("image", _no_images_hint(model))
                 if conv is not messages:
                     raise ApiError(400, "image parts are accepted in messages only, not in extra_messages",
                                    code="field_not_honoured", param="extra_messages")

@@ -99,6 +99,11 @@ reshapes what it needs at load (a mixture of experts' per-expert weights are sta
 conversion (`mlxcel convert`, or an `mlx-community` repository) serves on `--backend mlx`; for a
 mixture-of-experts family its stacked experts are not transformers' layout, and the torch
 backend refuses such a checkpoint by the weights it lacks rather than filling them at random.
+A Gemma 3 multimodal checkpoint (`gemma3`, Gemma3ForConditionalGeneration) is served for text
+through its text tower on both backends; its image tower is not run, and a request with an image
+is refused (HTTP 501, `image input is not supported`). EXAONE 3.x (`exaone`) arrives under the
+hub's remote-code weight names, which mlx-lm reads as they are and transformers renames onto its
+Llama class at load.
 
 ## Conversion
 
@@ -117,7 +122,11 @@ from them (a key the checkpoint sets itself is kept), so such a checkpoint rotat
 RoPE base rather than a family default. Likewise `num_experts` is derived from transformers 5's
 `num_local_experts` (Qwen's MoE families), GLM-4's `partial_rotary_factor` from
 `rope_parameters`, and a Gemma 2 config without `layer_types` gets the alternating local/global
-list transformers builds for it. `mlxcel convert` writes the normalised form.
+list transformers builds for it. A multimodal checkpoint's `text_config` is normalised the same
+way, and its `vocab_size` is also set at the top level, where mlx-lm's wrapper reads it. EXAONE
+3's remote-code key names (`num_layers`, `layer_norm_epsilon`) and transformers' are each derived
+from the other, and EXAONE 4's `sliding_window_pattern` period is handed to mlx-lm as its string
+of local (`L`) and global (`G`) layers. `mlxcel convert` writes the normalised form.
 """
 
 

@@ -30,6 +30,12 @@ def read_config(path: str | Path) -> dict:
 def normalize_config(config: dict) -> dict:
     """`config` with the top-level keys mlx-lm reads, derived from transformers 5's nested ones."""
     config = dict(config)
+    if isinstance(config.get("text_config"), dict):
+        # a vision-language checkpoint's text tower (Gemma 3's): its keys normalised in place, and
+        # its vocabulary also at the top, where mlx-lm's wrapper reads it (else its own default)
+        config["text_config"] = normalize_config(config["text_config"])
+        if "vocab_size" in config["text_config"]:
+            config.setdefault("vocab_size", config["text_config"]["vocab_size"])
     gemma3 = config.get("model_type") == "gemma3_text"
     rp = config.get("rope_parameters")
     if isinstance(rp, dict) and isinstance(rp.get("full_attention"), dict):
@@ -63,11 +69,15 @@ def normalize_config(config: dict) -> dict:
 
 # a family's own names for a key transformers 5 saves under its common name, which that
 # family's mlx-lm module reads and has no default for
-_ALIASES = {"gpt_neox": {"rotary_emb_base": "rope_theta", "rotary_pct": "partial_rotary_factor"}}
+_ALIASES = {"gpt_neox": {"rotary_emb_base": "rope_theta", "rotary_pct": "partial_rotary_factor"},
+            # EXAONE 3's remote-code names, which mlx-lm's exaone reads (transformers maps them itself)
+            "exaone": {"num_layers": "num_hidden_layers", "layer_norm_epsilon": "rms_norm_eps"}}
 # a family's own names for the shape keys mlxcel reads under their common names (KV bytes per
 # token, context length, layer count); transformers maps them by a class attribute config.json lacks
 _OWN_NAMES = {"dbrx": {"hidden_size": "d_model", "num_attention_heads": "n_heads", "num_hidden_layers": "n_layers",
-                       "max_position_embeddings": "max_seq_len"}}
+                       "max_position_embeddings": "max_seq_len"},
+              # a hub EXAONE 3 config.json, which names them the remote code's way
+              "exaone": {"num_hidden_layers": "num_layers", "rms_norm_eps": "layer_norm_epsilon"}}
 
 
 def _rope_keys(config: dict, block: dict) -> None:
@@ -97,4 +107,23 @@ def mlx_overrides(raw: dict) -> dict:
             and "sliding_window_pattern" not in config):
         raise ConfigRefused("config.json's layer_types is not every n-th layer full attention, the only pattern "
                             "mlx-lm's gemma3_text builds (--backend torch serves it as written)")
-    return {k: v for k, v in config.items() if k not in raw}
+    added = {k: v for k, v in config.items() if k not in raw}
+    if isinstance(raw.get("text_config"), dict):  # the text tower's, whole (mlx-lm takes it as one key)
+        added["text_config"] = {**config["text_config"], **mlx_overrides(raw["text_config"])}
+    return {**added, **_mlx_forms(config)}
+
+
+def _mlx_forms(config: dict) -> dict:
+    """Keys mlx-lm reads in another form than transformers writes them, replacing the file's.
+    EXAONE 4: transformers saves `sliding_window_pattern` as a period (4) beside `layer_types`;
+    mlx-lm indexes it as a string of L (local) and G (global) layers."""
+    types, pattern = config.get("layer_types"), config.get("sliding_window_pattern")
+    if config.get("model_type") == "exaone4" and not isinstance(pattern, str) and isinstance(types, list):
+        if not config.get("sliding_window"):
+            return {"sliding_window_pattern": None}  # no window: every layer global, with RoPE
+        period = layer_period(types)
+        if period is None:
+            raise ConfigRefused("config.json's layer_types is not every n-th layer full attention, the only "
+                                "pattern mlx-lm's exaone4 builds (--backend torch serves it as written)")
+        return {"sliding_window_pattern": "L" * (period - 1) + "G"}
+    return {}

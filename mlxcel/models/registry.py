@@ -55,6 +55,8 @@ FAMILIES: dict[str, Family] = {
         Family("gemma", "mlx_lm.models.gemma", "GemmaForCausalLM"),
         Family("gemma2", "mlx_lm.models.gemma2", "Gemma2ForCausalLM", attention=SLIDABLE),
         Family("gemma3_text", "mlx_lm.models.gemma3_text", "Gemma3ForCausalLM", attention=SLIDABLE),
+        # Gemma 3's multimodal checkpoint, served for text: its text tower only (images refused)
+        Family("gemma3", "mlx_lm.models.gemma3", "Gemma3ForConditionalGeneration", attention=SLIDABLE),
         Family("phi", "mlx_lm.models.phi", "PhiForCausalLM"),
         Family("phi3", "mlx_lm.models.phi3", "Phi3ForCausalLM", attention=SLIDABLE),
         Family("olmo2", "mlx_lm.models.olmo2", "Olmo2ForCausalLM"),
@@ -80,6 +82,10 @@ FAMILIES: dict[str, Family] = {
         # multi-head latent attention: the paged pool holds the compressed latent (engine/backend.LayerKV)
         Family("deepseek_v2", "mlx_lm.models.deepseek_v2", "DeepseekV2ForCausalLM", attention=("latent",)),
         Family("deepseek_v3", "mlx_lm.models.deepseek_v3", "DeepseekV3ForCausalLM", attention=("latent",)),
+        # EXAONE 3.x: transformers serves it with Llama's class (the hub's weight names renamed at load)
+        Family("exaone", "mlx_lm.models.exaone", "LlamaForCausalLM"),
+        # EXAONE 4: sliding layers with RoPE, full-attention layers without (NoPE)
+        Family("exaone4", "mlx_lm.models.exaone4", "Exaone4ForCausalLM", attention=SLIDABLE),
         # no transformers class in the transformers mlxcel pins (the hub's is remote code): MLX only
         Family("internlm2", "mlx_lm.models.internlm2", None),
         Family("internlm3", "mlx_lm.models.internlm3", None),
@@ -175,8 +181,11 @@ def mlx_module(config: dict) -> ModuleType:
 def decoder_stack(model):
     """The module of an mlx-lm family `Model` that maps token ids to the final hidden states:
     embeddings, every decoder layer and the final norm, without the LM head. Every family
-    listed above keeps it in `model.model`, called as `(inputs, cache=...)`."""
-    inner = getattr(model, "model", None)
+    listed above keeps it in `model.model` (EXAONE 3: `model.transformer`), called as
+    `(inputs, cache=...)`; a multimodal wrapper (Gemma 3's) in its text tower's."""
+    model = getattr(model, "language_model", model)
+    # EXAONE 3's module keeps its stack under the hub's remote-code name, `transformer`
+    inner = getattr(model, "model", None) or getattr(model, "transformer", None)
     if inner is None or not callable(inner):
         raise UnsupportedModelType(f"{type(model).__module__} has no decoder stack at `.model`; "
                                    "its hidden states cannot be read")

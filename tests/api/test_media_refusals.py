@@ -46,6 +46,15 @@ def test_a_text_only_checkpoint_refuses_before_reading():
     assert status == 501 and message.startswith("image input is not supported") and "'qwen3-tiny'" in message
 
 
+def test_a_multimodal_checkpoint_served_for_text_says_its_tower_is_not_run():
+    # Gemma 3's multimodal checkpoint: its text tower is served, its image tower is not
+    gemma3 = SimpleNamespace(id="gemma3", vision=None, info=SimpleNamespace(config={
+        "model_type": "gemma3", "text_config": {}, "vision_config": {"model_type": "siglip_vision_model"}}))
+    status, message = refusal(gemma3, [], [image()])
+    assert status == 501 and message.startswith("image input is not supported - hint: ")
+    assert "'gemma3' is served for text only" in message and "image tower" in message
+
+
 def test_audio_video_extra_messages_and_count():
     audio = {"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}]}
     assert refusal(VLM, [], [audio])[1].startswith("audio input is not supported")

@@ -130,3 +130,22 @@ def test_dbrx_shape_keys_get_their_common_names():
     assert (got["hidden_size"], got["num_attention_heads"], got["num_hidden_layers"], got["max_position_embeddings"],
             got["num_key_value_heads"]) == (6144, 48, 40, 32768, 8)
     assert "hidden_size" not in normalize_config({"model_type": "llama", "d_model": 64})  # DBRX's names only
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_exaone_in_the_hubs_key_names_serves_as_transformers_names(tmp_path, backend):
+    """A hub EXAONE 3.x config.json names its keys the remote code's way (num_layers,
+    layer_norm_epsilon, activation_function, a top-level rope_theta) and its class
+    ExaoneForCausalLM; the zoo's checkpoint has transformers' names. Both serve the same logits."""
+    from tests.fixtures import zoo_fixture
+
+    def hub(c: dict) -> None:
+        c["num_layers"], c["layer_norm_epsilon"] = c.pop("num_hidden_layers"), c.pop("rms_norm_eps")
+        c["activation_function"] = c.pop("hidden_act")
+        c["rope_theta"] = c.pop("rope_parameters")["rope_theta"]
+        c["architectures"] = ["ExaoneForCausalLM"]
+
+    src = fixture_path(zoo_fixture("exaone"))
+    want = last_logits(variant(tmp_path, src, "as-saved", lambda c: None), backend)
+    got = last_logits(variant(tmp_path, src, "hub", hub), backend)
+    assert np.abs(got - want).max() <= 1e-5

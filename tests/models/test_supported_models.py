@@ -24,7 +24,7 @@ from tests.conftest import REPO, fixture_path
     ("ministral", ["llama"]),  # Llama's lineage (kin)
     ("mistral_unknown", ["mistral"]),  # a shared name stem
     ("llama4", ["llama"]),
-    ("gemma4", ["gemma", "gemma2", "gemma3_text"]),
+    ("gemma4", ["gemma", "gemma2", "gemma3"]),
     ("qwen2_5_vl", ["qwen2_vl", "qwen2", "qwen2_moe"]),
     ("lama", ["llama"]),  # a close name
     ("rwkv7", []),
@@ -43,7 +43,7 @@ def test_refusal_is_one_line_naming_type_nearest_and_docs():
         family_for({"model_type": "gemma4"})
     msg = str(e.value)
     assert msg.startswith("model_type 'gemma4' is not supported")
-    assert "nearest supported: gemma, gemma2, gemma3_text" in msg and DOCS_PAGE in msg and "\n" not in msg
+    assert "nearest supported: gemma, gemma2, gemma3" in msg and DOCS_PAGE in msg and "\n" not in msg
     assert "no supported family is close" in unsupported_message({"model_type": "rwkv7"})
     assert "--embeddings / --reranking" in unsupported_message({"model_type": "bert"})
     assert "transcription" in unsupported_message({"model_type": "whisper"})
@@ -106,12 +106,49 @@ def test_mlx_overrides_are_the_added_keys_and_refuse_an_unperiodic_gemma3():
         mlx_overrides(odd)
 
 
+def test_multimodal_text_tower_is_normalised_in_place():
+    """Gemma 3's multimodal config.json: its text_config is normalised as a gemma3_text one, and
+    its vocabulary also lands at the top, where mlx-lm's gemma3 reads it (else 262208)."""
+    text = {"model_type": "gemma3_text", "vocab_size": 100, "layer_types": ["sliding_attention", "full_attention"],
+            "rope_parameters": {"full_attention": {"rope_theta": 1e6}, "sliding_attention": {"rope_theta": 1e4}}}
+    raw = {"model_type": "gemma3", "text_config": text, "vision_config": {"hidden_size": 32}}
+    got = normalize_config(raw)
+    assert got["vocab_size"] == 100 and raw["text_config"] is text and "rope_theta" not in text
+    tc = got["text_config"]
+    assert (tc["rope_theta"], tc["rope_local_base_freq"], tc["sliding_window_pattern"]) == (1e6, 1e4, 2)
+    over = mlx_overrides(raw)
+    assert over["vocab_size"] == 100 and over["text_config"] == tc
+
+
+def test_exaone_names_both_ways_and_exaone4_pattern_for_mlx():
+    # EXAONE 3: transformers' names for mlx-lm, the hub's remote-code names for mlxcel's reads
+    got = normalize_config({"model_type": "exaone", "num_hidden_layers": 2, "rms_norm_eps": 1e-5})
+    assert (got["num_layers"], got["layer_norm_epsilon"]) == (2, 1e-5)
+    got = normalize_config({"model_type": "exaone", "num_layers": 32, "layer_norm_epsilon": 1e-6})
+    assert (got["num_hidden_layers"], got["rms_norm_eps"]) == (32, 1e-6)
+    # EXAONE 4: transformers' period becomes mlx-lm's L/G string; no window: every layer global
+    types = ["sliding_attention"] * 3 + ["full_attention"]
+    raw = {"model_type": "exaone4", "sliding_window": 4096, "sliding_window_pattern": 4, "layer_types": types * 2}
+    assert mlx_overrides(raw)["sliding_window_pattern"] == "LLLG"
+    assert mlx_overrides({**raw, "sliding_window": None})["sliding_window_pattern"] is None
+    assert "sliding_window_pattern" not in mlx_overrides({**raw, "sliding_window_pattern": "LLLG"})
+    with pytest.raises(ConfigRefused, match="exaone4"):
+        mlx_overrides({**raw, "layer_types": types + ["full_attention"] * 4})
+
+
+def _states_the_same(raw: dict, got: dict) -> bool:
+    """Every key of `raw` has its value in `got`; a nested config (text_config) may gain keys."""
+    return all(_states_the_same(v, got[k]) if isinstance(v, dict) and isinstance(got.get(k), dict)
+               else got.get(k, object()) == v for k, v in raw.items())
+
+
 def test_every_fixture_config_is_unchanged_where_it_states_a_key():
-    for ref in fixtures.ALL:
+    for ref in (*fixtures.ALL, *(fixtures.zoo_fixture(t) for t in fixtures.ZOO_TYPES)):
         path = fixture_path(ref)
+        if not (path / "config.json").is_file():
+            continue
         raw = json.loads((path / "config.json").read_text())
-        got = normalize_config(raw)
-        assert {k: got[k] for k in raw} == raw, ref
+        assert _states_the_same(raw, normalize_config(raw)), ref
 
 
 # ---- docs/models.md and `mlxcel list --supported` ----------------------------------------------

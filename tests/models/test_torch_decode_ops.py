@@ -140,8 +140,8 @@ def _assert_matches_reference(attend, q, keys, values, table, lengths, window):
     """`attend` (a fused_ops attention) within one bf16 step (or fp32 noise) of _reference."""
     dk, dtype = q.shape[-1], q.dtype
     scale = dk ** -0.5
-    # an attention module as the families have it: a window on sliding layers, else None
-    module = types.SimpleNamespace(sliding_window=window or None)
+    # an attention module as the torch backend leaves it: a window on sliding layers, else None
+    module = types.SimpleNamespace(**{fused_ops.WINDOW_ATTR: window or None})
     with torch.inference_mode():
         got = attend(module, q, keys, values, table, lengths, scale)
     want = _reference(q, keys, values, table.expand(len(q), -1), lengths, window, scale)

@@ -172,6 +172,20 @@ def test_chat_round_trip(zoo_routers, family, backend):
     assert reply.usage.completion_tokens >= 1
 
 
+def test_gemma3_multimodal_checkpoint_serves_text_and_refuses_images(zoo_routers):
+    """Gemma 3's multimodal checkpoint is served for its text tower only (the round trip above);
+    an image part is refused before it is read, with a hint that says the tower is not run."""
+    import httpx
+
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    body = {"model": "gemma3", "max_tokens": 2,
+            "messages": [{"role": "user", "content": [image, {"type": "text", "text": "What is this?"}]}]}
+    r = httpx.post(zoo_routers("mlx").base_url + "/v1/chat/completions", json=body, timeout=120)
+    assert r.status_code == 501, r.text
+    message = r.json()["error"]["message"]
+    assert message.startswith("image input is not supported - hint: ") and "served for text only" in message
+
+
 def test_torch_refuses_an_mlx_conversion_whose_experts_are_stacked(tmp_path):
     """mlx-lm stacks a mixture of experts' weights (switch_mlp); transformers would load such a
     file with those weights random. The torch backend names what is missing instead."""

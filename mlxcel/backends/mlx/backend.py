@@ -119,13 +119,13 @@ class MLXBackend(RowSteering):
             quantization=quantization_label(config),
             backend="mlx",
             device="cpu" if on_cpu() else "metal",
-            config=config,
+            config={**config.get("text_config", {}), **config},  # a multimodal checkpoint's geometry is its text tower's
         )
         if latent_width(config) and mla_layers != self.info.num_layers:
             raise UnsupportedModelType(f"{config['model_type']} declares multi-head latent attention, but mlxcel's "
                                        f"latent forward fits {mla_layers} of its {self.info.num_layers} attention "
                                        f"modules; see {DOCS_PAGE}")
-        self.windows = layer_windows(config, self.info.num_layers)
+        self.windows = layer_windows(self.info.config, self.info.num_layers)
         if any(self.windows) and not self.packs_rows:
             raise UnsupportedModelType(f"{config['model_type']} declares sliding-window attention, which mlxcel applies "
                                        f"at the attention seam this family's module does not expose; see {DOCS_PAGE}")

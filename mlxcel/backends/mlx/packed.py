@@ -105,15 +105,20 @@ def _own_scores_class(cls: type) -> type:
 def install(model: nn.Module) -> bool:
     """Route the family's RoPE and attention through the packed seams; False (nothing changed)
     when the family does not have the shape these seams expect, and its steps stay padded."""
-    module = sys.modules.get(type(model).__module__)
     layers = getattr(model, "layers", None)
-    if module is None or not layers:
+    if not layers:
         return False
     attns = [getattr(layer, "self_attn", None) for layer in layers]
-    if any(a is None or not isinstance(getattr(a, "rope", None), nn.Module) for a in attns):
+    if any(a is None or not (isinstance(getattr(a, "rope", None), nn.Module) or _rope_free(a)) for a in attns):
         return False
-    if hasattr(module, "scaled_dot_product_attention"):
-        module.scaled_dot_product_attention = _dispatch_sdpa
+    # the module whose name the attention calls: the attention class's, which a multimodal
+    # wrapper (Gemma 3's, around gemma3_text) does not share with its Model class
+    modules = {_family_module(a) for a in attns}
+    if None in modules:
+        return False
+    if all(hasattr(m, "scaled_dot_product_attention") for m in modules):
+        for m in modules:
+            m.scaled_dot_product_attention = _dispatch_sdpa
     elif all(hasattr(a, name) for a in attns for name in _OWN_SCORES_ATTRS):
         for attn in attns:
             if type(attn) not in _OWN_SCORES.values():
@@ -121,9 +126,26 @@ def install(model: nn.Module) -> bool:
     else:
         return False
     for attn in attns:
-        if type(attn.rope) not in _PACKED_ROPE.values():
-            attn.rope.__class__ = _packed_rope_class(type(attn.rope))
+        rope = getattr(attn, "rope", None)
+        if rope is not None and type(rope) not in _PACKED_ROPE.values():
+            rope.__class__ = _packed_rope_class(type(rope))
     return True
+
+
+def _family_module(attn: nn.Module):
+    """The mlx-lm module an attention's class is defined in (through mlxcel's own-scores subclass)."""
+    cls = type(attn)
+    if cls in _OWN_SCORES.values():
+        cls = cls.__base__
+    return sys.modules.get(cls.__module__)
+
+
+def _rope_free(attn: nn.Module) -> bool:
+    """An attention without positional rotation (EXAONE 4's global layers): no `rope` and no
+    submodule of a RoPE class, so its positions come only from the mask and nothing is patched.
+    A rotation kept under another name is not this, and leaves the family unpacked."""
+    return getattr(attn, "rope", None) is None and not any(
+        "rope" in type(m).__name__.lower() or "rotary" in type(m).__name__.lower() for _, m in attn.named_modules())
 
 
 class _Group:

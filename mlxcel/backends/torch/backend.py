@@ -34,7 +34,7 @@ from mlxcel.backends.rows import RowLayout, RowSteering
 from mlxcel.backends.torch import fused_ops, packed
 from mlxcel.backends.torch.cpu_kernels import cpu_flags
 from mlxcel.backends.torch.packed import PackedPlan, step_plan
-from mlxcel.backends.torch.paged import PagedStepCache, PagedStorage, StepPlan, expands_cache
+from mlxcel.backends.torch.paged import WINDOW_ATTR, PagedStepCache, PagedStorage, StepPlan, expands_cache
 from mlxcel.backends.torch.row_gemv import (ALL, RowKernel, RowRouting, install_row_gemv, load_row_kernel, prompt_linears,
                                             prompt_tiles)
 from mlxcel.engine.kv_block_pool import BlockAllocator, SequenceKV
@@ -184,7 +184,7 @@ class TorchBackend(RowSteering):
         text_config = model.config.get_text_config()
         # transforms the causal-LM classes apply after the head: Gemma 2's soft-cap, Cohere's
         # logit_scale (a product) and Granite's logits_scaling (a quotient)
-        self.softcap = getattr(model.config, "final_logit_softcapping", None)
+        self.softcap = getattr(text_config, "final_logit_softcapping", None)
         self.logit_scale = getattr(text_config, "logit_scale", None)
         self.logits_divisor = getattr(text_config, "logits_scaling", None)
         self._layer_types = getattr(text_config, "layer_types", None)
@@ -212,14 +212,16 @@ class TorchBackend(RowSteering):
         self.bind_kv(BlockAllocator((self.info.context_length // 16) + 8, 16))
 
     def _set_windows(self, layers) -> None:
-        """Each attention module carries its layer's declared window (engine.backend.layer_windows),
-        which the kernels and the packed groups read; a padded step's mask is one per layer type,
-        or one for all layers when the config names no types (Mistral's window on every layer)."""
+        """Each attention module carries its layer's declared window (engine.backend.layer_windows)
+        as `WINDOW_ATTR`, which the kernels and the packed groups read; a padded step's mask is one
+        per layer type, or one for all layers when the config names no types (Mistral's window on
+        every layer). The family's own `sliding_window` stays as transformers set it: EXAONE 4
+        reads it to decide which layers rotate."""
         self.windows = layer_windows(self.info.config, len(layers))
         for layer, window in zip(layers, self.windows):
             attn = getattr(layer, "self_attn", None)
             if attn is not None:
-                attn.sliding_window = window
+                setattr(attn, WINDOW_ATTR, window)
         if not self._layer_types and len(set(self.windows)) > 1:
             raise CheckpointRefused(f"{self.info.model_type}: the config gives layers different sliding windows "
                                     "without layer_types, which this backend cannot mask per layer")
@@ -293,8 +295,10 @@ class TorchBackend(RowSteering):
         return model
 
     def _decoder_stack(self, model):
-        """The module mapping token ids to final hidden states (embeddings, layers, norm)."""
-        return getattr(model, model.base_model_prefix)
+        """The module mapping token ids to final hidden states (embeddings, layers, norm); in a
+        multimodal checkpoint served for text (Gemma 3's), its language model's."""
+        base = getattr(model, model.base_model_prefix)
+        return getattr(base, "language_model", base)
 
     def attach_lora(self, adapters) -> None:
         """Serve these adapters unfused (models/lora.py); raises LoraError if one does not fit."""

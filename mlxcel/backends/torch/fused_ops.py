@@ -40,6 +40,10 @@ NORM_FORMS: dict[str, tuple[bool, str]] = {  # class name -> (offset form, eps a
     "Gemma3RMSNorm": (True, "eps"),
 }
 
+# the attribute each attention module carries its layer's window in (TorchBackend._set_windows):
+# mlxcel's own, so a family's `sliding_window`, which its forward may read, is never overwritten
+WINDOW_ATTR = "mlxcel_window"
+
 
 def _norm_forward(module: torch.nn.Module, offset: bool, eps: float):
     """The instance forward of one norm (the weight read once here, as row_gemv's linears do)."""
@@ -146,7 +150,7 @@ def decode_attention(module: torch.nn.Module, query: torch.Tensor, keys: torch.T
     `lengths` slots of `table` [rows, width] (or [1, width], one table for every row: a prompt
     chunk's tokens) in the paged keys/values of the module's layer; `write`: (new keys
     [rows, kv_heads, dk], new values, slots [rows]) stored first."""
-    window = getattr(module, "sliding_window", None) or 0
+    window = getattr(module, WINDOW_ATTR, None) or 0
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     return torch.ops.mlxcel_cpu.decode_attention(query.contiguous(), keys, values, table, lengths, window, scale,
                                                  *(write or ()))
@@ -158,7 +162,7 @@ def prompt_attention(module: torch.nn.Module, query: torch.Tensor, keys: torch.T
     the head size is 64, 128 or 256 (bf16), the queries sharing a table get their scores from
     tiles; a token's result is the same whatever its chunk, but not the bits decode_attention
     gives it (a generated token is computed one way, a prompt token another, each always so)."""
-    window = getattr(module, "sliding_window", None) or 0
+    window = getattr(module, WINDOW_ATTR, None) or 0
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     return torch.ops.mlxcel_cpu.prompt_attention(query.contiguous(), keys, values, table, lengths, window, scale)
 

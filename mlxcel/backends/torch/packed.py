@@ -28,7 +28,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from mlxcel.backends.rows import AttendGroup, RowLayout, attend_groups, contiguous_start, packed_positions
 from mlxcel.backends.torch import fused_ops, scores
-from mlxcel.backends.torch.paged import _to_device, additive_mask, expands_cache
+from mlxcel.backends.torch.paged import WINDOW_ATTR, _to_device, additive_mask, expands_cache
 from mlxcel.engine.kv_block_pool import NULL_BLOCK, SequenceKV
 
 IMPLEMENTATION = "mlxcel_packed"
@@ -131,7 +131,7 @@ class PackedPlan:
         history: through the kernels, one query at a time, as in a padded step, where its group
         takes them; else through transformers' own SDPA call per group: the same call, on the same
         shapes, that a padded forward of those rows makes, so the packed step rounds alike."""
-        layer, window = module.layer_idx, getattr(module, "sliding_window", None)
+        layer, window = module.layer_idx, getattr(module, WINDOW_ATTR, None)
         keys, values = self.storage.keys[layer], self.storage.values[layer]
         _, kvh, dk = keys.shape
         dv = values.shape[-1]

@@ -19,6 +19,7 @@ from transformers.cache_utils import Cache
 
 from mlxcel.backends.rows import causal_allowed, contiguous_start
 from mlxcel.backends.torch import fused_ops, scores
+from mlxcel.backends.torch.fused_ops import WINDOW_ATTR
 from mlxcel.engine.kv_block_pool import NULL_BLOCK, SCRATCH_BLOCK, BlockAllocator, SequenceKV, grown_slots
 
 
@@ -165,7 +166,7 @@ class StepPlan:
         key, value = self.gather(layer)
         if expands_cache(module):  # MLA's latent pair (the kernels are off for it; kept whole here too)
             key, value = module.expand_kv(key, value)
-        window = getattr(module, "sliding_window", None)
+        window = getattr(module, WINDOW_ATTR, None)
         mask = additive_mask(causal_allowed(self._qpos, self.lmax, window)[:, None], query.dtype, self.device)
         return scores.attention(module, query, key, value, mask, dropout=dropout, scaling=scaling, **kwargs)
 
