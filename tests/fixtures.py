@@ -35,7 +35,8 @@ ZOO_OWNER = "mlxcel-zoo"
 ZOO_TYPES = ("mistral", "mixtral", "phi", "phi3", "gemma", "gemma2", "qwen2_moe", "qwen3_moe", "olmo2", "starcoder2",
              "cohere", "cohere2", "granite", "granitemoe", "smollm3", "glm4", "gpt_oss", "olmo3", "olmoe", "stablelm",
              "gpt_neox", "helium", "ernie4_5", "nemotron", "seed_oss", "hunyuan_v1_dense", "phimoe",
-             "dbrx", "internlm2", "internlm3", "deepseek_v2", "deepseek_v3", "exaone", "exaone4", "gemma3")
+             "dbrx", "internlm2", "internlm3", "deepseek_v2", "deepseek_v3", "exaone", "exaone4", "gemma3",
+             "lfm2", "mamba2")
 
 
 def zoo_fixture(model_type: str) -> str:

@@ -51,16 +51,17 @@ class ForwardRow:
 @dataclass(frozen=True)
 class LayerKV:
     """What one layer keeps per token of context. `kind` is how the layer attends:
-    "full" (every earlier token), "sliding" (the last `window` tokens) or "latent" (every
-    earlier token, through multi-head latent attention: the pool keeps each token's compressed
-    latent and shared rotary key, not per-head keys and values). Other kinds name storage the
-    KV manager does not hold yet: "recurrent" (a fixed-size state per sequence rather than per
-    token); `quant` names a quantized block format (None: the compute dtype)."""
+    "full" (every earlier token), "sliding" (the last `window` tokens), "latent" (every earlier
+    token, through multi-head latent attention: the pool keeps each token's compressed latent and
+    shared rotary key, not per-head keys and values) or "recurrent" (a fixed-size state per
+    sequence rather than per token: `state_bytes`, none per token); `quant` names a quantized
+    block format the KV manager does not hold yet (None: the compute dtype)."""
 
     kind: str = "full"
     bytes_per_token: int = 0
     window: int | None = None
     quant: str | None = None
+    state_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,15 @@ class KVSpec:
     @property
     def kinds(self) -> frozenset[str]:
         return frozenset(layer.kind for layer in self.layers)
+
+    @property
+    def state_bytes(self) -> int:
+        """Bytes one sequence's recurrent state takes across all layers (0: no recurrent layer)."""
+        return sum(layer.state_bytes for layer in self.layers)
+
+    @property
+    def recurrent(self) -> bool:
+        return "recurrent" in self.kinds
 
     @classmethod
     def uniform(cls, info: ModelInfo, dtype_bytes: int) -> KVSpec:
@@ -119,7 +129,9 @@ class Backend(Protocol):
 
     def bind_kv(self, allocator: BlockAllocator) -> None:
         """(Re)build KV storage for the pool `allocator` hands blocks of; only while no
-        sequence is live. Storage grows with the allocator's high-water mark."""
+        sequence is live. Storage grows with the allocator's high-water mark. A backend with
+        recurrent layers keeps their states at each row's `cache.state` slot (allocator.states);
+        a row whose sequence is empty starts from a zero state."""
 
     def forward(self, rows: list[ForwardRow]) -> np.ndarray:
         """Append each row's tokens to its sequence; return [len(rows), vocab] fp32 logits of

@@ -26,7 +26,7 @@ import numpy as np
 from mlxcel.engine.backend import Backend, ForwardRow
 from mlxcel.engine.decode_pipeline import DecodePipeline
 from mlxcel.engine.kv_block_pool import OutOfBlocks
-from mlxcel.engine.kv_manager import KVManager
+from mlxcel.engine.kv_manager import RECURRENT_NO_SHIFT, KVManager
 from mlxcel.engine.output import OutputProcessor
 from mlxcel.engine.requests import RequestHandle, Row, forward_row
 from mlxcel.engine.scheduler import Scheduler
@@ -77,6 +77,7 @@ class Engine:
         self.speculator = speculator  # engine/speculative.Speculator (--spec-type / -md), or None
         self.kv = KVManager(n_ctx_slot=self.n_ctx_slot, parallel=self.parallel,
                             budget_bytes=cache_budget_bytes if cache_prompt else 0)
+        self.context_shift_requested = context_shift  # a recurrent model turns it off (adopt_backend)
         self.scheduler = Scheduler(self.kv, parallel=self.parallel, n_ctx_slot=self.n_ctx_slot,
                                    batch_size=self.batch_size, cont_batching=cont_batching,
                                    context_shift=context_shift, keep=keep)
@@ -117,6 +118,18 @@ class Engine:
         """Start or wake: a loaded backend, its KV pool sized for the slots and the prompt cache."""
         self.kv.bind(backend)
         self.backend = backend
+        self.scheduler.context_shift = self.context_shift_requested and not self.kv.recurrent
+        if self.context_shift_requested and self.kv.recurrent:
+            log.warning("--context-shift is off for %s: %s", backend.info.model_type, RECURRENT_NO_SHIFT)
+
+    def kv_policy(self) -> dict:
+        """For /props beside the pool's occupancy: whether the prefix cache and the context shift
+        are on, and why not where either is off."""
+        shift = self.scheduler.context_shift
+        return {"prefix_cache": self.kv.prefix_cache_off is None, "prefix_cache_off_reason": self.kv.prefix_cache_off,
+                "context_shift": shift,
+                "context_shift_off_reason": None if shift else RECURRENT_NO_SHIFT if self.kv.recurrent
+                else "--context-shift is off"}
 
     def kv_usage(self) -> dict[str, int]:
         """Block pool occupancy, for /metrics and /props (all zero while asleep)."""

@@ -7,6 +7,12 @@ the sequence owns alone (a partly filled block the prefix cache holds is copied,
 shared). Block 0 is never handed out and stays zero (padding reads point
 at it); block 1 is scratch (padding writes land there and are never read).
 
+A model with recurrent layers (a fixed-size state per sequence, not per token) also takes one
+state slot per live sequence from the allocator's `StateSlots`: claimed with its first tokens
+(the KV manager claims it at admission), given back with its blocks. The backend keeps each
+recurrent layer's state at the slot's index; a sequence of length 0 reads a zero state, so a
+reused slot needs no clearing.
+
 The backend owns the storage behind the ids; this module owns only the bookkeeping.
 """
 
@@ -25,6 +31,41 @@ class OutOfBlocks(RuntimeError):
     pass
 
 
+class OutOfStateSlots(OutOfBlocks):
+    pass
+
+
+class StateSlots:
+    """Recurrent-state slot ids, one per live sequence: at most `capacity` at once (None: as many
+    as asked, for direct drivers of a backend); lowest free id first."""
+
+    def __init__(self, capacity: int | None = None) -> None:
+        self.capacity = capacity
+        self._free: list[int] = []
+        self._next = 0  # ids handed out so far: storage must hold this many
+
+    @property
+    def used(self) -> int:
+        return self._next - len(self._free)
+
+    @property
+    def high_water(self) -> int:
+        return self._next
+
+    def allocate(self) -> int:
+        if self._free:
+            self._free.sort(reverse=True)
+            return self._free.pop()
+        if self.capacity is not None and self._next >= self.capacity:
+            raise OutOfStateSlots(f"all {self.capacity} recurrent state slots are in use")
+        self._next += 1
+        return self._next - 1
+
+    def free(self, slot: int) -> None:
+        assert slot not in self._free and 0 <= slot < self._next, f"state slot {slot} freed twice or never allocated"
+        self._free.append(slot)
+
+
 class BlockAllocator:
     def __init__(self, num_blocks: int, block_size: int) -> None:
         if num_blocks <= RESERVED:
@@ -35,6 +76,7 @@ class BlockAllocator:
         self._refs = np.zeros(num_blocks, dtype=np.int32)
         self.evict_hook = None  # callable(n) -> freed count; set by the prefix cache
         self._high = SCRATCH_BLOCK
+        self.states: StateSlots | None = None  # set for a model with recurrent layers
 
     @property
     def free_blocks(self) -> int:
@@ -82,12 +124,21 @@ class SequenceKV:
 
     `shift` is how far the RoPE position runs ahead of the stored length after a context
     shift dropped tokens: kept keys keep the rotation they were computed with, so new tokens
-    continue from the logical position rather than reusing positions."""
+    continue from the logical position rather than reusing positions. `state` is the sequence's
+    recurrent state slot (None for a model without recurrent layers); `state_ahead` is set once
+    a truncation left that state past the stored tokens (a state cannot be rewound)."""
 
     allocator: BlockAllocator
     blocks: list[int] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)
     shift: int = 0
+    state: int | None = None
+    state_ahead: bool = False
+
+    def claim_state(self) -> None:
+        """Take a recurrent state slot, where the model has recurrent layers and none is held."""
+        if self.state is None and self.allocator.states is not None:
+            self.state = self.allocator.states.allocate()
 
     @property
     def length(self) -> int:
@@ -107,6 +158,7 @@ class SequenceKV:
 
     def reserve(self, n: int) -> None:
         """Make room for `n` more tokens."""
+        self.claim_state()
         bs = self.allocator.block_size
         need = (self.length + n + bs - 1) // bs - len(self.blocks)
         self.allocator.make_room(need)
@@ -125,6 +177,8 @@ class SequenceKV:
         positions this sequence wrote itself are ever dropped, never a shared full block's."""
         if n >= self.length:
             return
+        if self.state is not None:
+            self.state_ahead = True  # its tokens can be trimmed, the state they produced cannot
         keep_blocks = -(-n // self.allocator.block_size)
         for b in self.blocks[keep_blocks:]:
             self.allocator.unref(b)
@@ -134,7 +188,10 @@ class SequenceKV:
     def release(self) -> None:
         for b in self.blocks:
             self.allocator.unref(b)
+        if self.state is not None:
+            self.allocator.states.free(self.state)
         self.blocks, self.tokens, self.shift = [], [], 0
+        self.state, self.state_ahead = None, False
 
 
 def grown_slots(allocator: "BlockAllocator", have: int) -> int | None:

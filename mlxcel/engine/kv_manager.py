@@ -7,30 +7,43 @@ slots' context shares plus the prefix cache's byte budget, creates each admitted
 (adopting the longest cached prefix), compacts a sequence on a context shift, and on release
 offers its blocks to the prefix cache before giving them back.
 
-Layer kinds: today every layer keeps a record per token in the one pool: keys and values
+Layer kinds: attention layers keep a record per token in the one pool: keys and values
 ("full", and "sliding", whose attention reads only its window but whose blocks are kept), or
 multi-head latent attention's compressed latent ("latent": a smaller record, sized by its
-`bytes_per_token`, in the same blocks). The interface is shaped for what is not held yet:
-sliding layers that free blocks behind their window need a block table per layer group (a
-sequence then holds one table per group), recurrent layers a fixed state slot per sequence
-beside the paged tables, quantized blocks a storage format the backend reads (`LayerKV.quant`).
-A backend whose spec names such a layer is refused at bind time, naming it.
+`bytes_per_token`, in the same blocks). Recurrent layers keep a fixed-size state per sequence
+instead: the manager gives each live sequence one state slot (kv_block_pool.StateSlots, sized
+for the slots plus one scoring pass) beside its block table. A state summarises every token
+before it and cannot be shared, rewound or cut, so for such a model the prefix cache is off
+(`prefix_cache_off`) and a context shift is refused; the engine disables it
+(`RECURRENT_NO_SHIFT`). The interface is shaped for what is not held yet: sliding layers that
+free blocks behind their window need a block table per layer group, quantized blocks a storage
+format the backend reads (`LayerKV.quant`). A backend whose spec names such a layer is refused
+at bind time, naming it.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 import numpy as np
 
 from mlxcel.engine.backend import Backend, KVSpec
-from mlxcel.engine.kv_block_pool import RESERVED, BlockAllocator, SequenceKV
+from mlxcel.engine.kv_block_pool import RESERVED, BlockAllocator, SequenceKV, StateSlots
 from mlxcel.engine.kv_prefix_cache import PrefixCache
 
 # Token-block size of the paged KV pool and the prefix cache's sharing granularity.
 BLOCK_SIZE = 16
 
-HELD_KINDS = frozenset({"full", "sliding", "latent"})
+HELD_KINDS = frozenset({"full", "sliding", "latent", "recurrent"})
+
+log = logging.getLogger("mlxcel.engine")
+
+# why a model with recurrent layers runs without the prefix cache and without a context shift
+RECURRENT_NO_PREFIX = ("its recurrent layers keep one state per sequence, not per token, and no state is "
+                       "kept at block boundaries, so a cached prefix could not be resumed")
+RECURRENT_NO_SHIFT = ("its recurrent layers' state summarises every token so far and cannot drop some of "
+                      "them, so a full context ends the request instead")
 
 
 class KVLayoutUnsupported(ValueError):
@@ -74,25 +87,46 @@ class KVManager:
         self.backend: Backend | None = None
         self.allocator = BlockAllocator(RESERVED + 1, block_size)
         self.prefix_cache = PrefixCache(self.allocator, 0)
+        self.recurrent = False  # the bound model has recurrent layers (one state slot per sequence)
 
-    def pool_blocks(self, bytes_per_token: int) -> tuple[int, int | None]:
+    @property
+    def state_slots(self) -> int:
+        """Recurrent state slots a pool holds: one per engine slot, and one for a scoring or
+        embedding pass, which runs on its own sequence beside the live rows."""
+        return self.parallel + 1
+
+    @property
+    def prefix_cache_off(self) -> str | None:
+        """Why the bound model runs without the prefix cache, or None when it has one."""
+        if self.recurrent:
+            return RECURRENT_NO_PREFIX
+        return None if self.budget_bytes != 0 else "--cache-prompt is off or --cache-ram is 0"
+
+    def pool_blocks(self, bytes_per_token: int, budget_bytes: int | None = -1) -> tuple[int, int | None]:
         """(blocks in the pool, the prefix cache's block budget or None) for a backend storing
-        `bytes_per_token` across its layers."""
+        `bytes_per_token` across its layers; `budget_bytes` overrides the manager's (-1: not)."""
+        budget_bytes = self.budget_bytes if budget_bytes == -1 else budget_bytes
         per_slot = -(-self.n_ctx_slot // self.block_size) + 1
-        if self.budget_bytes == 0:
+        if budget_bytes == 0:
             budget = 0
-        elif self.budget_bytes is None:
+        elif budget_bytes is None:
             budget = None
         else:
-            budget = max(self.budget_bytes // (max(bytes_per_token, 1) * self.block_size), 1)
+            budget = max(budget_bytes // (max(bytes_per_token, 1) * self.block_size), 1)
         extra = budget if budget is not None else self.headroom * per_slot * self.parallel
         return RESERVED + per_slot * self.parallel + extra, budget
 
     def bind(self, backend: Backend) -> None:
         """Size a fresh pool for `backend` and have it build the storage; no sequence may be live."""
-        check_spec(backend.kv_spec)
-        num_blocks, budget = self.pool_blocks(backend.kv_spec.bytes_per_token)
+        spec = backend.kv_spec
+        check_spec(spec)
+        self.recurrent = spec.recurrent
+        num_blocks, budget = self.pool_blocks(spec.bytes_per_token, 0 if self.recurrent else -1)
         self.allocator = BlockAllocator(num_blocks, self.block_size)
+        if self.recurrent:
+            self.allocator.states = StateSlots(self.state_slots)
+            log.info("recurrent state: %d slots of %d bytes; prefix cache off: %s", self.state_slots,
+                     spec.state_bytes, RECURRENT_NO_PREFIX)
         backend.bind_kv(self.allocator)
         self.backend = backend
         self.prefix_cache = PrefixCache(self.allocator, budget)
@@ -110,6 +144,7 @@ class KVManager:
         """A new sequence for `prompt`, starting from its longest cached prefix when `use_cache`;
         returns it and how many prompt tokens the cache supplied."""
         seq = self.new_sequence()
+        seq.claim_state()  # a recurrent model's state slot is the row's from admission on
         cached = self.prefix_cache.adopt(seq, prompt, self.copy_slots) if use_cache else 0
         return seq, cached
 
@@ -120,6 +155,8 @@ class KVManager:
         """A context shift: seq without [keep, keep + discard), continuing at its logical
         position; seq is released (never donated: its later blocks no longer match their
         token positions)."""
+        if self.recurrent:
+            raise KVLayoutUnsupported(f"no context shift for this model: {RECURRENT_NO_SHIFT}")
         out = compacted(seq, keep, discard, self.copy_slots)
         seq.release()
         return out
@@ -132,10 +169,15 @@ class KVManager:
         self.prefix_cache.trim()
 
     def usage(self) -> dict[str, int]:
-        """Block pool occupancy, for /metrics and /props (all zero while unbound)."""
+        """Block pool occupancy, for /metrics and /props (all zero while unbound); and with
+        recurrent layers, the state slots in use of those the pool holds."""
         if self.backend is None:
             return {"block_size": self.block_size, "total_blocks": 0, "used_blocks": 0, "cached_blocks": 0,
                     "free_blocks": 0}
         a = self.allocator
-        return {"block_size": a.block_size, "total_blocks": a.num_blocks - RESERVED, "used_blocks": a.used_blocks,
-                "cached_blocks": self.prefix_cache.cached_blocks, "free_blocks": a.free_blocks}
+        out = {"block_size": a.block_size, "total_blocks": a.num_blocks - RESERVED, "used_blocks": a.used_blocks,
+               "cached_blocks": self.prefix_cache.cached_blocks, "free_blocks": a.free_blocks}
+        if a.states is not None:
+            out.update(state_slots_total=a.states.capacity, state_slots_used=a.states.used,
+                       state_bytes_per_slot=self.backend.kv_spec.state_bytes)
+        return out

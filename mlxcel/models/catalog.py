@@ -6,7 +6,9 @@ layers by name and steering hooks its decoder layers (both backends implement bo
 backends/rows.py RowSteering and each backend's attach_lora), while drafting and the prefix
 cache run in the engine over whichever backend serves the rows. A family therefore has each
 feature on every backend it runs on; each cell names those backends, and a narrower case (a
-vision-language checkpoint's image requests) says so in the cell.
+vision-language checkpoint's image requests) says so in the cell. Two engine features need KV
+that can be cut back to a token, which a recurrent layer's per-sequence state cannot be: a
+family with recurrent layers has them off, and its cell says why.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from mlxcel.models.vision import VISION_FAMILIES
 FEATURES = ("LoRA", "steering hooks", "speculative drafting", "prefix cache")
 # feature -> what it is narrowed to on a vision-language family
 VISION_LIMITS = {"prefix cache": "text-only requests"}
+# features off for a family with recurrent layers (engine/kv_manager.py says why)
+RECURRENT_OFF = ("speculative drafting", "prefix cache")
 
 
 def _row(cells: list[str]) -> str:
@@ -24,6 +28,8 @@ def _row(cells: list[str]) -> str:
 
 
 def _feature_cell(fam: Family, feature: str) -> str:
+    if feature in RECURRENT_OFF and "recurrent" in fam.attention:
+        return "off (recurrent state)"
     cell = ", ".join(fam.backends)
     limit = VISION_LIMITS.get(feature) if fam.model_type in VISION_FAMILIES else None
     return f"{cell} ({limit})" if limit else cell
@@ -71,7 +77,9 @@ _NOTES = """
   transformers class named as the reference). Each feature cell names the backends it applies on.
   A family transformers has no class for (the hub's is remote code, which mlxcel does not run)
   is served by MLX only, with mlx-lm's module as its reference; `--backend torch` refuses it by
-  name, and `--backend auto` picks MLX for it.
+  name, and `--backend auto` picks MLX for it. The recurrent families (`lfm2`, `mamba2`) are
+  served by MLX only too, with their transformers class as the reference: the torch backend does
+  not keep their per-sequence state yet, and refuses them the same way.
 - **attention**: the attention kinds the family's layers may declare in config.json (`full`;
   `sliding`: a window over the last tokens). A layer's window comes from `layer_types`, from
   Gemma 3's `sliding_window_pattern`, from Qwen's `use_sliding_window` with `max_window_layers`,
@@ -80,7 +88,10 @@ _NOTES = """
   backends, also where mlx-lm's module would attend without it. `latent`: multi-head latent
   attention (DeepSeek V2/V3, a config with `kv_lora_rank`), whose paged KV blocks hold each
   token's compressed latent and shared rotary key (`kv_lora_rank + qk_rope_head_dim` values per
-  layer) rather than per-head keys and values, on both backends.
+  layer) rather than per-head keys and values, on both backends. `recurrent`: the layer keeps a
+  fixed-size state per sequence instead of keys and values per token (LFM2's short convolutions,
+  Mamba 2's selective-scan layers); the engine gives each live sequence one state slot beside
+  its paged KV, and such a family's steps run rows right-padded, never packed.
 - **LoRA**: `--lora` / `--lora-scaled` adapters (PEFT or mlx-lm layout) on the checkpoint's linear
   layers, served unfused with live scales. On MLX also over an MLX-quantized checkpoint; the torch
   backend serves unquantized checkpoints only.
@@ -90,7 +101,12 @@ _NOTES = """
   vocabulary, on the target's backend) or `ngram-simple` (prompt lookup).
 - **prefix cache**: reuse of a cached prompt prefix across requests (`--cache-ram`). Requests
   with images skip it: every picture's pad tokens are the same ids, so a token-keyed prefix
-  cannot tell two images apart.
+  cannot tell two images apart. `off (recurrent state)`: a recurrent layer's state summarises
+  the whole prefix and mlxcel keeps no snapshot of it at block boundaries, so for such a family
+  the prefix cache is off; the server logs why at startup and `/props` shows it
+  (`kv_cache.prefix_cache`, `kv_cache.prefix_cache_off_reason`). For the same reason speculative
+  drafting (which rewinds rejected draft tokens) is refused at startup and `--context-shift` is
+  turned off with a warning (`kv_cache.context_shift_off_reason`): a full context ends the request.
 
 ## Checkpoint layout
 

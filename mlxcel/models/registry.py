@@ -30,16 +30,21 @@ class Family:
     # model types of the same architecture lineage that mlxcel does not serve, named as the
     # nearest family when one is refused (a shared name stem needs no entry here)
     kin: tuple[str, ...] = ()
+    # why the torch backend does not serve a family transformers has a class for (its class is
+    # still the numerical reference); None: it does
+    torch_reason: str | None = None
 
     @property
     def backends(self) -> tuple[str, ...]:
         if self.mlx_module is None:
             return (TORCH,)
-        return (MLX,) if self.hf_architecture is None else (MLX, TORCH)
+        return (MLX,) if self.hf_architecture is None or self.torch_reason else (MLX, TORCH)
 
 
 # a config's sliding_window may put every layer, or Qwen's later layers, on a window
 SLIDABLE = ("full", "sliding")
+# the torch backend keeps no per-sequence recurrent state beside its paged KV yet
+NO_TORCH_STATE = "the torch backend does not keep recurrent layers' per-sequence state yet"
 
 FAMILIES: dict[str, Family] = {
     f.model_type: f
@@ -89,6 +94,11 @@ FAMILIES: dict[str, Family] = {
         # no transformers class in the transformers mlxcel pins (the hub's is remote code): MLX only
         Family("internlm2", "mlx_lm.models.internlm2", None),
         Family("internlm3", "mlx_lm.models.internlm3", None),
+        # recurrent: LFM2's short-convolution layers beside attention, Mamba 2's SSM layers (MLX only)
+        Family("lfm2", "mlx_lm.models.lfm2", "Lfm2ForCausalLM", attention=("full", "recurrent"),
+               torch_reason=NO_TORCH_STATE),
+        Family("mamba2", "mlx_lm.models.mamba2", "Mamba2ForCausalLM", attention=("recurrent",),
+               torch_reason=NO_TORCH_STATE),
         # vision-language (models/vision.py): transformers' family code on the torch backend only
         Family("qwen2_vl", None, "Qwen2VLForConditionalGeneration"),
     )
@@ -167,6 +177,8 @@ def mlx_only(config: dict) -> str | None:
     fam = FAMILIES.get(config.get("model_type"))
     if fam is None or TORCH in fam.backends:
         return None
+    if fam.torch_reason:
+        return f"{fam.model_type}: {fam.torch_reason}"
     return f"{fam.model_type} has no transformers class, which the torch backend runs"
 
 
@@ -181,12 +193,16 @@ def mlx_module(config: dict) -> ModuleType:
 def decoder_stack(model):
     """The module of an mlx-lm family `Model` that maps token ids to the final hidden states:
     embeddings, every decoder layer and the final norm, without the LM head. Every family
-    listed above keeps it in `model.model` (EXAONE 3: `model.transformer`), called as
-    `(inputs, cache=...)`; a multimodal wrapper (Gemma 3's) in its text tower's."""
+    listed above keeps it in `model.model` (EXAONE 3: `model.transformer`, Mamba: `model.backbone`),
+    called as `(inputs, cache=...)`; a multimodal wrapper (Gemma 3's) in its text tower's."""
     model = getattr(model, "language_model", model)
-    # EXAONE 3's module keeps its stack under the hub's remote-code name, `transformer`
-    inner = getattr(model, "model", None) or getattr(model, "transformer", None)
+    # EXAONE 3's module keeps its stack under the hub's remote-code name, `transformer`; Mamba's
+    # under `backbone`. An MLX module is a dict: test for None, never for truth
+    inner = getattr(model, "model", None)
+    for name in ("transformer", "backbone"):
+        if inner is None:
+            inner = getattr(model, name, None)
     if inner is None or not callable(inner):
-        raise UnsupportedModelType(f"{type(model).__module__} has no decoder stack at `.model`; "
+        raise UnsupportedModelType(f"{type(model).__module__} has no decoder stack at `.model` or `.backbone`; "
                                    "its hidden states cannot be read")
     return inner

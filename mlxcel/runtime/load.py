@@ -187,6 +187,9 @@ def load_speculator(settings: ServerSettings, config: SpecConfig, engine: Engine
     """The engine's Speculator for `config`: an n-gram drafter, or the draft checkpoint loaded on
     the target's backend and device, `target` (the CLI checked its vocabulary and backend before
     the load started)."""
+    if engine.kv.recurrent:  # verification trims rejected draft tokens off the row's KV
+        raise StartupRefusal(f"speculative decoding: {engine.backend.info.model_type} has recurrent layers, whose "
+                             "state cannot be rewound past a rejected draft token; serve it without --spec-type / -md")
     if config.kind != DRAFT:
         return Speculator(config, NgramDrafter(config))
     path = config.draft_model

@@ -9,6 +9,12 @@ through its sequence's block table, and computes every row's logits only from wh
 back through that table. A wrong block table, a bad prefix-cache copy or a bad compaction
 therefore changes the tokens served. Freshly allocated blocks are poisoned, so a position
 nobody wrote never reads as right by luck.
+
+With `recurrent=True` it is a recurrent model instead: the hash is carried as a per-sequence
+state (FNV-1a folds token by token) in the row's state slot, and logits come from that state
+alone, as a recurrent layer's output does. A sequence's first forward starts from the hash's
+seed; every later one reads its slot, which holds poison until it was first written, so two
+rows sharing a slot, or a row reading another's, serve wrong tokens.
 """
 
 from __future__ import annotations
@@ -23,20 +29,30 @@ from typing import Callable
 import numpy as np
 
 from mlxcel.engine.backend import ForwardRow, KVSpec, LayerKV, ModelInfo
-from mlxcel.engine.kv_block_pool import BlockAllocator, SequenceKV, grown_slots
+from mlxcel.engine.kv_block_pool import BlockAllocator, SequenceKV, StateSlots, grown_slots
 
 VOCAB = 512
 EOS = 1  # never the argmax of `next_token`: generations end by length, shift or cancel
 FIRST_WORD = 2  # ids below this are special
 POISON = -7  # what a freshly allocated slot holds until a token is written to it
+FNV_SEED = 0xCBF29CE484222325
+STATE_BYTES = 32
 KV_BYTES_PER_TOKEN = 64
 
 
 def next_token(history) -> int:
     """The fake model: an FNV-1a hash of every token so far picks the next one."""
-    h = 0xCBF29CE484222325
-    for t in history:
+    return _pick(fold(FNV_SEED, history))
+
+
+def fold(h: int, tokens) -> int:
+    """The fake model's state after `tokens`, from state `h` (FNV-1a, one token at a time)."""
+    for t in tokens:
         h = ((h ^ (int(t) & 0xFFFFFFFF)) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
+def _pick(h: int) -> int:
     return FIRST_WORD + h % (VOCAB - FIRST_WORD)
 
 
@@ -101,11 +117,15 @@ class FakeBackend:
     hidden_states, copy_slots. No `decode_greedy`: the engine takes its plain (unpipelined)
     decode path."""
 
-    def __init__(self, context_length: int = 4096) -> None:
+    def __init__(self, context_length: int = 4096, recurrent: bool = False) -> None:
         self.info = ModelInfo(path=Path("/nonexistent/fake-model"), model_type="fake", num_layers=1,
                               vocab_size=VOCAB, context_length=context_length, dtype="float32",
                               checkpoint_dtype="float32", quantization=None, backend="fake", device="cpu")
-        self.kv_spec = KVSpec((LayerKV("full", KV_BYTES_PER_TOKEN),))
+        self.recurrent = recurrent
+        self.kv_spec = KVSpec((LayerKV("recurrent", 0, state_bytes=STATE_BYTES) if recurrent
+                               else LayerKV("full", KV_BYTES_PER_TOKEN),))
+        self.states: dict[int, int] = {}  # state slot -> its state (recurrent); POISON until written
+        self.state_rows: list[tuple[int, int]] = []  # (forwards so far, state slot) of every recurrent row run
         self.allocator: BlockAllocator | None = None
         self.storage = np.zeros(0, dtype=np.int64)
         self.steps: list[list[StepRow]] = []  # every forward's rows, in order
@@ -129,12 +149,26 @@ class FakeBackend:
 
         allocator.allocate = poisoned
         self.storage = np.zeros(0, dtype=np.int64)
+        if self.recurrent:
+            self.states = {}
+            if allocator.states is None:  # a direct driver's pool, as the real backends do
+                allocator.states = StateSlots()
+            claim = allocator.states.allocate
+
+            def poisoned_state() -> int:
+                slot = claim()
+                self.states[slot] = POISON
+                return slot
+
+            allocator.states.allocate = poisoned_state
 
     def forward(self, rows: list[ForwardRow]) -> np.ndarray:
         step = [StepRow(self._first(r.cache, r.tokens), len(r.tokens), r.decode, r.cache.length,
                         self._uid(r.cache)) for r in rows]
         self._maybe_hold(step)
         self.steps.append(step)
+        if self.recurrent:
+            return np.stack([logits_for(_pick(self._advance(row.cache, row.tokens))) for row in rows])
         for row in rows:  # every row's KV is written before any is read, as in one real forward
             self._write(row.cache, row.tokens)
         out = np.empty((len(rows), VOCAB), dtype=np.float32)
@@ -143,6 +177,8 @@ class FakeBackend:
         return out
 
     def forward_all(self, tokens: list[int], cache: SequenceKV) -> np.ndarray:
+        if self.recurrent:
+            return np.stack([logits_for(_pick(self._advance(cache, [t]))) for t in tokens])
         start = cache.length
         self._write(cache, tokens)
         return np.stack([logits_for(next_token(self._read(cache, p + 1))) for p in range(start, cache.length)])
@@ -223,6 +259,19 @@ class FakeBackend:
         self._grow()
         self.storage[seq.slots(start, start + len(tokens))] = tokens
         seq.tokens.extend(tokens)
+
+    def _advance(self, seq: SequenceKV, tokens: list[int]) -> int:
+        """A recurrent row's step: its state (the seed for an empty sequence) folded over its
+        new tokens, written back to its slot; the tokens are booked as the real backends do."""
+        seq.reserve(len(tokens))
+        self.state_rows.append((len(self.steps), seq.state))
+        h = FNV_SEED if seq.length == 0 else self.states[seq.state]
+        if h == POISON:
+            self.poison_reads += 1
+        h = fold(h, tokens)
+        self.states[seq.state] = h
+        seq.tokens.extend(tokens)
+        return h
 
     def _read(self, seq: SequenceKV, stop: int) -> np.ndarray:
         history = self.storage[seq.slots(0, stop)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 
 
@@ -32,13 +33,18 @@ class Stepper:
 class TransformersStepper(Stepper):
     def __init__(self, path: Path) -> None:
         self.model, self.past = load_reference(path), None
+        # transformers 5 renames the argument `cache` family by family; its deprecated alias does
+        # not reach Mamba2's layers, so the new name is used wherever the forward takes it
+        self.cache_arg = "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
 
     def __call__(self, ids: list[int]):
         import torch
 
         with torch.no_grad():
-            out = self.model(torch.tensor([ids]), past_key_values=self.past, use_cache=True)
-        self.past = out.past_key_values
+            out = self.model(torch.tensor([ids]), **{self.cache_arg: self.past}, use_cache=True)
+        # a recurrent family's output names its state `cache` (transformers' Mamba2), the rest `past_key_values`
+        past = getattr(out, "past_key_values", None)
+        self.past = past if past is not None else getattr(out, "cache", None)
         return out.logits[0].float().numpy()
 
 

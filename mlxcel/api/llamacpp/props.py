@@ -77,7 +77,8 @@ def props_json(app_state: AppState, model: ServedModel) -> dict:
                     "quantization": model.info.quantization},
         "geometry": {"n_ctx": model.engine.n_ctx, "n_ctx_slot": model.n_ctx, "n_parallel": model.engine.parallel,
                      "n_batch": model.engine.batch_size, "n_ubatch": s.engine.ubatch_size},
-        "kv_cache": model.engine.kv_usage(),
+        # the pool's occupancy, then whether the prefix cache and the context shift are on and why not
+        "kv_cache": {**model.engine.kv_usage(), **model.engine.kv_policy()},
         # the resolved speculative decoding (--spec-type / -md): null when off
         "speculative": spec.config.props() if (spec := model.engine.speculator) is not None else None,
     }

@@ -17,10 +17,10 @@ from mlx_lm.utils import load_model
 from mlxcel.config.rope import RopeOverrides
 from mlxcel.engine.backend import ForwardRow, KVSpec, ModelInfo, latent_width, layer_windows
 from mlxcel.backends.rows import RowLayout, RowSteering
-from mlxcel.backends.mlx import cpu_ops, hf_layout, latent, packed, split_products
+from mlxcel.backends.mlx import cpu_ops, hf_layout, latent, packed, recurrent, split_products
 from mlxcel.backends.mlx.packed import PackedBatchView, PackedPlan
 from mlxcel.backends.mlx.paged import PagedBatchView, PagedStorage, StepPlan
-from mlxcel.engine.kv_block_pool import BlockAllocator, SequenceKV
+from mlxcel.engine.kv_block_pool import BlockAllocator, SequenceKV, StateSlots
 from mlxcel.models.checkpoint_config import mlx_overrides, normalize_config
 from mlxcel.models.hooks import install_hooks
 from mlxcel.models.registry import DOCS_PAGE, UnsupportedModelType, decoder_stack, family_for, mlx_module
@@ -79,7 +79,7 @@ class MLXBackend(RowSteering):
         path = Path(path)
         raw = json.loads((path / "config.json").read_text())
         config = normalize_config(raw)
-        family_for(config)  # refuse an unknown model_type before reading weights
+        family = family_for(config)  # refuse an unknown model_type before reading weights
         # --rope-* / --yarn-*: rewrite the rotation's config before the model is built
         rope_config = config_overrides(config, rope) if rope is not None else {}
         # mlx-lm reads config.json itself: the keys normalisation added go in with the overrides
@@ -94,6 +94,9 @@ class MLXBackend(RowSteering):
         mx.eval(model.parameters(),
                 [v for _, m in model.named_modules() for v in m.values() if isinstance(v, mx.array)])
         self.model = model
+        # recurrent layers (layer -> state entries, bytes per sequence), probed before any seam is installed
+        self.recurrent = recurrent.layer_states(model) if "recurrent" in family.attention else {}
+        self.states: recurrent.RecurrentStorage | None = None
         self.hooks = install_hooks(model)
         self.threads = product_threads(threads)
         self.split_modules = 0
@@ -102,8 +105,9 @@ class MLXBackend(RowSteering):
             # RoPE / RMSNorm build smaller graphs than their CPU fallbacks (cpu_ops.py)
             self.split_modules = split_products.install(model, self.threads)
             cpu_ops.install(model)
-        # rows of different lengths share one forward where the family takes the packed seams
-        self.packs_rows = packed.install(model)
+        # rows of different lengths share one forward where the family takes the packed seams; a
+        # recurrent family's steps stay padded (a packed step would run its rows as one sequence)
+        self.packs_rows = not self.recurrent and packed.install(model)
         # multi-head latent attention keeps its latent in the pool (latent.py), which kv_spec sizes
         mla_layers = latent.install(model)
         self._init_steering()  # per-step SAE deltas and residual reads (backends/rows.RowSteering)
@@ -142,10 +146,20 @@ class MLXBackend(RowSteering):
         """(Re)build KV storage for the pool `allocator` hands out; only while no sequence is live."""
         self.allocator = allocator
         self.storage = PagedStorage(self.allocator, self.info.num_layers, _DTYPES[self.info.dtype])
+        if self.recurrent:
+            if allocator.states is None:  # a direct driver's pool: a state slot for every sequence it makes
+                allocator.states = StateSlots()
+            self.states = recurrent.RecurrentStorage(allocator.states, self.recurrent)
 
     @property
     def kv_spec(self) -> KVSpec:
+        if self.recurrent:
+            return recurrent.kv_spec(self.info, _DTYPES[self.info.dtype].size, self.windows, self.recurrent)
         return KVSpec.uniform(self.info, _DTYPES[self.info.dtype].size)
+
+    def _arrays(self) -> list[mx.array]:
+        """Everything a step writes: the paged keys/values and any recurrent states."""
+        return self.storage.arrays() + (self.states.arrays() if self.states is not None else [])
 
     def new_sequence(self) -> SequenceKV:
         """A sequence over the bound pool, for callers that drive the backend directly."""
@@ -177,6 +191,10 @@ class MLXBackend(RowSteering):
             else:
                 ids = ids.reshape(plan.batch, 1)
             views = [PagedBatchView(self.storage, li, plan, w) for li, w in enumerate(self.windows)]
+        states = recurrent.StateStep(kv) if self.recurrent else None
+        if states is not None:
+            views = [recurrent.RecurrentBatchView(self.states, li, states) if li in self.recurrent else v
+                     for li, v in enumerate(views)]
         self._prepare_step(rows, layout)
         if self.lora is not None:
             self.lora.begin([r.lora for r in rows], layout)
@@ -186,6 +204,8 @@ class MLXBackend(RowSteering):
             self._deltas = {}
             if self.lora is not None:
                 self.lora.end()
+        if states is not None:
+            states.commit(views)
         for r in rows:
             r.cache.tokens.extend(r.tokens)
         return out, layout
@@ -194,7 +214,7 @@ class MLXBackend(RowSteering):
         logits, layout = self._run(rows)
         b, t = layout.last()
         last = logits[mx.array(b), mx.array(t)].astype(mx.float32)
-        mx.eval(last, *self.storage.arrays(), *(a for pair in self._reads.values() for a in pair))
+        mx.eval(last, *self._arrays(), *(a for pair in self._reads.values() for a in pair))
         if self._reads:
             self._deliver_reads(rows, layout)
         return np.array(last, copy=False)
@@ -216,7 +236,7 @@ class MLXBackend(RowSteering):
                         dense[i, tok] += value
             last = last.astype(mx.float32) + mx.array(dense)
         nxt = mx.argmax(last, axis=-1)
-        mx.async_eval(nxt, *self.storage.arrays())
+        mx.async_eval(nxt, *self._arrays())
         return nxt
 
     def _as_delta(self, block: np.ndarray) -> mx.array:
@@ -228,7 +248,7 @@ class MLXBackend(RowSteering):
     def forward_all(self, tokens: list[int], cache: SequenceKV) -> np.ndarray:
         logits, _ = self._run([ForwardRow(tokens, cache)])
         out = logits[0].astype(mx.float32)
-        mx.eval(out, *self.storage.arrays())
+        mx.eval(out, *self._arrays())
         return np.array(out, copy=False)
 
     def hidden_states(self, tokens: list[int], cache: SequenceKV) -> np.ndarray:
@@ -238,5 +258,5 @@ class MLXBackend(RowSteering):
         residual carries a few huge-magnitude channels that would dominate any cosine."""
         hidden, _ = self._run([ForwardRow(tokens, cache)], decoder_stack(self.model))
         out = hidden[0].astype(mx.float32)
-        mx.eval(out, *self.storage.arrays())
+        mx.eval(out, *self._arrays())
         return np.array(out)
