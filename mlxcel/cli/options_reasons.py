@@ -35,3 +35,14 @@ PRESETS = {
 
 NO_SLOT_STATE = ("mlxcel keeps no per-slot retained prompts, shared KV buffer or checkpoint ring; "
                  "prompt reuse goes through one process-wide prefix cache")
+
+
+def preset_reason(name: str) -> str:
+    """Why a b10621 preset flag is refused, and the nearest thing mlxcel serves instead."""
+    if name == "--spec-default":
+        return ("this preset enables b10621's ngram-mod drafter, which mlxcel does not implement; mlxcel's n-gram "
+                "drafter is --spec-type ngram-simple")
+    repo = PRESETS[name]
+    extra = " plus --spec-draft-model <a small MLX checkpoint with the same vocabulary>" if name.endswith("-spec") else ""
+    return (f"this preset downloads a GGUF model and rewrites server parameters; the nearest MLX checkpoint is "
+            f"{repo}: run `mlxcel-server -m {repo}` or `mlxcel serve -m {repo}`{extra}")

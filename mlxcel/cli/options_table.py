@@ -27,6 +27,7 @@ from mlxcel.cli.options_reasons import (
     PRESETS,
     THREADS,
     UI,
+    preset_reason,
 )
 from mlxcel.cli import options_lora as lo
 from mlxcel.cli import options_sampling as sa
@@ -59,18 +60,6 @@ S = partial(make, section=SAMPLING)
 D = partial(make, section=SPEC)
 X = partial(make, section=SERVER)
 _f = sa.shown  # a float default as b10621 prints it
-
-def _preset(name: str) -> Option:
-    if name == "--spec-default":
-        why = ("this preset enables b10621's ngram-mod drafter, which mlxcel does not implement; mlxcel's n-gram "
-               "drafter is --spec-type ngram-simple")
-    else:
-        repo = PRESETS[name]
-        extra = (" plus --spec-draft-model <a small MLX checkpoint with the same vocabulary>" if name.endswith("-spec")
-                 else "")
-        why = (f"this preset downloads a GGUF model and rewrites server parameters; the nearest MLX checkpoint is "
-               f"{repo}: run `mlxcel-server -m {repo}` or `mlxcel serve -m {repo}`{extra}")
-    return X(name, state=NOT_APPLICABLE, why=why)
 
 
 def ggml(spellings: str, kind: str = VALUE, *, why: str, inert=None, **kw) -> Option:
@@ -588,8 +577,7 @@ _SERVER: tuple[Option, ...] = (
       apply=a.setter("engine.sleep_idle_seconds", "int"),
       help="unload the model after this many idle seconds and reload it on the next request (< 0: never)"),
     X("--log-prompts-dir", VALUE, mv="PATH", state=NOT_APPLICABLE, apply=ch.log_prompts_dir),
-    *(_preset(n) for n in PRESETS),
-    _preset("--spec-default"),
+    *(X(n, state=NOT_APPLICABLE, why=preset_reason(n)) for n in (*PRESETS, "--spec-default")),
 )
 
 TABLE: tuple[Option, ...] = _COMMON + _SAMPLING + _SPEC + _SERVER + NATIVE_OPTIONS

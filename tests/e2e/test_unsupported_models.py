@@ -48,7 +48,7 @@ def expected_line(path: Path) -> str:
 
 def test_the_line_names_the_type_the_nearest_family_and_the_docs(tmp_path):
     line = expected_line(unsupported_checkpoint(tmp_path / "ckpt"))
-    assert f"'{UNKNOWN}'" in line and "nearest supported: llama" in line and "docs/models.md" in line
+    assert f"'{UNKNOWN}'" in line and "nearest supported: mistral" in line and "docs/models.md" in line
 
 
 def _run(args: list[str]) -> tuple[subprocess.CompletedProcess, float]:

@@ -132,8 +132,6 @@ class TorchBackend(RowSteering):
     def __init__(self, path: str | Path, dtype: str = "auto", device: str = "cpu", threads: int = -1,
                  rope: RopeOverrides | None = None, compile: bool = False,
                  build_env: Mapping[str, str] | None = None) -> None:
-        import transformers
-
         path = Path(path)
         # normalised for mlxcel's own reads (RoPE overrides, geometry); transformers reads the file
         config = read_config(path)
@@ -146,18 +144,7 @@ class TorchBackend(RowSteering):
             torch.set_num_threads(threads)
         ckpt_dtype = str(config.get("torch_dtype") or config.get("dtype") or "float32")
         compute = resolve_dtype(dtype, ckpt_dtype, self.device)
-        # --rope-* / --yarn-*: transformers builds its rotation from config.rope_parameters
-        rope_config = config_overrides(config, rope) if rope is not None else {}
-        extra = {}
-        if rope_config:
-            hf_config = transformers.AutoConfig.from_pretrained(str(path), local_files_only=True)
-            want = hf_rope_parameters(hf_config.rope_parameters, rope_config)
-            hf_config.rope_parameters = want
-            extra["config"] = hf_config
-        model = self._load_model(path, DTYPES[compute], extra)
-        if rope_config and model.config.get_text_config().rope_parameters != want:
-            raise RopeRefused(f"the {config['model_type']} family did not take the requested RoPE override "
-                              f"({want}); it cannot be honoured here")
+        model = self._load_with_rope(path, config, DTYPES[compute], rope)
         self.model = model.to(self.device).eval()
         self.base = self._decoder_stack(model)
         self.lm_head = model.get_output_embeddings()
@@ -210,6 +197,23 @@ class TorchBackend(RowSteering):
         self._set_windows(layers)
         # a pool of one context for direct drivers (tests, benchmarks); the engine binds its own
         self.bind_kv(BlockAllocator((self.info.context_length // 16) + 8, 16))
+
+    def _load_with_rope(self, path: Path, config: dict, dtype: torch.dtype, rope: RopeOverrides | None):
+        """The model, with --rope-* / --yarn-* applied: transformers builds its rotation from
+        config.rope_parameters, so the overrides go in there, and a family that ignored them is refused."""
+        import transformers
+
+        rope_config = config_overrides(config, rope) if rope is not None else {}
+        if not rope_config:
+            return self._load_model(path, dtype, {})
+        hf_config = transformers.AutoConfig.from_pretrained(str(path), local_files_only=True)
+        want = hf_rope_parameters(hf_config.rope_parameters, rope_config)
+        hf_config.rope_parameters = want
+        model = self._load_model(path, dtype, {"config": hf_config})
+        if model.config.get_text_config().rope_parameters != want:
+            raise RopeRefused(f"the {config['model_type']} family did not take the requested RoPE override "
+                              f"({want}); it cannot be honoured here")
+        return model
 
     def _set_windows(self, layers) -> None:
         """Each attention module carries its layer's declared window (engine.backend.layer_windows)
