@@ -77,9 +77,7 @@ _NOTES = """
   transformers class named as the reference). Each feature cell names the backends it applies on.
   A family transformers has no class for (the hub's is remote code, which mlxcel does not run)
   is served by MLX only, with mlx-lm's module as its reference; `--backend torch` refuses it by
-  name, and `--backend auto` picks MLX for it. The recurrent families (`lfm2`, `mamba2`) are
-  served by MLX only too, with their transformers class as the reference: the torch backend does
-  not keep their per-sequence state yet, and refuses them the same way.
+  name, and `--backend auto` picks MLX for it.
 - **attention**: the attention kinds the family's layers may declare in config.json (`full`;
   `sliding`: a window over the last tokens). A layer's window comes from `layer_types`, from
   Gemma 3's `sliding_window_pattern`, from Qwen's `use_sliding_window` with `max_window_layers`,
@@ -91,7 +89,10 @@ _NOTES = """
   layer) rather than per-head keys and values, on both backends. `recurrent`: the layer keeps a
   fixed-size state per sequence instead of keys and values per token (LFM2's short convolutions,
   Mamba 2's selective-scan layers); the engine gives each live sequence one state slot beside
-  its paged KV, and such a family's steps run rows right-padded, never packed.
+  its paged KV, and such a family's steps are never packed. On MLX they run rows right-padded;
+  on torch LFM2's do too (each row's convolution state is kept at its last real token), while
+  Mamba 2's rows of different lengths run as separate forwards, since transformers' scan would
+  carry a row's state on through its padding.
 - **LoRA**: `--lora` / `--lora-scaled` adapters (PEFT or mlx-lm layout) on the checkpoint's linear
   layers, served unfused with live scales. On MLX also over an MLX-quantized checkpoint; the torch
   backend serves unquantized checkpoints only.

@@ -43,8 +43,6 @@ class Family:
 
 # a config's sliding_window may put every layer, or Qwen's later layers, on a window
 SLIDABLE = ("full", "sliding")
-# the torch backend keeps no per-sequence recurrent state beside its paged KV yet
-NO_TORCH_STATE = "the torch backend does not keep recurrent layers' per-sequence state yet"
 
 FAMILIES: dict[str, Family] = {
     f.model_type: f
@@ -94,11 +92,9 @@ FAMILIES: dict[str, Family] = {
         # no transformers class in the transformers mlxcel pins (the hub's is remote code): MLX only
         Family("internlm2", "mlx_lm.models.internlm2", None),
         Family("internlm3", "mlx_lm.models.internlm3", None),
-        # recurrent: LFM2's short-convolution layers beside attention, Mamba 2's SSM layers (MLX only)
-        Family("lfm2", "mlx_lm.models.lfm2", "Lfm2ForCausalLM", attention=("full", "recurrent"),
-               torch_reason=NO_TORCH_STATE),
-        Family("mamba2", "mlx_lm.models.mamba2", "Mamba2ForCausalLM", attention=("recurrent",),
-               torch_reason=NO_TORCH_STATE),
+        # recurrent: LFM2's short-convolution layers beside attention, Mamba 2's SSM layers
+        Family("lfm2", "mlx_lm.models.lfm2", "Lfm2ForCausalLM", attention=("full", "recurrent")),
+        Family("mamba2", "mlx_lm.models.mamba2", "Mamba2ForCausalLM", attention=("recurrent",)),
         # vision-language (models/vision.py): transformers' family code on the torch backend only
         Family("qwen2_vl", None, "Qwen2VLForConditionalGeneration"),
     )

@@ -31,13 +31,13 @@ import torch
 from mlxcel.config.rope import RopeOverrides
 from mlxcel.engine.backend import ForwardRow, KVSpec, ModelInfo, layer_windows
 from mlxcel.backends.rows import RowLayout, RowSteering
-from mlxcel.backends.torch import fused_ops, packed
+from mlxcel.backends.torch import fused_ops, packed, recurrent
 from mlxcel.backends.torch.cpu_kernels import cpu_flags
 from mlxcel.backends.torch.packed import PackedPlan, step_plan
 from mlxcel.backends.torch.paged import WINDOW_ATTR, PagedStepCache, PagedStorage, StepPlan, expands_cache
 from mlxcel.backends.torch.row_gemv import (ALL, RowKernel, RowRouting, install_row_gemv, load_row_kernel, prompt_linears,
                                             prompt_tiles)
-from mlxcel.engine.kv_block_pool import BlockAllocator, SequenceKV
+from mlxcel.engine.kv_block_pool import BlockAllocator, SequenceKV, StateSlots
 from mlxcel.models.checkpoint_config import read_config
 from mlxcel.models.hooks import LayerHooks
 from mlxcel.models.registry import UnsupportedModelType, family_for, mlx_only
@@ -135,7 +135,7 @@ class TorchBackend(RowSteering):
         path = Path(path)
         # normalised for mlxcel's own reads (RoPE overrides, geometry); transformers reads the file
         config = read_config(path)
-        family_for(config)  # refuse an unknown model_type before reading weights
+        family = family_for(config)  # refuse an unknown model_type before reading weights
         if mlx_only(config):  # a family transformers has no class for, refused by name
             raise UnsupportedModelType(f"{mlx_only(config)}; serve it with --backend mlx")
         refuse_quantized(path, config)
@@ -147,6 +147,12 @@ class TorchBackend(RowSteering):
         model = self._load_with_rope(path, config, DTYPES[compute], rope)
         self.model = model.to(self.device).eval()
         self.base = self._decoder_stack(model)
+        # recurrent layers (layer -> state entries' shapes), probed before any kernel or hook is installed
+        self.recurrent = recurrent.layer_states(model, self.device) if "recurrent" in family.attention else {}
+        self.states: recurrent.RecurrentStorage | None = None
+        # rows of different lengths share a padded forward, except where a scan's state would
+        # run on through the padding (backends/torch/recurrent.py); else one forward per group
+        self.pads_rows = bool(self.recurrent) and not any(recurrent.SCAN in e for e in self.recurrent.values())
         self.lm_head = model.get_output_embeddings()
         self.row_kernel = "torch"  # what runs decode rows' linears (the startup log says)
         self.prompt_linears = "torch"  # and prompt rows'
@@ -165,7 +171,8 @@ class TorchBackend(RowSteering):
         self._base_forward = torch.compile(self.base, dynamic=True) if compile else self.base
         # rows of different lengths share one forward where the family takes the packed
         # attention (not under compile: its per-step plan lives outside the graph)
-        self.packs_rows = self.can_pack and not compile and packed.install(self.model)
+        # a recurrent family's steps never pack (a packed step would run its rows as one sequence)
+        self.packs_rows = self.can_pack and not compile and not self.recurrent and packed.install(self.model)
         if kernel is not None:
             self.set_fused_ops(True)
         text_config = model.config.get_text_config()
@@ -314,9 +321,15 @@ class TorchBackend(RowSteering):
         """(Re)build KV storage for the pool `allocator` hands out; only while no sequence is live."""
         self.allocator = allocator
         self.storage = PagedStorage(self.allocator, self.info.num_layers, DTYPES[self.info.dtype], self.device)
+        if self.recurrent:
+            if allocator.states is None:  # a direct driver's pool: a state slot for every sequence it makes
+                allocator.states = StateSlots()
+            self.states = recurrent.RecurrentStorage(allocator.states, self.recurrent, self.device)
 
     @property
     def kv_spec(self) -> KVSpec:
+        if self.recurrent:
+            return recurrent.kv_spec(self.info, DTYPES[self.info.dtype].itemsize, self.windows, self.recurrent)
         return KVSpec.uniform(self.info, DTYPES[self.info.dtype].itemsize)
 
     def new_sequence(self) -> SequenceKV:
@@ -333,7 +346,9 @@ class TorchBackend(RowSteering):
         if not self._layer_types:
             return plan.mask(self.windows[0] if self.windows else None, dtype)
         kinds = set(self._layer_types)
-        return {k: plan.mask(self._window if k == "sliding_attention" else None, dtype) for k in kinds}
+        stateful = {self._layer_types[li] for li in self.recurrent}  # their padding is handled by the cache
+        return {k: None if k in stateful else plan.mask(self._window if k == "sliding_attention" else None, dtype)
+                for k in kinds}
 
     def _run(self, rows: list[ForwardRow]) -> tuple[torch.Tensor, RowLayout]:
         """One forward over the rows, packed when their lengths differ (base.RowLayout)."""
@@ -390,8 +405,17 @@ class TorchBackend(RowSteering):
         return torch.tensor(at, dtype=torch.long, device=self.device)
 
     def _forward_stack(self, ids: torch.Tensor, plan: StepPlan, rows: list[ForwardRow]):
-        return self._base_forward(input_ids=ids, attention_mask=self._masks(plan), position_ids=plan.position_ids,
-                                  cache=PagedStepCache(self.storage, plan), use_cache=True)
+        if self.states is None:
+            return self._base_forward(input_ids=ids, attention_mask=self._masks(plan), position_ids=plan.position_ids,
+                                      cache=PagedStepCache(self.storage, plan), use_cache=True)
+        step = recurrent.StateRows([(r.cache, len(r.tokens)) for r in rows], self.device)
+        cache = recurrent.RecurrentStepCache(self.storage, plan, self.states, step)
+        extra = {}
+        if len(self.recurrent) < self.info.num_layers:  # attention layers read positions and masks
+            extra = {"attention_mask": self._masks(plan), "position_ids": plan.position_ids}
+        out = self._base_forward(input_ids=ids, cache=cache, use_cache=True, **extra)
+        cache.commit()
+        return out
 
     def _as_delta(self, block: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(block).to(self.device, DTYPES[self.info.dtype])
@@ -412,7 +436,7 @@ class TorchBackend(RowSteering):
     @torch.inference_mode()
     def forward(self, rows: list[ForwardRow]) -> np.ndarray:
         wanted = RowLayout.of([len(r.tokens) for r in rows])
-        if wanted.packed and not self.packs_rows:
+        if wanted.packed and not self.packs_rows and not self.pads_rows:
             # a family that cannot pack: the step's rows as padded forwards, logits in row order
             got: dict[int, np.ndarray] = {}
             for g in wanted.padded_groups():

@@ -1,6 +1,10 @@
-"""The MLX backend's recurrent state across rows: in one padded step a decoding row, fresh prompt
-rows of different lengths and a row whose state slot another sequence held before each give
-the logits of their solo runs (the zoo's lfm2 and mamba2 checkpoints)."""
+"""Recurrent state across rows on both backends: in one step a decoding row, fresh prompt rows of
+different lengths and a row whose state slot another sequence held before each give the logits
+of their solo runs (the zoo's lfm2 and mamba2 checkpoints). On MLX the step is padded; on torch
+LFM2's step is padded too (its convolution state is taken at each row's last real token) and
+Mamba 2's rows of different lengths run as separate forwards (a scan's state would run on
+through the padding).
+"""
 
 from __future__ import annotations
 
@@ -22,11 +26,23 @@ def _solo(backend, tokens: list[int]) -> np.ndarray:
     return out
 
 
-@pytest.mark.parametrize("family", ["lfm2", "mamba2"])
-def test_rows_at_different_positions_keep_their_own_state(family):
-    from mlxcel.backends.mlx.backend import MLXBackend
+def _load(family: str, backend: str):
+    path = fixture_path(fixtures.zoo_fixture(family))
+    if backend == "mlx":
+        from mlxcel.backends.mlx.backend import MLXBackend
 
-    backend = MLXBackend(fixture_path(fixtures.zoo_fixture(family)), dtype="float32")
+        return MLXBackend(path, dtype="float32")
+    from mlxcel.backends.torch.backend import TorchBackend
+
+    loaded = TorchBackend(path, dtype="float32")
+    assert loaded.pads_rows == (family == "lfm2")  # only convolution states can be cut at a row's end
+    return loaded
+
+
+@pytest.mark.parametrize("backend", ["mlx", "torch"])
+@pytest.mark.parametrize("family", ["lfm2", "mamba2"])
+def test_rows_at_different_positions_keep_their_own_state(family, backend):
+    backend = _load(family, backend)
     assert backend.recurrent and not backend.packs_rows
     allocator = BlockAllocator(64, 16)
     allocator.states = StateSlots(4)
@@ -47,10 +63,3 @@ def test_rows_at_different_positions_keep_their_own_state(family):
     assert float(np.abs(nxt[0] - _solo(backend, b_tokens + [5])).max()) <= TOLERANCE
     assert float(np.abs(nxt[1] - _solo(backend, c_tokens + [5])).max()) <= TOLERANCE
 
-
-def test_a_family_with_recurrent_layers_is_refused_by_the_torch_backend():
-    from mlxcel.backends.torch.backend import TorchBackend
-    from mlxcel.models.registry import UnsupportedModelType
-
-    with pytest.raises(UnsupportedModelType, match="lfm2: the torch backend does not keep recurrent"):
-        TorchBackend(fixture_path(fixtures.zoo_fixture("lfm2")), dtype="float32")
