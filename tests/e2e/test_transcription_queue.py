@@ -76,6 +76,9 @@ def test_full_queue_refuses_and_gone_clients_free_it(server):
                        data=fields, timeout=60)
         assert r.status_code == 503 and r.headers["retry-after"] == "1", r.text
         assert r.json()["error"]["code"] == "queue_full"
+    r = httpx.post(server.base_url + "/v1/audio/transcriptions", files={"file": ("c.wav", _wav(601, rate=100))},
+                   timeout=60)
+    assert r.status_code == 400, r.text  # one that could never be served is a 400, full queue or not
     assert _queue(server)["requests_rejected_total"] == 2
     waiting.close()
     _until(server, queue_waiting=0, requests_cancelled_total=1, queue_running=1)

@@ -101,8 +101,9 @@ def _count(form: Form, name: str) -> int | None:
     return int(raw)
 
 
-async def _prepare(worker, form: Form, task: str) -> tuple:
-    """Every refusal the request can earn, before decoding starts: (audio, transcription options)."""
+async def _prepare(worker, form: Form, task: str, queue) -> tuple:
+    """Every refusal the request can earn, before decoding starts: (audio, transcription options).
+    A full queue is checked last, so a request that could never be served is a 400, not a 503."""
     if form.file is None:
         raise ApiError(400, "No input file found for transcription", code="invalid_request_error", param="file")
     options = {"task": task, "language": form.text("language") or None, "prompt": form.text("prompt"),
@@ -113,6 +114,7 @@ async def _prepare(worker, form: Form, task: str) -> tuple:
         raise ApiError(400, str(e), code="invalid_parameter", param="language") from None
     try:
         clip = inspect(form.file.data)
+        check_queue(queue)
         audio = await asyncio.to_thread(decode, form.file.data, clip)
     except UploadError as e:
         raise ApiError(e.status, str(e), code="invalid_audio", param=e.param) from None
@@ -123,8 +125,7 @@ async def _transcribe(request: Request, state: AppState, worker, form: Form, tas
     """The transcript, in the transcription queue's turn; a client that goes away takes its job out
     of the queue, or stops it at the next window (api/side_workers.py)."""
     queue = worker_queue(state, TRANSCRIPTION)
-    check_queue(queue)  # a full queue refuses before the upload is decoded
-    audio, options = await _prepare(worker, form, task)
+    audio, options = await _prepare(worker, form, task, queue)
     stop = threading.Event()
     return await run_queued(request, queue, lambda: worker.transcribe(audio, cancelled=stop.is_set, **options),
                             stop.set)
@@ -153,8 +154,7 @@ async def transcriptions(request: Request, app_state: AppState) -> Response:
         t = await _transcribe(request, app_state, worker, form, "transcribe")
         return Response({"type": "transcript.text.done", "text": t.text, "usage": _usage(t)})
     queue = worker_queue(app_state, TRANSCRIPTION)
-    check_queue(queue)  # refused with a status while there still is one to send
-    audio, options = await _prepare(worker, form, "transcribe")
+    audio, options = await _prepare(worker, form, "transcribe", queue)  # a full queue: 503 before the stream
     return Stream(_frames(queue, worker, audio, options), media_type="text/event-stream", headers=SSE_HEADERS)
 
 
