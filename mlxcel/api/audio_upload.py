@@ -5,7 +5,7 @@ without an ID3v2 tag, FLAC; anything else is refused on content, whatever the cl
 and walks its structure without decoding: the WAV chunk list, every MP3 frame header, the FLAC
 metadata-block chain up to the first frame. It returns the geometry the header declares and
 refuses, as an `UploadError` naming the problem, a sample rate above 192 kHz, more than 8
-channels, more than 600 s, a chunk or frame that runs past the end of the file, or a chain
+channels, more than 600 s (config/limits.py's MAX_AUDIO_SECONDS), a chunk or frame that runs past the end of the file, or a chain
 that does not lead to audio. The walk touches each header once, so a hostile file costs a scan
 of at most 25 MiB and no allocation sized by its fields.
 
@@ -24,10 +24,10 @@ from math import ceil, gcd
 import numpy as np
 
 from mlxcel.api.multipart import UploadError
+from mlxcel.config.limits import MAX_AUDIO_SECONDS as MAX_SECONDS
 
 MAX_RATE = 192_000
 MAX_CHANNELS = 8
-MAX_SECONDS = 600
 TARGET_RATE = 16_000
 _MAX_WAV_CHUNKS = 1024
 _MAX_FLAC_BLOCKS = 1024
@@ -51,8 +51,8 @@ def _bounds(container: str, rate: int, channels: int, frames: int) -> Clip:
     if not 0 < channels <= MAX_CHANNELS:
         raise UploadError(f"{container}: {channels} channels (at most {MAX_CHANNELS})", param="file")
     if frames > MAX_SECONDS * rate:
-        raise UploadError(f"{container}: the clip lasts {frames / rate:.1f} s, more than {MAX_SECONDS} s",
-                          param="file")
+        raise UploadError(f"{container}: the clip lasts {frames / rate:.1f} s; at most {MAX_SECONDS} s of audio are "
+                          f"accepted per request", param="file")
     return Clip(container, rate, channels, frames)
 
 
@@ -274,7 +274,7 @@ def decode(data: bytes, clip: Clip) -> np.ndarray:
                 produced += len(chunk)
                 if produced > cap:
                     raise UploadError(f"{clip.container}: the decoded audio runs longer than the header declares "
-                                      f"or than {MAX_SECONDS} s", param="file")
+                                      f"or than the {MAX_SECONDS} s accepted per request", param="file")
                 pending = np.concatenate([pending, chunk.mean(axis=1, dtype=np.float32)])
                 flush(final=False)
     except sf.LibsndfileError as e:

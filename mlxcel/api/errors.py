@@ -17,6 +17,7 @@ from litestar import Request, Response
 from litestar.exceptions import HTTPException
 
 from mlxcel.steering.requests import RequestRefused
+from mlxcel.workers.queue import QueueFull
 
 log = logging.getLogger("mlxcel.api")
 
@@ -49,6 +50,11 @@ def error_type(code: str | None, status: int = 500) -> str:
     return CODE_TYPES.get(code or "") or ("invalid_request_error" if status < 500 else "server_error")
 
 
+# Refusals that clear by themselves (a queue drains, a model switch ends): the seconds a 503 with
+# one of these codes tells the client to wait (`Retry-After`) before trying again.
+RETRY_AFTER_S = {"queue_full": 1, "model_busy": 1}
+
+
 class ApiError(Exception):
     def __init__(self, status: int, message: str, *, code: str | None = None,
                  type: str | None = None, param: str | None = None,
@@ -57,6 +63,8 @@ class ApiError(Exception):
         self.status, self.message, self.code, self.param = status, message, code, param
         self.type = type or error_type(code, status)
         self.headers = headers or {}
+        if status == 503 and code in RETRY_AFTER_S:
+            self.headers.setdefault("Retry-After", str(RETRY_AFTER_S[code]))
 
 
 def is_openai_path(path: str) -> bool:
@@ -117,3 +125,8 @@ def engine_error(message: str, code: str | None, status: int = 500) -> ApiError:
     (no status: 500) as the ApiError every surface raises for it."""
     code = code or "server_error"
     return ApiError(ENGINE_STATUS.get(code, status), message, code=code)
+
+
+def queue_full_error(e: QueueFull) -> ApiError:
+    """A side worker's full queue: the same 503 `queue_full` as the engine's."""
+    return ApiError(503, str(e), code="queue_full")

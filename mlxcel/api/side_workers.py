@@ -1,13 +1,28 @@
-"""What the embedding and rerank routes share: finding the worker the mode selected.
+"""What the side-worker routes (embedding, rerank, transcription) share: finding the worker the
+mode selected, and running a job through that worker's fair queue.
 
 A worker that was planned but is still loading answers 503 like the chat model does; a server
 that serves no such worker answers b10621's 501, naming the flag that would turn it on.
+
+Each worker kind has one queue (workers/queue.py) with --max-queue-depth waiting places: a full
+queue is a 503 `queue_full` with Retry-After, and a client that goes away while its job waits
+takes the job out of the queue (a running Whisper job stops at its next 30-second window; an
+embedding or rerank job is a few short batches and runs to its end).
 """
 
 from __future__ import annotations
 
-from mlxcel.api.errors import ApiError
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from litestar import Request
+
+from mlxcel.api.errors import ApiError, queue_full_error
 from mlxcel.api.state import AppState
+from mlxcel.workers.queue import JobQueue, QueueFull
+
+T = TypeVar("T")
 
 _FLAG = {"embedder": ("embeddings", "--embeddings"), "reranker": ("reranking", "--reranking")}
 
@@ -37,3 +52,51 @@ def generation_refusal(state: AppState) -> ApiError | None:
                         "checkpoint", code="not_supported", type="not_supported_error")
     return ApiError(501, f"This server does not support completions. Start it without `{flag}`",
                     code="not_supported", type="not_supported_error")
+
+
+def worker_queue(state: AppState, kind: str) -> JobQueue:
+    """The fair queue of one worker kind, made at first use."""
+    queue = state.worker_queues.get(kind)
+    if queue is None:
+        queue = state.worker_queues[kind] = JobQueue(kind, state.settings.engine.max_queue_depth)
+    return queue
+
+
+def check_queue(queue: JobQueue) -> None:
+    """Refuse now when the queue is full: before the upload is decoded, or a stream starts."""
+    try:
+        queue.check()
+    except QueueFull as e:
+        raise queue_full_error(e) from None
+
+
+async def run_queued(request: Request, queue: JobQueue, start: Callable[[], Any],
+                     on_cancel: Callable[[], None] | None = None) -> Any:
+    """`start()` (blocking) in its turn on `queue`; the job is dropped, or asked to stop, when
+    the client goes away first."""
+    try:
+        return await while_connected(request, queue.run(start, on_cancel))
+    except QueueFull as e:
+        raise queue_full_error(e) from None
+
+
+async def while_connected(request: Request, work: Awaitable[T]) -> T:
+    """Await `work`, cancelling it if the client disconnects first (then a 499 nobody reads).
+    The body has been read by now, so the next ASGI message is the disconnect."""
+    job = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({job, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if job.done():
+            return job.result()
+        job.cancel()
+        await asyncio.gather(job, return_exceptions=True)
+        raise ApiError(499, "request cancelled: the client went away")
+    finally:
+        watcher.cancel()
+        job.cancel()
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass

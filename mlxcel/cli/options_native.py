@@ -28,7 +28,8 @@ NATIVE_OPTIONS: tuple[Option, ...] = (
               "off by default, see docs/benchmarks.md); refused on the MLX backend"),
     make("--max-queue-depth", VALUE, section=NATIVE, state=SUPPORTED, native=True, mv="N",
          apply=lambda s, v, sp: a.assign(s, "engine.max_queue_depth", max(a.as_int(v, sp), -1)),
-         help="requests that may wait for a slot before new ones get 503 (default: 64, -1 = unbounded)"),
+         help="requests that may wait for a slot (and, per side worker, for the worker) before new ones get "
+              "503 (default: 64, -1 = unbounded)"),
     make("--graceful-unload-timeout", VALUE, section=NATIVE, state=SUPPORTED, native=True, mv="SECONDS",
          env="GRACEFUL_UNLOAD_TIMEOUT",
          apply=lambda s, v, sp: a.assign(s, "engine.graceful_unload_timeout", max(a.as_float(v, sp), 0.0)),

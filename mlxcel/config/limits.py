@@ -33,3 +33,8 @@ MAX_IMAGE_PIXELS = 40_000_000
 # Decoded pixels summed over a request's images: the per-image cap times the count would still let
 # one request hold gigabytes of decoded pictures.
 MAX_REQUEST_IMAGE_PIXELS = 64_000_000
+# Seconds of audio per transcription or translation request, checked on the length the file's
+# headers declare before it is decoded and again on the samples the decoder produces (a header
+# that understates it stops at the cap). Whisper runs one request at a time, so this bounds how
+# long one clip holds the queue; decoded at 16 kHz it is 38 MB.
+MAX_AUDIO_SECONDS = 600

@@ -39,3 +39,18 @@ def test_a_native_stream_error_frame_carries_the_mapped_status():
                                ("constrained_output_invalid", 500, "server_error")):
         frame = encoder.error(TokenEvent(error="boom", error_code=code))
         assert json.loads(frame[6:]) == {"error": {"code": status, "message": "boom", "type": kind}}
+
+
+def test_refusals_that_clear_by_themselves_say_when_to_retry():
+    """queue_full and model_busy (engine, model switch or a side worker's queue) carry Retry-After;
+    a 503 that waiting will not cure does not."""
+    from mlxcel.api.errors import queue_full_error
+    from mlxcel.api.model_switch import busy_error
+    from mlxcel.runtime.host import HostBusy
+    from mlxcel.workers.queue import QueueFull
+
+    for err in (engine_error("full", "queue_full", 503), engine_error("busy", "model_busy"),
+                queue_full_error(QueueFull("transcription", 1)), busy_error(HostBusy("loading", "m", None))):
+        assert err.status == 503 and err.headers == {"Retry-After": "1"}, err.code
+    assert "Retry-After" not in engine_error("oom", "insufficient_memory").headers
+    assert ApiError(503, "x", code="queue_full", headers={"Retry-After": "5"}).headers == {"Retry-After": "5"}

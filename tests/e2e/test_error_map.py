@@ -76,7 +76,7 @@ def test_queue_full_is_503_on_every_surface_streamed_or_not(served):
         for path, body in SURFACES.items():
             for stream in (False, True):
                 r = httpx.post(served.base_url + path, json={**body, "stream": stream}, timeout=60)
-                assert r.status_code == 503, (path, stream, r.text)
+                assert r.status_code == 503 and r.headers["retry-after"] == "1", (path, stream, r.text)
                 check_envelope(path, r.json(), 503, "queue_full")
     finally:
         holder.close()

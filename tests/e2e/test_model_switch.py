@@ -124,6 +124,7 @@ def test_model_busy_during_a_switch_and_running_requests_finish(server, client):
                 break
         assert busy is not None, "no request saw the switch"
         assert busy.status_code == 503 and busy.code == "model_busy" and "retry" in busy.message
+        assert busy.response.headers["retry-after"] == "1"
         assert QWEN2_TINY in busy.message
         finals = [json.loads(line[6:]) for line in lines if line.startswith("data: ")]
     assert finals[-1]["stop"] is True and finals[-1]["tokens_predicted"] == n and finals[-1]["stop_type"] == "limit"

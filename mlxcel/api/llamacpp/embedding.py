@@ -11,7 +11,6 @@ normalization for this request.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any, Callable
 
 import numpy as np
@@ -19,9 +18,10 @@ from litestar import Request, Response, post
 
 from mlxcel.api.body import check_count, read_json_object
 from mlxcel.api.errors import ApiError
-from mlxcel.api.side_workers import side_worker
+from mlxcel.api.side_workers import run_queued, side_worker, worker_queue
 from mlxcel.api.state import AppState
 from mlxcel.config.limits import MAX_INPUTS
+from mlxcel.workers.checkpoint import EMBEDDING
 from mlxcel.workers.embedding import EmbeddingWorker, InputTooLong
 
 
@@ -80,9 +80,11 @@ def normalize_field(body: dict[str, Any]) -> int | None:
     return value
 
 
-async def embed(worker: EmbeddingWorker, prompts: list[list[int]], mode: int | None) -> list[np.ndarray]:
+async def embed(request: Request, state: AppState, worker: EmbeddingWorker, prompts: list[list[int]],
+                mode: int | None) -> list[np.ndarray]:
+    """The worker's vectors, in the embedding queue's turn (api/side_workers.py)."""
     try:
-        vectors = await asyncio.to_thread(worker.embed, prompts, mode)
+        vectors = await run_queued(request, worker_queue(state, EMBEDDING), lambda: worker.embed(prompts, mode))
     except InputTooLong as e:
         raise ApiError(400, str(e), code="context_length_exceeded") from None
     if not all(np.isfinite(v).all() for v in vectors):
@@ -100,4 +102,4 @@ async def native_embeddings(request: Request, app_state: AppState) -> Response:
     worker = side_worker(app_state, "embedder")
     field, value = prompt_field(body)
     prompts = tokenized_prompts(worker, value, field)
-    return Response(native_body(await embed(worker, prompts, normalize_field(body))))
+    return Response(native_body(await embed(request, app_state, worker, prompts, normalize_field(body))))

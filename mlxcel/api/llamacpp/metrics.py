@@ -11,6 +11,7 @@ from litestar import Response, get
 
 from mlxcel.api.errors import ApiError
 from mlxcel.api.openai.generation import served_model
+from mlxcel.api.side_workers import generation_refusal, worker_queue
 from mlxcel.api.state import AppState
 from mlxcel.engine.types import EngineStats
 
@@ -56,9 +57,25 @@ def metric_families(st: EngineStats) -> list[tuple[str, str, str, float | int]]:
     ]
 
 
-def render_prometheus(st: EngineStats) -> str:
+def queue_families(state: AppState) -> list[tuple[str, str, str, float | int]]:
+    """Each planned side worker's fair queue (api/side_workers.py): its waiting and running jobs, and
+    the jobs refused as full or dropped because their client went away."""
+    out = []
+    for kind in sorted({s.kind for s in state.plan.sides} if state.plan is not None else ()):
+        q = worker_queue(state, kind)
+        out += [(f"mlxcel_{kind}_queue_waiting", "gauge", f"{kind} requests waiting for the worker.", q.waiting),
+                (f"mlxcel_{kind}_queue_running", "gauge", f"{kind} requests running.", q.running),
+                (f"mlxcel_{kind}_requests_rejected_total", "counter", f"{kind} requests refused: queue full.",
+                 q.rejected_total),
+                (f"mlxcel_{kind}_requests_cancelled_total", "counter",
+                 f"{kind} requests dropped or stopped because the client went away.", q.cancelled_total)]
+    return out
+
+
+def render_prometheus(st: EngineStats | None, extra: list | None = None) -> str:
+    """The engine's families (none on a server without a generation model), then `extra`."""
     lines = []
-    for name, kind, help_text, value in metric_families(st):
+    for name, kind, help_text, value in (metric_families(st) if st is not None else []) + (extra or []):
         lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", f"{name} {_num(value)}"]
     return "\n".join(lines) + "\n"
 
@@ -68,6 +85,8 @@ async def metrics(app_state: AppState) -> Response:
     if not app_state.settings.server.metrics:
         raise ApiError(501, "This server does not support metrics endpoint. Start it with `--metrics`",
                        code="not_supported", type="not_supported_error")
+    if generation_refusal(app_state) is not None:  # --embeddings, --reranking, a Whisper -m: workers only
+        return Response(render_prometheus(None, queue_families(app_state)), media_type=CONTENT_TYPE)
     st = served_model(app_state, None).engine.stats(reset_bucket=True)
-    return Response(render_prometheus(st), media_type=CONTENT_TYPE,
+    return Response(render_prometheus(st, queue_families(app_state)), media_type=CONTENT_TYPE,
                     headers={"Process-Start-Time-Unix": str(int(st.t_start))})

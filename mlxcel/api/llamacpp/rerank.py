@@ -12,16 +12,16 @@ highest first, and cut to `top_n` (default: all). Scores are the cross-encoder's
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from litestar import Request, Response, post
 
 from mlxcel.api.body import check_count, read_json_object
 from mlxcel.api.errors import ApiError
-from mlxcel.api.side_workers import side_worker
+from mlxcel.api.side_workers import run_queued, side_worker, worker_queue
 from mlxcel.api.state import AppState
 from mlxcel.config.limits import MAX_INPUTS
+from mlxcel.workers.checkpoint import RERANKER
 from mlxcel.workers.embedding import InputTooLong
 
 
@@ -60,7 +60,7 @@ async def rerank(request: Request, app_state: AppState) -> Response:
     query, docs, tei, top_n = parse(body)
     echo = _bool(body, "return_text" if tei else "return_documents")
     try:
-        scores, tokens = await asyncio.to_thread(worker.score, query, docs)
+        scores, tokens = await run_queued(request, worker_queue(app_state, RERANKER), lambda: worker.score(query, docs))
     except InputTooLong as e:
         raise ApiError(400, str(e), code="context_length_exceeded") from None
     order = sorted(range(len(docs)), key=lambda i: -scores[i])[:top_n]  # stable on ties

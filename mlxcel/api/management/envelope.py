@@ -27,9 +27,11 @@ def ok(data: Any, status: int = 200) -> Response:
     return Response({"success": True, "data": data, "error": None}, status_code=status)
 
 
-def fail(status: int, code: str, message: str, details: Any = None) -> Response:
+def fail(status: int, code: str, message: str, details: Any = None,
+         headers: dict[str, str] | None = None) -> Response:
     return Response({"success": False, "data": None,
-                     "error": {"code": code, "message": message, "details": details}}, status_code=status)
+                     "error": {"code": code, "message": message, "details": details}}, status_code=status,
+                    headers=headers)
 
 
 def run(fn: Callable[[], Any], status: int = 200) -> Response:

@@ -114,7 +114,7 @@ async def model_action(ref: str, app_state: AppState) -> Response:
         except Refusal as e:
             return fail(e.status, e.code, e.message, e.details)
         except ApiError as e:  # a switch's refusals (model_busy, insufficient_memory, model_load_failed, ...)
-            return fail(e.status, e.code or "error", e.message)
+            return fail(e.status, e.code or "error", e.message, headers=e.headers)  # model_busy's Retry-After
         return ok(data)
 
     def go():

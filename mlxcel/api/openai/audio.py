@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import threading
 
 from litestar import Request, Response, post
 from litestar.response import Stream
@@ -31,6 +32,7 @@ from litestar.response import Stream
 from mlxcel.api.audio_upload import decode, inspect
 from mlxcel.api.errors import ApiError
 from mlxcel.api.multipart import MAX_BODY_BYTES, Form, MultipartReader, UploadError, boundary_of
+from mlxcel.api.side_workers import check_queue, generation_refusal, run_queued, worker_queue
 from mlxcel.api.state import AppState
 from mlxcel.workers.whisper import TRANSCRIPTION, WhisperError
 
@@ -51,8 +53,6 @@ def transcriber(state: AppState):
         if state.load_error:
             raise ApiError(503, f"the Whisper model failed to load: {state.load_error}", type="unavailable_error")
         raise ApiError(503, "Loading model", code="model_not_loaded", type="unavailable_error")
-    from mlxcel.api.side_workers import generation_refusal
-
     refusal = generation_refusal(state)
     if refusal is not None:
         raise refusal
@@ -101,8 +101,9 @@ def _count(form: Form, name: str) -> int | None:
     return int(raw)
 
 
-async def _prepare(worker, form: Form, task: str) -> tuple:
-    """Every refusal the request can earn, before decoding starts: (audio, transcription options)."""
+async def _prepare(worker, form: Form, task: str, queue) -> tuple:
+    """Every refusal the request can earn, before decoding starts: (audio, transcription options).
+    A full queue is checked last, so a request that could never be served is a 400, not a 503."""
     if form.file is None:
         raise ApiError(400, "No input file found for transcription", code="invalid_request_error", param="file")
     options = {"task": task, "language": form.text("language") or None, "prompt": form.text("prompt"),
@@ -113,15 +114,21 @@ async def _prepare(worker, form: Form, task: str) -> tuple:
         raise ApiError(400, str(e), code="invalid_parameter", param="language") from None
     try:
         clip = inspect(form.file.data)
+        check_queue(queue)
         audio = await asyncio.to_thread(decode, form.file.data, clip)
     except UploadError as e:
         raise ApiError(e.status, str(e), code="invalid_audio", param=e.param) from None
     return audio, options
 
 
-async def _transcribe(worker, form: Form, task: str):
-    audio, options = await _prepare(worker, form, task)
-    return await asyncio.wrap_future(worker.start(audio, **options))
+async def _transcribe(request: Request, state: AppState, worker, form: Form, task: str):
+    """The transcript, in the transcription queue's turn; a client that goes away takes its job out
+    of the queue, or stops it at the next window (api/side_workers.py)."""
+    queue = worker_queue(state, TRANSCRIPTION)
+    audio, options = await _prepare(worker, form, task, queue)
+    stop = threading.Event()
+    return await run_queued(request, queue, lambda: worker.transcribe(audio, cancelled=stop.is_set, **options),
+                            stop.set)
 
 
 def _usage(t) -> dict:
@@ -144,32 +151,34 @@ async def transcriptions(request: Request, app_state: AppState) -> Response:
         raise ApiError(400, "Only 'json' response_format is supported for transcription", code="invalid_parameter",
                        param="response_format")
     if form.text("stream") != "true":
-        t = await _transcribe(worker, form, "transcribe")
+        t = await _transcribe(request, app_state, worker, form, "transcribe")
         return Response({"type": "transcript.text.done", "text": t.text, "usage": _usage(t)})
-    audio, options = await _prepare(worker, form, "transcribe")
-    return Stream(_frames(worker, audio, options), media_type="text/event-stream", headers=SSE_HEADERS)
+    queue = worker_queue(app_state, TRANSCRIPTION)
+    audio, options = await _prepare(worker, form, "transcribe", queue)  # a full queue: 503 before the stream
+    return Stream(_frames(queue, worker, audio, options), media_type="text/event-stream", headers=SSE_HEADERS)
 
 
-async def _frames(worker, audio, options):
+async def _frames(queue, worker, audio, options):
     """One transcript.text.delta per window as the worker decodes it, then the done frame; a
-    client that goes away stops the worker at the next window."""
-    loop, queue = asyncio.get_running_loop(), asyncio.Queue()
-    stop = False
-    future = worker.start(audio, on_delta=lambda d: loop.call_soon_threadsafe(queue.put_nowait, d),
-                          cancelled=lambda: stop, **options)
-    future.add_done_callback(lambda _: loop.call_soon_threadsafe(queue.put_nowait, None))
+    client that goes away takes the job out of the queue, or stops the worker at the next window."""
+    loop, deltas = asyncio.get_running_loop(), asyncio.Queue()
+    stop = threading.Event()
+    job = asyncio.ensure_future(queue.run(lambda: worker.transcribe(
+        audio, on_delta=lambda d: loop.call_soon_threadsafe(deltas.put_nowait, d), cancelled=stop.is_set,
+        **options), stop.set))
+    job.add_done_callback(lambda _: deltas.put_nowait(None))
     try:
-        while (delta := await queue.get()) is not None:
+        while (delta := await deltas.get()) is not None:
             yield _sse({"type": "transcript.text.delta", "delta": delta})
         try:
-            t = future.result()
+            t = job.result()
         except Exception as e:  # the stream has started: the error goes out as a frame
             yield _sse({"error": {"message": f"transcription failed: {e}", "type": "server_error"}})
             return
         yield _sse({"type": "transcript.text.done", "text": t.text, "usage": _usage(t)})
         yield b"data: [DONE]\n\n"
     finally:
-        stop = True
+        job.cancel()  # the client left: out of the queue, or stopped at the next window
 
 
 @post("/v1/audio/translations", status_code=200, request_max_body_size=BODY_LIMIT)
@@ -183,7 +192,7 @@ async def translations(request: Request, app_state: AppState) -> Response:
     if form.text("stream") == "true":
         raise ApiError(400, "/v1/audio/translations does not stream; drop `stream`", code="invalid_parameter",
                        param="stream")
-    t = await _transcribe(worker, form, "translate")
+    t = await _transcribe(request, app_state, worker, form, "translate")
     if fmt == "text":
         return Response(t.text + "\n", media_type="text/plain; charset=utf-8")
     if fmt == "json":

@@ -87,7 +87,7 @@ async def openai_embeddings(request: Request, app_state: AppState) -> Response:
         field, value = prompt_field(body)
         _check_format(fmt)
         prompts = tokenized_prompts(worker, value, field)
-        vectors = await embed(worker, prompts, normalize_field(body))
+        vectors = await embed(request, app_state, worker, prompts, normalize_field(body))
         served = name or worker.id
     else:
         field, value = prompt_field(body)
