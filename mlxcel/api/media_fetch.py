@@ -6,8 +6,8 @@ scheme is http/https, no credentials in the URL, an IP literal is checked, a hos
 resolved and every address checked), on every redirect (followed by hand, at most five hops,
 each hop checked first), and after the connection (the peer actually reached is checked
 before a body byte is read, closing the DNS-rebinding window). A public address is one outside
-`REFUSED_NETWORKS`; an IPv4-mapped or IPv4-compatible IPv6 spelling is judged as the IPv4
-address it carries. `allow_private`
+`REFUSED_NETWORKS`; an IPv6 spelling that carries an IPv4 address (mapped, compatible,
+translated, NAT64 64:ff9b::/96, 6to4 2002::/16) is also judged as the IPv4 address it carries. `allow_private`
 (MLXCEL_ALLOW_PRIVATE_MEDIA_URLS=1, read by the CLI) turns every address check into a pass.
 """
 
@@ -26,7 +26,8 @@ class FetchRefused(ValueError):
     """A URL that is not fetched, or a fetch that failed (the message is the client's)."""
 
 
-# Refused ranges, spelled out rather than left to a library's notion of "global".
+# Refused ranges, spelled out rather than left to a library's notion of "global" (the IANA
+# special-purpose registries, IPv4 and IPv6, conservatively: a range is refused whole).
 REFUSED_NETWORKS = [ipaddress.ip_network(n) for n in (
     "0.0.0.0/8",  # this network / unspecified
     "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16",  # private
@@ -35,24 +36,42 @@ REFUSED_NETWORKS = [ipaddress.ip_network(n) for n in (
     "169.254.0.0/16",  # link-local (cloud metadata at 169.254.169.254)
     "192.0.0.0/24",  # IETF protocol assignments
     "192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24",  # documentation
+    "192.88.99.0/24",  # deprecated 6to4 relay anycast
     "198.18.0.0/15",  # benchmarking
     "224.0.0.0/4",  # multicast
     "240.0.0.0/4",  # reserved, and the broadcast address
     "::/128", "::1/128",  # unspecified, loopback
+    "64:ff9b:1::/48",  # local-use NAT64 (the well-known 64:ff9b::/96 is judged by its IPv4 below)
+    "100::/64",  # discard-only
+    "2001::/23",  # IETF protocol assignments: Teredo 2001::/32, benchmarking 2001:2::/48, ORCHID
+    "2001:db8::/32", "3fff::/20",  # documentation
+    "5f00::/16",  # SRv6 segment identifiers
     "fc00::/7",  # unique-local
     "fe80::/10", "fec0::/10",  # link-local, deprecated site-local
-    "2001:db8::/32",  # documentation
     "ff00::/8",  # multicast
 )]
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")
+_SIIT = ipaddress.ip_network("::ffff:0:0:0/96")  # IPv4-translated (RFC 2765)
+
+
+def _embedded_v4(ip: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
+    """The IPv4 address an IPv6 spelling carries to an IPv4 host, judged in its place: mapped,
+    compatible, translated, NAT64 and 6to4 (Teredo is refused whole by the table)."""
+    if ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    if ip.sixtofour is not None:
+        return ip.sixtofour
+    if ip in _NAT64 or ip in _SIIT or (int(ip) >> 32 == 0 and int(ip) > 1):  # last: ::a.b.c.d
+        return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+    return None
 
 
 def public(address: str) -> bool:
     ip = ipaddress.ip_address(address.split("%", 1)[0])
     if isinstance(ip, ipaddress.IPv6Address):
-        if ip.ipv4_mapped is not None:
-            ip = ip.ipv4_mapped
-        elif int(ip) >> 32 == 0 and int(ip) > 1:  # ::a.b.c.d, the deprecated IPv4-compatible form
-            ip = ipaddress.IPv4Address(int(ip))
+        if any(ip in net for net in REFUSED_NETWORKS if net.version == 6):
+            return False
+        ip = _embedded_v4(ip) or ip
     return not any(ip in net for net in REFUSED_NETWORKS if net.version == ip.version)
 
 

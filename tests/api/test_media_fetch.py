@@ -15,15 +15,28 @@ from mlxcel.cli.flags import parse_server_args
 REFUSED = ["127.0.0.1", "0.0.0.0", "10.1.2.3", "172.16.0.1", "192.168.1.1", "169.254.169.254", "100.64.0.1",
            "192.0.0.8", "192.0.2.1", "198.18.0.1", "198.51.100.1", "203.0.113.1", "224.0.0.1", "240.0.0.1",
            "255.255.255.255", "::1", "::", "fc00::1", "fd12::1", "fe80::1", "2001:db8::1", "ff02::1",
-           "::ffff:127.0.0.1", "::ffff:169.254.169.254", "::127.0.0.1", "::10.0.0.1"]
-PUBLIC = ["8.8.8.8", "1.1.1.1", "2606:4700:4700::1111", "::ffff:8.8.8.8"]
+           "::ffff:127.0.0.1", "::ffff:169.254.169.254", "::127.0.0.1", "::10.0.0.1",
+           # IPv6 spellings that carry a private/loopback IPv4 address, and the rest of the table
+           "::ffff:0:7f00:1", "::ffff:0:a00:1",  # IPv4-translated
+           "64:ff9b::7f00:1", "64:ff9b::a9fe:a9fe", "64:ff9b::c0a8:101",  # NAT64 well-known prefix
+           "64:ff9b:1::808:808",  # local-use NAT64, refused whole
+           "2002:7f00:1::1", "2002:a00:1::1", "2002:a9fe:a9fe::", "2002:6440:1::1",  # 6to4 of private v4
+           "2001::1", "2001:0:4136:e378:8000:63bf:3fff:fdd2",  # Teredo
+           "2001:2::1", "2001:10::1",  # benchmarking, ORCHID
+           "fdff:ffff::1", "fe80::1%eth0", "febf::1", "fec0::1",  # ULA, link-local with zone, site-local
+           "ff05::1", "ff0e::1",  # multicast
+           "3fff::1", "100::1", "5f00::1",  # documentation (RFC 9637), discard-only, SRv6
+           "0.1.2.3", "100.127.255.254", "192.88.99.1", "198.19.255.255", "239.255.255.250"]
+PUBLIC = ["8.8.8.8", "1.1.1.1", "2606:4700:4700::1111", "::ffff:8.8.8.8", "::8.8.8.8",
+          "64:ff9b::808:808", "2002:808:808::1", "2001:4860:4860::8888", "100.128.0.1", "198.20.0.1"]
 
 
 @pytest.mark.parametrize("address", REFUSED)
 def test_non_public_addresses_are_refused(address):
     assert not public(address)
     with pytest.raises(FetchRefused, match="non-public"):
-        asyncio.run(check_url(f"http://[{address}]/a.png" if ":" in address else f"http://{address}/a.png", False))
+        url_host = f"[{address.replace('%', '%25')}]" if ":" in address else address
+        asyncio.run(check_url(f"http://{url_host}/a.png", False))
 
 
 @pytest.mark.parametrize("address", PUBLIC)
