@@ -9,6 +9,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from mlxcel.api import media_fetch
 from mlxcel.api.media_fetch import MAX_REDIRECTS, FetchRefused, check_url, fetch, public
 from mlxcel.cli.flags import parse_server_args
 
@@ -105,3 +106,71 @@ def test_fetch_limits(local):
         asyncio.run(fetch(local + "/hop0", allow_private=True, max_bytes=1000))
     with pytest.raises(FetchRefused, match="HTTP 404"):
         asyncio.run(fetch(local + "/nothing", allow_private=True, max_bytes=1000))
+
+
+class _Recorder(BaseHTTPRequestHandler):
+    """Records every request's Host header; serves /img."""
+    hosts: list = []
+
+    def do_GET(self):  # noqa: N802
+        _Recorder.hosts.append(self.headers.get("Host"))
+        body = b"\x89PNG-pinned"
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def recorder():
+    _Recorder.hosts = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server.server_address[1]
+    server.shutdown()
+
+
+def _fake_resolver(monkeypatch, answers):
+    """Replaces the resolver seam: each call pops the next answer (a rebinding DNS server)."""
+    calls = []
+
+    async def resolve(host, port):
+        calls.append(host)
+        return answers.pop(0)
+    monkeypatch.setattr(media_fetch, "resolve", resolve)
+    return calls
+
+
+def test_a_name_resolving_to_a_private_address_is_refused_before_connecting(monkeypatch, recorder):
+    calls = _fake_resolver(monkeypatch, [["8.8.8.8", "127.0.0.1"]])
+    with pytest.raises(FetchRefused, match=r"non-public address \(127\.0\.0\.1\)"):
+        asyncio.run(fetch(f"http://media.example:{recorder}/img", allow_private=False, max_bytes=1000))
+    assert calls == ["media.example"] and _Recorder.hosts == []  # resolved once, never connected
+
+
+def test_the_fetch_connects_to_the_checked_address_with_the_original_host(monkeypatch, recorder):
+    # 127.0.0.1 stands in for a permitted public address; the second answer (a rebinding to an
+    # unreachable address) must never be asked for, since the name is resolved once.
+    calls = _fake_resolver(monkeypatch, [["127.0.0.1"], ["203.0.113.9"]])
+    monkeypatch.setattr(media_fetch, "public", lambda a: a == "127.0.0.1")
+    got = asyncio.run(fetch(f"http://media.example:{recorder}/img", allow_private=False, max_bytes=1000))
+    assert got == b"\x89PNG-pinned"
+    assert calls == ["media.example"]
+    assert _Recorder.hosts == [f"media.example:{recorder}"]
+
+
+def test_https_keeps_the_name_for_sni_and_the_certificate():
+    target, headers, ext = media_fetch.pinned("https://cdn.example/a.png?x=1", "2606:4700::1")
+    assert str(target) == "https://[2606:4700::1]/a.png?x=1"
+    assert headers == {"Host": "cdn.example"} and ext == {"sni_hostname": "cdn.example"}
+    target, headers, ext = media_fetch.pinned("http://cdn.example:8080/a.png", "8.8.8.8")
+    assert str(target) == "http://8.8.8.8:8080/a.png" and headers == {"Host": "cdn.example:8080"} and ext == {}
+
+
+def test_an_unresolvable_name_is_quoted_truncated():
+    with pytest.raises(FetchRefused) as e:
+        asyncio.run(check_url("http://" + "a" * 300 + ".invalid/x.png", False))
+    assert "does not resolve" in str(e.value) and len(str(e.value)) < 140
