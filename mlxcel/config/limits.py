@@ -33,3 +33,8 @@ MAX_IMAGE_PIXELS = 40_000_000
 # Decoded pixels summed over a request's images: the per-image cap times the count would still let
 # one request hold gigabytes of decoded pictures.
 MAX_REQUEST_IMAGE_PIXELS = 64_000_000
+# Seconds a client has to send a complete request header, counted from the connection's
+# opening (or the first byte of a later request on a kept-alive connection); after it the
+# connection is closed. Bounds half-open and slowly-trickling connections, which uvicorn's
+# keep-alive timer does not (any byte cancels it). The idle wait between requests is --timeout.
+HEADER_TIMEOUT_S = 30.0
