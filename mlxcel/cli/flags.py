@@ -42,6 +42,7 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from mlxcel.cli.options_model import FLAG, PAIR, VALUE2, Option
@@ -315,6 +316,7 @@ def parse_server_args(
     settings.workers.pooling_env = environ.get("MLXCEL_EMBEDDING_POOLING") or None
     settings.backend.build_env = {k: environ[k] for k in BUILD_ENV if k in environ}
     settings.media.allow_private_media_urls = environ.get("MLXCEL_ALLOW_PRIVATE_MEDIA_URLS", "") == "1"
+    settings.steering.sae_dir = Path(environ["MLXCEL_SAE_DIR"]).expanduser() if environ.get("MLXCEL_SAE_DIR") else None
     if environ.get("CLUSTER_INTENSITY_MIN"):
         settings.steering.cluster_intensity_min = _dial_floor("CLUSTER_INTENSITY_MIN", environ["CLUSTER_INTENSITY_MIN"])
     if environ.get("CIRCUIT_INTENSITY_MIN"):

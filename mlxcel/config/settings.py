@@ -163,6 +163,7 @@ class SteeringSection:
     state_dir: Path | None = None  # SQLite steering state (profiles, clusters); None: <store root>/.mlxcel-state
     cluster_intensity_min: float = 0.5  # CLUSTER_INTENSITY_MIN: a cluster's undeclared dial floor
     circuit_intensity_min: float = 0.0  # CIRCUIT_INTENSITY_MIN: a circuit's dial floor
+    sae_dir: Path | None = None  # MLXCEL_SAE_DIR: where /api/saes may read SAEs, besides the model store
 
 
 @_section
