@@ -43,6 +43,7 @@ class ServerSection:
     reuse_port: bool = False  # bind the TCP listener with SO_REUSEPORT
     api_keys: list[str] = field(default_factory=list)
     timeout: int = 3600  # HTTP socket read/write timeout, seconds
+    shutdown_timeout: float = 30.0  # --shutdown-timeout: how long SIGTERM lets running requests finish
     sse_ping_interval: int = 30  # seconds; -1 disables
     ssl_key_file: Path | None = None
     ssl_cert_file: Path | None = None
