@@ -7,7 +7,8 @@ lies inside the root. Before either, b10621's filename validation runs on the wh
 (no `..`, no control characters, none of * ? " < > |, no leading/trailing space, no trailing
 dot, at most 255 bytes, no Unicode separator look-alikes), and a percent escape for `.`, `/`,
 `\\` or NUL is refused (nothing is percent-decoded). The canonical result must stay inside the
-canonical root (a symlink out is an escape, one within is followed), the last component is
+canonical root (a symlink out is an escape, one within is followed; an escape is answered
+exactly as a missing file is), the last component is
 opened with O_NOFOLLOW, and only a regular file is read.
 """
 
@@ -19,6 +20,10 @@ import stat
 from pathlib import Path
 
 NO_ROOT = "file:// URLs are not allowed unless --media-path is specified"
+# One answer for a missing file and one outside the root (or behind a symlink out), so a
+# client cannot probe which paths exist on the server.
+UNAVAILABLE = ("file does not exist or cannot be opened under --media-path (file:// paths resolve against the "
+               "--media-path directory)")
 _FORBIDDEN = set('*?"<>|')
 _LOOKALIKES = {"\uff0e", "\u2215", "\u2216", "\ufffd", "\ufeff"}
 _PERCENT = re.compile(r"%(2e|2f|5c|00)", re.IGNORECASE)
@@ -48,19 +53,14 @@ def _inside(path: Path, root: Path) -> bool:
 def resolve(root: Path, ref: str) -> Path:
     """The canonical file `ref` names under `root` (which is canonical); refuses as described."""
     validate_name(ref)
-    candidate = root / ref.lstrip("/\\")
-    if candidate.exists():
-        real = candidate.resolve()
-        if not _inside(real, root):
-            raise MediaPathRefused("file path escapes the --media-path root")
-        return real
-    if ref.startswith("/") and Path(ref).exists():
-        real = Path(ref).resolve()
-        if not _inside(real, root):
-            raise MediaPathRefused("file path escapes the --media-path root")
-        return real
-    raise MediaPathRefused("file does not exist or cannot be opened (file:// paths resolve against the "
-                           "--media-path directory)")
+    for candidate in (root / ref.lstrip("/\\"), Path(ref) if ref.startswith("/") else None):
+        # os.path.exists, not Path.exists: it answers False for a path it may not stat (EACCES)
+        if candidate is not None and os.path.exists(candidate):
+            real = candidate.resolve()
+            if not _inside(real, root):
+                raise MediaPathRefused(UNAVAILABLE)
+            return real
+    raise MediaPathRefused(UNAVAILABLE)
 
 
 def read(root: Path | None, url: str, max_bytes: int) -> bytes:
@@ -71,7 +71,7 @@ def read(root: Path | None, url: str, max_bytes: int) -> bytes:
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
     except OSError:
-        raise MediaPathRefused("file does not exist or cannot be opened") from None
+        raise MediaPathRefused(UNAVAILABLE) from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):

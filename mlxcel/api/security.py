@@ -5,8 +5,13 @@ This mirrors b10621's pre-routing handler, which runs before any route is matche
 1. CORS. The allowed origin comes from --cors-origins: `*` with --cors-credentials (the
    default) echoes the request's Origin, `*` without credentials answers a literal `*`,
    `localhost` echoes the Origin only when its host is a loopback name, and a comma-separated
-   list echoes an Origin that is on it. Allow-Credentials is sent when enabled. The method and
-   header lists go out on OPTIONS preflights only, and no Expose-Headers is sent.
+   list echoes an Origin that is on it. Allow-Credentials is sent when enabled, but only with
+   an origin the operator named (listed, or loopback under `localhost`): unlike b10621, an
+   Origin echoed because of `*` never carries it, so an arbitrary site cannot make credentialed
+   calls. The opaque Origin `null` (sandboxed frames, file: pages) is never echoed: under `*`
+   it gets a literal `*` without credentials, otherwise nothing. An echoed Origin adds
+   `Vary: Origin` so caches keep answers apart. The method and header lists go out on OPTIONS
+   preflights only, and no Expose-Headers is sent.
 2. OPTIONS to any path is answered here, 200 with an empty body, before authentication and
    before routing (browsers send no Authorization header on a preflight).
 3. With API keys configured, every other path except the public ones (/health, /v1/health, /)
@@ -53,24 +58,27 @@ class CorsPolicy:
         self.origins = [o.strip() for o in origins.split(",") if o.strip()]
         self.methods, self.headers, self.credentials = methods, headers, credentials
 
-    def allow_origin(self, origin: str | None) -> str | None:
+    def allow_origin(self, origin: str | None) -> tuple[str | None, bool]:
+        """(the Allow-Origin value, whether credentials may go with it)."""
         if self.origins == ["*"]:
-            if not self.credentials:
-                return "*"
-            return origin
-        if origin is None:
-            return None
+            if not self.credentials or (origin is not None and origin.strip().lower() == "null"):
+                return "*", False
+            return origin, False  # echoed for any site: never with credentials
+        if origin is None or origin.strip().lower() == "null":
+            return None, False
         if self.origins == ["localhost"]:
             host = (urlsplit(origin).hostname or "").lower()
-            return origin if host in LOOPBACK_HOSTS else None
-        return origin if origin in self.origins else None
+            return (origin, self.credentials) if host in LOOPBACK_HOSTS else (None, False)
+        return (origin, self.credentials) if origin in self.origins else (None, False)
 
     def response_headers(self, origin: str | None, preflight: bool) -> list[tuple[bytes, bytes]]:
-        allowed = self.allow_origin(origin)
+        allowed, credentials = self.allow_origin(origin)
         if allowed is None:
             return []
         out = [(b"access-control-allow-origin", allowed.encode("latin-1"))]
-        if self.credentials:
+        if allowed != "*":
+            out.append((b"vary", b"Origin"))
+        if credentials:
             out.append((b"access-control-allow-credentials", b"true"))
         if preflight:
             out.append((b"access-control-allow-methods", self.methods.encode("latin-1")))

@@ -42,6 +42,7 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from mlxcel.cli.options_model import FLAG, PAIR, VALUE2, Option
@@ -315,6 +316,7 @@ def parse_server_args(
     settings.workers.pooling_env = environ.get("MLXCEL_EMBEDDING_POOLING") or None
     settings.backend.build_env = {k: environ[k] for k in BUILD_ENV if k in environ}
     settings.media.allow_private_media_urls = environ.get("MLXCEL_ALLOW_PRIVATE_MEDIA_URLS", "") == "1"
+    settings.steering.sae_dir = Path(environ["MLXCEL_SAE_DIR"]).expanduser() if environ.get("MLXCEL_SAE_DIR") else None
     if environ.get("CLUSTER_INTENSITY_MIN"):
         settings.steering.cluster_intensity_min = _dial_floor("CLUSTER_INTENSITY_MIN", environ["CLUSTER_INTENSITY_MIN"])
     if environ.get("CIRCUIT_INTENSITY_MIN"):
@@ -370,10 +372,14 @@ def uvicorn_kwargs(settings: ServerSettings) -> dict[str, Any]:
 
     A --host ending in .sock binds that Unix socket (host and port are then unused); TLS comes
     from --ssl-key-file / --ssl-cert-file; --timeout bounds how long a connection may sit idle
-    between requests (uvicorn has no separate read/write timeout).
+    between requests (uvicorn has no separate read/write timeout), and the request header must
+    be complete within config/limits.HEADER_TIMEOUT_S (cli/http_protocol.py).
     """
+    from mlxcel.cli.http_protocol import HeaderDeadlineProtocol
+
     timeout = settings.server.timeout
-    kw: dict[str, Any] = {"timeout_keep_alive": timeout if timeout > 0 else 3600, "log_config": None}
+    kw: dict[str, Any] = {"timeout_keep_alive": timeout if timeout > 0 else 3600, "log_config": None,
+                          "http": HeaderDeadlineProtocol}
     if settings.server.unix_socket:
         kw["uds"] = settings.server.unix_socket
     else:

@@ -34,6 +34,10 @@ NATIVE_OPTIONS: tuple[Option, ...] = (
          env="GRACEFUL_UNLOAD_TIMEOUT",
          apply=lambda s, v, sp: a.assign(s, "engine.graceful_unload_timeout", max(a.as_float(v, sp), 0.0)),
          help="a model switch waits this long for running requests before unloading (default: 30)"),
+    make("--shutdown-timeout", VALUE, section=NATIVE, state=SUPPORTED, native=True, mv="SECONDS",
+         apply=lambda s, v, sp: a.assign(s, "server.shutdown_timeout", max(a.as_float(v, sp), 0.0)),
+         help="on SIGTERM/SIGINT, running requests get this long to finish; then they end with an error "
+              "(default: 30)"),
     make("--model-memory-budget", VALUE, section=NATIVE, state=SUPPORTED, native=True, mv="MiB",
          apply=lambda s, v, sp: a.assign(s, "engine.model_memory_budget_mib", max(a.as_int(v, sp), 0)),
          help="weights a model switch may load, in MiB (default: the free memory after the unload)"),

@@ -471,7 +471,7 @@ _SERVER: tuple[Option, ...] = (
       state=SUPPORTED, apply=a.setter("server.cors_headers"), help="headers announced on CORS preflights"),
     X("--cors-credentials, --no-cors-credentials", PAIR, env="LLAMA_ARG_CORS_CREDENTIALS",
       default=own("server.cors_credentials"),
-      state=SUPPORTED, apply=a.flag_to("server.cors_credentials"), help="allow credentials on CORS requests"),
+      state=BY_DESIGN, apply=a.flag_to("server.cors_credentials"), help="allow credentials on CORS requests"),
     X("--api-prefix", VALUE, mv="PREFIX", env="LLAMA_ARG_API_PREFIX", default=own("server.api_prefix"), state=SUPPORTED,
       apply=a.apply_api_prefix, help="path prefix every route is served under, without a trailing slash"),
     X("--ui-config, --webui-config", VALUE, mv="JSON", env="LLAMA_ARG_UI_CONFIG", state=NOT_APPLICABLE, why=UI),

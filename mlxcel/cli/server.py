@@ -219,10 +219,11 @@ def serve(settings: ServerSettings, path: Path | None, plan=None, startup: Start
     scheme = "https" if "ssl_keyfile" in kwargs else "http"
     log.info("listening on %s", kwargs.get("uds") or f"{scheme}://{kwargs['host']}:{kwargs['port']}"
              + (" (SO_REUSEPORT)" if settings.server.reuse_port and sock is not None else ""))
-    if sock is None:
-        uvicorn.run(app, log_level="warning", **kwargs)
-    else:
-        uvicorn.Server(uvicorn.Config(app, log_level="warning", **kwargs)).run(sockets=[sock])
+    from mlxcel.cli.shutdown import DrainingServer
+
+    server = DrainingServer(uvicorn.Config(app, log_level="warning", **kwargs), settings.server.shutdown_timeout,
+                            host.close)
+    server.run(sockets=[sock] if sock is not None else None)
     host.close()
 
 
@@ -258,23 +259,24 @@ def serve_router(settings: ServerSettings) -> None:
              "on" if settings.router.models_autoload else "off")
     kwargs = uvicorn_kwargs(settings)
     app = wrap_app(RouterApp(pool), settings)
+    from mlxcel.cli.shutdown import DrainingServer
+
+    class RouterServer(DrainingServer):
+        def handle_exit(self, sig, frame) -> None:  # an open /models/sse stream must not hold shutdown up
+            super().handle_exit(sig, frame)
+            pool.close_subscribers()
+
     try:
-        if "uds" in kwargs:
-            uvicorn.run(app, log_level="warning", **kwargs)
-        else:
+        sock = None
+        if "uds" not in kwargs:
             from mlxcel.cli.listen import bind_listener, bound_port
 
             sock = bind_listener(kwargs["host"], kwargs["port"], settings.server.reuse_port)
             kwargs["port"] = bound_port(sock)
             log.info("listening on http%s://%s:%s (router)", "s" if "ssl_keyfile" in kwargs else "",
                      kwargs["host"], kwargs["port"])
-
-            class RouterServer(uvicorn.Server):
-                def handle_exit(self, sig, frame) -> None:  # an open /models/sse stream must not hold shutdown up
-                    super().handle_exit(sig, frame)
-                    pool.close_subscribers()
-
-            RouterServer(uvicorn.Config(app, log_level="warning", **kwargs)).run(sockets=[sock])
+        RouterServer(uvicorn.Config(app, log_level="warning", **kwargs), settings.server.shutdown_timeout,
+                     pool.shutdown).run(sockets=[sock] if sock is not None else None)
     finally:
         pool.shutdown()
 

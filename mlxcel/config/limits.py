@@ -38,3 +38,9 @@ MAX_REQUEST_IMAGE_PIXELS = 64_000_000
 # that understates it stops at the cap). Whisper runs one request at a time, so this bounds how
 # long one clip holds the queue; decoded at 16 kHz it is 38 MB.
 MAX_AUDIO_SECONDS = 600
+
+# Seconds a client has to send a complete request header, counted from the connection's
+# opening (or the first byte of a later request on a kept-alive connection); after it the
+# connection is closed. Bounds half-open and slowly-trickling connections, which uvicorn's
+# keep-alive timer does not (any byte cancels it). The idle wait between requests is --timeout.
+HEADER_TIMEOUT_S = 30.0

@@ -43,6 +43,7 @@ class ServerSection:
     reuse_port: bool = False  # bind the TCP listener with SO_REUSEPORT
     api_keys: list[str] = field(default_factory=list)
     timeout: int = 3600  # HTTP socket read/write timeout, seconds
+    shutdown_timeout: float = 30.0  # --shutdown-timeout: how long SIGTERM lets running requests finish
     sse_ping_interval: int = 30  # seconds; -1 disables
     ssl_key_file: Path | None = None
     ssl_cert_file: Path | None = None
@@ -163,6 +164,7 @@ class SteeringSection:
     state_dir: Path | None = None  # SQLite steering state (profiles, clusters); None: <store root>/.mlxcel-state
     cluster_intensity_min: float = 0.5  # CLUSTER_INTENSITY_MIN: a cluster's undeclared dial floor
     circuit_intensity_min: float = 0.0  # CIRCUIT_INTENSITY_MIN: a circuit's dial floor
+    sae_dir: Path | None = None  # MLXCEL_SAE_DIR: where /api/saes may read SAEs, besides the model store
 
 
 @_section

@@ -97,6 +97,7 @@ class Engine:
                         if sleep_idle_seconds >= 0 and reload else None)
         self._inbox: queue.Queue = queue.Queue()
         self._stopping = False
+        self._stop_reason: str | None = None  # why leftover requests end, when shutdown gave one
         # each slot's token stream: what its last request left in its KV (save / restore / erase)
         self.slot_tokens: dict[int, list[int]] = {}
         self._slot_jobs: list[SlotJob] = []  # waiting for their slot to be idle, as upstream defers them
@@ -139,7 +140,10 @@ class Engine:
     def start(self) -> None:
         self._thread.start()
 
-    def shutdown(self) -> None:
+    def shutdown(self, reason: str | None = None) -> None:
+        """Stop the engine thread; requests still held end with an error event (`reason`, else
+        the model-unloaded one)."""
+        self._stop_reason = self._stop_reason or reason
         self._stopping = True
         self._wake()
         self._thread.join(timeout=10)
@@ -278,12 +282,12 @@ class Engine:
         """On shutdown, every request still held ends with an error event rather than hanging
         its client (a model switch whose graceful timeout ran out)."""
         self._drain(block=False)
+        why = self._stop_reason or "the model was unloaded"
         for row in list(self.scheduler.running):
-            self.output.finish(row, TokenEvent(error="the model was unloaded before this request finished",
-                                               error_code="model_busy"))
+            self.output.finish(row, TokenEvent(error=f"{why} before this request finished", error_code="model_busy"))
         for h in self.scheduler.waiting:
             self._retire(h)
-            h.push(TokenEvent(error="the model was unloaded before this request started", error_code="model_busy"))
+            h.push(TokenEvent(error=f"{why} before this request started", error_code="model_busy"))
         self.scheduler.waiting.clear()
 
     def _loop(self) -> None:

@@ -236,10 +236,10 @@ class RouterPool:
                 except RouterError as e:
                     log.error("load-on-startup %s: %s", slot.entry.name, e.message)
 
-    def shutdown(self) -> None:
+    def shutdown(self, reason: str | None = None) -> None:
         for slot in self.slots.values():
             if slot.child is not None:
-                slot.child.host.close()
+                slot.child.host.close(reason)
 
     # --- the store --------------------------------------------------------------------------
 

@@ -108,10 +108,11 @@ class ModelHost:
         self.model = model
         return model
 
-    def close(self) -> None:
-        """Process exit: stop the engine without draining (the server is going away)."""
+    def close(self, reason: str | None = None) -> None:
+        """Process exit: stop the engine without draining (the server is going away); requests
+        still running end with an error naming `reason`."""
         if self.model is not None:
-            self.model.engine.shutdown()
+            self.model.engine.shutdown(reason)
 
     # --- on the event loop: load, unload, switch --------------------------------------------
 

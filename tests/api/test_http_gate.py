@@ -98,7 +98,7 @@ def test_preflight_is_answered_before_auth_and_routing():
     r = call(make_client("--api-key", "k"), "OPTIONS", "/no/such/route", headers={"Origin": "http://a.example"})
     assert r.status_code == 200 and r.content == b""
     assert r.headers["access-control-allow-origin"] == "http://a.example"
-    assert r.headers["access-control-allow-credentials"] == "true"
+    assert "access-control-allow-credentials" not in r.headers  # an Origin echoed for `*`: never credentialed
     assert r.headers["access-control-allow-methods"] == "GET, POST, DELETE, OPTIONS"
     assert r.headers["access-control-allow-headers"] == "*"
 
@@ -120,6 +120,31 @@ def test_cors_variants():
     r = call(make_client("--cors-origins", "https://x.example, https://y.example"), "GET", "/health",
              headers={"Origin": "https://y.example"})
     assert r.headers["access-control-allow-origin"] == "https://y.example"
+
+
+@pytest.mark.parametrize("flags", [(), ("--cors-origins", "*"), ("--cors-origins", "localhost"),
+                                   ("--cors-origins", "null, https://x.example"), ("--no-cors-credentials",)])
+@pytest.mark.parametrize("origin", ["null", "NULL", "http://evil.example", "https://x.example"])
+def test_a_reflected_or_null_origin_never_carries_credentials(flags, origin):
+    for method in ("GET", "OPTIONS"):
+        r = call(make_client(*flags), method, "/health", headers={"Origin": origin})
+        allowed = r.headers.get("access-control-allow-origin")
+        assert allowed is None or allowed.lower() != "null"
+        named = "--cors-origins" in flags and origin == "https://x.example" and "null, https://x.example" in flags
+        if r.headers.get("access-control-allow-credentials") == "true":
+            assert named and allowed == origin  # credentials only with an origin the operator listed
+        if allowed not in (None, "*"):
+            assert r.headers["vary"] == "Origin"
+
+
+def test_credentials_go_with_named_origins_only():
+    r = call(make_client("--cors-origins", "https://x.example"), "GET", "/health", headers={"Origin": "https://x.example"})
+    assert r.headers["access-control-allow-credentials"] == "true"
+    r = call(make_client("--cors-origins", "localhost"), "GET", "/health", headers={"Origin": "http://127.0.0.1:8080"})
+    assert r.headers["access-control-allow-credentials"] == "true"
+    r = call(make_client(), "GET", "/health", headers={"Origin": "null"})
+    assert r.headers["access-control-allow-origin"] == "*" and "access-control-allow-credentials" not in r.headers
+    assert "access-control-allow-origin" not in call(make_client(), "GET", "/health").headers
 
 
 def test_tools_and_cors_proxy_stubs():

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from mlxcel.api.media_path import NO_ROOT, MediaPathRefused, read, resolve
+from mlxcel.api.media_path import NO_ROOT, UNAVAILABLE, MediaPathRefused, read, resolve
 
 
 @pytest.fixture()
@@ -34,8 +34,21 @@ def test_relative_absolute_inside_and_bare_forms_read_the_same_file(root):
 
 
 def test_an_absolute_path_outside_the_root_is_an_escape(root):
-    refused(root, str(root.parent / "secret.txt"), "escapes the --media-path root")
-    refused(root, "/etc/passwd", "escapes the --media-path root")
+    refused(root, str(root.parent / "secret.txt"), UNAVAILABLE)
+    refused(root, "/etc/passwd", UNAVAILABLE)
+
+
+def test_outside_and_missing_are_answered_alike(root):
+    """An existing file outside the root, a missing one outside it, a missing one inside it and
+    a symlink out all give the same message, so existence outside the root cannot be probed."""
+    os.symlink(root.parent / "secret.txt", root / "out.png")
+    answers = set()
+    for ref in (str(root.parent / "secret.txt"), str(root.parent / "nothing.txt"), "/etc/passwd",
+                "/etc/no-such-file", "missing.png", "out.png", "/root/.ssh/id_rsa"):
+        with pytest.raises(MediaPathRefused) as e:
+            read(root, "file://" + ref, 100)
+        answers.add(str(e.value))
+    assert answers == {UNAVAILABLE}
 
 
 def test_dot_dot_anywhere_is_refused(root):
@@ -47,8 +60,8 @@ def test_symlinks_out_are_escapes_and_links_within_resolve(root):
     os.symlink(root.parent / "secret.txt", root / "out.png")
     os.symlink(root / "sub" / "dog.png", root / "in.png")
     os.symlink(root.parent, root / "updir")
-    refused(root, "out.png", "escapes")
-    refused(root, "updir/secret.txt", "escapes")
+    refused(root, "out.png", UNAVAILABLE)
+    refused(root, "updir/secret.txt", UNAVAILABLE)
     assert resolve(root, "in.png") == root / "sub" / "dog.png"
 
 

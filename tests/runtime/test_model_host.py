@@ -96,7 +96,7 @@ class Events:
         engine = model.engine
         drain, shutdown = engine.drain, engine.shutdown
         engine.drain = lambda timeout: (self.seen.append("drain"), drain(timeout))[1]
-        engine.shutdown = lambda: (self.seen.append("shutdown"), shutdown())[1]
+        engine.shutdown = lambda *why: (self.seen.append("shutdown"), shutdown(*why))[1]
         self.ref = weakref.ref(model)
 
     def release(self) -> None:

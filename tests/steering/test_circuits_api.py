@@ -31,7 +31,7 @@ RUNG, DIAL, STEERING = "X-miLLM-Circuit-Rung", "X-miLLM-Steering-Intensity", "X-
 
 def server(state):
     return ServerProcess(["-m", QWEN2_TINY, "--offline", "-c", "1024", "-np", "2", "--state-dir", str(state),
-                          "--embedding-model", MINILM])
+                          "--embedding-model", MINILM], env={"MLXCEL_SAE_DIR": str(state.parent)})
 
 
 def chat(base, **extra):

@@ -58,7 +58,8 @@ TEXT_FAMILY = ("v1_completions", "completion", "completions")
 def srv(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("every-route")
     saes = [random_sae(tmp / f"s{layer}", d_in=64, d_sae=32, layer=layer, seed=layer + 1) for layer in (0, 1)]
-    s = ServerProcess(["-m", QWEN2_TINY, "--offline", "-c", "1024", "-np", "2", "--state-dir", str(tmp / "state")])
+    s = ServerProcess(["-m", QWEN2_TINY, "--offline", "-c", "1024", "-np", "2", "--state-dir", str(tmp / "state")],
+                      env={"MLXCEL_SAE_DIR": str(tmp)})
     yield s, saes
     s.stop()
 

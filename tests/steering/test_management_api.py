@@ -24,7 +24,8 @@ KEY = {"Authorization": "Bearer sekrit"}
 def srv(tmp_path_factory):
     state = tmp_path_factory.mktemp("state")
     s = ServerProcess(["-m", QWEN2_TINY, "--offline", "-c", "1024", "-np", "2", "--state-dir", str(state),
-                       "--embedding-model", MINILM, "--api-key", "sekrit"])
+                       "--embedding-model", MINILM, "--api-key", "sekrit"],
+                      env={"MLXCEL_SAE_DIR": str(tmp_path_factory.getbasetemp())})  # the tests' SAEs lie under it
     yield s
     s.stop()
 

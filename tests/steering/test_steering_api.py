@@ -18,7 +18,8 @@ CLUSTER = b'{"name": "calm",\n  "features": [{"index": 3, "strength": 20.5}, {"i
 
 
 def server(state):
-    return ServerProcess(["-m", QWEN2_TINY, "--offline", "-c", "1024", "-np", "2", "--state-dir", str(state)])
+    return ServerProcess(["-m", QWEN2_TINY, "--offline", "-c", "1024", "-np", "2", "--state-dir", str(state)],
+                         env={"MLXCEL_SAE_DIR": str(state.parent)})  # the test's SAEs lie beside the state
 
 
 def chat(base, **extra):

@@ -17,7 +17,7 @@ from mlxcel.api.errors import ApiError
 from mlxcel.api.openai.chat import render_prompt, render_prompt_text
 from mlxcel.api.openai.chat_surface import check_tools, template_history
 from mlxcel.api.openai.generation import served_model
-from mlxcel.api.openai.responses import count_input_tokens
+from mlxcel.api.openai.responses import count_input_tokens, response_owner
 from mlxcel.api.state import AppState
 
 
@@ -46,4 +46,5 @@ async def chat_input_tokens(request: Request, app_state: AppState) -> dict:
 
 @post(["/responses/input_tokens", "/v1/responses/input_tokens"], status_code=200)
 async def responses_input_tokens(request: Request, app_state: AppState) -> dict:
-    return {"input_tokens": count_input_tokens(app_state, await read_json_object(request))}
+    body = await read_json_object(request)
+    return {"input_tokens": count_input_tokens(app_state, body, response_owner(request, app_state))}

@@ -5,6 +5,11 @@ steering answer says whether the values are actually `live`: an active profile o
 is the steering base of requests instead, and a disabled SAE steers nothing. Steering is
 carried per batch row by the MLX backend; on a backend that does not apply it, attaching is
 refused rather than accepted and ignored.
+
+An SAE is read only from under a configured directory: MLXCEL_SAE_DIR or the model store
+root. The canonical path (symlinks followed) must lie inside one of them, so an HTTP client,
+with or without an API key, cannot make the server open an arbitrary path; a path outside is
+refused with one message whether or not it exists.
 """
 
 from __future__ import annotations
@@ -22,14 +27,31 @@ from mlxcel.steering.manager import SteeringError
 BASE = "/api/saes"
 
 
+OUTSIDE = ("the SAE path is not under MLXCEL_SAE_DIR or the model store root; SAEs are read only from "
+           "under those directories")
+
+
+def sae_roots(state: AppState) -> list[Path]:
+    """The canonical directories SAEs may be read from."""
+    roots = [state.settings.steering.sae_dir, state.store_root]
+    return [Path(r).expanduser().resolve() for r in roots if r is not None]
+
+
 def _path(body: dict, state: AppState) -> Path:
     ref = body.get("path") or body.get("sae")
     if not isinstance(ref, str) or not ref:
         raise Refusal(400, "invalid_parameter", "needs 'path' (a SAELens directory) or 'sae' (a model-store entry)")
+    roots = sae_roots(state)
     path = Path(ref).expanduser()
-    if "sae" in body and not path.is_absolute() and state.store_root is not None:
-        path = state.store_root / ref
-    return path
+    if not path.is_absolute():  # 'sae' names a store entry; a relative 'path' is under MLXCEL_SAE_DIR first
+        base = state.store_root if "sae" in body else (roots[0] if roots else None)
+        if base is None:
+            raise Refusal(400, "invalid_parameter", OUTSIDE)
+        path = Path(base) / ref
+    real = path.resolve()
+    if not any(real == root or root in real.parents for root in roots):
+        raise Refusal(400, "invalid_parameter", OUTSIDE)
+    return real
 
 
 def _base(state: AppState) -> str:

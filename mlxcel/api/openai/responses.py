@@ -5,6 +5,9 @@ items), its `instructions` and, with `previous_response_id`, the stored conversa
 it become one chat request served by the chat surface; the parsed output comes back as
 output items (reasoning, message, function_call). Responses are kept in a bounded store
 (oldest evicted first) so a later turn can continue them; `store: false` keeps none.
+A stored or running response belongs to the API key that created it (the owner, as for
+resumable streams: api/stream_sessions.stream_owner): another key's retrieve, delete, cancel
+or previous_response_id is answered 404 exactly as for an id never stored.
 """
 
 from __future__ import annotations
@@ -27,7 +30,9 @@ from mlxcel.api.openai import chat_surface
 from mlxcel.api.openai import generation as g
 from mlxcel.api.openai.fields import object_locations, settle_unused, strict_mode
 from mlxcel.api.openai.schemas import ChatCompletionRequest
+from mlxcel.api.security import presented_key
 from mlxcel.api.state import AppState
+from mlxcel.api.stream_sessions import stream_owner
 from mlxcel.api.stream_runner import Encoder, Job, Run
 from mlxcel.engine.types import TokenEvent
 from mlxcel.steering import requests as steer
@@ -65,7 +70,7 @@ class Live:
     final response once its producer has built it (what the cancel answers)."""
 
     def __init__(self, handle: Any) -> None:
-        self.handle, self.cancelled = handle, False
+        self.handle, self.cancelled, self.owner = handle, False, ""
         self.final: dict[str, Any] | None = None
         self.settled = asyncio.Event()
 
@@ -79,14 +84,23 @@ class ResponseStore:
 
     def __init__(self, capacity: int = STORE_CAPACITY) -> None:
         self.capacity = capacity
-        self.done: OrderedDict[str, tuple[dict, list[dict]]] = OrderedDict()
+        self.done: OrderedDict[str, tuple[dict, list[dict], str]] = OrderedDict()  # id -> (resp, conv, owner)
         self.live: dict[str, Live] = {}
 
-    def put(self, resp: dict, conversation: list[dict]) -> None:
-        self.done[resp["id"]] = (resp, conversation)
+    def put(self, resp: dict, conversation: list[dict], owner: str = "") -> None:
+        self.done[resp["id"]] = (resp, conversation, owner)
         self.done.move_to_end(resp["id"])
         while len(self.done) > self.capacity:
             self.done.popitem(last=False)
+
+    def find(self, rid: str, owner: str) -> tuple[dict, list[dict], str] | None:
+        """The stored response `rid` if `owner` created it; another owner's is absent."""
+        entry = self.done.get(rid)
+        return entry if entry is not None and entry[2] == owner else None
+
+    def running(self, rid: str, owner: str) -> Live | None:
+        live = self.live.get(rid)
+        return live if live is not None and live.owner == owner else None
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -120,6 +134,16 @@ def check_fields(raw: dict[str, Any], strict: bool) -> dict[str, str]:
 
 def _store(state: AppState) -> ResponseStore:
     return state.__dict__.setdefault("_responses_store", ResponseStore())
+
+
+def response_owner(request: Request, state: AppState) -> str:
+    """The owner of what `request` stores or reads: its API key's digest when several keys exist."""
+    return stream_owner(presented_key(request.scope), state.settings.server.api_keys)
+
+
+def _clip(rid: str) -> str:
+    """An id quoted in an error, truncated: an answer never echoes unbounded client input."""
+    return rid if len(rid) <= 64 else rid[:64] + "..."
 
 
 def _text(content: Any) -> Any:
@@ -166,12 +190,12 @@ def _messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _conversation(state: AppState, req: ResponsesRequest) -> list[dict[str, Any]]:
+def _conversation(state: AppState, req: ResponsesRequest, owner: str) -> list[dict[str, Any]]:
     before: list[dict[str, Any]] = []
     if req.previous_response_id:
-        found = _store(state).done.get(req.previous_response_id)
+        found = _store(state).find(req.previous_response_id, owner)
         if found is None:
-            raise ApiError(404, f"Previous response with id '{req.previous_response_id}' not found.",
+            raise ApiError(404, f"Previous response with id '{_clip(req.previous_response_id)}' not found.",
                            code="previous_response_not_found", param="previous_response_id")
         before = list(found[1])
     return before + _messages(req.input)
@@ -258,10 +282,11 @@ class ResponsesEncoder(Encoder):
     so added/delta/done events and the stored response agree."""
 
     def __init__(self, rid: str, req: ResponsesRequest, model_id: str, conversation: list[dict],
-                 store: ResponseStore, out: chat_surface.ChatOutput) -> None:
+                 store: ResponseStore, out: chat_surface.ChatOutput, owner: str = "") -> None:
         self.rid, self.req, self.model_id, self.conversation = rid, req, model_id, conversation
-        self.store, self.out = store, out
+        self.store, self.out, self.owner = store, out, owner
         self.live = Live(None)  # registered in store.live while the rows run
+        self.live.owner = owner
         self.seq = 0
         self.deltas: list[dict[str, Any]] = []
         self.opened: dict[Any, tuple[int, str]] = {}  # "reasoning", "message" or a call index -> (index, id)
@@ -287,7 +312,7 @@ class ResponsesEncoder(Encoder):
         status = "cancelled" if ev is None else "incomplete" if ev.finish_reason == "length" else "completed"
         resp = _response(self.rid, self.req, self.model_id, status, self._arrange(_items(self.deltas)), ev)
         if self.req.store:
-            self.store.put(resp, _after(self.conversation, resp["output"]))
+            self.store.put(resp, _after(self.conversation, resp["output"]), self.owner)
         self.live.settle(resp)
         return resp
 
@@ -391,42 +416,43 @@ async def create_response(request: Request, app_state: AppState) -> Any:
     req = convert(raw, ResponsesRequest)
     field_headers = check_fields(raw, strict)
     model = await model_for(app_state, req.model)  # may switch models (api/model_switch.py)
-    conversation = _conversation(app_state, req)
+    owner = response_owner(request, app_state)
+    conversation = _conversation(app_state, req, owner)
     rendered, images = conversation, []
     if media.has_media(conversation):  # image parts stay in the stored conversation; a later turn reads them again
         rendered, images = await media.gather(model, media.policy(app_state.settings), conversation)
     chat = await chat_surface.job(app_state, model, _chat_request(req, rendered), field_headers, images, "input")
     out = chat_surface.ChatOutput(chat.prep, parallel_tool_calls=req.parallel_tool_calls is not False)
-    encoder = ResponsesEncoder(_item_id("resp_"), req, model.id, conversation, _store(app_state), out)
+    encoder = ResponsesEncoder(_item_id("resp_"), req, model.id, conversation, _store(app_state), out, owner)
     job = Job(model=model, requests=[chat.request], headers=chat.headers, stream=req.stream)
     return await runner.run(request, job, encoder)
 
 
-def _found(state: AppState, rid: str) -> dict[str, Any]:
-    found = _store(state).done.get(rid)
+def _found(state: AppState, rid: str, owner: str) -> dict[str, Any]:
+    found = _store(state).find(rid, owner)
     if found is None:
-        raise ApiError(404, f"Response with id '{rid}' not found.", code="not_found", param="response_id")
+        raise ApiError(404, f"Response with id '{_clip(rid)}' not found.", code="not_found", param="response_id")
     return found[0]
 
 
 @get(["/v1/responses/{rid:str}", "/responses/{rid:str}"])
-async def get_response(rid: str, app_state: AppState) -> dict[str, Any]:
-    return _found(app_state, rid)
+async def get_response(rid: str, request: Request, app_state: AppState) -> dict[str, Any]:
+    return _found(app_state, rid, response_owner(request, app_state))
 
 
 @delete(["/v1/responses/{rid:str}", "/responses/{rid:str}"], status_code=200)
-async def delete_response(rid: str, app_state: AppState) -> dict[str, Any]:
-    _found(app_state, rid)
+async def delete_response(rid: str, request: Request, app_state: AppState) -> dict[str, Any]:
+    _found(app_state, rid, response_owner(request, app_state))
     del _store(app_state).done[rid]
     return {"id": rid, "object": "response.deleted", "deleted": True}
 
 
 @post(["/v1/responses/{rid:str}/cancel", "/responses/{rid:str}/cancel"], status_code=200)
-async def cancel_response(rid: str, app_state: AppState) -> dict[str, Any]:
+async def cancel_response(rid: str, request: Request, app_state: AppState) -> dict[str, Any]:
     """Stops a running response's generation; it is stored (and answered) with status
     "cancelled" and the output made so far. A finished one is answered as stored."""
-    store = _store(app_state)
-    live = store.live.get(rid)
+    owner = response_owner(request, app_state)
+    live = _store(app_state).running(rid, owner)
     if live is not None:
         live.cancelled = True
         live.handle.cancel()
@@ -436,10 +462,10 @@ async def cancel_response(rid: str, app_state: AppState) -> dict[str, Any]:
             return {"id": rid, "object": "response", "status": "cancelled", "output": []}
         if live.final is not None:
             return live.final
-    return _found(app_state, rid)
+    return _found(app_state, rid, owner)
 
 
-def count_input_tokens(app_state: AppState, body: dict[str, Any]) -> int:
+def count_input_tokens(app_state: AppState, body: dict[str, Any], owner: str) -> int:
     """The prompt tokens a Responses request would prefill: the same translation
     (previous_response_id rehydrated, tools rendered) and the same render as create_response.
     Served on /v1/responses/input_tokens by api/llamacpp/templates.py."""
@@ -448,7 +474,7 @@ def count_input_tokens(app_state: AppState, body: dict[str, Any]) -> int:
                        code="field_not_honoured", param="conversation")
     req = convert(body, ResponsesRequest)
     model = g.served_model(app_state, req.model)
-    return len(chat_surface.prepare(app_state, model, _chat_request(req, _conversation(app_state, req))).prompt)
+    return len(chat_surface.prepare(app_state, model, _chat_request(req, _conversation(app_state, req, owner))).prompt)
 
 
 RESPONSES_ROUTES = [create_response, get_response, delete_response, cancel_response]
