@@ -126,7 +126,7 @@ Llama class at load.
 
 `mlxcel convert` turns an HF checkpoint of any type above into an MLX checkpoint (optionally
 quantized), and a GGUF file of llama.cpp's `llama` (Llama, and Mistral exported as llama),
-`qwen2`, `qwen3` or `gemma3` architecture into one (dequantized to the requested dtype); a
+`qwen2`, `qwen3`, `phi3` (short-context) or `gemma3` architecture into one (dequantized to the requested dtype); a
 GGUF of another architecture is refused by name.
 
 ## Config normalisation

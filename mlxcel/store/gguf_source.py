@@ -56,6 +56,16 @@ _LAYER_NAMES: dict[str, dict[str, str]] = {
 _LAYER_NAMES["qwen2"] = dict(_LAYER_NAMES["llama"])
 _LAYER_NAMES["qwen3"] = {**_LAYER_NAMES["llama"], "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}
 
+# Phi-3 keeps transformers' fused projections: q/k/v in one tensor, gate and up in another
+_LAYER_NAMES["phi3"] = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_qkv": "self_attn.qkv_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_up": "mlp.gate_up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
@@ -157,7 +167,15 @@ def _gemma3_config(reader, has_output: bool) -> dict:
     }
 
 
-_CONFIGS = {"llama": _llama_config, "gemma3": _gemma3_config, "qwen2": _qwen2_config, "qwen3": _qwen3_config}
+def _phi3_config(reader, has_output: bool) -> dict:
+    # a long-context Phi-3's rope_factors_* tensors have no mapping and refuse the file by name
+    window = _meta(reader, "phi3.attention.sliding_window")
+    return {"architectures": ["Phi3ForCausalLM"], "model_type": "phi3", **_decoder_config(reader, "phi3", has_output),
+            "sliding_window": int(window) if window else None}
+
+
+_CONFIGS = {"llama": _llama_config, "gemma3": _gemma3_config, "qwen2": _qwen2_config, "qwen3": _qwen3_config,
+            "phi3": _phi3_config}
 
 
 def _unpermute_rotary(w: np.ndarray, n_head: int) -> np.ndarray:

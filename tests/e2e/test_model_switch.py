@@ -41,7 +41,9 @@ def server(store):
     # --backend mlx pinned: the memory estimate is at the compute dtype (fp32 on MLX's CPU), so the
     # 800 MiB budget refuses Gemma 3 (~1.1 GB in fp32) there but would admit it in torch's bf16
     s = ServerProcess(["-m", DEFAULT_MODEL, "--offline", "--backend", "mlx", "--model-memory-budget", "800",
-                       "--graceful-unload-timeout", "120"], env={"MLXCEL_MODELS_DIR": str(store)})
+                       "--graceful-unload-timeout", "120"],
+                      # the store links the SAE in; SAEs are read only under these roots, symlinks resolved
+                      env={"MLXCEL_MODELS_DIR": str(store), "MLXCEL_SAE_DIR": str(store_path(SAE_RANDOM).parent)})
     yield s
     s.stop()
 

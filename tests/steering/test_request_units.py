@@ -188,18 +188,16 @@ def test_the_rung_is_absent_when_a_circuit_does_not_steer(tmp_path):
 
 
 def test_an_sae_is_attached_from_a_directory_or_a_store_entry(tmp_path):
-    from pathlib import Path
-
     from mlxcel.api.management.envelope import Refusal
     from mlxcel.api.management.saes import _path
     from mlxcel.api.state import AppState
     from mlxcel.config.settings import ServerSettings
 
     state = AppState(settings=ServerSettings(), store_root=tmp_path)
-    assert _path({"sae": "org/my-sae"}, state) == tmp_path / "org/my-sae"  # a model-store entry
-    assert _path({"path": "/data/sae"}, state) == Path("/data/sae")  # a SAELens directory
-    assert _path({"sae": "/abs/sae"}, state) == Path("/abs/sae")
-    for bad in ({}, {"path": ""}, {"sae": 3}):
+    assert _path({"sae": "org/my-sae"}, state) == tmp_path.resolve() / "org/my-sae"  # a model-store entry
+    # a SAELens directory, read only under the store root or MLXCEL_SAE_DIR (tests/steering/test_sae_paths.py)
+    assert _path({"path": str(tmp_path / "sae")}, state) == tmp_path.resolve() / "sae"
+    for bad in ({}, {"path": ""}, {"sae": 3}, {"path": "/data/sae"}, {"sae": "/abs/sae"}):
         with pytest.raises(Refusal) as e:
             _path(bad, state)
         assert (e.value.status, e.value.code) == (400, "invalid_parameter")
