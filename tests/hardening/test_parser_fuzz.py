@@ -19,34 +19,8 @@ from hypothesis import strategies as st
 
 from tests.conftest import REPO
 from tests.hardening import targets
+from tests.hardening.bodies import gbnf_text, json_schemas
 from tests.hardening.budget import fuzz_settings
-
-# --- GBNF: text assembled from the grammar's own tokens, so most cases parse past the start ---
-_GBNF_TOKENS = st.sampled_from([
-    "root", " ::= ", "::=", "a", "b-c", " ", "\n", "|", "(", ")", "*", "+", "?", "{2}", "{1,3}", "{,2}", "{2,}",
-    "{99999999999}", '"x"', '"\\x41"', '"\\u00e9"', '"\\"', '"', "[a-z]", "[^\\n]", "[", "]", "[\\]-]", ".", "<tok>",
-    "<[12]>", "!<[3]>", "<", "#c\n", "\\", "\\U0001F600", "é", "\x00",
-])
-gbnf_text = st.lists(_GBNF_TOKENS, max_size=40).map("".join)
-
-# --- JSON Schema: nested schemas from the keywords the server accepts, and some it refuses ---
-_scalars = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(allow_nan=False),
-                     st.text(max_size=8))
-_TYPES = st.sampled_from(["object", "array", "string", "integer", "number", "boolean", "null", "bogus"])
-
-
-def _schema_children(children):
-    keys = st.sampled_from(["type", "properties", "items", "required", "enum", "const", "anyOf", "oneOf", "allOf",
-                            "minLength", "maxLength", "minimum", "maximum", "pattern", "format", "$ref", "$defs",
-                            "additionalProperties", "minItems", "maxItems", "not", "if", "prefixItems"])
-    values = st.one_of(_TYPES, _scalars, children, st.lists(children, max_size=3),
-                       st.dictionaries(st.text(max_size=4), children, max_size=3),
-                       st.just("#/$defs/a"), st.just("^(a|b)*$"), st.lists(_TYPES, max_size=3))
-    return st.dictionaries(keys, values, max_size=4)
-
-
-json_schemas = st.recursive(st.fixed_dictionaries({"type": _TYPES}), _schema_children, max_leaves=12)
-
 
 # --- multipart: delimiter lines, headers and bodies in any order, some fields well formed ---
 def _part(name: str, body: bytes, filename: bool) -> bytes:
