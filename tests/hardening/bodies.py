@@ -51,6 +51,9 @@ ODD_TEXT = st.sampled_from(["", "hi", "\x00", "\ud7ff\ue000", "😀" * 3, "<|im_
                             "{{ raise }}", "{% for %}", "\\u0000", "\r\n\r\n", "<tool_call>"])
 text = st.one_of(st.text(max_size=12), ODD_TEXT)
 HUGE_INTS = st.sampled_from([-1, 0, 2**31, -2**31 - 1, 2**53 + 1, 2**63 - 1, 2**63, 2**64, -2**63 - 1, 10**30])
+# trigger patterns: catastrophic backtracking, broken syntax, look-arounds, huge repeats
+REGEXES = st.sampled_from(["(a|a)*c", "(a+)+$", "[", "(?P<x>a)(?P=x)", "\\", "a{99999999}", "(?<=a)b", "(?=", ".*",
+                           "^$", "\\p{L}+", "(?i)TOOL", "[\\s\\S]*?</tool>", "(?:" * 70 + "a" + ")" * 70])
 ints = st.one_of(st.integers(-3, 40), HUGE_INTS)
 floats = st.one_of(st.floats(-3, 3), st.sampled_from([1e308, -1e308, 5e-324, -0.0, 1e-9, 100.0]))
 scalars = st.one_of(st.none(), st.booleans(), ints, floats, text)
@@ -111,8 +114,10 @@ SEMANTIC: dict[str, st.SearchStrategy] = {
     "tokens": token_ids, "logit_bias": st.dictionaries(st.one_of(text, st.integers(0, 9).map(str)), floats, max_size=2),
     "stop": st.one_of(text, st.lists(text, max_size=3)), "lora": st.lists(st.fixed_dictionaries(
         {"id": ints, "scale": floats}), max_size=2),
-    "grammar_triggers": st.lists(st.fixed_dictionaries({"type": st.sampled_from(["word", "pattern", "token", 9]),
-                                                        "value": text}), max_size=2),
+    "grammar_triggers": st.lists(st.fixed_dictionaries(
+        {"type": st.sampled_from(["word", "pattern", "pattern_full", "token", 9, 0, 1, 2, 3]),
+         "value": st.one_of(text, REGEXES)}, optional={"token": ints}), max_size=2),
+    "preserved_tokens": st.lists(text, max_size=2), "chat_template_kwargs": json_values,
     "samplers": st.one_of(text, st.lists(text, max_size=3)), "query": text,
     "documents": st.lists(text, max_size=3), "texts": st.lists(text, max_size=3),
     "input_prefix": text, "input_suffix": text,
@@ -206,4 +211,13 @@ ROUTES: dict[str, st.SearchStrategy] = {
     "/apply-template": st.fixed_dictionaries({"messages": messages}),
     "/v1/chat/completions/input_tokens": struct_bodies(ChatCompletionRequest),
     "/v1/responses/input_tokens": struct_bodies(ResponsesRequest),
+    "/embedding": st.fixed_dictionaries({}, optional={"content": SEMANTIC["content"], "embd_normalize": ints}),
+    "/props": st.fixed_dictionaries({}, optional={"default_generation_settings": json_values}),
+    "/lora-adapters": st.lists(st.fixed_dictionaries({"id": ints, "scale": floats}), max_size=2),
+    "/v1/streams/lookup": st.fixed_dictionaries({}, optional={"conversation_ids": st.lists(text, max_size=3)}),
+    "/v1/chat/completions/control": st.fixed_dictionaries({}, optional={"id": text, "action": text}),
+    "/slots/0?action=erase": st.fixed_dictionaries({}, optional={"filename": text}),
 }
+# headers a generation route reads besides the body (stream resumption, strict field checks)
+HEADERS = st.fixed_dictionaries({}, optional={"X-Conversation-Id": st.sampled_from(["c1", "", "a" * 300, "é", "c 1"]),
+                                              "X-miLLM-Strict": st.sampled_from(["1", "0", "true", "bogus", ""])})

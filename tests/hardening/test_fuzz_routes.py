@@ -17,7 +17,7 @@ from hypothesis import given
 
 from tests.conftest import ServerProcess, fixture_path
 from tests.fixtures import MINILM, QWEN2_TINY, RERANKER_TINY
-from tests.hardening.bodies import ROUTES, raw_bodies
+from tests.hardening.bodies import HEADERS, ROUTES, raw_bodies
 from tests.hardening.budget import fuzz_settings
 
 # generous: the machine may be shared; a case asks for at most 8 tokens of a tiny model
@@ -57,12 +57,14 @@ def stream_errors(text: str) -> list[str]:
     return found
 
 
-def check_case(client: httpx.Client, path: str, body: bytes) -> None:
+def check_case(client: httpx.Client, path: str, body: bytes, headers: dict[str, str]) -> None:
     start = time.monotonic()
-    r = client.post(path, content=body, headers={"Content-Type": "application/json"})
+    raw = {k: v.encode() for k, v in headers.items()}  # bytes: a header may carry non-ASCII
+    r = client.post(path, content=body, headers={"Content-Type": "application/json", **raw})
     elapsed = time.monotonic() - start
     # 501 is b10621's deliberate "this server lacks the feature" (image input on a text model)
-    assert r.status_code < 500 or r.status_code == 501, f"{path} answered {r.status_code}: {r.text[:800]}\nbody: {body[:800]!r}"
+    assert r.status_code < 500 or r.status_code == 501, \
+        f"{path} answered {r.status_code}: {r.text[:800]}\nbody: {body[:800]!r} {headers}"
     assert elapsed < CASE_LIMIT_S, f"{path} took {elapsed:.1f}s\nbody: {body[:800]!r}"
     if r.headers.get("content-type", "").startswith("text/event-stream"):
         errors = stream_errors(r.text)
@@ -74,9 +76,9 @@ def check_case(client: httpx.Client, path: str, body: bytes) -> None:
 @pytest.mark.parametrize("path", list(ROUTES))
 def test_route_decoder_never_answers_5xx(client, path):
     @fuzz_settings(EXAMPLES_PER_ROUTE, deadline_ms=None)
-    @given(raw_bodies(ROUTES[path]))
-    def case(body):
-        check_case(client, path, body)
+    @given(raw_bodies(ROUTES[path]), HEADERS)
+    def case(body, headers):
+        check_case(client, path, body, headers)
 
     case()
 
