@@ -83,6 +83,16 @@ def test_route_decoder_never_answers_5xx(client, path):
     case()
 
 
+@pytest.mark.parametrize("path, bias", [("/completion", {"5": 1e308}), ("/completion", [[5, 3e38], [5, 3e38]]),
+                                        ("/infill", [[5, 1e308]])])
+def test_a_logit_bias_past_float32_is_a_400(client, path, bias):
+    """Found by this fuzz: a native logit_bias of 1e308 (+inf as upstream's C float) was a 500
+    from the sampler; it is refused before the request runs."""
+    body = {"prompt": "hi", "input_prefix": "a", "input_suffix": "b", "n_predict": 2, "logit_bias": bias}
+    r = client.post(path, json=body)
+    assert r.status_code == 400 and "logit_bias for token 5" in r.json()["error"]["message"], r.text
+
+
 def test_server_logged_no_unhandled_exception(server, client):
     """Runs after the fuzz (same module, declared last): an error the handlers turned into a 4xx
     is fine, a traceback from the framework's last-resort handler is a missed case."""
