@@ -18,11 +18,13 @@ from hypothesis import given
 from tests.conftest import ServerProcess, fixture_path
 from tests.fixtures import MINILM, QWEN2_TINY, RERANKER_TINY
 from tests.hardening.bodies import HEADERS, ROUTES, raw_bodies
-from tests.hardening.budget import fuzz_settings
+from tests.hardening.budget import examples, fuzz_settings
 
 # generous: the machine may be shared; a case asks for at most 8 tokens of a tiny model
 CASE_LIMIT_S = 30.0
 EXAMPLES_PER_ROUTE = 120
+# per route: a stuck case fails this test instead of running to CI's limit (scaled for long runs)
+pytestmark = pytest.mark.timeout(int(600 * examples(1)))
 
 
 @pytest.fixture(scope="module")
