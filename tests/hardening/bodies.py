@@ -89,8 +89,8 @@ _message = st.fixed_dictionaries(
                                      st.fixed_dictionaries({"name": text, "arguments": st.one_of(text, json_values)})}),
                                      max_size=2)})
 messages = st.lists(_message, min_size=0, max_size=4)
-_tool = st.fixed_dictionaries({"type": st.sampled_from(["function", "custom", "bogus"]), "function": st.fixed_dictionaries(
-    {"name": text}, optional={"description": text, "parameters": json_schemas})},
+_function = st.fixed_dictionaries({"name": text}, optional={"description": text, "parameters": json_schemas})
+_tool = st.fixed_dictionaries({"type": st.sampled_from(["function", "custom", "bogus"]), "function": _function},
     optional={"name": text, "input_schema": json_schemas, "parameters": json_schemas})
 tools = st.lists(_tool, max_size=2)
 response_format = st.one_of(
@@ -208,7 +208,8 @@ ROUTES: dict[str, st.SearchStrategy] = {
                                                      "with_pieces": scalars, "parse_special": scalars}),
     "/detokenize": st.fixed_dictionaries({}, optional={"tokens": st.one_of(token_ids, garbage)}),
     "/v1/embeddings": struct_bodies(EmbeddingRequest),
-    "/rerank": st.fixed_dictionaries({}, optional={"query": st.one_of(text, garbage), "documents": SEMANTIC["documents"],
+    "/rerank": st.fixed_dictionaries({}, optional={"query": st.one_of(text, garbage),
+                                                   "documents": SEMANTIC["documents"],
                                                    "texts": SEMANTIC["texts"], "top_n": ints,
                                                    "return_documents": scalars}),
     "/apply-template": st.fixed_dictionaries({"messages": messages}),

@@ -104,10 +104,11 @@ def _multipart_seed() -> bytes:
 
 # Valid inputs the coverage-guided fuzzer starts from and mutates.
 SEEDS: dict[str, list[bytes]] = {
-    "gbnf": [b'root ::= item+ ("," item)*\nitem ::= [a-z]{1,3} | "x" | <tok> | !<[3]> # c\n', b'root ::= (. | [^\\n])?'],
-    "json_schema": [json.dumps({"type": "object", "properties": {"a": {"type": "string", "maxLength": 3},
-                                                                  "b": {"type": "array", "items": {"$ref": "#/$defs/n"}}},
-                                "required": ["a"], "$defs": {"n": {"enum": [1, 2]}}}).encode(),
+    "gbnf": [b'root ::= item+ ("," item)*\nitem ::= [a-z]{1,3} | "x" | <tok> | !<[3]> # c\n',
+             b'root ::= (. | [^\\n])?'],
+    "json_schema": [json.dumps({"type": "object", "required": ["a"], "$defs": {"n": {"enum": [1, 2]}},
+                                "properties": {"a": {"type": "string", "maxLength": 3},
+                                               "b": {"type": "array", "items": {"$ref": "#/$defs/n"}}}}).encode(),
                     b'{"anyOf": [{"type": "integer", "minimum": 0}, {"const": null}]}'],
     "multipart": [_multipart_seed()],
     "audio": [_wav_seed(), b"ID3\x03\x00\x00\x00\x00\x00\x00\xff\xfb\x90\x64" + b"\x00" * 413],

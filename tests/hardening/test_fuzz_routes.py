@@ -2,8 +2,9 @@
 
 Bodies come from the request structs (tests/hardening/bodies.py): mostly the declared fields
 with plausible and wrong values, sometimes broken or deeply nested JSON. Every answer must be
-below 500 (or 501, a feature this server lacks) (a stream must carry no server error either), arrive within CASE_LIMIT_S, and leave
-/health answering 200. Derandomized in `make test`; scripts/hardening.py runs it longer.
+below 500 (or 501: a feature this server lacks), carry no server error inside a stream,
+arrive within CASE_LIMIT_S, and leave /health answering 200. Derandomized in `make test`;
+scripts/hardening.py runs it longer.
 """
 
 from __future__ import annotations
