@@ -86,10 +86,17 @@ def check_model_overrides(settings: ServerSettings, config: dict) -> None:
         config_overrides(config, settings.backend.rope)
     except RopeRefused as e:
         raise StartupRefusal(str(e)) from None
+    from mlxcel.engine.sampling_params import FLOAT32_MAX  # light, but keep mlxcel.engine out of import time
+
     n_vocab = config.get("vocab_size")
-    for tok, _ in settings.sampling.logit_bias:
+    sums: dict[int, float] = {}
+    for tok, value in settings.sampling.logit_bias:
         if isinstance(n_vocab, int) and not 0 <= tok < n_vocab:
             raise StartupRefusal(f"--logit-bias {tok}: token id outside the model's vocabulary (0..{n_vocab - 1})")
+        sums[tok] = sums.get(tok, 0.0) + value
+        if sums[tok] > FLOAT32_MAX:  # +inf once biased: every request using the default would fail
+            raise StartupRefusal(f"--logit-bias {tok}: a bias above {FLOAT32_MAX:.7g} cannot be applied "
+                                 f"(use {tok}-inf to ban the token)")
 
 
 def enable_fast_blas(report: bool = True):

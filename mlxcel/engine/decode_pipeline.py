@@ -45,8 +45,8 @@ def device_greedy(p: SamplingParams) -> bool:
     break ties by the lowest id, as argmax does)."""
     if p.mirostat != 0 or p.n_probs > 0 or p.uses_adaptive_p:
         return False
-    # the host refuses a +inf logit (left to it), and adds in float64 before rounding: only
-    # biases exact in fp32 give the device's fp32 sum bit for bit
+    # the host adds in float64 before rounding: only biases exact in fp32 give the device's fp32
+    # sum bit for bit (+inf never gets here: SamplingParams refuses it)
     if any(v == math.inf or (v != -math.inf and float(np.float32(v)) != v) for v in p.logit_bias.values()):
         return False
     if "temperature" not in p.samplers or p.temperature > 0.0 or p.dynatemp_range > 0.0:

@@ -17,6 +17,7 @@ from types import MappingProxyType
 from mlxcel.config.sampling import B10621_SAMPLING
 
 UINT32_MAX = 0xFFFFFFFF
+FLOAT32_MAX = 3.4028234663852886e38
 INT32_MIN = -(2**31)
 # b10621's LLAMA_DEFAULT_SEED: the "pick a random seed" sentinel.
 RANDOM_SEED = UINT32_MAX
@@ -118,7 +119,7 @@ def _bias_value(value: object) -> float | None:
         if math.isnan(bias):
             return None
         # upstream stores the bias as a C float
-        return bias if abs(bias) <= 3.4028234663852886e38 else math.copysign(math.inf, bias)
+        return bias if abs(bias) <= FLOAT32_MAX else math.copysign(math.inf, bias)
     return None
 
 
@@ -232,6 +233,10 @@ class SamplingParams:
             value = float(value)
             if math.isnan(value):
                 raise ValueError(f"logit_bias for token {tok} is NaN")
+            # past float32's range the biased logit is +inf and sampling has no answer; -inf bans
+            if value > FLOAT32_MAX:
+                raise ValueError(f"logit_bias for token {tok} is {value:g}, above the largest bias that can be "
+                                 f"applied ({FLOAT32_MAX:.7g}); use false to ban a token")
             bias[tok] = value
         object.__setattr__(self, "logit_bias", MappingProxyType(bias))
 

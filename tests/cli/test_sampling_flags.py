@@ -84,3 +84,13 @@ def test_logit_bias_and_ignore_eos():
 def test_refusals(argv, needle):
     with pytest.raises(StartupRefusal, match=needle):
         parse(*argv)
+
+
+@pytest.mark.parametrize("argv", [["-l", "5+1e308"], ["-l", "5+inf"], ["-l", "5+3e38", "-l", "5+3e38"]])
+def test_a_default_bias_past_float32_is_refused_at_startup(argv):
+    """Such a default would make every request that keeps it fail in the sampler."""
+    from mlxcel.cli.server import check_model_overrides
+
+    with pytest.raises(StartupRefusal, match="--logit-bias 5: a bias above"):
+        check_model_overrides(parse(*argv), {"vocab_size": 100})
+    check_model_overrides(parse("-l", "5-inf", "-l", "6+3e38"), {"vocab_size": 100})

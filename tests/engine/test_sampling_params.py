@@ -100,3 +100,13 @@ def test_logit_bias_repeated_ids_add_up():
     assert resolve_logit_bias({"5": 1.0, "a": False, "aa": 3.0}, _tokenize, n_vocab=200)[
         ord("a")] == -math.inf
     assert resolve_logit_bias(None, _tokenize, n_vocab=10) == {}
+
+
+@pytest.mark.parametrize("bias", [{5: math.inf}, {5: 6e38}, resolve_logit_bias([[5, 3e38], [5, 3e38]], _tokenize,
+                                                                               n_vocab=10)])
+def test_a_bias_past_float32s_range_is_refused(bias):
+    """+inf (1e308 rounds to it, as upstream's C float does) or a sum past float32's largest value
+    makes the biased logit +inf, which no sampler can draw from: refused (a 400), not run."""
+    with pytest.raises(ValueError, match="logit_bias for token 5"):
+        SamplingParams(logit_bias=bias)
+    assert SamplingParams(logit_bias={5: -math.inf, 6: 3.4e38}).logit_bias[5] == -math.inf

@@ -26,10 +26,12 @@ def test_device_greedy_only_when_the_host_pick_is_the_raw_argmax():
     assert not device_greedy(SamplingParams())  # temperature 0.8 draws
     for change in ({"repeat_penalty": 1.1}, {"presence_penalty": 0.5}, {"dry_multiplier": 0.8},
                    {"typical_p": 0.9}, {"xtc_probability": 0.5, "xtc_threshold": 0.1}, {"mirostat": 2},
-                   {"n_probs": 3}, {"logit_bias": {5: 0.1}}, {"logit_bias": {5: math.inf}}, {"dynatemp_range": 0.5},
+                   {"n_probs": 3}, {"logit_bias": {5: 0.1}}, {"logit_bias": {5: 1e38}}, {"dynatemp_range": 0.5},
                    {"samplers": ("top_k", "top_p")}, {"samplers": ("temperature", "adaptive_p"),
                                                       "adaptive_target": 0.5}):
         assert not device_greedy(replace(GREEDY, **change)), change
+    with pytest.raises(ValueError, match="logit_bias"):  # +inf never reaches either path
+        replace(GREEDY, logit_bias={5: math.inf})
     assert device_greedy(replace(GREEDY, repeat_penalty=1.3, repeat_last_n=0))  # a zero window is off
     assert device_greedy(replace(GREEDY, xtc_probability=0.5, xtc_threshold=0.6))  # XTC never fires
     # biases exact in fp32 (ignore_eos bans the end tokens with -inf) are added on the device
