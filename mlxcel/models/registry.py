@@ -30,15 +30,12 @@ class Family:
     # model types of the same architecture lineage that mlxcel does not serve, named as the
     # nearest family when one is refused (a shared name stem needs no entry here)
     kin: tuple[str, ...] = ()
-    # why the torch backend does not serve a family transformers has a class for (its class is
-    # still the numerical reference); None: it does
-    torch_reason: str | None = None
 
     @property
     def backends(self) -> tuple[str, ...]:
         if self.mlx_module is None:
             return (TORCH,)
-        return (MLX,) if self.hf_architecture is None or self.torch_reason else (MLX, TORCH)
+        return (MLX,) if self.hf_architecture is None else (MLX, TORCH)
 
 
 # a config's sliding_window may put every layer, or Qwen's later layers, on a window
@@ -174,8 +171,6 @@ def mlx_only(config: dict) -> str | None:
     fam = FAMILIES.get(config.get("model_type"))
     if fam is None or TORCH in fam.backends:
         return None
-    if fam.torch_reason:
-        return f"{fam.model_type}: {fam.torch_reason}"
     return f"{fam.model_type} has no transformers class, which the torch backend runs"
 
 

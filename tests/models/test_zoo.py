@@ -24,17 +24,15 @@ import pytest
 
 from mlxcel.cli.flags import BUILD_ENV
 from mlxcel.config.settings import BackendSection, EngineSection, ServerSettings, SourceSection
-from mlxcel.engine.sampling_params import SamplingParams
-from mlxcel.engine.types import GenerationRequest
 from mlxcel.models.registry import FAMILIES
 from tests import fixtures
 from tests.conftest import ServerProcess, fixture_path, models_dir
+from tests.models.test_engine import run
 
 TOLERANCE = 1e-3
 DECODE_STEPS = 8
 PROMPT = ("The history of the city of Paris begins with a small settlement on an island in the river, "
           "where fishermen and traders built their huts")
-GREEDY = SamplingParams(temperature=0.0)
 CASES = [(t, b) for t in fixtures.ZOO_TYPES for b in FAMILIES[t].backends]
 
 
@@ -105,14 +103,7 @@ def served(request):
 
 async def _run(model, prompt: list[int], max_tokens: int, cache_prompt: bool = True) -> tuple[list[int], int]:
     """The greedy tokens, and how many prompt tokens the prompt cache supplied."""
-    handle = model.engine.submit(GenerationRequest(prompt=prompt, params=GREEDY, max_tokens=max_tokens,
-                                                   ignore_eos=True, cache_prompt=cache_prompt))
-    tokens, last = [], None
-    async for ev in handle:
-        if ev.token is not None:
-            tokens.append(ev.token)
-        last = ev
-    assert last.error is None, last.error
+    tokens, last = await run(model, prompt, max_tokens, ignore_eos=True, cache_prompt=cache_prompt)
     return tokens, last.timings.cache_n
 
 
