@@ -1,13 +1,21 @@
-"""`mlxcel convert` from GGUF files of the Qwen and Phi-3 architectures.
+"""`mlxcel convert` from GGUF files of every architecture models/gguf_archs.py lists.
 
-No such GGUF ships on PyPI, so the test writes one from a tiny fixture with the `gguf` package, in llama.cpp's layout (names, metadata keys, a byte-level BPE vocabulary with its
-merges), in float32 so the round trip is exact; the conversion must then give the fixture's
-logits (both fp32 through the MLX backend: max |difference| <= 1e-5) and its tokenization.
+No such GGUF ships on PyPI, so the test writes one from a tiny fixture with the `gguf` package,
+the way llama.cpp's converter does: tensor names from gguf-py's own name map (not the
+converter's tables), its changes to the tensors (a Llama's q/k rows permuted into rotary pairs,
+Gemma's norms stored as 1 + w, experts stacked, Phi-2's q/k/v fused as the original release
+has them), its metadata keys, and a byte-level BPE vocabulary with its merges; all in float32,
+so the round trip is exact. The conversion must then give the fixture's logits (both fp32
+through the MLX backend: max |difference| <= 1e-5) and its tokenization. Where a GGUF cannot
+say what the fixture's config.json does, the reference is the fixture as llama.cpp runs it (a
+Mistral without its window, Gemma 2's query scale, Qwen 3 MoE's renormalised routing). Where
+transformers reads the architecture from GGUF itself, its config agrees with the converted one.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -16,23 +24,11 @@ import pytest
 from tests import fixtures
 from tests.conftest import fixture_path
 
-# HF stem under model.layers.N. -> llama.cpp stem under blk.N.
-_LAYER = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.q_proj": "attn_q",
-          "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
-          "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm", "mlp.gate_proj": "ffn_gate",
-          "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
-          # Phi-3's fused projections
-          "self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up"}
-_GLOBAL = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-           "lm_head.weight": "output.weight"}
-
-
-def _gguf_name(hf: str) -> str:
-    if hf in _GLOBAL:
-        return _GLOBAL[hf]
-    _, _, layer, rest = hf.split(".", 3)
-    stem, kind = rest.rsplit(".", 1)
-    return f"blk.{layer}.{_LAYER[stem]}.{kind}"
+# a Llama's rotary pairs are interleaved by llama.cpp's converter (its q/k permutation)
+_PERMUTED = ("llama", "granite", "granitemoe")
+_FEW_TOKENS = 512
+TEXT = "The quick brown fox, 12345 times: <|im_start|>user\nhi<|im_end|>"
+_GEMMA = ("gemma", "gemma2", "gemma3")
 
 
 def _tensors(src: Path) -> dict[str, np.ndarray]:
@@ -45,64 +41,259 @@ def _tensors(src: Path) -> dict[str, np.ndarray]:
     return out
 
 
-def write_gguf(src: Path, arch: str, path: Path, pre: str) -> None:
+def _permute(w: np.ndarray, heads: int) -> np.ndarray:
+    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _stack_experts(tensors: dict) -> dict:
+    """One tensor per projection, experts on axis 0, named without the expert index."""
+    out, groups = {}, {}
+    for name, w in tensors.items():
+        m = re.match(r"^(.*\.experts)\.(\d+)\.(.+)$", name)
+        if m:
+            groups.setdefault(f"{m.group(1)}.{m.group(3)}", {})[int(m.group(2))] = w
+        else:
+            out[name] = w
+    for name, by_expert in groups.items():
+        out[name] = np.stack([by_expert[e] for e in sorted(by_expert)])
+    return out
+
+
+def llama_cpp_tensors(arch: str, config: dict, tensors: dict) -> dict[str, np.ndarray]:
+    """GGUF name -> tensor, as llama.cpp's converter writes the checkpoint's weights."""
+    import gguf
+
+    names = gguf.get_tensor_name_map(next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch),
+                                     config["num_hidden_layers"])
+    heads, kv = config["num_attention_heads"], config["num_key_value_heads"]
+    out = {}
+    for name, w in _stack_experts(tensors).items():
+        layer = name.split(".")[2] if name.startswith("model.layers.") else None
+        if name.endswith("block_sparse_moe.input_linear.weight"):  # Granite MoE: gate and up, fused
+            gate, up = np.split(w, 2, axis=1)
+            out[f"blk.{layer}.ffn_gate_exps.weight"], out[f"blk.{layer}.ffn_up_exps.weight"] = gate, up
+            continue
+        gguf_name = names.get_name(name, try_suffixes=(".weight", ".bias"))
+        assert gguf_name is not None, name
+        if arch in _PERMUTED and gguf_name.endswith(("attn_q.weight", "attn_k.weight")):
+            w = _permute(w, heads if "attn_q" in gguf_name else kv)
+        if arch in _GEMMA and gguf_name.endswith("norm.weight"):
+            w = w + 1.0
+        out[gguf_name] = w
+    if arch == "phi2":  # the original Phi-2 release's fused q/k/v, as its GGUFs have it
+        for layer in range(config["num_hidden_layers"]):
+            for kind in ("weight", "bias"):
+                parts = [out.pop(f"blk.{layer}.attn_{p}.{kind}") for p in "qkv"]
+                out[f"blk.{layer}.attn_qkv.{kind}"] = np.concatenate(parts, axis=0)
+    return out
+
+
+def _hparams(w, arch: str, c: dict, raw: dict) -> None:
+    """The metadata llama.cpp writes for `arch` (its set_gguf_parameters)."""
+    w.add_uint32(f"{arch}.context_length", c["max_position_embeddings"])
+    w.add_uint32(f"{arch}.embedding_length", c["hidden_size"])
+    w.add_uint32(f"{arch}.feed_forward_length", c["intermediate_size"])
+    w.add_uint32(f"{arch}.block_count", c["num_hidden_layers"])
+    w.add_uint32(f"{arch}.attention.head_count", c["num_attention_heads"])
+    w.add_uint32(f"{arch}.attention.head_count_kv", c.get("num_key_value_heads", c["num_attention_heads"]))
+    w.add_float32(f"{arch}.rope.freq_base", c["rope_theta"])
+    head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
+    if "head_dim" in raw:
+        w.add_uint32(f"{arch}.attention.key_length", head_dim)
+        w.add_uint32(f"{arch}.attention.value_length", head_dim)
+    if "rms_norm_eps" in c:
+        w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", c["rms_norm_eps"])
+    else:
+        w.add_float32(f"{arch}.attention.layer_norm_epsilon", c.get("layer_norm_eps") or c["norm_epsilon"])
+    if arch in _PERMUTED:
+        w.add_uint32(f"{arch}.rope.dimension_count", head_dim)
+    if "partial_rotary_factor" in c:
+        w.add_uint32(f"{arch}.rope.dimension_count", int(c["partial_rotary_factor"] * head_dim))
+    experts = c.get("num_experts") or c.get("num_local_experts")
+    if experts:
+        w.add_uint32(f"{arch}.expert_count", experts)
+        w.add_uint32(f"{arch}.expert_used_count", c["num_experts_per_tok"])
+    if "moe_intermediate_size" in c:
+        w.add_uint32(f"{arch}.expert_feed_forward_length", c["moe_intermediate_size"])
+    if c.get("shared_expert_intermediate_size"):
+        w.add_uint32(f"{arch}.expert_shared_feed_forward_length", c["shared_expert_intermediate_size"])
+    if arch in ("gemma2", "gemma3", "cohere2"):
+        w.add_uint32(f"{arch}.attention.sliding_window", c["sliding_window"])
+    if arch == "gemma2":
+        w.add_float32(f"{arch}.attn_logit_softcapping", c["attn_logit_softcapping"])
+        w.add_float32(f"{arch}.final_logit_softcapping", c["final_logit_softcapping"])
+    if arch in ("command-r", "cohere2"):
+        w.add_float32(f"{arch}.logit_scale", c["logit_scale"])
+    if arch.startswith("granite"):
+        w.add_float32(f"{arch}.attention.scale", c["attention_multiplier"])
+        w.add_float32(f"{arch}.embedding_scale", c["embedding_multiplier"])
+        w.add_float32(f"{arch}.residual_scale", c["residual_multiplier"])
+        w.add_float32(f"{arch}.logit_scale", c["logits_scaling"])
+
+
+def _vocab(w, src: Path, config: dict, pre: str, whole: bool) -> None:
+    """The byte-level BPE vocabulary, as llama.cpp stores it. Not `whole`: only the first
+    `_FEW_TOKENS` ids and the merges among them (the architecture cases check logits, not
+    tokenization, and a 49k-entry vocabulary dominates their cost)."""
+    tok = json.loads((src / "tokenizer.json").read_text())
+    vocab = {**tok["model"]["vocab"], **{t["content"]: t["id"] for t in tok["added_tokens"]}}
+    special = {t["id"] for t in tok["added_tokens"] if t.get("special")}
+    size = config["vocab_size"] if whole else _FEW_TOKENS
+    by_id = {i: t for t, i in vocab.items() if i < size}
+    merges = [m.split(" ") if isinstance(m, str) else m for m in tok["model"]["merges"]]
+    kept = set(by_id.values())
+    merges = [m for m in merges if whole or {m[0], m[1], m[0] + m[1]} <= kept]
+    w.add_string("tokenizer.ggml.model", "gpt2")
+    w.add_string("tokenizer.ggml.pre", pre)
+    w.add_array("tokenizer.ggml.tokens", [by_id.get(i, f"[PAD{i}]") for i in range(size)])
+    w.add_array("tokenizer.ggml.token_type", [3 if i in special else 1 if i in by_id else 4 for i in range(size)])
+    w.add_array("tokenizer.ggml.merges", [" ".join(m) for m in merges])
+    for key in ("bos_token_id", "eos_token_id"):
+        if config.get(key) is not None and config[key] < size:
+            w.add_uint32(f"tokenizer.ggml.{key}", config[key])
+
+
+def write_gguf(src: Path, arch: str, path: Path, pre: str, *, whole_vocab: bool = True, weights: bool = True) -> None:
     """The checkpoint `src` as a float32 GGUF of `arch`, keyed as llama.cpp writes it; `pre`:
-    llama.cpp's name for the tokenizer's pre-tokenizer."""
+    llama.cpp's name for the tokenizer's pre-tokenizer. Without `weights`: its vocabulary only."""
     import gguf
 
     from mlxcel.models.checkpoint_config import read_config
 
     config = read_config(src)
-    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
-    tok = json.loads((src / "tokenizer.json").read_text())
     w = gguf.GGUFWriter(str(path), arch)
-    w.add_uint32(f"{arch}.context_length", config["max_position_embeddings"])
-    w.add_uint32(f"{arch}.embedding_length", config["hidden_size"])
-    w.add_uint32(f"{arch}.feed_forward_length", config["intermediate_size"])
-    w.add_uint32(f"{arch}.block_count", config["num_hidden_layers"])
-    w.add_uint32(f"{arch}.attention.head_count", config["num_attention_heads"])
-    w.add_uint32(f"{arch}.attention.head_count_kv", config["num_key_value_heads"])
-    w.add_uint32(f"{arch}.attention.key_length", head_dim)
-    w.add_float32(f"{arch}.rope.freq_base", config["rope_theta"])
-    w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", config["rms_norm_eps"])
-    vocab = {**tok["model"]["vocab"], **{t["content"]: t["id"] for t in tok["added_tokens"]}}
-    special = {t["id"] for t in tok["added_tokens"] if t.get("special")}
-    size = config["vocab_size"]
-    by_id = {i: t for t, i in vocab.items()}
-    tokens = [by_id.get(i, f"[PAD{i}]") for i in range(size)]
-    w.add_string("tokenizer.ggml.model", "gpt2")
-    w.add_string("tokenizer.ggml.pre", pre)
-    w.add_array("tokenizer.ggml.tokens", tokens)
-    w.add_array("tokenizer.ggml.token_type", [3 if i in special else 1 if i in by_id else 4 for i in range(size)])
-    w.add_array("tokenizer.ggml.merges", [m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]])
-    w.add_uint32("tokenizer.ggml.bos_token_id", config["bos_token_id"])
-    w.add_uint32("tokenizer.ggml.eos_token_id", config["eos_token_id"])
-    for name, t in _tensors(src).items():
-        w.add_tensor(_gguf_name(name), t)
+    _vocab(w, src, config, pre, whole_vocab)
+    if weights:
+        _hparams(w, arch, config, json.loads((src / "config.json").read_text()))
+        for name, t in llama_cpp_tensors(arch, config, _tensors(src)).items():
+            w.add_tensor(name, t)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
 
 
-@pytest.mark.parametrize(("arch", "ref", "pre"), [("qwen2", fixtures.QWEN2_TINY, "qwen2"),
-                                                 ("qwen3", fixtures.QWEN3_TINY, "qwen2"),
-                                                 ("phi3", fixtures.zoo_fixture("phi3"), "smollm")])
-def test_gguf_converts_to_the_same_model(tmp_path, arch, ref, pre):
+def reference(tmp: Path, src: Path, overrides: dict) -> Path:
+    """The fixture with `overrides` in its config.json (its other files linked)."""
+    if not overrides:
+        return src
+    out = tmp / "reference"
+    out.mkdir()
+    for f in src.iterdir():
+        if f.name != "config.json":
+            (out / f.name).symlink_to(f)
+    (out / "config.json").write_text(json.dumps({**json.loads((src / "config.json").read_text()), **overrides}))
+    return out
+
+
+Z = fixtures.zoo_fixture
+# (GGUF architecture, fixture, converted model_type, what the GGUF cannot carry)
+CASES = [
+    ("qwen2", fixtures.QWEN2_TINY, "qwen2", {}),
+    ("qwen3", fixtures.QWEN3_TINY, "qwen3", {}),
+    ("phi3", Z("phi3"), "phi3", {}),
+    ("llama", Z("mistral"), "llama", {"sliding_window": None}),  # llama.cpp's llama has no window
+    ("llama", Z("mixtral"), "mixtral", {}),
+    ("gemma2", Z("gemma2"), "gemma2", {"query_pre_attn_scalar": 16}),  # its head_dim
+    ("qwen2moe", Z("qwen2_moe"), "qwen2_moe", {}),
+    ("qwen3moe", Z("qwen3_moe"), "qwen3_moe", {"norm_topk_prob": True}),
+    ("gemma", Z("gemma"), "gemma", {}),
+    ("starcoder2", Z("starcoder2"), "starcoder2", {}),
+    ("phi2", Z("phi"), "phi", {}),
+    ("command-r", Z("cohere"), "cohere", {}),
+    ("cohere2", Z("cohere2"), "cohere2", {}),
+    ("olmo2", Z("olmo2"), "olmo2", {}),
+    ("granite", Z("granite"), "granite", {}),
+    ("granitemoe", Z("granitemoe"), "granitemoe", {}),
+    ("stablelm", Z("stablelm"), "stablelm", {}),
+]
+# config keys transformers' own GGUF reader also derives, compared where it reads the architecture
+_SHARED_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                "max_position_embeddings", "rope_theta", "rms_norm_eps", "layer_norm_eps", "norm_epsilon",
+                "sliding_window", "num_experts", "num_experts_per_tok", "tie_word_embeddings")
+
+
+def _transformers_agrees(arch: str, gguf_file: Path, config: dict) -> None:
+    """transformers' own GGUF reader, where it knows `arch`, derives the same shared keys."""
+    from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES, load_gguf_checkpoint
+
+    if arch.replace("moe", "_moe") not in GGUF_SUPPORTED_ARCHITECTURES:
+        return
+    theirs = load_gguf_checkpoint(str(gguf_file))["config"]
+    shared = [k for k in _SHARED_KEYS if k in theirs and k in config]
+    assert len(shared) >= 8, shared
+    for k in shared:
+        if isinstance(config[k], float):
+            assert np.float32(theirs[k]) == np.float32(config[k]), k
+        else:
+            assert theirs[k] == config[k], k
+
+
+@pytest.mark.parametrize(("arch", "ref", "model_type", "overrides"), CASES, ids=[f"{c[0]}-{c[2]}" for c in CASES])
+def test_gguf_converts_to_the_same_model(tmp_path, arch, ref, model_type, overrides):
     from mlxcel.backends.mlx.backend import MLXBackend
     from mlxcel.engine.tokenizer import Tokenizer
     from mlxcel.store.convert import convert
 
     src = fixture_path(ref)
     gguf_file = tmp_path / f"{arch}.gguf"
-    write_gguf(src, arch, gguf_file, pre)
+    write_gguf(src, arch, gguf_file, "smollm", whole_vocab=False)
     out = convert(gguf_file, tmp_path / "store", f"local/{arch}-from-gguf", dtype="float32")
-    assert json.loads((out / "config.json").read_text())["model_type"] == arch
-    text = "The quick brown fox, 12345 times: <|im_start|>user\nhi<|im_end|>"
-    ids = Tokenizer(src).encode(text)
-    assert Tokenizer(out).encode(text) == ids
-    want = MLXBackend(src, dtype="float32")
+    config = json.loads((out / "config.json").read_text())
+    assert config["model_type"] == model_type
+    _transformers_agrees(arch, gguf_file, config)
+    ids = Tokenizer(src).encode(TEXT)
+    want = MLXBackend(reference(tmp_path, src, overrides), dtype="float32")
     got = MLXBackend(out, dtype="float32")
     a = got.forward_all(ids, got.new_sequence())
     b = want.forward_all(ids, want.new_sequence())
     assert float(np.abs(a - b).max()) <= 1e-5
+
+
+@pytest.mark.parametrize(("ref", "pre"), [(fixtures.QWEN2_TINY, "qwen2"), (fixtures.QWEN3_TINY, "qwen2"),
+                                          (Z("phi3"), "smollm")])
+def test_gguf_vocabulary_tokenizes_as_the_checkpoint(tmp_path, ref, pre):
+    """A whole byte-level BPE vocabulary, one per fixture tokenizer (Qwen 2's, Qwen 3's and the
+    zoo's SmolLM one): the converted tokenizer splits text, digits and special tokens alike."""
+    import gguf
+
+    from mlxcel.engine.tokenizer import Tokenizer
+    from mlxcel.store.gguf_source import write_tokenizer
+
+    src = fixture_path(ref)
+    path = tmp_path / "vocab.gguf"
+    write_gguf(src, "qwen2", path, pre, weights=False)
+    write_tokenizer(gguf.GGUFReader(str(path)), "qwen2", tmp_path / "out")
+    assert Tokenizer(tmp_path / "out").encode(TEXT) == Tokenizer(src).encode(TEXT)
+
+
+def test_an_architecture_without_a_layout_is_refused_with_the_supported_list(tmp_path):
+    import gguf
+
+    from mlxcel.models.gguf_archs import GGUF_ARCHITECTURES
+    from mlxcel.store.convert import convert
+    from mlxcel.store.gguf_source import GGUFUnsupported
+
+    path = tmp_path / "m.gguf"
+    w = gguf.GGUFWriter(str(path), "deepseek2")
+    w.add_tensor("token_embd.weight", np.zeros((4, 4), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(GGUFUnsupported) as e:
+        convert(path, tmp_path / "store", "local/m", dtype="float32")
+    assert str(e.value) == ("GGUF architecture 'deepseek2' cannot be converted; supported: "
+                            + ", ".join(sorted(GGUF_ARCHITECTURES)))
+    assert not (tmp_path / "store" / "local" / "m").exists()
+
+
+def test_every_listed_architecture_has_a_layout_and_converts_to_a_served_family():
+    from mlxcel.models.gguf_archs import GGUF_ARCHITECTURES
+    from mlxcel.models.registry import FAMILIES
+    from mlxcel.store.gguf_layouts import LAYOUTS
+
+    assert set(LAYOUTS) == set(GGUF_ARCHITECTURES)
+    assert {t for types in GGUF_ARCHITECTURES.values() for t in types} <= set(FAMILIES)
+    assert {(c[0], c[2]) for c in CASES} == {(a, t) for a, types in GGUF_ARCHITECTURES.items() for t in types} - {
+        ("gemma3", "gemma3_text")}  # tests/models/test_zoo.py's Gemma 3 GGUF round trip

@@ -1,0 +1,36 @@
+"""The llama.cpp GGUF architectures `mlxcel convert` reads, and the family each one becomes.
+
+A plain table, so docs/models.md can list it per family (models/catalog.py) and the converter
+(store/gguf_layouts.py) can be held to it: that module has a layout for exactly these names, and
+a GGUF of any other `general.architecture` is refused with this list.
+"""
+
+from __future__ import annotations
+
+# llama.cpp's `general.architecture` -> the model types a file of it converts into
+GGUF_ARCHITECTURES: dict[str, tuple[str, ...]] = {
+    # llama.cpp exports Mistral as `llama` too (it becomes a llama checkpoint); a `llama` file with
+    # experts is a Mixtral
+    "llama": ("llama", "mixtral"),
+    "command-r": ("cohere",),
+    "cohere2": ("cohere2",),
+    "gemma": ("gemma",),
+    "gemma2": ("gemma2",),
+    "gemma3": ("gemma3_text",),
+    "granite": ("granite",),
+    "granitemoe": ("granitemoe",),
+    "olmo2": ("olmo2",),
+    "phi2": ("phi",),
+    "phi3": ("phi3",),
+    "qwen2": ("qwen2",),
+    "qwen2moe": ("qwen2_moe",),
+    "qwen3": ("qwen3",),
+    "qwen3moe": ("qwen3_moe",),
+    "stablelm": ("stablelm",),
+    "starcoder2": ("starcoder2",),
+}
+
+
+def gguf_sources(model_type: str) -> list[str]:
+    """The GGUF architectures that convert into `model_type`, sorted."""
+    return sorted(arch for arch, types in GGUF_ARCHITECTURES.items() if model_type in types)

@@ -1,0 +1,303 @@
+"""How each llama.cpp GGUF architecture maps onto transformers' layout: the config.json its
+metadata describes, the HF name of every tensor, and what llama.cpp's converter changed in them.
+
+One `Layout` per `general.architecture` that models/gguf_archs.py lists (and no other). A
+metadata key an architecture always has is required; one llama.cpp does not write is the
+architecture's constant, as llama.cpp's own graph for it assumes (Gemma 2's query scale, Qwen 3
+MoE's normalised routing weights), so the converted model computes what llama.cpp would.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+class GGUFUnsupported(ValueError):
+    """The GGUF file describes something this converter has no table for."""
+
+
+class Meta:
+    """A GGUF's metadata under its architecture's prefix, and which tensors it holds."""
+
+    def __init__(self, reader, arch: str) -> None:
+        self.reader, self.arch = reader, arch
+        self.tensor_names = {t.name for t in reader.tensors}
+
+    def get(self, key: str, default=None):
+        f = self.reader.fields.get(f"{self.arch}.{key}")
+        return default if f is None else f.contents()
+
+    def need(self, key: str):
+        value = self.get(key)
+        if value is None:
+            raise GGUFUnsupported(f"GGUF metadata {self.arch}.{key} is missing")
+        return value
+
+    def eps(self, key: str) -> float:
+        # stored as float32: the shortest decimal that rounds to it (1e-06, not 9.99999997e-07)
+        return float(str(np.float32(self.need(f"attention.{key}"))))
+
+    def has_layer_tensor(self, stem: str) -> bool:
+        """Whether some block holds `stem` ("attn_q.bias", "ffn_norm.weight")."""
+        return any(n.startswith("blk.") and n.split(".", 2)[2] == stem for n in self.tensor_names)
+
+    @property
+    def tied(self) -> bool:
+        return "output.weight" not in self.tensor_names
+
+
+@dataclass(frozen=True)
+class Layout:
+    config: Callable[[Meta], dict]
+    # GGUF stem under blk.N. -> HF stem under model.layers.N.; "{e}" in it: a stacked expert
+    # tensor, written one HF tensor per expert
+    layers: dict[str, str]
+    final_norm: str = "model.norm"
+    rotary_interleaved: bool = False  # llama.cpp permuted q/k rows into its rotary order
+    norm_plus_one: bool = False  # Gemma: llama.cpp stores the (1 + w) scale, HF stores w
+    # GGUF stem -> the HF stems a fused tensor splits into, in equal row blocks
+    splits: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # the names that are joined after reading (experts transformers keeps fused): HF name ->
+    # (the read names concatenated along axis 1, in order)
+    joins: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+
+def _geometry(m: Meta, *, rope_is_head: bool = False) -> dict:
+    hidden, heads = int(m.need("embedding_length")), int(m.need("attention.head_count"))
+    head_dim = m.get("attention.key_length") or (m.get("rope.dimension_count") if rope_is_head else None)
+    ff = m.get("feed_forward_length")
+    return {
+        "hidden_size": hidden,
+        **({"intermediate_size": int(ff)} if ff is not None else {}),
+        "num_hidden_layers": int(m.need("block_count")),
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(m.get("attention.head_count_kv", heads)),
+        "head_dim": int(head_dim or hidden // heads),
+        "max_position_embeddings": int(m.need("context_length")),
+        "rope_theta": float(m.get("rope.freq_base", 10000.0)),
+        "tie_word_embeddings": m.tied,
+    }
+
+
+def _rope_scaling(m: Meta) -> dict:
+    kind = m.get("rope.scaling.type")
+    if kind in (None, "none"):
+        return {}
+    if kind == "linear":
+        return {"rope_scaling": {"rope_type": "linear", "factor": float(m.need("rope.scaling.factor"))}}
+    raise GGUFUnsupported(f"GGUF rope scaling {kind!r} ({m.arch}.rope.scaling.type) cannot be converted; "
+                          f"supported: linear")
+
+
+def _head(cls: str, model_type: str) -> dict:
+    return {"architectures": [cls], "model_type": model_type}
+
+
+_ATTN = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+         "attn_output": "self_attn.o_proj"}
+_GATED_FFN = {"ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
+_LLAMA = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm", **_ATTN, **_GATED_FFN}
+_QK_NORM = {"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}
+_EXPERTS = {"ffn_gate_inp": "mlp.gate", "ffn_gate_exps": "mlp.experts.{e}.gate_proj",
+            "ffn_up_exps": "mlp.experts.{e}.up_proj", "ffn_down_exps": "mlp.experts.{e}.down_proj"}
+_MIXTRAL_EXPERTS = {"ffn_gate_inp": "block_sparse_moe.gate", "ffn_gate_exps": "block_sparse_moe.experts.{e}.w1",
+                    "ffn_down_exps": "block_sparse_moe.experts.{e}.w2", "ffn_up_exps": "block_sparse_moe.experts.{e}.w3"}
+_GEMMA2 = {"attn_norm": "input_layernorm", "post_attention_norm": "post_attention_layernorm",
+           "ffn_norm": "pre_feedforward_layernorm", "post_ffw_norm": "post_feedforward_layernorm",
+           **_ATTN, **_GATED_FFN}
+
+
+def _llama(m: Meta) -> dict:
+    c = {**_geometry(m, rope_is_head=True), "rms_norm_eps": m.eps("layer_norm_rms_epsilon"), "hidden_act": "silu",
+         "attention_bias": False, "mlp_bias": False, **_rope_scaling(m)}
+    if not m.get("expert_count"):
+        return {**_head("LlamaForCausalLM", "llama"), **c}
+    return {**_head("MixtralForCausalLM", "mixtral"), **c, "num_local_experts": int(m.need("expert_count")),
+            "num_experts_per_tok": int(m.need("expert_used_count")), "sliding_window": None}
+
+
+def _qwen2(m: Meta) -> dict:
+    # Qwen 2's q/k/v biases are part of the architecture, not a config switch
+    return {**_head("Qwen2ForCausalLM", "qwen2"), **_geometry(m), "rms_norm_eps": m.eps("layer_norm_rms_epsilon"),
+            "hidden_act": "silu", **_rope_scaling(m)}
+
+
+def _qwen3(m: Meta) -> dict:
+    return {**_head("Qwen3ForCausalLM", "qwen3"), **_geometry(m), "rms_norm_eps": m.eps("layer_norm_rms_epsilon"),
+            "hidden_act": "silu", "attention_bias": False, **_rope_scaling(m)}
+
+
+def _moe(m: Meta) -> dict:
+    """Qwen's MoE keys: every layer sparse, as llama.cpp builds them."""
+    return {"num_experts": int(m.need("expert_count")), "num_experts_per_tok": int(m.need("expert_used_count")),
+            "moe_intermediate_size": int(m.need("expert_feed_forward_length")), "decoder_sparse_step": 1,
+            "mlp_only_layers": []}
+
+
+def _qwen2moe(m: Meta) -> dict:
+    shared = int(m.need("expert_shared_feed_forward_length"))
+    # llama.cpp routes Qwen 2 MoE with the softmax weights as they are (no renormalising)
+    return {**_head("Qwen2MoeForCausalLM", "qwen2_moe"), "intermediate_size": shared, **_geometry(m),
+            "rms_norm_eps": m.eps("layer_norm_rms_epsilon"), "hidden_act": "silu", **_moe(m),
+            "shared_expert_intermediate_size": shared, "norm_topk_prob": False, **_rope_scaling(m)}
+
+
+def _qwen3moe(m: Meta) -> dict:
+    # llama.cpp renormalises Qwen 3 MoE's top-k weights unless the file says otherwise
+    return {**_head("Qwen3MoeForCausalLM", "qwen3_moe"), **_geometry(m),
+            "rms_norm_eps": m.eps("layer_norm_rms_epsilon"), "hidden_act": "silu", "attention_bias": False,
+            **_moe(m), "norm_topk_prob": bool(m.get("expert_weights_norm", True)), **_rope_scaling(m)}
+
+
+def _gemma(m: Meta) -> dict:
+    return {**_head("GemmaForCausalLM", "gemma"), **_geometry(m), "rms_norm_eps": m.eps("layer_norm_rms_epsilon"),
+            "hidden_act": "gelu_pytorch_tanh", "hidden_activation": "gelu_pytorch_tanh", "attention_bias": False}
+
+
+def _gemma2(m: Meta) -> dict:
+    c = _geometry(m)
+    layers = c["num_hidden_layers"]
+    # GGUF has no query scale: llama.cpp scales by 1/sqrt(head_dim), except for the 27B model (its
+    # 46 layers are how llama.cpp tells it) whose query_pre_attn_scalar is hidden / heads
+    scalar = c["hidden_size"] // c["num_attention_heads"] if layers == 46 else c["head_dim"]
+    return {**_head("Gemma2ForCausalLM", "gemma2"), **c, "rms_norm_eps": m.eps("layer_norm_rms_epsilon"),
+            "hidden_activation": "gelu_pytorch_tanh", "hidden_act": "gelu_pytorch_tanh",
+            "query_pre_attn_scalar": scalar, "sliding_window": int(m.need("attention.sliding_window")),
+            # every other layer local, the first one included, as llama.cpp and transformers build them
+            "layer_types": ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)],
+            "attn_logit_softcapping": m.get("attn_logit_softcapping"),
+            "final_logit_softcapping": m.get("final_logit_softcapping"), "attention_bias": False}
+
+
+def _gemma3(m: Meta) -> dict:
+    c = _geometry(m)
+    layers = c["num_hidden_layers"]
+    # GGUF does not record the local/global layout, the local rope base or the query scale;
+    # these are the Gemma 3 architecture constants (every 6th layer global, local base 1e4).
+    pattern = 6
+    return {**_head("Gemma3ForCausalLM", "gemma3_text"), **c, "rms_norm_eps": m.eps("layer_norm_rms_epsilon"),
+            "rope_local_base_freq": 10000.0, "sliding_window": int(m.need("attention.sliding_window")),
+            "sliding_window_pattern": pattern,
+            "layer_types": ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(layers)],
+            "query_pre_attn_scalar": c["head_dim"], "hidden_activation": "gelu_pytorch_tanh",
+            "attn_logit_softcapping": None, "final_logit_softcapping": None, "attention_bias": False}
+
+
+def _phi2(m: Meta) -> dict:
+    c = _geometry(m)
+    rotary = int(m.need("rope.dimension_count"))
+    return {**_head("PhiForCausalLM", "phi"), **c, "layer_norm_eps": m.eps("layer_norm_epsilon"),
+            "partial_rotary_factor": rotary / c["head_dim"], "hidden_act": "gelu_new", "qk_layernorm": False}
+
+
+def _phi3(m: Meta) -> dict:
+    # a long-context Phi-3's rope_factors_* tensors have no mapping and refuse the file by name
+    window = m.get("attention.sliding_window")
+    return {**_head("Phi3ForCausalLM", "phi3"), **_geometry(m), "rms_norm_eps": m.eps("layer_norm_rms_epsilon"),
+            "hidden_act": "silu", "sliding_window": int(window) if window else None}
+
+
+def _starcoder2(m: Meta) -> dict:
+    window = m.get("attention.sliding_window")
+    return {**_head("Starcoder2ForCausalLM", "starcoder2"), **_geometry(m), "norm_epsilon": m.eps("layer_norm_epsilon"),
+            "use_bias": m.has_layer_tensor("attn_q.bias"), "hidden_act": "gelu_pytorch_tanh",
+            "sliding_window": int(window) if window else None}
+
+
+def _stablelm(m: Meta) -> dict:
+    c = _geometry(m)
+    return {**_head("StableLmForCausalLM", "stablelm"), **c, "layer_norm_eps": m.eps("layer_norm_epsilon"),
+            "partial_rotary_factor": int(m.need("rope.dimension_count")) / c["head_dim"], "hidden_act": "silu",
+            "use_qkv_bias": m.has_layer_tensor("attn_q.bias"),
+            # a parallel-residual block has one norm, so no ffn_norm
+            "use_parallel_residual": not m.has_layer_tensor("ffn_norm.weight"), "qk_layernorm": False}
+
+
+def _command_r(m: Meta) -> dict:
+    return {**_head("CohereForCausalLM", "cohere"), **_geometry(m), "layer_norm_eps": m.eps("layer_norm_epsilon"),
+            "logit_scale": float(m.need("logit_scale")), "use_qk_norm": m.has_layer_tensor("attn_q_norm.weight"),
+            "hidden_act": "silu", "attention_bias": False}
+
+
+def _cohere2(m: Meta) -> dict:
+    c = _geometry(m)
+    # llama.cpp builds Cohere 2 with every 4th layer global (and without RoPE), as transformers does
+    pattern = 4
+    return {**_head("Cohere2ForCausalLM", "cohere2"), **c, "layer_norm_eps": m.eps("layer_norm_epsilon"),
+            "logit_scale": float(m.need("logit_scale")), "sliding_window": int(m.need("attention.sliding_window")),
+            "sliding_window_pattern": pattern,
+            "layer_types": ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
+                            for i in range(c["num_hidden_layers"])],
+            "hidden_act": "silu", "attention_bias": False}
+
+
+def _olmo2(m: Meta) -> dict:
+    return {**_head("Olmo2ForCausalLM", "olmo2"), **_geometry(m), "rms_norm_eps": m.eps("layer_norm_rms_epsilon"),
+            "hidden_act": "silu", "attention_bias": False}
+
+
+def _granite_scales(m: Meta) -> dict:
+    return {"attention_multiplier": float(m.need("attention.scale")),
+            "embedding_multiplier": float(m.need("embedding_scale")),
+            "residual_multiplier": float(m.need("residual_scale")), "logits_scaling": float(m.need("logit_scale"))}
+
+
+def _granite(m: Meta) -> dict:
+    return {**_head("GraniteForCausalLM", "granite"), **_geometry(m, rope_is_head=True),
+            "rms_norm_eps": m.eps("layer_norm_rms_epsilon"), "hidden_act": "silu", "attention_bias": False,
+            "mlp_bias": False, **_granite_scales(m), **_rope_scaling(m)}
+
+
+def _granitemoe(m: Meta) -> dict:
+    c = _geometry(m, rope_is_head=True)
+    ff = m.get("expert_feed_forward_length", c.get("intermediate_size"))
+    return {**_head("GraniteMoeForCausalLM", "granitemoe"), **c, "intermediate_size": int(ff),
+            "rms_norm_eps": m.eps("layer_norm_rms_epsilon"), "hidden_act": "silu", "attention_bias": False,
+            "num_local_experts": int(m.need("expert_count")), "num_experts_per_tok": int(m.need("expert_used_count")),
+            **_granite_scales(m), **_rope_scaling(m)}
+
+
+_GRANITE_MOE_IN = "block_sparse_moe.input_linear"
+
+LAYOUTS: dict[str, Layout] = {
+    "llama": Layout(_llama, {**_LLAMA, **_MIXTRAL_EXPERTS}, rotary_interleaved=True),
+    "qwen2": Layout(_qwen2, _LLAMA),
+    "qwen3": Layout(_qwen3, {**_LLAMA, **_QK_NORM}),
+    "qwen2moe": Layout(_qwen2moe, {**_LLAMA, **_EXPERTS, "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
+                                   "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
+                                   "ffn_up_shexp": "mlp.shared_expert.up_proj",
+                                   "ffn_down_shexp": "mlp.shared_expert.down_proj"}),
+    "qwen3moe": Layout(_qwen3moe, {**_LLAMA, **_QK_NORM, **_EXPERTS}),
+    "gemma": Layout(_gemma, _LLAMA, norm_plus_one=True),
+    "gemma2": Layout(_gemma2, _GEMMA2, norm_plus_one=True),
+    "gemma3": Layout(_gemma3, {**_GEMMA2, **_QK_NORM}, norm_plus_one=True),
+    # Phi-2: llama.cpp writes the q/k/v of transformers' layout apart, the original release's fused
+    "phi2": Layout(_phi2, {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
+                           "attn_v": "self_attn.v_proj", "attn_output": "self_attn.dense", "ffn_up": "mlp.fc1",
+                           "ffn_down": "mlp.fc2"},
+                   final_norm="model.final_layernorm",
+                   splits={"attn_qkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")}),
+    # Phi-3 keeps transformers' fused projections: q/k/v in one tensor, gate and up in another
+    "phi3": Layout(_phi3, {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+                           "attn_qkv": "self_attn.qkv_proj", "attn_output": "self_attn.o_proj",
+                           "ffn_up": "mlp.gate_up_proj", "ffn_down": "mlp.down_proj"}),
+    "starcoder2": Layout(_starcoder2, {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+                                       **_ATTN, "ffn_up": "mlp.c_fc", "ffn_down": "mlp.c_proj"}),
+    "stablelm": Layout(_stablelm, _LLAMA),
+    # Cohere's rotary is interleaved in transformers too, so llama.cpp leaves q/k as they are
+    "command-r": Layout(_command_r, {"attn_norm": "input_layernorm", **_ATTN, **_GATED_FFN, **_QK_NORM}),
+    "cohere2": Layout(_cohere2, {"attn_norm": "input_layernorm", **_ATTN, **_GATED_FFN}),
+    "olmo2": Layout(_olmo2, {**_ATTN, **_QK_NORM, "post_attention_norm": "post_attention_layernorm",
+                             "post_ffw_norm": "post_feedforward_layernorm", **_GATED_FFN}),
+    "granite": Layout(_granite, _LLAMA, rotary_interleaved=True),
+    # transformers keeps Granite MoE's expert gate and up projections fused, gate first
+    "granitemoe": Layout(_granitemoe, {**_LLAMA, "ffn_gate_inp": "block_sparse_moe.router.layer",
+                                       "ffn_gate_exps": f"{_GRANITE_MOE_IN}.gate", "ffn_up_exps": f"{_GRANITE_MOE_IN}.up",
+                                       "ffn_down_exps": "block_sparse_moe.output_linear"},
+                         rotary_interleaved=True,
+                         joins={f"{_GRANITE_MOE_IN}.weight": (f"{_GRANITE_MOE_IN}.gate.weight",
+                                                              f"{_GRANITE_MOE_IN}.up.weight")}),
+}
