@@ -13,6 +13,7 @@ family with recurrent layers has them off, and its cell says why.
 
 from __future__ import annotations
 
+from mlxcel.models.gguf_archs import gguf_cell
 from mlxcel.models.registry import FAMILIES, WORKER_TYPES, Family
 from mlxcel.models.vision import VISION_FAMILIES
 
@@ -36,12 +37,13 @@ def _feature_cell(fam: Family, feature: str) -> str:
 
 
 def generation_table() -> list[str]:
-    head = ["model_type", "reference class", "inputs", "backends", "attention", *FEATURES]
+    head = ["model_type", "reference class", "inputs", "backends", "attention", *FEATURES, "from GGUF"]
     lines = [_row(head), _row(["---"] * len(head))]
     for fam in sorted(FAMILIES.values(), key=lambda f: f.model_type):
         inputs = "text, image" if fam.model_type in VISION_FAMILIES else "text"
         lines.append(_row([fam.model_type, fam.hf_architecture or "mlx-lm's module", inputs, ", ".join(fam.backends),
-                           ", ".join(fam.attention), *(_feature_cell(fam, f) for f in FEATURES)]))
+                           ", ".join(fam.attention), *(_feature_cell(fam, f) for f in FEATURES),
+                           gguf_cell(fam.model_type)]))
     return lines
 
 
@@ -108,6 +110,8 @@ _NOTES = """
   (`kv_cache.prefix_cache`, `kv_cache.prefix_cache_off_reason`). For the same reason speculative
   drafting (which rewinds rejected draft tokens) is refused at startup and `--context-shift` is
   turned off with a warning (`kv_cache.context_shift_off_reason`): a full context ends the request.
+- **from GGUF**: the llama.cpp architectures whose GGUF files `mlxcel convert` turns into this
+  family (see Conversion below); `no`: a GGUF of this family is refused by name.
 
 ## Checkpoint layout
 
@@ -125,9 +129,15 @@ Llama class at load.
 ## Conversion
 
 `mlxcel convert` turns an HF checkpoint of any type above into an MLX checkpoint (optionally
-quantized), and a GGUF file of llama.cpp's `llama` (Llama, and Mistral exported as llama),
-`qwen2`, `qwen3`, `phi3` (short-context) or `gemma3` architecture into one (dequantized to the requested dtype); a
-GGUF of another architecture is refused by name.
+quantized), and a GGUF file into one (dequantized to the requested dtype). The **from GGUF**
+column names the llama.cpp architectures (`general.architecture`) that convert into each family:
+Mistral's GGUFs are llama.cpp's `llama` and become a `llama` checkpoint (llama.cpp runs them
+without a sliding window too), and a `llama` file with experts becomes a `mixtral` one. What a
+GGUF does not record is set as llama.cpp's own graph for that architecture assumes it (Gemma 2's
+query scale, Gemma 3's layer pattern, Qwen 3 MoE's renormalised routing weights). A GGUF of
+another architecture, a long-context Phi-3 (its RoPE factors stored as tensors) or a RoPE scaling
+other than linear is refused in one line that names what it lacks, and for an unknown
+architecture the ones that convert.
 
 ## Config normalisation
 

@@ -31,6 +31,20 @@ GGUF_ARCHITECTURES: dict[str, tuple[str, ...]] = {
 }
 
 
+# families llama.cpp exports under another family's architecture: a GGUF of one converts into that
+# other family (Mistral: the same weights and graph; multimodal Gemma 3: its text tower, the
+# image tower being a separate mmproj file)
+GGUF_EXPORTED_AS: dict[str, str] = {"mistral": "llama", "gemma3": "gemma3_text"}
+
+
 def gguf_sources(model_type: str) -> list[str]:
     """The GGUF architectures that convert into `model_type`, sorted."""
     return sorted(arch for arch, types in GGUF_ARCHITECTURES.items() if model_type in types)
+
+
+def gguf_cell(model_type: str) -> str:
+    """docs/models.md's "from GGUF" cell for a family."""
+    if model_type in GGUF_EXPORTED_AS:
+        other = GGUF_EXPORTED_AS[model_type]
+        return f"{', '.join(gguf_sources(other))} (converts to {other})"
+    return ", ".join(gguf_sources(model_type)) or "no"

@@ -289,11 +289,12 @@ def test_an_architecture_without_a_layout_is_refused_with_the_supported_list(tmp
 
 
 def test_every_listed_architecture_has_a_layout_and_converts_to_a_served_family():
-    from mlxcel.models.gguf_archs import GGUF_ARCHITECTURES
+    from mlxcel.models.gguf_archs import GGUF_ARCHITECTURES, GGUF_EXPORTED_AS, gguf_sources
     from mlxcel.models.registry import FAMILIES
     from mlxcel.store.gguf_layouts import LAYOUTS
 
     assert set(LAYOUTS) == set(GGUF_ARCHITECTURES)
     assert {t for types in GGUF_ARCHITECTURES.values() for t in types} <= set(FAMILIES)
+    assert all(fam in FAMILIES and gguf_sources(other) for fam, other in GGUF_EXPORTED_AS.items())
     assert {(c[0], c[2]) for c in CASES} == {(a, t) for a, types in GGUF_ARCHITECTURES.items() for t in types} - {
         ("gemma3", "gemma3_text")}  # tests/models/test_zoo.py's Gemma 3 GGUF round trip
