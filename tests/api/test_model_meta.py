@@ -56,6 +56,13 @@ def test_text_config_and_missing_weights(tmp_path):
     assert (meta["n_vocab"], meta["n_embd"], meta["n_params"], meta["size"]) == (10, 4, None, None)
 
 
+def test_shape_keys_are_read_from_the_normalised_config(tmp_path):
+    """DBRX names its context length max_seq_len; the meta block reads it as the backends load it."""
+    config = {"model_type": "dbrx", "vocab_size": 10, "d_model": 4, "max_seq_len": 2048}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert (checkpoint_meta(tmp_path)["n_ctx_train"], checkpoint_meta(tmp_path)["n_embd"]) == (2048, 4)
+
+
 def test_vocab_type_follows_the_tokenizer_algorithm(tmp_path):
     cases = {"bpe": ({"type": "BPE", "byte_fallback": False}, VOCAB_BPE),
              "spm": ({"type": "BPE", "byte_fallback": True}, VOCAB_SPM),

@@ -17,8 +17,9 @@ import numpy as np
 import pytest
 
 from mlxcel.config.settings import BackendSection, EngineSection, ServerSettings
+from mlxcel.models.registry import FAMILIES
 from tests.conftest import fixture_path
-from tests.fixtures import GEMMA3, LLAMA3_TOOLS_TINY
+from tests.fixtures import GEMMA3, LLAMA3_TOOLS_TINY, zoo_fixture
 
 PROMPT = "The history of the city of Paris begins with a small settlement on an island"
 BACKENDS = ("mlx", "torch")
@@ -149,3 +150,33 @@ def test_exaone_in_the_hubs_key_names_serves_as_transformers_names(tmp_path, bac
     want = last_logits(variant(tmp_path, src, "as-saved", lambda c: None), backend)
     got = last_logits(variant(tmp_path, src, "hub", hub), backend)
     assert np.abs(got - want).max() <= 1e-5
+
+
+def _with_text_tower(config: dict) -> dict:
+    return {**config.get("text_config", {}), **config}  # a VLM's geometry is its text tower's
+
+
+# fixtures saved with the classic top-level keys, to which normalisation has nothing to add
+CLASSIC = {"llama", "qwen2", "qwen3", "gemma3_text", "internlm2", "internlm3", "mamba2"}
+
+
+@pytest.mark.parametrize(("family", "backend"), [(t, b) for t in sorted(FAMILIES) for b in FAMILIES[t].backends])
+def test_every_served_checkpoint_is_loaded_with_its_normalised_config(family, backend):
+    """Whichever family and backend, the config a loaded model runs on (ModelInfo.config: what
+    the engine sizes its KV and windows from, and on MLX what mlx-lm built the model from)
+    holds every key normalisation derives, with the derived value (MLX: in mlx-lm's form)."""
+    from mlxcel.models.checkpoint_config import mlx_overrides, normalize_config
+    from mlxcel.runtime.load import load_backend
+    from tests.models.test_supported_models import FAMILY_FIXTURES
+
+    path = fixture_path(FAMILY_FIXTURES.get(family) or zoo_fixture(family))
+    raw = json.loads((path / "config.json").read_text())
+    ours, theirs = _with_text_tower(normalize_config(raw)), _with_text_tower(raw)
+    added = {k: v for k, v in ours.items() if k not in theirs}
+    assert added or family in CLASSIC
+    if backend == "mlx":
+        added.update({k: v for k, v in mlx_overrides(raw).items() if k in added})
+    settings = ServerSettings(engine=EngineSection(warmup=False),
+                              backend=BackendSection(name=backend, device="cpu", dtype="float32"))
+    model, _ = load_backend(settings, path)
+    assert {k: model.info.config.get(k) for k in added} == added

@@ -24,6 +24,8 @@ import struct
 from functools import lru_cache
 from pathlib import Path
 
+from mlxcel.models.checkpoint_config import normalize_config
+
 # b10621's llama_vocab_type numbering
 VOCAB_SPM, VOCAB_BPE, VOCAB_WPM, VOCAB_UGM = 1, 2, 3, 4
 _PACKED = {"U32", "U8", "I32"}  # the dtypes MLX packs quantized values into
@@ -140,7 +142,9 @@ def weight_counts(path: Path, config: dict) -> tuple[int | None, int | None]:
 def _cached(path: str, stamp: tuple) -> dict:
     p = Path(path)
     try:
-        config = json.loads((p / "config.json").read_text())
+        # normalised as the backends load it: a family's own names for the shape keys (DBRX's
+        # max_seq_len) count under the common ones
+        config = normalize_config(json.loads((p / "config.json").read_text()))
     except (OSError, ValueError):
         config = {}
     n_params, size = weight_counts(p, config)
