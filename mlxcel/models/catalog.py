@@ -134,17 +134,18 @@ column names the llama.cpp architectures (`general.architecture`) that convert i
 Mistral's GGUFs are llama.cpp's `llama` and become a `llama` checkpoint (llama.cpp runs them
 without a sliding window too), and a `llama` file with experts becomes a `mixtral` one. What a
 GGUF does not record is set as llama.cpp's own graph for that architecture assumes it (Gemma 2's
-query scale, Gemma 3's layer pattern, Qwen 3 MoE's renormalised routing weights). A GGUF of
-another architecture, a long-context Phi-3 (its RoPE factors stored as tensors) or a RoPE scaling
-other than linear is refused in one line that names what it lacks, and for an unknown
-architecture the ones that convert.
+query scale, Gemma 3's layer pattern, Qwen 3 MoE's renormalised routing weights); a long-context
+Phi-3's RoPE factors, which llama.cpp stores as tensors, become its `longrope` settings. A GGUF
+of another architecture, a tensor no table maps or a RoPE scaling other than linear is refused in
+one line that names it, and for an unknown architecture the ones that convert.
 
 ## Config normalisation
 
 Checkpoints saved by transformers 5 keep their RoPE settings under `rope_parameters` (keyed by
 layer type for Gemma 3) and Gemma 3's layer pattern under `layer_types`. Both backends read the
 config normalised at load (`mlxcel/models/checkpoint_config.py`): the top-level `rope_theta`,
-`rope_scaling`, `rope_local_base_freq` and `sliding_window_pattern` that mlx-lm reads are derived
+`rope_scaling` (also under the `type` key some mlx-lm families require, Phi-3's long RoPE
+among them), `rope_local_base_freq` and `sliding_window_pattern` that mlx-lm reads are derived
 from them (a key the checkpoint sets itself is kept), so such a checkpoint rotates with its own
 RoPE base rather than a family default. Likewise `num_experts` is derived from transformers 5's
 `num_local_experts` (Qwen's MoE families), GLM-4's `partial_rotary_factor` from

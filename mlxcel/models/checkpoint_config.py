@@ -84,8 +84,10 @@ def _rope_keys(config: dict, block: dict) -> None:
     for key in ("rope_theta", "partial_rotary_factor"):  # GLM-4 keeps its rotary fraction here
         if key in block:
             config.setdefault(key, block[key])
-    if block.get("rope_type", block.get("type", "default")) != "default":
-        config.setdefault("rope_scaling", block)
+    kind = block.get("rope_type", block.get("type", "default"))
+    if kind != "default":
+        # with `type` too: the spelling some mlx-lm families require (Phi-3's long RoPE)
+        config.setdefault("rope_scaling", {**block, "type": block.get("type", kind)})
 
 
 def layer_period(types: list) -> int | None:

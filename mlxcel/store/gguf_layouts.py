@@ -9,6 +9,7 @@ MoE's normalised routing weights), so the converted model computes what llama.cp
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -39,6 +40,13 @@ class Meta:
     def eps(self, key: str) -> float:
         # stored as float32: the shortest decimal that rounds to it (1e-06, not 9.99999997e-07)
         return float(str(np.float32(self.need(f"attention.{key}"))))
+
+    def tensor(self, name: str) -> np.ndarray | None:
+        """A whole-model tensor that is configuration rather than weights (Phi-3's RoPE factors)."""
+        import gguf
+
+        t = next((t for t in self.reader.tensors if t.name == name), None)
+        return None if t is None else np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
 
     def has_layer_tensor(self, stem: str) -> bool:
         """Whether some block holds `stem` ("attn_q.bias", "ffn_norm.weight")."""
@@ -194,10 +202,33 @@ def _phi2(m: Meta) -> dict:
 
 
 def _phi3(m: Meta) -> dict:
-    # a long-context Phi-3's rope_factors_* tensors have no mapping and refuse the file by name
-    window = m.get("attention.sliding_window")
-    return {**_head("Phi3ForCausalLM", "phi3"), **_geometry(m), "rms_norm_eps": m.eps("layer_norm_rms_epsilon"),
-            "hidden_act": "silu", "sliding_window": int(window) if window else None}
+    c = _geometry(m)
+    window, rotary = m.get("attention.sliding_window"), m.get("rope.dimension_count")
+    return {**_head("Phi3ForCausalLM", "phi3"), **c, "rms_norm_eps": m.eps("layer_norm_rms_epsilon"),
+            "hidden_act": "silu", "sliding_window": int(window) if window else None,
+            **({"partial_rotary_factor": int(rotary) / c["head_dim"]} if rotary else {}),
+            **_phi3_long_rope(m, c)}
+
+
+def _phi3_long_rope(m: Meta, c: dict) -> dict:
+    """A long-context Phi-3's RoPE: llama.cpp stores its per-frequency factors as tensors and
+    the attention factor it derives from the context lengths, which transformers derives again."""
+    long, short = m.tensor("rope_factors_long.weight"), m.tensor("rope_factors_short.weight")
+    if long is None:
+        return {}
+    original = int(m.need("rope.scaling.original_context_length"))
+    scale = c["max_position_embeddings"] / original
+    derived = math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1 else 1.0
+    if not math.isclose(float(m.get("rope.scaling.attn_factor", derived)), derived, rel_tol=1e-5):
+        raise GGUFUnsupported(f"GGUF {m.arch}.rope.scaling.attn_factor is not the one the context lengths give "
+                              f"({derived:.6f}); transformers' long RoPE has no setting for another")
+
+    def factors(w: np.ndarray) -> list[float]:
+        return [float(str(x)) for x in w.astype(np.float32)]
+
+    block = {"rope_type": "longrope", "type": "longrope", "long_factor": factors(long),
+             "short_factor": factors(long if short is None else short)}
+    return {"rope_scaling": block, "original_max_position_embeddings": original}
 
 
 def _starcoder2(m: Meta) -> dict:

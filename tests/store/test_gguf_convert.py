@@ -15,6 +15,7 @@ transformers reads the architecture from GGUF itself, its config agrees with the
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 
@@ -124,6 +125,14 @@ def _hparams(w, arch: str, c: dict, raw: dict) -> None:
         w.add_float32(f"{arch}.final_logit_softcapping", c["final_logit_softcapping"])
     if arch in ("command-r", "cohere2"):
         w.add_float32(f"{arch}.logit_scale", c["logit_scale"])
+    scaling = c.get("rope_scaling") or {}
+    if scaling.get("rope_type") == "longrope":  # Phi-3's long RoPE: its factors as tensors
+        original = c["original_max_position_embeddings"]
+        factor = math.sqrt(1 + math.log(c["max_position_embeddings"] / original) / math.log(original))
+        w.add_float32(f"{arch}.rope.scaling.attn_factor", factor)
+        w.add_uint32(f"{arch}.rope.scaling.original_context_length", original)
+        for kind in ("long", "short"):
+            w.add_tensor(f"rope_factors_{kind}.weight", np.asarray(scaling[f"{kind}_factor"], dtype=np.float32))
     if arch.startswith("granite"):
         w.add_float32(f"{arch}.attention.scale", c["attention_multiplier"])
         w.add_float32(f"{arch}.embedding_scale", c["embedding_multiplier"])
@@ -232,6 +241,11 @@ CASES = [
     ("granitemoe", Z("granitemoe"), "granitemoe", {}),
     ("stablelm", Z("stablelm"), "stablelm", {}),
     ("gemma3", Z("gemma3"), "gemma3_text", {}),  # its text tower (text_tower)
+    # a long-context Phi-3 as transformers 5 saves it; llama.cpp keeps the factors as tensors
+    ("phi3", Z("phi3"), "phi3", {"max_position_embeddings": 16384, "original_max_position_embeddings": 4096,
+                                 "rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0,
+                                                     "long_factor": [1.0 + i for i in range(8)],
+                                                     "short_factor": [1.0 + i / 10 for i in range(8)]}}),
 ]
 # config keys transformers' own GGUF reader also derives, compared where it reads the architecture
 _SHARED_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
@@ -255,7 +269,8 @@ def _transformers_agrees(arch: str, gguf_file: Path, config: dict) -> None:
             assert theirs[k] == config[k], k
 
 
-@pytest.mark.parametrize(("arch", "ref", "model_type", "overrides"), CASES, ids=[f"{c[0]}-{c[2]}" for c in CASES])
+@pytest.mark.parametrize(("arch", "ref", "model_type", "overrides"), CASES,
+                         ids=[f"{c[0]}-{c[2]}" + ("-long-rope" if "rope_parameters" in c[3] else "") for c in CASES])
 def test_gguf_converts_to_the_same_model(tmp_path, arch, ref, model_type, overrides):
     from mlxcel.backends.mlx.backend import MLXBackend
     from mlxcel.engine.tokenizer import Tokenizer
@@ -264,6 +279,7 @@ def test_gguf_converts_to_the_same_model(tmp_path, arch, ref, model_type, overri
     src = fixture_path(ref)
     if arch == "gemma3":
         src = text_tower(tmp_path, src)
+    src = reference(tmp_path, src, overrides)  # the checkpoint as llama.cpp converts and runs it
     gguf_file = tmp_path / f"{arch}.gguf"
     write_gguf(src, arch, gguf_file, "smollm", whole_vocab=False)
     out = convert(gguf_file, tmp_path / "store", f"local/{arch}-from-gguf", dtype="float32")
@@ -271,7 +287,7 @@ def test_gguf_converts_to_the_same_model(tmp_path, arch, ref, model_type, overri
     assert config["model_type"] == model_type
     _transformers_agrees(arch, gguf_file, config)
     ids = Tokenizer(src).encode(TEXT)
-    want = MLXBackend(reference(tmp_path, src, overrides), dtype="float32")
+    want = MLXBackend(src, dtype="float32")
     got = MLXBackend(out, dtype="float32")
     a = got.forward_all(ids, got.new_sequence())
     b = want.forward_all(ids, want.new_sequence())
