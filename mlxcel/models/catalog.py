@@ -135,9 +135,10 @@ Mistral's GGUFs are llama.cpp's `llama` and become a `llama` checkpoint (llama.c
 without a sliding window too), and a `llama` file with experts becomes a `mixtral` one. What a
 GGUF does not record is set as llama.cpp's own graph for that architecture assumes it (Gemma 2's
 query scale, Gemma 3's layer pattern, Qwen 3 MoE's renormalised routing weights); a long-context
-Phi-3's RoPE factors, which llama.cpp stores as tensors, become its `longrope` settings. A GGUF
-of another architecture, a tensor no table maps or a RoPE scaling other than linear is refused in
-one line that names it, and for an unknown architecture the ones that convert.
+Phi-3's RoPE factors and Llama 3.1's RoPE scaling, which llama.cpp stores as tensors, become
+their `longrope` and `llama3` settings. A GGUF of another architecture, a tensor no table maps or
+another RoPE scaling than those and linear is refused in one line that names it, and for an
+unknown architecture the ones that convert.
 
 ## Config normalisation
 

@@ -71,6 +71,8 @@ class Layout:
     # the names that are joined after reading (experts transformers keeps fused): HF name ->
     # (the read names concatenated along axis 1, in order)
     joins: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # whole-model tensors that hold settings (RoPE factors), read into the config, not weights
+    config_tensors: tuple[str, ...] = ()
 
 
 def _geometry(m: Meta, *, rope_is_head: bool = False) -> dict:
@@ -91,13 +93,40 @@ def _geometry(m: Meta, *, rope_is_head: bool = False) -> dict:
 
 
 def _rope_scaling(m: Meta) -> dict:
+    freqs = m.tensor("rope_freqs.weight")
+    if freqs is not None:
+        return _llama3_scaling(m, freqs)
     kind = m.get("rope.scaling.type")
     if kind in (None, "none"):
         return {}
     if kind == "linear":
-        return {"rope_scaling": {"rope_type": "linear", "factor": float(m.need("rope.scaling.factor"))}}
+        return {"rope_scaling": {"rope_type": "linear", "type": "linear", "factor": float(m.need("rope.scaling.factor"))}}
     raise GGUFUnsupported(f"GGUF rope scaling {kind!r} ({m.arch}.rope.scaling.type) cannot be converted; "
-                          f"supported: linear")
+                          f"supported: linear, and Llama 3's as rope_freqs")
+
+
+def _llama3_factors(theta: float, dims: int, factor: float, original: int, low: float, high: float) -> np.ndarray:
+    """The per-frequency divisors llama.cpp stores for Llama 3's RoPE scaling."""
+    wavelen = 2 * np.pi * theta ** (np.arange(0, dims, 2, dtype=np.float64) / dims)
+    smooth = (original / wavelen - low) / (high - low)
+    mid = 1 / ((1 - smooth) / factor + smooth)
+    return np.where(wavelen < original / high, 1.0, np.where(wavelen > original / low, factor, mid))
+
+
+def _llama3_scaling(m: Meta, freqs: np.ndarray) -> dict:
+    """Llama 3.1+'s RoPE scaling, which llama.cpp bakes into a rope_freqs tensor: recovered with
+    Llama 3's own constants (low / high frequency factors 1 and 4, an 8192-token original
+    context unless the file says), and refused when the tensor is not that curve."""
+    factor = float(str(np.float32(freqs.max())))
+    if factor == 1.0 and np.all(freqs == 1.0):
+        return {}
+    original = int(m.get("rope.scaling.original_context_length", 8192))
+    theta = float(m.get("rope.freq_base", 10000.0))
+    if not np.allclose(freqs, _llama3_factors(theta, 2 * len(freqs), factor, original, 1.0, 4.0), rtol=1e-5):
+        raise GGUFUnsupported(f"GGUF rope_freqs.weight is not Llama 3's RoPE scaling (factor {factor}, frequency "
+                              f"factors 1 and 4, original context {original}); it cannot be converted")
+    return {"rope_scaling": {"rope_type": "llama3", "type": "llama3", "factor": factor, "low_freq_factor": 1.0,
+                             "high_freq_factor": 4.0, "original_max_position_embeddings": original}}
 
 
 def _head(cls: str, model_type: str) -> dict:
@@ -292,16 +321,17 @@ def _granitemoe(m: Meta) -> dict:
 
 
 _GRANITE_MOE_IN = "block_sparse_moe.input_linear"
+_ROPE_FREQS = ("rope_freqs.weight",)  # the layouts whose config reads _rope_scaling
 
 LAYOUTS: dict[str, Layout] = {
-    "llama": Layout(_llama, {**_LLAMA, **_MIXTRAL_EXPERTS}, rotary_interleaved=True),
-    "qwen2": Layout(_qwen2, _LLAMA),
-    "qwen3": Layout(_qwen3, {**_LLAMA, **_QK_NORM}),
+    "llama": Layout(_llama, {**_LLAMA, **_MIXTRAL_EXPERTS}, rotary_interleaved=True, config_tensors=_ROPE_FREQS),
+    "qwen2": Layout(_qwen2, _LLAMA, config_tensors=_ROPE_FREQS),
+    "qwen3": Layout(_qwen3, {**_LLAMA, **_QK_NORM}, config_tensors=_ROPE_FREQS),
     "qwen2moe": Layout(_qwen2moe, {**_LLAMA, **_EXPERTS, "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
                                    "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
                                    "ffn_up_shexp": "mlp.shared_expert.up_proj",
-                                   "ffn_down_shexp": "mlp.shared_expert.down_proj"}),
-    "qwen3moe": Layout(_qwen3moe, {**_LLAMA, **_QK_NORM, **_EXPERTS}),
+                                   "ffn_down_shexp": "mlp.shared_expert.down_proj"}, config_tensors=_ROPE_FREQS),
+    "qwen3moe": Layout(_qwen3moe, {**_LLAMA, **_QK_NORM, **_EXPERTS}, config_tensors=_ROPE_FREQS),
     "gemma": Layout(_gemma, _LLAMA, norm_plus_one=True),
     "gemma2": Layout(_gemma2, _GEMMA2, norm_plus_one=True),
     "gemma3": Layout(_gemma3, {**_GEMMA2, **_QK_NORM}, norm_plus_one=True),
@@ -314,7 +344,8 @@ LAYOUTS: dict[str, Layout] = {
     # Phi-3 keeps transformers' fused projections: q/k/v in one tensor, gate and up in another
     "phi3": Layout(_phi3, {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
                            "attn_qkv": "self_attn.qkv_proj", "attn_output": "self_attn.o_proj",
-                           "ffn_up": "mlp.gate_up_proj", "ffn_down": "mlp.down_proj"}),
+                           "ffn_up": "mlp.gate_up_proj", "ffn_down": "mlp.down_proj"},
+                   config_tensors=("rope_factors_long.weight", "rope_factors_short.weight")),
     "starcoder2": Layout(_starcoder2, {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
                                        **_ATTN, "ffn_up": "mlp.c_fc", "ffn_down": "mlp.c_proj"}),
     "stablelm": Layout(_stablelm, _LLAMA),
@@ -323,12 +354,12 @@ LAYOUTS: dict[str, Layout] = {
     "cohere2": Layout(_cohere2, {"attn_norm": "input_layernorm", **_ATTN, **_GATED_FFN}),
     "olmo2": Layout(_olmo2, {**_ATTN, **_QK_NORM, "post_attention_norm": "post_attention_layernorm",
                              "post_ffw_norm": "post_feedforward_layernorm", **_GATED_FFN}),
-    "granite": Layout(_granite, _LLAMA, rotary_interleaved=True),
+    "granite": Layout(_granite, _LLAMA, rotary_interleaved=True, config_tensors=_ROPE_FREQS),
     # transformers keeps Granite MoE's expert gate and up projections fused, gate first
     "granitemoe": Layout(_granitemoe, {**_LLAMA, "ffn_gate_inp": "block_sparse_moe.router.layer",
                                        "ffn_gate_exps": f"{_GRANITE_MOE_IN}.gate", "ffn_up_exps": f"{_GRANITE_MOE_IN}.up",
                                        "ffn_down_exps": "block_sparse_moe.output_linear"},
-                         rotary_interleaved=True,
+                         rotary_interleaved=True, config_tensors=_ROPE_FREQS,
                          joins={f"{_GRANITE_MOE_IN}.weight": (f"{_GRANITE_MOE_IN}.gate.weight",
                                                               f"{_GRANITE_MOE_IN}.up.weight")}),
 }

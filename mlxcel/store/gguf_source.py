@@ -108,10 +108,8 @@ def read_tensors(reader, arch: str, config: dict) -> dict[str, np.ndarray]:
             stem, kind = top.groups()
             name = {"token_embd": "model.embed_tokens", "output_norm": layout.final_norm, "output": "lm_head"}[stem]
             out[f"{name}.{kind}"] = _fix_tensor(layout, stem, kind, w, config)
-        elif t.name == "rope_freqs.weight":
-            continue  # recomputed from rope_theta at load time
-        elif t.name in ("rope_factors_long.weight", "rope_factors_short.weight") and arch == "phi3":
-            continue  # the config's long-RoPE factors (gguf_layouts._phi3_long_rope)
+        elif t.name in layout.config_tensors:
+            continue  # read into the config's RoPE settings (store/gguf_layouts.py)
         else:
             raise GGUFUnsupported(f"GGUF tensor {t.name!r} has no mapping for architecture {arch!r}")
     _join(layout, out, config["num_hidden_layers"])

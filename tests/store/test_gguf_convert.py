@@ -89,6 +89,22 @@ def llama_cpp_tensors(arch: str, config: dict, tensors: dict) -> dict[str, np.nd
     return out
 
 
+def _llama3_divisors(theta: float, dims: int, s: dict) -> np.ndarray:
+    """What llama.cpp's converter computes for a Llama 3 RoPE scaling, one frequency at a time."""
+    out = []
+    low, high, original = s["low_freq_factor"], s["high_freq_factor"], s["original_max_position_embeddings"]
+    for i in range(0, dims, 2):
+        wavelen = 2 * math.pi * theta ** (i / dims)
+        if wavelen < original / high:
+            out.append(1.0)
+        elif wavelen > original / low:
+            out.append(s["factor"])
+        else:
+            smooth = (original / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / s["factor"] + smooth))
+    return np.asarray(out, dtype=np.float32)
+
+
 def _hparams(w, arch: str, c: dict, raw: dict) -> None:
     """The metadata llama.cpp writes for `arch` (its set_gguf_parameters)."""
     w.add_uint32(f"{arch}.context_length", c["max_position_embeddings"])
@@ -126,6 +142,8 @@ def _hparams(w, arch: str, c: dict, raw: dict) -> None:
     if arch in ("command-r", "cohere2"):
         w.add_float32(f"{arch}.logit_scale", c["logit_scale"])
     scaling = c.get("rope_scaling") or {}
+    if scaling.get("rope_type") == "llama3":  # baked into per-frequency divisors
+        w.add_tensor("rope_freqs.weight", _llama3_divisors(c["rope_theta"], head_dim, scaling))
     if scaling.get("rope_type") == "longrope":  # Phi-3's long RoPE: its factors as tensors
         original = c["original_max_position_embeddings"]
         factor = math.sqrt(1 + math.log(c["max_position_embeddings"] / original) / math.log(original))
@@ -227,6 +245,10 @@ CASES = [
     ("qwen3", fixtures.QWEN3_TINY, "qwen3", {}),
     ("phi3", Z("phi3"), "phi3", {}),
     ("llama", Z("mistral"), "llama", {"sliding_window": None}),  # llama.cpp's llama has no window
+    # Llama 3.1's RoPE scaling, which llama.cpp bakes into a rope_freqs tensor
+    ("llama", Z("mistral"), "llama", {"sliding_window": None, "rope_parameters": {
+        "rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192}}),
     ("llama", Z("mixtral"), "mixtral", {}),
     ("gemma2", Z("gemma2"), "gemma2", {"query_pre_attn_scalar": 16}),  # its head_dim
     ("qwen2moe", Z("qwen2_moe"), "qwen2_moe", {}),
@@ -270,7 +292,8 @@ def _transformers_agrees(arch: str, gguf_file: Path, config: dict) -> None:
 
 
 @pytest.mark.parametrize(("arch", "ref", "model_type", "overrides"), CASES,
-                         ids=[f"{c[0]}-{c[2]}" + ("-long-rope" if "rope_parameters" in c[3] else "") for c in CASES])
+                         ids=[f"{c[0]}-{c[2]}" + (f"-{c[3]['rope_parameters']['rope_type']}" if "rope_parameters" in c[3] else "")
+                              for c in CASES])
 def test_gguf_converts_to_the_same_model(tmp_path, arch, ref, model_type, overrides):
     from mlxcel.backends.mlx.backend import MLXBackend
     from mlxcel.engine.tokenizer import Tokenizer
@@ -330,6 +353,27 @@ def test_an_architecture_without_a_layout_is_refused_with_the_supported_list(tmp
     assert str(e.value) == ("GGUF architecture 'deepseek2' cannot be converted; supported: "
                             + ", ".join(sorted(GGUF_ARCHITECTURES)))
     assert not (tmp_path / "store" / "local" / "m").exists()
+
+
+def test_rope_freqs_that_are_not_llama3s_curve_are_refused(tmp_path):
+    import gguf
+
+    from mlxcel.store.convert import convert
+    from mlxcel.store.gguf_source import GGUFUnsupported
+
+    path = tmp_path / "m.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    for key, value in (("context_length", 64), ("embedding_length", 16), ("block_count", 1),
+                       ("attention.head_count", 1)):
+        w.add_uint32(f"llama.{key}", value)
+    w.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-6)
+    w.add_tensor("rope_freqs.weight", np.linspace(1, 3, 8, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(GGUFUnsupported, match=r"^GGUF rope_freqs.weight is not Llama 3's RoPE scaling \(factor 3.0"):
+        convert(path, tmp_path / "store", "local/m", dtype="float32")
 
 
 def test_every_listed_architecture_has_a_layout_and_converts_to_a_served_family():
