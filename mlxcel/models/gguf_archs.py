@@ -28,6 +28,11 @@ GGUF_ARCHITECTURES: dict[str, tuple[str, ...]] = {
     "qwen3moe": ("qwen3_moe",),
     "stablelm": ("stablelm",),
     "starcoder2": ("starcoder2",),
+    "smollm3": ("smollm3",),
+    "olmoe": ("olmoe",),
+    "glm4": ("glm4",),
+    "seed_oss": ("seed_oss",),
+    "nemotron": ("nemotron",),
 }
 
 

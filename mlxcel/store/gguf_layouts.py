@@ -320,6 +320,45 @@ def _granitemoe(m: Meta) -> dict:
             **_granite_scales(m), **_rope_scaling(m)}
 
 
+def _olmoe(m: Meta) -> dict:
+    clip = m.get("attention.clamp_kqv")
+    # llama.cpp routes OLMoE with the softmax weights as they are (no renormalising)
+    return {**_head("OlmoeForCausalLM", "olmoe"), **_geometry(m), "rms_norm_eps": m.eps("layer_norm_rms_epsilon"),
+            "hidden_act": "silu", "attention_bias": False, "num_experts": int(m.need("expert_count")),
+            "num_experts_per_tok": int(m.need("expert_used_count")), "norm_topk_prob": False,
+            "clip_qkv": float(clip) if clip else None}
+
+
+def _glm4(m: Meta) -> dict:
+    c = _geometry(m)
+    return {**_head("Glm4ForCausalLM", "glm4"), **c, "rms_norm_eps": m.eps("layer_norm_rms_epsilon"),
+            "partial_rotary_factor": int(m.need("rope.dimension_count")) / c["head_dim"], "hidden_act": "silu",
+            "attention_bias": m.has_layer_tensor("attn_q.bias")}
+
+
+def _seed_oss(m: Meta) -> dict:
+    return {**_head("SeedOssForCausalLM", "seed_oss"), **_geometry(m), "rms_norm_eps": m.eps("layer_norm_rms_epsilon"),
+            "hidden_act": "silu", "attention_bias": m.has_layer_tensor("attn_q.bias"),
+            "attention_out_bias": m.has_layer_tensor("attn_output.bias"), "mlp_bias": False, **_rope_scaling(m)}
+
+
+def _nemotron(m: Meta) -> dict:
+    c = _geometry(m)
+    return {**_head("NemotronForCausalLM", "nemotron"), **c, "norm_eps": m.eps("layer_norm_epsilon"),
+            "partial_rotary_factor": int(m.need("rope.dimension_count")) / c["head_dim"], "hidden_act": "relu2",
+            "attention_bias": False, "mlp_bias": False}
+
+
+def _smollm3(m: Meta) -> dict:
+    c = _geometry(m, rope_is_head=True)
+    # GGUF has no NoPE layout: llama.cpp builds SmolLM3 with every 4th layer without RoPE
+    interval = 4
+    return {**_head("SmolLM3ForCausalLM", "smollm3"), **c, "rms_norm_eps": m.eps("layer_norm_rms_epsilon"),
+            "hidden_act": "silu", "attention_bias": False, "mlp_bias": False, "no_rope_layer_interval": interval,
+            "no_rope_layers": [int((i + 1) % interval != 0) for i in range(c["num_hidden_layers"])],
+            **_rope_scaling(m)}
+
+
 _GRANITE_MOE_IN = "block_sparse_moe.input_linear"
 _ROPE_FREQS = ("rope_freqs.weight",)  # the layouts whose config reads _rope_scaling
 
@@ -355,6 +394,18 @@ LAYOUTS: dict[str, Layout] = {
     "olmo2": Layout(_olmo2, {**_ATTN, **_QK_NORM, "post_attention_norm": "post_attention_layernorm",
                              "post_ffw_norm": "post_feedforward_layernorm", **_GATED_FFN}),
     "granite": Layout(_granite, _LLAMA, rotary_interleaved=True, config_tensors=_ROPE_FREQS),
+    "smollm3": Layout(_smollm3, _LLAMA, rotary_interleaved=True, config_tensors=_ROPE_FREQS),
+    "olmoe": Layout(_olmoe, {**_LLAMA, **_QK_NORM, **_EXPERTS}),
+    # GLM-4 keeps gate and up fused (like Phi-3) and norms after attention and the MLP too
+    "glm4": Layout(_glm4, {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm", **_ATTN,
+                           "post_attention_norm": "post_self_attn_layernorm", "post_ffw_norm": "post_mlp_layernorm",
+                           "ffn_up": "mlp.gate_up_proj", "ffn_down": "mlp.down_proj"}),
+    # Seed-OSS: its pre-MLP norm is what llama.cpp calls post_attention_norm
+    "seed_oss": Layout(_seed_oss, {"attn_norm": "input_layernorm", "post_attention_norm": "post_attention_layernorm",
+                                   **_ATTN, **_GATED_FFN}, config_tensors=_ROPE_FREQS),
+    # Nemotron's LayerNorm1P scales by (1 + w), which llama.cpp stores; a plain MLP (relu squared)
+    "nemotron": Layout(_nemotron, {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm", **_ATTN,
+                                   "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}, norm_plus_one=True),
     # transformers keeps Granite MoE's expert gate and up projections fused, gate first
     "granitemoe": Layout(_granitemoe, {**_LLAMA, "ffn_gate_inp": "block_sparse_moe.router.layer",
                                        "ffn_gate_exps": f"{_GRANITE_MOE_IN}.gate", "ffn_up_exps": f"{_GRANITE_MOE_IN}.up",

@@ -59,7 +59,7 @@ def _fix_tensor(layout: Layout, stem: str, kind: str, w: np.ndarray, config: dic
     if layout.rotary_interleaved and kind == "weight" and stem in ("attn_q", "attn_k"):
         heads = config["num_attention_heads" if stem == "attn_q" else "num_key_value_heads"]
         return _unpermute_rotary(w, heads)
-    if layout.norm_plus_one and stem.endswith("norm"):
+    if layout.norm_plus_one and kind == "weight" and stem.endswith("norm"):
         return w - 1.0
     if stem == "ffn_gate_inp_shexp":
         return w.reshape(1, -1)  # llama.cpp's shared-expert gate is a vector, transformers' a 1-row linear

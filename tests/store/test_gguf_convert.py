@@ -26,10 +26,10 @@ from tests import fixtures
 from tests.conftest import fixture_path
 
 # a Llama's rotary pairs are interleaved by llama.cpp's converter (its q/k permutation)
-_PERMUTED = ("llama", "granite", "granitemoe")
+_PERMUTED = ("llama", "granite", "granitemoe", "smollm3")
 _FEW_TOKENS = 512
 TEXT = "The quick brown fox, 12345 times: <|im_start|>user\nhi<|im_end|>"
-_GEMMA = ("gemma", "gemma2", "gemma3")
+_NORM_PLUS_ONE = ("gemma", "gemma2", "gemma3", "nemotron")
 
 
 def _tensors(src: Path) -> dict[str, np.ndarray]:
@@ -78,7 +78,7 @@ def llama_cpp_tensors(arch: str, config: dict, tensors: dict) -> dict[str, np.nd
         assert gguf_name is not None, name
         if arch in _PERMUTED and gguf_name.endswith(("attn_q.weight", "attn_k.weight")):
             w = _permute(w, heads if "attn_q" in gguf_name else kv)
-        if arch in _GEMMA and gguf_name.endswith("norm.weight"):
+        if arch in _NORM_PLUS_ONE and gguf_name.endswith("norm.weight"):
             w = w + 1.0
         out[gguf_name] = w
     if arch == "phi2":  # the original Phi-2 release's fused q/k/v, as its GGUFs have it
@@ -121,7 +121,8 @@ def _hparams(w, arch: str, c: dict, raw: dict) -> None:
     if "rms_norm_eps" in c:
         w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", c["rms_norm_eps"])
     else:
-        w.add_float32(f"{arch}.attention.layer_norm_epsilon", c.get("layer_norm_eps") or c["norm_epsilon"])
+        w.add_float32(f"{arch}.attention.layer_norm_epsilon",
+                      c.get("layer_norm_eps") or c.get("norm_epsilon") or c["norm_eps"])
     if arch in _PERMUTED:
         w.add_uint32(f"{arch}.rope.dimension_count", head_dim)
     if "partial_rotary_factor" in c:
@@ -263,6 +264,12 @@ CASES = [
     ("granitemoe", Z("granitemoe"), "granitemoe", {}),
     ("stablelm", Z("stablelm"), "stablelm", {}),
     ("gemma3", Z("gemma3"), "gemma3_text", {}),  # its text tower (text_tower)
+    # llama.cpp's SmolLM 3 has every 4th layer without RoPE (the zoo's every 2nd)
+    ("smollm3", Z("smollm3"), "smollm3", {"no_rope_layer_interval": 4, "no_rope_layers": [1, 1]}),
+    ("olmoe", Z("olmoe"), "olmoe", {}),
+    ("glm4", Z("glm4"), "glm4", {}),
+    ("seed_oss", Z("seed_oss"), "seed_oss", {}),
+    ("nemotron", Z("nemotron"), "nemotron", {}),
     # a long-context Phi-3 as transformers 5 saves it; llama.cpp keeps the factors as tensors
     ("phi3", Z("phi3"), "phi3", {"max_position_embeddings": 16384, "original_max_position_embeddings": 4096,
                                  "rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0,
@@ -271,7 +278,7 @@ CASES = [
 ]
 # config keys transformers' own GGUF reader also derives, compared where it reads the architecture
 _SHARED_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-                "max_position_embeddings", "rope_theta", "rms_norm_eps", "layer_norm_eps", "norm_epsilon",
+                "max_position_embeddings", "rope_theta", "rms_norm_eps", "layer_norm_eps", "norm_epsilon", "norm_eps",
                 "sliding_window", "num_experts", "num_experts_per_tok", "tie_word_embeddings")
 
 
