@@ -341,12 +341,11 @@ def test_gguf_vocabulary_tokenizes_as_the_checkpoint(tmp_path, ref, pre):
     assert Tokenizer(tmp_path / "out").encode(TEXT) == Tokenizer(src).encode(TEXT)
 
 
-def test_an_architecture_without_a_layout_is_refused_with_the_supported_list(tmp_path):
+def test_an_architecture_without_a_layout_is_refused_with_the_supported_list(tmp_path, capsys):
     import gguf
 
+    from mlxcel.cli.main import main as mlxcel_main
     from mlxcel.models.gguf_archs import GGUF_ARCHITECTURES
-    from mlxcel.store.convert import convert
-    from mlxcel.store.gguf_source import GGUFUnsupported
 
     path = tmp_path / "m.gguf"
     w = gguf.GGUFWriter(str(path), "deepseek2")
@@ -355,11 +354,11 @@ def test_an_architecture_without_a_layout_is_refused_with_the_supported_list(tmp
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    with pytest.raises(GGUFUnsupported) as e:
-        convert(path, tmp_path / "store", "local/m", dtype="float32")
-    assert str(e.value) == ("GGUF architecture 'deepseek2' cannot be converted; supported: "
-                            + ", ".join(sorted(GGUF_ARCHITECTURES)))
-    assert not (tmp_path / "store" / "local" / "m").exists()
+    root = tmp_path / "store"
+    assert mlxcel_main(["convert", str(path), "--out-repo", "local/m", "--models-dir", str(root)]) == 1
+    assert capsys.readouterr().err == ("mlxcel convert: error: GGUF architecture 'deepseek2' cannot be converted; "
+                                       f"supported: {', '.join(sorted(GGUF_ARCHITECTURES))}\n")
+    assert not (root / "local" / "m").exists() and not (root / ".staging").exists()
 
 
 def test_rope_freqs_that_are_not_llama3s_curve_are_refused(tmp_path):
