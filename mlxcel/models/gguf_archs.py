@@ -33,6 +33,7 @@ GGUF_ARCHITECTURES: dict[str, tuple[str, ...]] = {
     "glm4": ("glm4",),
     "seed_oss": ("seed_oss",),
     "nemotron": ("nemotron",),
+    "lfm2": ("lfm2",),
 }
 
 

@@ -73,6 +73,8 @@ class Layout:
     joins: dict[str, tuple[str, ...]] = field(default_factory=dict)
     # whole-model tensors that hold settings (RoPE factors), read into the config, not weights
     config_tensors: tuple[str, ...] = ()
+    # whole-model tensors beyond the embedding, final norm and output: GGUF stem -> HF name
+    top: dict[str, str] = field(default_factory=dict)
 
 
 def _geometry(m: Meta, *, rope_is_head: bool = False) -> dict:
@@ -359,6 +361,21 @@ def _smollm3(m: Meta) -> dict:
             **_rope_scaling(m)}
 
 
+def _lfm2(m: Meta) -> dict:
+    # the KV head count per layer: 0 marks a short-convolution layer
+    kv = [int(n) for n in m.need("attention.head_count_kv")]
+    ff = int(m.need("feed_forward_length"))  # the MLP's size as built, so no adjusting again
+    hidden = int(m.need("embedding_length"))
+    return {**_head("Lfm2ForCausalLM", "lfm2"), "hidden_size": hidden, "num_hidden_layers": len(kv),
+            "num_attention_heads": int(m.need("attention.head_count")), "num_key_value_heads": max(kv),
+            "max_position_embeddings": int(m.need("context_length")), "rope_theta": float(m.need("rope.freq_base")),
+            "norm_eps": m.eps("layer_norm_rms_epsilon"), "conv_L_cache": int(m.need("shortconv.l_cache")),
+            "conv_bias": m.has_layer_tensor("shortconv.in_proj.bias"), "block_dim": hidden,
+            "intermediate_size": ff, "block_ff_dim": ff, "block_auto_adjust_ff_dim": False, "block_multiple_of": 256,
+            "block_ffn_dim_multiplier": 1.0, "layer_types": ["full_attention" if n else "conv" for n in kv],
+            "full_attn_idxs": [i for i, n in enumerate(kv) if n], "tie_word_embeddings": m.tied}
+
+
 _GRANITE_MOE_IN = "block_sparse_moe.input_linear"
 _ROPE_FREQS = ("rope_freqs.weight",)  # the layouts whose config reads _rope_scaling
 
@@ -404,6 +421,14 @@ LAYOUTS: dict[str, Layout] = {
     "seed_oss": Layout(_seed_oss, {"attn_norm": "input_layernorm", "post_attention_norm": "post_attention_layernorm",
                                    **_ATTN, **_GATED_FFN}, config_tensors=_ROPE_FREQS),
     # Nemotron's LayerNorm1P scales by (1 + w), which llama.cpp stores; a plain MLP (relu squared)
+    # LFM2: attention and short-convolution layers; its embedding norm is the final one
+    "lfm2": Layout(_lfm2, {"attn_norm": "operator_norm", "ffn_norm": "ffn_norm", "attn_q": "self_attn.q_proj",
+                           "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+                           "attn_output": "self_attn.out_proj", "attn_q_norm": "self_attn.q_layernorm",
+                           "attn_k_norm": "self_attn.k_layernorm", "shortconv.conv": "conv.conv",
+                           "shortconv.in_proj": "conv.in_proj", "shortconv.out_proj": "conv.out_proj",
+                           "ffn_gate": "feed_forward.w1", "ffn_up": "feed_forward.w3", "ffn_down": "feed_forward.w2"},
+                   top={"token_embd_norm": "model.embedding_norm"}),
     "nemotron": Layout(_nemotron, {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm", **_ATTN,
                                    "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}, norm_plus_one=True),
     # transformers keeps Granite MoE's expert gate and up projections fused, gate first

@@ -61,6 +61,8 @@ def _fix_tensor(layout: Layout, stem: str, kind: str, w: np.ndarray, config: dic
         return _unpermute_rotary(w, heads)
     if layout.norm_plus_one and kind == "weight" and stem.endswith("norm"):
         return w - 1.0
+    if stem == "shortconv.conv":
+        return w[:, None, :]  # llama.cpp drops the convolution's channel axis, transformers keeps it
     if stem == "ffn_gate_inp_shexp":
         return w.reshape(1, -1)  # llama.cpp's shared-expert gate is a vector, transformers' a 1-row linear
     return w
@@ -90,24 +92,25 @@ def _join(layout: Layout, tensors: dict, layers: int) -> None:
                 tensors[prefix + name] = np.concatenate([tensors.pop(k) for k in keys], axis=1)
 
 
-_BLOCK = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
-_GLOBAL = re.compile(r"^(token_embd|output_norm|output)\.(weight|bias)$")
+_BLOCK = re.compile(r"^blk\.(\d+)\.([\w.]+?)\.(weight|bias)$")
+_GLOBAL = re.compile(r"^(\w+)\.(weight|bias)$")
+_TOP = {"token_embd": "model.embed_tokens", "output": "lm_head"}
 
 
 def read_tensors(reader, arch: str, config: dict) -> dict[str, np.ndarray]:
     import gguf
 
     layout = LAYOUTS[arch]
+    names = {**_TOP, "output_norm": layout.final_norm, **layout.top}
     out: dict[str, np.ndarray] = {}
     for t in reader.tensors:
         w = np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
         block, top = _BLOCK.match(t.name), _GLOBAL.match(t.name)
         if block and (block.group(2) in layout.layers or block.group(2) in layout.splits):
             out.update(_layer_tensors(layout, *block.groups(), w, config))
-        elif top:
+        elif top and top.group(1) in names:
             stem, kind = top.groups()
-            name = {"token_embd": "model.embed_tokens", "output_norm": layout.final_norm, "output": "lm_head"}[stem]
-            out[f"{name}.{kind}"] = _fix_tensor(layout, stem, kind, w, config)
+            out[f"{names[stem]}.{kind}"] = _fix_tensor(layout, stem, kind, w, config)
         elif t.name in layout.config_tensors:
             continue  # read into the config's RoPE settings (store/gguf_layouts.py)
         else:

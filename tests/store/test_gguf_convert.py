@@ -80,6 +80,8 @@ def llama_cpp_tensors(arch: str, config: dict, tensors: dict) -> dict[str, np.nd
             w = _permute(w, heads if "attn_q" in gguf_name else kv)
         if arch in _NORM_PLUS_ONE and gguf_name.endswith("norm.weight"):
             w = w + 1.0
+        if gguf_name.endswith("shortconv.conv.weight"):
+            w = w[:, 0, :]  # LFM2's depthwise kernel without its channel axis
         out[gguf_name] = w
     if arch == "phi2":  # the original Phi-2 release's fused q/k/v, as its GGUFs have it
         for layer in range(config["num_hidden_layers"]):
@@ -105,21 +107,26 @@ def _llama3_divisors(theta: float, dims: int, s: dict) -> np.ndarray:
     return np.asarray(out, dtype=np.float32)
 
 
-def _hparams(w, arch: str, c: dict, raw: dict) -> None:
-    """The metadata llama.cpp writes for `arch` (its set_gguf_parameters)."""
+def _hparams(w, arch: str, c: dict, raw: dict, ff: int) -> None:
+    """The metadata llama.cpp writes for `arch` (its set_gguf_parameters); `ff`: the MLP's size."""
     w.add_uint32(f"{arch}.context_length", c["max_position_embeddings"])
     w.add_uint32(f"{arch}.embedding_length", c["hidden_size"])
-    w.add_uint32(f"{arch}.feed_forward_length", c["intermediate_size"])
+    w.add_uint32(f"{arch}.feed_forward_length", ff)
     w.add_uint32(f"{arch}.block_count", c["num_hidden_layers"])
     w.add_uint32(f"{arch}.attention.head_count", c["num_attention_heads"])
-    w.add_uint32(f"{arch}.attention.head_count_kv", c.get("num_key_value_heads", c["num_attention_heads"]))
+    kv = c.get("num_key_value_heads", c["num_attention_heads"])
+    if arch == "lfm2":  # per layer, 0 on a short-convolution layer
+        w.add_array(f"{arch}.attention.head_count_kv", [kv if t == "full_attention" else 0 for t in c["layer_types"]])
+        w.add_uint32(f"{arch}.shortconv.l_cache", c["conv_L_cache"])
+    else:
+        w.add_uint32(f"{arch}.attention.head_count_kv", kv)
     w.add_float32(f"{arch}.rope.freq_base", c["rope_theta"])
     head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
     if "head_dim" in raw:
         w.add_uint32(f"{arch}.attention.key_length", head_dim)
         w.add_uint32(f"{arch}.attention.value_length", head_dim)
-    if "rms_norm_eps" in c:
-        w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", c["rms_norm_eps"])
+    if "rms_norm_eps" in c or arch == "lfm2":  # LFM2's norm_eps is an RMSNorm's
+        w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", c.get("rms_norm_eps") or c["norm_eps"])
     else:
         w.add_float32(f"{arch}.attention.layer_norm_epsilon",
                       c.get("layer_norm_eps") or c.get("norm_epsilon") or c["norm_eps"])
@@ -192,8 +199,11 @@ def write_gguf(src: Path, arch: str, path: Path, pre: str, *, whole_vocab: bool 
     w = gguf.GGUFWriter(str(path), arch)
     _vocab(w, src, config, pre, whole_vocab)
     if weights:
-        _hparams(w, arch, config, json.loads((src / "config.json").read_text()))
-        for name, t in llama_cpp_tensors(arch, config, _tensors(src)).items():
+        tensors = llama_cpp_tensors(arch, config, _tensors(src))
+        # the MLP as built (LFM2 adjusts its configured size), else the config's
+        ff = tensors["blk.0.ffn_gate.weight"].shape[0] if arch == "lfm2" else config["intermediate_size"]
+        _hparams(w, arch, config, json.loads((src / "config.json").read_text()), ff)
+        for name, t in tensors.items():
             w.add_tensor(name, t)
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -270,6 +280,7 @@ CASES = [
     ("glm4", Z("glm4"), "glm4", {}),
     ("seed_oss", Z("seed_oss"), "seed_oss", {}),
     ("nemotron", Z("nemotron"), "nemotron", {}),
+    ("lfm2", Z("lfm2"), "lfm2", {}),
     # a long-context Phi-3 as transformers 5 saves it; llama.cpp keeps the factors as tensors
     ("phi3", Z("phi3"), "phi3", {"max_position_embeddings": 16384, "original_max_position_embeddings": 4096,
                                  "rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0,
