@@ -19,7 +19,7 @@ GGUF_ARCHITECTURES: dict[str, tuple[str, ...]] = {
     "gemma3": ("gemma3_text",),
     "granite": ("granite",),
     "granitemoe": ("granitemoe",),
-    "olmo2": ("olmo2",),
+    "olmo2": ("olmo2", "olmo3"),  # OLMo 3: olmo2 with a sliding window
     "phi2": ("phi",),
     "phi3": ("phi3",),
     "qwen2": ("qwen2",),
@@ -34,6 +34,7 @@ GGUF_ARCHITECTURES: dict[str, tuple[str, ...]] = {
     "seed_oss": ("seed_oss",),
     "nemotron": ("nemotron",),
     "lfm2": ("lfm2",),
+    "ernie4_5": ("ernie4_5",),
 }
 
 

@@ -286,6 +286,10 @@ def _command_r(m: Meta) -> dict:
 
 def _cohere2(m: Meta) -> dict:
     c = _geometry(m)
+    rotary = m.get("rope.dimension_count")
+    if rotary is not None and int(rotary) != c["head_dim"]:
+        raise GGUFUnsupported(f"GGUF {m.arch}.rope.dimension_count {rotary} rotates part of each head; the "
+                              f"family's modules rotate all {c['head_dim']} dimensions")
     # llama.cpp builds Cohere 2 with every 4th layer global (and without RoPE), as transformers does
     pattern = 4
     return {**_head("Cohere2ForCausalLM", "cohere2"), **c, "layer_norm_eps": m.eps("layer_norm_epsilon"),
@@ -297,8 +301,17 @@ def _cohere2(m: Meta) -> dict:
 
 
 def _olmo2(m: Meta) -> dict:
-    return {**_head("Olmo2ForCausalLM", "olmo2"), **_geometry(m), "rms_norm_eps": m.eps("layer_norm_rms_epsilon"),
-            "hidden_act": "silu", "attention_bias": False}
+    c = {**_geometry(m), "rms_norm_eps": m.eps("layer_norm_rms_epsilon"), "hidden_act": "silu",
+         "attention_bias": False, **_rope_scaling(m)}
+    window = m.get("attention.sliding_window")
+    if not window:
+        return {**_head("Olmo2ForCausalLM", "olmo2"), **c}
+    # OLMo 3 is llama.cpp's olmo2 with a window, its layout stored per layer (true: sliding)
+    sliding = m.get("attention.sliding_window_pattern")
+    if sliding is None:  # OLMo 3's own default: every 4th layer global
+        sliding = [(i + 1) % 4 != 0 for i in range(c["num_hidden_layers"])]
+    return {**_head("Olmo3ForCausalLM", "olmo3"), **c, "sliding_window": int(window),
+            "layer_types": ["sliding_attention" if s else "full_attention" for s in sliding]}
 
 
 def _granite_scales(m: Meta) -> dict:
@@ -348,7 +361,7 @@ def _nemotron(m: Meta) -> dict:
     c = _geometry(m)
     return {**_head("NemotronForCausalLM", "nemotron"), **c, "norm_eps": m.eps("layer_norm_epsilon"),
             "partial_rotary_factor": int(m.need("rope.dimension_count")) / c["head_dim"], "hidden_act": "relu2",
-            "attention_bias": False, "mlp_bias": False}
+            "attention_bias": False, "mlp_bias": False, **_rope_scaling(m)}
 
 
 def _smollm3(m: Meta) -> dict:
@@ -359,6 +372,11 @@ def _smollm3(m: Meta) -> dict:
             "hidden_act": "silu", "attention_bias": False, "mlp_bias": False, "no_rope_layer_interval": interval,
             "no_rope_layers": [int((i + 1) % interval != 0) for i in range(c["num_hidden_layers"])],
             **_rope_scaling(m)}
+
+
+def _ernie4_5(m: Meta) -> dict:
+    return {**_head("Ernie4_5ForCausalLM", "ernie4_5"), **_geometry(m), "rms_norm_eps": m.eps("layer_norm_rms_epsilon"),
+            "hidden_act": "silu", "use_bias": m.has_layer_tensor("attn_q.bias"), **_rope_scaling(m)}
 
 
 def _lfm2(m: Meta) -> dict:
@@ -409,7 +427,7 @@ LAYOUTS: dict[str, Layout] = {
     "command-r": Layout(_command_r, {"attn_norm": "input_layernorm", **_ATTN, **_GATED_FFN, **_QK_NORM}),
     "cohere2": Layout(_cohere2, {"attn_norm": "input_layernorm", **_ATTN, **_GATED_FFN}),
     "olmo2": Layout(_olmo2, {**_ATTN, **_QK_NORM, "post_attention_norm": "post_attention_layernorm",
-                             "post_ffw_norm": "post_feedforward_layernorm", **_GATED_FFN}),
+                             "post_ffw_norm": "post_feedforward_layernorm", **_GATED_FFN}, config_tensors=_ROPE_FREQS),
     "granite": Layout(_granite, _LLAMA, rotary_interleaved=True, config_tensors=_ROPE_FREQS),
     "smollm3": Layout(_smollm3, _LLAMA, rotary_interleaved=True, config_tensors=_ROPE_FREQS),
     "olmoe": Layout(_olmoe, {**_LLAMA, **_QK_NORM, **_EXPERTS}),
@@ -421,6 +439,8 @@ LAYOUTS: dict[str, Layout] = {
     "seed_oss": Layout(_seed_oss, {"attn_norm": "input_layernorm", "post_attention_norm": "post_attention_layernorm",
                                    **_ATTN, **_GATED_FFN}, config_tensors=_ROPE_FREQS),
     # Nemotron's LayerNorm1P scales by (1 + w), which llama.cpp stores; a plain MLP (relu squared)
+    # ERNIE 4.5's rotary is interleaved in transformers too, so llama.cpp leaves q/k as they are
+    "ernie4_5": Layout(_ernie4_5, _LLAMA, config_tensors=_ROPE_FREQS),
     # LFM2: attention and short-convolution layers; its embedding norm is the final one
     "lfm2": Layout(_lfm2, {"attn_norm": "operator_norm", "ffn_norm": "ffn_norm", "attn_q": "self_attn.q_proj",
                            "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
@@ -430,7 +450,8 @@ LAYOUTS: dict[str, Layout] = {
                            "ffn_gate": "feed_forward.w1", "ffn_up": "feed_forward.w3", "ffn_down": "feed_forward.w2"},
                    top={"token_embd_norm": "model.embedding_norm"}),
     "nemotron": Layout(_nemotron, {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm", **_ATTN,
-                                   "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}, norm_plus_one=True),
+                                   "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}, norm_plus_one=True,
+                       config_tensors=_ROPE_FREQS),
     # transformers keeps Granite MoE's expert gate and up projections fused, gate first
     "granitemoe": Layout(_granitemoe, {**_LLAMA, "ffn_gate_inp": "block_sparse_moe.router.layer",
                                        "ffn_gate_exps": f"{_GRANITE_MOE_IN}.gate", "ffn_up_exps": f"{_GRANITE_MOE_IN}.up",

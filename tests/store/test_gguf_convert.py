@@ -142,8 +142,10 @@ def _hparams(w, arch: str, c: dict, raw: dict, ff: int) -> None:
         w.add_uint32(f"{arch}.expert_feed_forward_length", c["moe_intermediate_size"])
     if c.get("shared_expert_intermediate_size"):
         w.add_uint32(f"{arch}.expert_shared_feed_forward_length", c["shared_expert_intermediate_size"])
-    if arch in ("gemma2", "gemma3", "cohere2"):
+    if arch in ("gemma2", "gemma3", "cohere2") or (arch == "olmo2" and c.get("sliding_window")):
         w.add_uint32(f"{arch}.attention.sliding_window", c["sliding_window"])
+    if arch == "olmo2" and c.get("sliding_window"):  # OLMo 3: the layout per layer, true where sliding
+        w.add_array(f"{arch}.attention.sliding_window_pattern", [t == "sliding_attention" for t in c["layer_types"]])
     if arch == "gemma2":
         w.add_float32(f"{arch}.attn_logit_softcapping", c["attn_logit_softcapping"])
         w.add_float32(f"{arch}.final_logit_softcapping", c["final_logit_softcapping"])
@@ -270,6 +272,7 @@ CASES = [
     ("command-r", Z("cohere"), "cohere", {}),
     ("cohere2", Z("cohere2"), "cohere2", {}),
     ("olmo2", Z("olmo2"), "olmo2", {}),
+    ("olmo2", Z("olmo3"), "olmo3", {}),
     ("granite", Z("granite"), "granite", {}),
     ("granitemoe", Z("granitemoe"), "granitemoe", {}),
     ("stablelm", Z("stablelm"), "stablelm", {}),
@@ -281,12 +284,15 @@ CASES = [
     ("seed_oss", Z("seed_oss"), "seed_oss", {}),
     ("nemotron", Z("nemotron"), "nemotron", {}),
     ("lfm2", Z("lfm2"), "lfm2", {}),
+    ("ernie4_5", Z("ernie4_5"), "ernie4_5", {}),
     # a long-context Phi-3 as transformers 5 saves it; llama.cpp keeps the factors as tensors
     ("phi3", Z("phi3"), "phi3", {"max_position_embeddings": 16384, "original_max_position_embeddings": 4096,
                                  "rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0,
                                                      "long_factor": [1.0 + i for i in range(8)],
                                                      "short_factor": [1.0 + i / 10 for i in range(8)]}}),
 ]
+_LAYOUT_KEYS = ("layer_types", "sliding_window", "head_dim", "partial_rotary_factor", "rope_theta", "no_rope_layers",
+                "num_experts_per_tok", "max_position_embeddings")
 # config keys transformers' own GGUF reader also derives, compared where it reads the architecture
 _SHARED_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
                 "max_position_embeddings", "rope_theta", "rms_norm_eps", "layer_norm_eps", "norm_epsilon", "norm_eps",
@@ -315,6 +321,7 @@ def _transformers_agrees(arch: str, gguf_file: Path, config: dict) -> None:
 def test_gguf_converts_to_the_same_model(tmp_path, arch, ref, model_type, overrides):
     from mlxcel.backends.mlx.backend import MLXBackend
     from mlxcel.engine.tokenizer import Tokenizer
+    from mlxcel.models.checkpoint_config import read_config
     from mlxcel.store.convert import convert
 
     src = fixture_path(ref)
@@ -326,6 +333,9 @@ def test_gguf_converts_to_the_same_model(tmp_path, arch, ref, model_type, overri
     out = convert(gguf_file, tmp_path / "store", f"local/{arch}-from-gguf", dtype="float32")
     config = json.loads((out / "config.json").read_text())
     assert config["model_type"] == model_type
+    want = read_config(src)  # the layout keys a short prompt's logits cannot tell apart
+    assert {k: config[k] for k in _LAYOUT_KEYS if k in config and k in want} == \
+        {k: want[k] for k in _LAYOUT_KEYS if k in config and k in want}
     _transformers_agrees(arch, gguf_file, config)
     ids = Tokenizer(src).encode(TEXT)
     want = MLXBackend(src, dtype="float32")
