@@ -102,7 +102,8 @@ def _rope_scaling(m: Meta) -> dict:
     if kind in (None, "none"):
         return {}
     if kind == "linear":
-        return {"rope_scaling": {"rope_type": "linear", "type": "linear", "factor": float(m.need("rope.scaling.factor"))}}
+        factor = float(m.need("rope.scaling.factor"))
+        return {"rope_scaling": {"rope_type": "linear", "type": "linear", "factor": factor}}
     raise GGUFUnsupported(f"GGUF rope scaling {kind!r} ({m.arch}.rope.scaling.type) cannot be converted; "
                           f"supported: linear, and Llama 3's as rope_freqs")
 
@@ -143,7 +144,8 @@ _QK_NORM = {"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"
 _EXPERTS = {"ffn_gate_inp": "mlp.gate", "ffn_gate_exps": "mlp.experts.{e}.gate_proj",
             "ffn_up_exps": "mlp.experts.{e}.up_proj", "ffn_down_exps": "mlp.experts.{e}.down_proj"}
 _MIXTRAL_EXPERTS = {"ffn_gate_inp": "block_sparse_moe.gate", "ffn_gate_exps": "block_sparse_moe.experts.{e}.w1",
-                    "ffn_down_exps": "block_sparse_moe.experts.{e}.w2", "ffn_up_exps": "block_sparse_moe.experts.{e}.w3"}
+                    "ffn_down_exps": "block_sparse_moe.experts.{e}.w2",
+                    "ffn_up_exps": "block_sparse_moe.experts.{e}.w3"}
 _GEMMA2 = {"attn_norm": "input_layernorm", "post_attention_norm": "post_attention_layernorm",
            "ffn_norm": "pre_feedforward_layernorm", "post_ffw_norm": "post_feedforward_layernorm",
            **_ATTN, **_GATED_FFN}
@@ -454,7 +456,8 @@ LAYOUTS: dict[str, Layout] = {
                        config_tensors=_ROPE_FREQS),
     # transformers keeps Granite MoE's expert gate and up projections fused, gate first
     "granitemoe": Layout(_granitemoe, {**_LLAMA, "ffn_gate_inp": "block_sparse_moe.router.layer",
-                                       "ffn_gate_exps": f"{_GRANITE_MOE_IN}.gate", "ffn_up_exps": f"{_GRANITE_MOE_IN}.up",
+                                       "ffn_gate_exps": f"{_GRANITE_MOE_IN}.gate",
+                                       "ffn_up_exps": f"{_GRANITE_MOE_IN}.up",
                                        "ffn_down_exps": "block_sparse_moe.output_linear"},
                          rotary_interleaved=True, config_tensors=_ROPE_FREQS,
                          joins={f"{_GRANITE_MOE_IN}.weight": (f"{_GRANITE_MOE_IN}.gate.weight",
