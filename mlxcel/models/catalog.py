@@ -136,9 +136,10 @@ without a sliding window too), and a `llama` file with experts becomes a `mixtra
 GGUF does not record is set as llama.cpp's own graph for that architecture assumes it (Gemma 2's
 query scale, Gemma 3's layer pattern, Qwen 3 MoE's renormalised routing weights); a long-context
 Phi-3's RoPE factors and Llama 3.1's RoPE scaling, which llama.cpp stores as tensors, become
-their `longrope` and `llama3` settings. A GGUF of another architecture, a tensor no table maps or
-another RoPE scaling than those and linear is refused in one line that names it, and for an
-unknown architecture the ones that convert.
+their `longrope` and `llama3` settings; linear and YaRN scaling come from the metadata. A GGUF
+of another architecture, a tensor no table maps or another RoPE scaling is refused in one line
+that names it, and for an unknown architecture the ones that convert. Quantized tensors
+(llama.cpp's K-quants, gpt-oss's MXFP4 experts, ...) are dequantized with the `gguf` package.
 
 ## Config normalisation
 

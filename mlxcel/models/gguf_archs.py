@@ -35,6 +35,7 @@ GGUF_ARCHITECTURES: dict[str, tuple[str, ...]] = {
     "nemotron": ("nemotron",),
     "lfm2": ("lfm2",),
     "ernie4_5": ("ernie4_5",),
+    "gpt-oss": ("gpt_oss",),
 }
 
 

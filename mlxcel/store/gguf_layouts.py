@@ -75,6 +75,8 @@ class Layout:
     config_tensors: tuple[str, ...] = ()
     # whole-model tensors beyond the embedding, final norm and output: GGUF stem -> HF name
     top: dict[str, str] = field(default_factory=dict)
+    # HF stems that name a bare parameter, written without a .weight / .bias suffix
+    bare: tuple[str, ...] = ()
 
 
 def _geometry(m: Meta, *, rope_is_head: bool = False) -> dict:
@@ -101,11 +103,18 @@ def _rope_scaling(m: Meta) -> dict:
     kind = m.get("rope.scaling.type")
     if kind in (None, "none"):
         return {}
+    factor = float(m.need("rope.scaling.factor"))
     if kind == "linear":
-        factor = float(m.need("rope.scaling.factor"))
         return {"rope_scaling": {"rope_type": "linear", "type": "linear", "factor": factor}}
+    if kind == "yarn":
+        block = {"rope_type": "yarn", "type": "yarn", "factor": factor,
+                 "original_max_position_embeddings": int(m.need("rope.scaling.original_context_length"))}
+        for key in ("beta_fast", "beta_slow"):
+            if m.get(f"rope.scaling.yarn_{key}") is not None:
+                block[key] = float(m.get(f"rope.scaling.yarn_{key}"))
+        return {"rope_scaling": block}
     raise GGUFUnsupported(f"GGUF rope scaling {kind!r} ({m.arch}.rope.scaling.type) cannot be converted; "
-                          f"supported: linear, and Llama 3's as rope_freqs")
+                          f"supported: linear, yarn, and Llama 3's as rope_freqs")
 
 
 def _llama3_factors(theta: float, dims: int, factor: float, original: int, low: float, high: float) -> np.ndarray:
@@ -396,6 +405,19 @@ def _lfm2(m: Meta) -> dict:
             "full_attn_idxs": [i for i, n in enumerate(kv) if n], "tie_word_embeddings": m.tied}
 
 
+def _gpt_oss(m: Meta) -> dict:
+    c = _geometry(m)
+    scaling = _rope_scaling(m)
+    if "rope_scaling" in scaling:  # gpt-oss's YaRN keeps its correction range unrounded
+        scaling["rope_scaling"]["truncate"] = False
+    # every other layer local, the first one included, as llama.cpp and transformers build them
+    types = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(c["num_hidden_layers"])]
+    return {**_head("GptOssForCausalLM", "gpt_oss"), **c, "intermediate_size": int(m.need("expert_feed_forward_length")),
+            "rms_norm_eps": m.eps("layer_norm_rms_epsilon"), "hidden_act": "silu", "attention_bias": True,
+            "num_local_experts": int(m.need("expert_count")), "num_experts_per_tok": int(m.need("expert_used_count")),
+            "sliding_window": int(m.need("attention.sliding_window")), "layer_types": types, **scaling}
+
+
 _GRANITE_MOE_IN = "block_sparse_moe.input_linear"
 _ROPE_FREQS = ("rope_freqs.weight",)  # the layouts whose config reads _rope_scaling
 
@@ -443,6 +465,12 @@ LAYOUTS: dict[str, Layout] = {
     # Nemotron's LayerNorm1P scales by (1 + w), which llama.cpp stores; a plain MLP (relu squared)
     # ERNIE 4.5's rotary is interleaved in transformers too, so llama.cpp leaves q/k as they are
     "ernie4_5": Layout(_ernie4_5, _LLAMA, config_tensors=_ROPE_FREQS),
+    # gpt-oss: the experts stay stacked, split into gate and up as llama.cpp stores them (mlx-lm's
+    # own layout for them); attention sinks are a bare parameter
+    "gpt-oss": Layout(_gpt_oss, {"attn_norm": "input_layernorm", "post_attention_norm": "post_attention_layernorm",
+                                 **_ATTN, "attn_sinks": "self_attn.sinks", "ffn_gate_inp": "mlp.router",
+                                 "ffn_gate_exps": "mlp.experts.gate_proj", "ffn_up_exps": "mlp.experts.up_proj",
+                                 "ffn_down_exps": "mlp.experts.down_proj"}, bare=("self_attn.sinks",)),
     # LFM2: attention and short-convolution layers; its embedding norm is the final one
     "lfm2": Layout(_lfm2, {"attn_norm": "operator_norm", "ffn_norm": "ffn_norm", "attn_q": "self_attn.q_proj",
                            "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",

@@ -80,7 +80,7 @@ def _layer_tensors(layout: Layout, layer: str, stem: str, kind: str, w: np.ndarr
     w = _fix_tensor(layout, stem, kind, w, config)
     if "{e}" in hf:  # llama.cpp stacks the experts; transformers' layout has one tensor each
         return {f"{prefix}{hf.format(e=e)}.{kind}": w[e] for e in range(w.shape[0])}
-    return {f"{prefix}{hf}.{kind}": w}
+    return {f"{prefix}{hf}" + ("" if hf in layout.bare else f".{kind}"): w}
 
 
 def _join(layout: Layout, tensors: dict, layers: int) -> None:

@@ -74,6 +74,17 @@ def llama_cpp_tensors(arch: str, config: dict, tensors: dict) -> dict[str, np.nd
     out = {}
     for name, w in _stack_experts(tensors).items():
         layer = name.split(".")[2] if name.startswith("model.layers.") else None
+        if ".experts.gate_up_proj" in name:  # gpt-oss: [experts, in, gate/up interleaved], split
+            w = w if name.endswith("_bias") else w.swapaxes(-1, -2)
+            kind = "bias" if name.endswith("_bias") else "weight"
+            out[f"blk.{layer}.ffn_gate_exps.{kind}"], out[f"blk.{layer}.ffn_up_exps.{kind}"] = w[:, ::2], w[:, 1::2]
+            continue
+        if ".experts.down_proj" in name:  # gpt-oss: [experts, in, out], stored [experts, out, in]
+            kind = "bias" if name.endswith("_bias") else "weight"
+            out[f"blk.{layer}.ffn_down_exps.{kind}"] = w if kind == "bias" else w.swapaxes(-1, -2)
+            continue
+        if name.endswith(".sinks"):
+            name += ".weight"
         if name.endswith("block_sparse_moe.input_linear.weight"):  # Granite MoE: gate and up, fused
             gate, up = np.split(w, 2, axis=1)
             out[f"blk.{layer}.ffn_gate_exps.weight"], out[f"blk.{layer}.ffn_up_exps.weight"] = gate, up
@@ -142,11 +153,11 @@ def _hparams(w, arch: str, c: dict, raw: dict, ff: int) -> None:
     if experts:
         w.add_uint32(f"{arch}.expert_count", experts)
         w.add_uint32(f"{arch}.expert_used_count", c["num_experts_per_tok"])
-    if "moe_intermediate_size" in c:
-        w.add_uint32(f"{arch}.expert_feed_forward_length", c["moe_intermediate_size"])
+    if "moe_intermediate_size" in c or arch == "gpt-oss":
+        w.add_uint32(f"{arch}.expert_feed_forward_length", c.get("moe_intermediate_size") or c["intermediate_size"])
     if c.get("shared_expert_intermediate_size"):
         w.add_uint32(f"{arch}.expert_shared_feed_forward_length", c["shared_expert_intermediate_size"])
-    if arch in ("gemma2", "gemma3", "cohere2") or (arch == "olmo2" and c.get("sliding_window")):
+    if arch in ("gemma2", "gemma3", "cohere2", "gpt-oss") or (arch == "olmo2" and c.get("sliding_window")):
         w.add_uint32(f"{arch}.attention.sliding_window", c["sliding_window"])
     if arch == "olmo2" and c.get("sliding_window"):  # OLMo 3: the layout per layer, true where sliding
         w.add_array(f"{arch}.attention.sliding_window_pattern", [t == "sliding_attention" for t in c["layer_types"]])
@@ -158,6 +169,10 @@ def _hparams(w, arch: str, c: dict, raw: dict, ff: int) -> None:
     scaling = c.get("rope_scaling") or {}
     if scaling.get("rope_type") == "llama3":  # baked into per-frequency divisors
         w.add_tensor("rope_freqs.weight", _llama3_divisors(c["rope_theta"], head_dim, scaling))
+    if scaling.get("rope_type") == "yarn":
+        w.add_string(f"{arch}.rope.scaling.type", "yarn")
+        w.add_float32(f"{arch}.rope.scaling.factor", scaling["factor"])
+        w.add_uint32(f"{arch}.rope.scaling.original_context_length", scaling["original_max_position_embeddings"])
     if scaling.get("rope_type") == "longrope":  # Phi-3's long RoPE: its factors as tensors
         original = c["original_max_position_embeddings"]
         factor = math.sqrt(1 + math.log(c["max_position_embeddings"] / original) / math.log(original))
@@ -289,6 +304,7 @@ CASES = [
     ("nemotron", Z("nemotron"), "nemotron", {}),
     ("lfm2", Z("lfm2"), "lfm2", {}),
     ("ernie4_5", Z("ernie4_5"), "ernie4_5", {}),
+    ("gpt-oss", Z("gpt_oss"), "gpt_oss", {}),
     # a long-context Phi-3 as transformers 5 saves it; llama.cpp keeps the factors as tensors
     ("phi3", Z("phi3"), "phi3", {"max_position_embeddings": 16384, "original_max_position_embeddings": 4096,
                                  "rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0,
