@@ -74,12 +74,13 @@ def llama_cpp_tensors(arch: str, config: dict, tensors: dict) -> dict[str, np.nd
     out = {}
     for name, w in _stack_experts(tensors).items():
         layer = name.split(".")[2] if name.startswith("model.layers.") else None
-        if ".experts.gate_up_proj" in name:  # gpt-oss: [experts, in, gate/up interleaved], split
+        # gpt-oss's bare expert tensors: [experts, in, out] with gate and up interleaved in out
+        if name.endswith((".experts.gate_up_proj", ".experts.gate_up_proj_bias")):
             w = w if name.endswith("_bias") else w.swapaxes(-1, -2)
             kind = "bias" if name.endswith("_bias") else "weight"
             out[f"blk.{layer}.ffn_gate_exps.{kind}"], out[f"blk.{layer}.ffn_up_exps.{kind}"] = w[:, ::2], w[:, 1::2]
             continue
-        if ".experts.down_proj" in name:  # gpt-oss: [experts, in, out], stored [experts, out, in]
+        if name.endswith((".experts.down_proj", ".experts.down_proj_bias")):
             kind = "bias" if name.endswith("_bias") else "weight"
             out[f"blk.{layer}.ffn_down_exps.{kind}"] = w if kind == "bias" else w.swapaxes(-1, -2)
             continue
@@ -209,9 +210,15 @@ def _vocab(w, src: Path, config: dict, pre: str, whole: bool) -> None:
             w.add_uint32(f"tokenizer.ggml.{key}", config[key])
 
 
-def write_gguf(src: Path, arch: str, path: Path, pre: str, *, whole_vocab: bool = True, weights: bool = True) -> None:
+def _quantizable(w: np.ndarray) -> bool:
+    return w.ndim >= 2 and w.shape[-1] % 32 == 0  # whole blocks of 32 along each row
+
+
+def write_gguf(src: Path, arch: str, path: Path, pre: str, *, whole_vocab: bool = True, weights: bool = True,
+               quant=None) -> None:
     """The checkpoint `src` as a float32 GGUF of `arch`, keyed as llama.cpp writes it; `pre`:
-    llama.cpp's name for the tokenizer's pre-tokenizer. Without `weights`: its vocabulary only."""
+    llama.cpp's name for the tokenizer's pre-tokenizer. Without `weights`: its vocabulary only.
+    `quant`: a GGML type every matrix is stored in instead."""
     import gguf
 
     from mlxcel.models.checkpoint_config import read_config
@@ -225,7 +232,10 @@ def write_gguf(src: Path, arch: str, path: Path, pre: str, *, whole_vocab: bool 
         ff = tensors["blk.0.ffn_gate.weight"].shape[0] if arch == "lfm2" else config["intermediate_size"]
         _hparams(w, arch, config, json.loads((src / "config.json").read_text()), ff)
         for name, t in tensors.items():
-            w.add_tensor(name, t)
+            if quant is not None and _quantizable(t):
+                w.add_tensor(name, gguf.quants.quantize(t, quant), raw_dtype=quant)
+            else:
+                w.add_tensor(name, t)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -366,6 +376,47 @@ def test_gguf_converts_to_the_same_model(tmp_path, arch, ref, model_type, overri
     a = got.forward_all(ids, got.new_sequence())
     b = want.forward_all(ids, want.new_sequence())
     assert float(np.abs(a - b).max()) <= 1e-5
+
+
+def dequantized(tmp: Path, src: Path, quant) -> Path:
+    """`src` with every matrix as `quant` stores it. Its blocks run along each row, so the row
+    permutations and expert stacking of llama.cpp's converter leave them as they are."""
+    import gguf
+    from safetensors.numpy import save_file
+
+    out = tmp / "dequantized"
+    out.mkdir()
+    for f in src.iterdir():
+        if f.suffix != ".safetensors":
+            (out / f.name).symlink_to(f.resolve())
+    tensors = {k: gguf.quants.dequantize(gguf.quants.quantize(w, quant), quant) if _quantizable(w) else w
+               for k, w in _tensors(src).items()}
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return out
+
+
+@pytest.mark.parametrize(("arch", "ref", "quant", "overrides"), [
+    ("llama", Z("mistral"), "Q4_0", {"sliding_window": None}),
+    ("qwen2moe", Z("qwen2_moe"), "Q8_0", {}),
+])
+def test_quantized_gguf_converts_to_the_weights_it_stores(tmp_path, arch, ref, quant, overrides):
+    """A GGUF as llama.cpp's quantizer leaves it: the conversion serves the dequantized weights."""
+    import gguf
+
+    from mlxcel.backends.mlx.backend import MLXBackend
+    from mlxcel.engine.tokenizer import Tokenizer
+    from mlxcel.store.convert import convert
+
+    qtype = gguf.GGMLQuantizationType[quant]
+    src = reference(tmp_path, fixture_path(ref), overrides)
+    path = tmp_path / "q.gguf"
+    write_gguf(src, arch, path, "smollm", whole_vocab=False, quant=qtype)
+    out = convert(path, tmp_path / "store", "local/q", dtype="float32")
+    ids = Tokenizer(src).encode(TEXT)
+    got, want, full = (MLXBackend(p, dtype="float32") for p in (out, dequantized(tmp_path, src, qtype), src))
+    logits = [b.forward_all(ids, b.new_sequence()) for b in (got, want, full)]
+    assert float(np.abs(logits[0] - logits[1]).max()) <= 1e-5
+    assert float(np.abs(logits[0] - logits[2]).max()) > 1e-4  # the matrices were stored quantized
 
 
 @pytest.mark.parametrize(("ref", "pre"), [(fixtures.QWEN2_TINY, "qwen2"), (fixtures.QWEN3_TINY, "qwen2"),
