@@ -70,6 +70,7 @@ def build_litestar(state: AppState) -> Litestar:
 def build_app(state: AppState):
     """The served ASGI app: Litestar, its streaming answers recorded for resumption
     (api/stream_resume), behind the API-key and CORS gate."""
+    from mlxcel.api.model_names import NameHeader
     from mlxcel.api.security import wrap_app
 
-    return wrap_app(wrap_streams(build_litestar(state), state), state.settings)
+    return wrap_app(NameHeader(wrap_streams(build_litestar(state), state)), state.settings)

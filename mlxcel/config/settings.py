@@ -30,6 +30,7 @@ class SourceSection:
     offline: bool = False
     hf_token: str | None = None
     alias: list[str] = field(default_factory=list)
+    any_model_name: bool = False  # --any-model-name: every requested name is served by the loaded model
     tags: list[str] = field(default_factory=list)  # --tags: informational, reported on /v1/models
 
 

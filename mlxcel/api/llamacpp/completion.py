@@ -18,6 +18,7 @@ from mlxcel.api.body import check_count, read_json_object
 from mlxcel.api.errors import ApiError, engine_error, native_type
 from mlxcel.api.llamacpp import native_grammar, render
 from mlxcel.api.llamacpp.native_params import NativeRequest, parse_native, with_prompt
+from mlxcel.api.model_names import name_rule
 from mlxcel.api.openai.fields import ignored_fields_header
 from mlxcel.api.openai.generation import served_model
 from mlxcel.api.state import AppState
@@ -127,7 +128,8 @@ async def completion(request: Request, app_state: AppState) -> Any:
     body = await read_json_object(request)
     check_count(body, "prompt", MAX_PROMPTS, "prompts")
     model = served_model(app_state, None)
-    nreq = parse_native(body, model, app_state.settings.engine.parallel, app_state.settings.server.sse_ping_interval)
+    nreq = parse_native(body, model, app_state.settings.engine.parallel, app_state.settings.server.sse_ping_interval,
+                        name_rule(app_state, model))
     nreq.template.grammar = await native_grammar.resolve(body, model)
     nreq.template.keep_tokens = native_grammar.preserved_tokens(body, model)  # written into the text
     nreq.template.grammar = native_grammar.lazy(body, model, nreq.template.grammar, nreq.template.keep_tokens)

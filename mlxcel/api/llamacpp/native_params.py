@@ -12,6 +12,7 @@ the response options the route renders with.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -154,15 +155,16 @@ def _check_deferred(body: dict[str, Any]) -> None:
 
 
 def parse_native(body: dict[str, Any], model: ServedModel, n_parallel: int,
-                 sse_ping_interval: int = 30) -> NativeRequest:
-    """`sse_ping_interval` is the server default (--sse-ping-interval) for a body without one."""
+                 sse_ping_interval: int = 30, accepts_name: Callable[[str | None], bool] | None = None) -> NativeRequest:
+    """`sse_ping_interval` is the server default (--sse-ping-interval) for a body without one;
+    `accepts_name` says which `model` names the loaded model serves (default: its own)."""
     body = _clean(body)
     req = convert(body, NativeCompletionRequest)
     _check_limits(body, n_parallel)
     _check_deferred(body)
     _check_cache_hints(body)
     refuse_steering_fields(body, "the native completion routes")  # the server's steering still applies
-    _check_routing(req, model, n_parallel)
+    _check_routing(req, accepts_name or model.answers_to, n_parallel)
     sampling, n_probs = _sampling(req, model)
     template = generation_request(
         model, sampling, [], n_indent=req.n_indent or 0,
@@ -182,7 +184,7 @@ def parse_native(body: dict[str, Any], model: ServedModel, n_parallel: int,
     )
 
 
-def _check_routing(req: NativeCompletionRequest, model: ServedModel, n_parallel: int) -> None:
+def _check_routing(req: NativeCompletionRequest, accepts_name: Callable[[str | None], bool], n_parallel: int) -> None:
     """One completion per prompt, on a slot that exists, for the loaded model."""
     n_cmpl = req.n_cmpl if req.n_cmpl is not None else (req.n if req.n is not None else 1)
     if n_cmpl > 1:
@@ -191,7 +193,7 @@ def _check_routing(req: NativeCompletionRequest, model: ServedModel, n_parallel:
     if req.id_slot is not None and not -1 <= req.id_slot < n_parallel:
         # b10621 defers a task pinned to a slot that does not exist, forever; refused here
         raise ApiError(400, "Invalid slot ID", code="invalid_request", param="id_slot")
-    if req.model is not None and not model.answers_to(req.model):
+    if req.model is not None and not accepts_name(req.model):
         raise ApiError(404, f"model '{req.model}' not found", code="model_not_found", param="model")
 
 

@@ -18,6 +18,7 @@ import numpy as np
 
 from mlxcel.api.engine_request import Sampling, generation_request
 from mlxcel.api.errors import ApiError, error_type
+from mlxcel.api.model_names import accepts, not_found
 from mlxcel.api.openai.schemas import _Sampling
 from mlxcel.api.state import AppState
 from mlxcel.api.stream_runner import sse
@@ -43,8 +44,8 @@ def served_model(state: AppState, name: str | None) -> ServedModel:
                else f"no model is loaded: {unloaded!r} was unloaded; load one (POST /api/models/<id>/load) or "
                     "name one in the request" if unloaded else "the model is still loading")
         raise ApiError(503, why, code="model_not_loaded", type="server_error")
-    if not model.answers_to(name):
-        raise ApiError(404, f"The model '{name}' does not exist", code="model_not_found", param="model")
+    if not accepts(state, model.answers_to, name, model.id):
+        raise not_found(name)
     return model
 
 
