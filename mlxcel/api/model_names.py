@@ -47,7 +47,7 @@ def name_rule(state: AppState, model: Any) -> Callable[[str | None], bool]:
 def worker_answers(state: AppState, worker: Any) -> Callable[[str | None], bool]:
     """A side worker's names: its id and path, plus -m's names when -m is its checkpoint."""
     source = state.settings.source
-    names = {worker.id, str(worker.path)}
+    names = {worker.id, str(getattr(worker, "path", worker.id))}
     main_id = source.alias[0] if source.alias else source.model
     if worker.id == main_id:
         names |= {*source.alias, *([source.model] if source.model else [])}
