@@ -208,6 +208,8 @@ def serve(settings: ServerSettings, path: Path | None, plan=None, startup: Start
                      store_root=root,
                      steering_store=SteeringStore(settings.steering.state_dir or root / ".mlxcel-state"))
     app = build_app(state)
+    scheme = "https" if "ssl_keyfile" in kwargs else "http"
+    where = kwargs.get("uds") or f"{scheme}://{kwargs['host']}:{kwargs['port']}"
 
     def load() -> None:
         try:
@@ -218,14 +220,14 @@ def serve(settings: ServerSettings, path: Path | None, plan=None, startup: Start
                          state.model.id, info.model_type, info.backend, info.device, info.dtype, state.model.n_ctx)
             if state.plan is not None:
                 load_side_workers(state, settings, host.startup.placement)
+            log.info("ready: serving requests on %s", where)
         except Exception as e:  # keep serving /health's 503 and say why
             state.load_error = str(e)
-            log.exception("model load failed")
+            log.exception("model load failed; %s answers /health with 503 and the reason", where)
 
+    log.info("listening on %s%s; loading the model (/health answers 503 until it is ready)", where,
+             " (SO_REUSEPORT)" if settings.server.reuse_port and sock is not None else "")
     threading.Thread(target=load, name="mlxcel-load", daemon=True).start()
-    scheme = "https" if "ssl_keyfile" in kwargs else "http"
-    log.info("listening on %s", kwargs.get("uds") or f"{scheme}://{kwargs['host']}:{kwargs['port']}"
-             + (" (SO_REUSEPORT)" if settings.server.reuse_port and sock is not None else ""))
     from mlxcel.cli.shutdown import DrainingServer
 
     server = DrainingServer(uvicorn.Config(app, log_level="warning", **kwargs), settings.server.shutdown_timeout,
@@ -265,7 +267,9 @@ def serve_router(settings: ServerSettings) -> None:
              ", ".join(sorted(pool.slots)) or "none", settings.router.models_max,
              "on" if settings.router.models_autoload else "off")
     kwargs = uvicorn_kwargs(settings)
-    app = wrap_app(RouterApp(pool), settings)
+    from mlxcel.api.request_log import RequestLog
+
+    app = RequestLog(wrap_app(RouterApp(pool), settings))
     from mlxcel.cli.shutdown import DrainingServer
 
     class RouterServer(DrainingServer):

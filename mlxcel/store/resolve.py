@@ -155,3 +155,17 @@ def resolve_model(
         return download(repo_id, root, hf_token=hf_token)
     except DownloadFailed as e:
         raise ModelNotAvailable(f"{flag} {ref!r}: {e}") from None
+
+
+def short_name_matches(root: Path, name: str) -> list[str]:
+    """Store entries `<owner>/<name>` whose name part is `name` (case-insensitive), under any
+    owner: what a bare name could mean besides `<default_org>/<name>` (`mlxcel run`, `chat`)."""
+    root = Path(root)
+    if "/" in name or "\\" in name or not name or not root.is_dir():
+        return []
+    found = []
+    for owner in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        for repo in owner.iterdir():
+            if repo.name.lower() == name.lower() and store_entry(root, f"{owner.name}/{repo.name}") is not None:
+                found.append(f"{owner.name}/{repo.name}")
+    return found
