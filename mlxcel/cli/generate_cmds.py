@@ -23,9 +23,7 @@ from mlxcel.chat.chat_template import render_chat, render_plain
 from mlxcel.config.settings import BackendSection, EngineSection, SamplingSection, ServerSettings, SourceSection
 from mlxcel.engine.types import GenerationRequest, TokenEvent
 from mlxcel.store.paths import store_root
-from mlxcel.store.repo_id import expand
-from mlxcel.store.resolve import (ModelNotAvailable, ModelSourceRefused, refusal, resolve_model,
-                                  short_name_matches, store_entry)
+from mlxcel.store.resolve import ModelNotAvailable, ModelSourceRefused, prefer_local, resolve_model
 
 DEFAULT_ORG = "mlx-community"
 
@@ -72,19 +70,11 @@ def add_parser(sub) -> None:
 
 
 def resolve_cli(ref: str, root: Path, offline: bool) -> Path:
-    """-m as the server reads it, except that a bare name missing under the default organisation
-    names the one store entry of that name under another owner, when there is exactly one."""
+    """-m as the server reads it, a bare name also finding a store entry under another owner
+    (store.resolve.prefer_local); downloaded when missing unless offline."""
     org = os.environ.get("MLXCEL_DEFAULT_ORG") or DEFAULT_ORG
-    if refusal(ref) is None and "/" not in ref and not Path(ref).expanduser().exists() \
-            and store_entry(root, expand(ref, org)) is None:
-        matches = short_name_matches(root, ref)
-        if len(matches) == 1:
-            ref = matches[0]
-        elif len(matches) > 1:
-            raise SystemExit(f"error: {ref!r} names several models in the store ({', '.join(matches)}); "
-                             "pass owner/name")
     try:
-        return resolve_model(ref, root=root, default_org=org, offline=offline,
+        return resolve_model(prefer_local(ref, root, org), root=root, default_org=org, offline=offline,
                              hf_token=os.environ.get("HF_TOKEN") or None)
     except (ModelSourceRefused, ModelNotAvailable) as e:
         raise SystemExit(f"error: {e}") from None

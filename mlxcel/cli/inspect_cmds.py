@@ -26,12 +26,17 @@ def _count(n: int) -> str:
 
 def cmd_show(args) -> int:
     from mlxcel.store.describe import describe
-    from mlxcel.store.resolve import ModelNotAvailable, ModelSourceRefused, resolve_model
+    from mlxcel.store.resolve import (AmbiguousName, ModelNotAvailable, ModelSourceRefused, prefer_local,
+                                      resolve_model)
 
+    root = _root(args)
     try:
-        path = resolve_model(args.name, root=_root(args), default_org=_default_org(), offline=True)
-    except (ModelSourceRefused, ModelNotAvailable) as e:
+        ref = prefer_local(args.name, root, _default_org())
+        path = resolve_model(ref, root=root, default_org=_default_org(), offline=True, flag="show")
+    except (ModelSourceRefused, AmbiguousName) as e:
         return _fail("show", str(e))
+    except ModelNotAvailable:
+        return _fail("show", f"{args.name} is not in the model store {root} (`mlxcel pull NAME` fetches a model)")
     s = describe(path)
     template = s.chat_template
     first = next((ln.strip() for ln in (template or "").splitlines() if ln.strip()), "")

@@ -56,11 +56,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def configure_cli_logging() -> None:
-    """Messages alone on standard error, INFO and up; the HTTP client's per-request lines stay out."""
+    """Messages alone on standard error, INFO and up; the HTTP client's per-request lines stay out.
+    Logging someone else set up (a test harness, a program calling `main`) is left as it is."""
+    root = logging.getLogger()
+    if root.handlers:
+        return
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(message)s"))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
+    root.addHandler(handler)
     root.setLevel(logging.INFO)
     for noisy in ("httpx", "httpcore", "urllib3", "filelock"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

@@ -124,8 +124,21 @@ def choose_backend(settings: ServerSettings, path: Path | None) -> Choice:
     from mlxcel.runtime.load import select_backend
 
     choice = select_backend(settings, path)
-    log.info("backend %s on %s (%s)", choice.backend, choice.device, choice.reason)
+    log.info("backend %s on %s: the model runs %s (%s)", choice.backend, choice.device, in_words(choice),
+             "as --backend/--device asked" if choice.reason == "requested" else choice.reason)
     return choice
+
+
+def in_words(choice: Choice) -> str:
+    """Where the model computes, for someone who does not know the backend names."""
+    framework = "with MLX" if choice.backend == "mlx" else "with PyTorch"
+    if choice.device == "cpu":
+        return f"{framework} on the CPU"
+    if choice.device in ("metal", "mps"):
+        return f"{framework} on the Apple GPU ({'Metal' if choice.device == 'metal' else 'MPS'})"
+    if choice.device.startswith("cuda"):
+        return f"{framework} on NVIDIA GPU {choice.device.partition(':')[2] or '0'} (CUDA)"
+    return f"{framework} on {choice.device}"
 
 
 def prepare_cpu_runtime(environ) -> None:

@@ -71,7 +71,8 @@ def cmd_list(args) -> int:
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(4)]
     for r in [header, *rows]:
         print(f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:<{widths[2]}}  {r[3]:>{widths[3]}}")
-    print(f"{len(entries)} models, {_human(sum(e.size_bytes for e in entries))} in {root}")
+    n = len(entries)
+    print(f"{n} model{'s' if n != 1 else ''}, {_human(sum(e.size_bytes for e in entries))} in {root}")
     return 0
 
 

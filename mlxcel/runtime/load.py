@@ -103,8 +103,9 @@ def load_backend(settings: ServerSettings, path: Path, placed: select.Choice | N
         backend = backend_class(path, dtype=b.dtype, device=choice.device, threads=b.threads, rope=b.rope,
                                 compile=b.torch_compile, build_env=b.build_env)
         if backend.device.type == "cpu" and backend.info.dtype in ("bfloat16", "float32"):
-            log.info("torch CPU: decode rows' %s linears via %s, prompt rows' via %s; fused ops: %s",
-                     backend.info.dtype, backend.row_kernel, backend.prompt_linears, backend.fused_ops)
+            log.info("torch on the CPU: decoding computes its %s matrix products with %s, prompts with %s; "
+                     "fused operations: %s", backend.info.dtype, backend.row_kernel, backend.prompt_linears,
+                     backend.fused_ops)
         return backend, choice
     import mlx.core as mx
 
@@ -115,8 +116,8 @@ def load_backend(settings: ServerSettings, path: Path, placed: select.Choice | N
     b = settings.backend
     backend = MLXBackend(path, dtype=b.dtype, rope=b.rope, threads=b.threads)
     if backend.split_modules:
-        log.info("MLX CPU: %d large products split over %d threads (--threads)", backend.split_modules,
-                 backend.threads)
+        log.info("MLX on the CPU: %d large matrix products each split over %d threads (--threads)",
+                 backend.split_modules, backend.threads)
     return backend, choice
 
 

@@ -243,7 +243,11 @@ def test_cli_list_uses_env_and_flag(root, tmp_path, monkeypatch, capsys):
     make_checkpoint(root / "owner" / "name")
     monkeypatch.setenv("MLXCEL_MODELS_DIR", str(root))
     assert mlxcel_main(["list"]) == 0
-    assert capsys.readouterr().out.startswith("owner/name  llama")
+    lines = capsys.readouterr().out.splitlines()
+    size = sum(f.stat().st_size for f in (root / "owner" / "name").iterdir())  # config.json + weights
+    assert lines[0].split() == ["NAME", "TYPE", "QUANT", "SIZE"]
+    assert lines[1].split() == ["owner/name", "llama", "-", str(size), "B"]
+    assert lines[2] == f"1 model, {size} B in {root}"
     other = tmp_path / "other"
     other.mkdir()
     assert mlxcel_main(["list", "--models-dir", str(other)]) == 0
