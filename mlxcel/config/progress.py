@@ -53,7 +53,7 @@ class LineTqdm(auto_tqdm):
         self._interval, self._last_line, self._closing, self._last_n = interval, None, False, None
         kwargs.pop("name", None)  # huggingface_hub's own subclass takes a name; plain tqdm refuses it
         kwargs.setdefault("bar_format", PLAIN_FORMAT)
-        kwargs.update(file=_Discard(), ascii=True, ncols=80, dynamic_ncols=False, position=None)
+        kwargs.update(file=_Discard(), ascii=True, ncols=None, dynamic_ncols=False, position=None)
         super().__init__(*args, **kwargs)
 
     def display(self, msg: str | None = None, pos: int | None = None) -> bool:

@@ -74,10 +74,6 @@ def hf_to_mlx(
 ) -> dict:
     """Write an MLX checkpoint for the HF checkpoint directory `src` into `out`; return its config.
     `progress` advances one step per stage (n_stages(quantize) of them)."""
-    import mlx.core as mx
-    from mlx.utils import tree_map
-    from mlx_lm.utils import load_model, quantize_model, save_config, save_model
-
     _check_options(dtype, quantize, q_bits, q_group_size)
     if not (src / "config.json").is_file():
         raise ConversionError(f"{src} is not a checkpoint directory: it has no config.json")
@@ -87,7 +83,10 @@ def hf_to_mlx(
     family_for(raw)  # refuses an unsupported model_type with the supported list
     config = checked_config(raw)
     step = _stepper(progress)
-    step(f"reading {raw.get('model_type')} weights")
+    step(f"reading {raw.get('model_type')} weights")  # before the imports: they alone take seconds
+    import mlx.core as mx
+    from mlx.utils import tree_map
+    from mlx_lm.utils import load_model, quantize_model, save_config, save_model
 
     def classes(config: dict):
         module = mlx_module(config)
@@ -159,24 +158,23 @@ def convert(
     staging_root = root / ".staging"
     staging_root.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f"{name}.", dir=staging_root))
-    bar = Progress(f"converting {src.name}", total=n_stages(quantize, is_gguf), unit="step")
     try:
-        hf_dir = src
-        if is_gguf:
-            hf_dir = staging / "hf"
-            bar.stage("reading the GGUF file")
-            gguf_to_hf(src, hf_dir)
+        with Progress(f"converting {src.name}", total=n_stages(quantize, is_gguf), unit="step") as bar:
+            hf_dir = src
+            if is_gguf:
+                hf_dir = staging / "hf"
+                bar.stage("reading the GGUF file")
+                gguf_to_hf(src, hf_dir)
+                bar.update()
+            built = staging / "mlx"
+            hf_to_mlx(hf_dir, built, dtype=dtype, quantize=quantize, q_bits=q_bits, q_group_size=q_group_size,
+                      progress=bar)
             bar.update()
-        built = staging / "mlx"
-        hf_to_mlx(hf_dir, built, dtype=dtype, quantize=quantize, q_bits=q_bits, q_group_size=q_group_size,
-                  progress=bar)
-        bar.update()
         target.parent.mkdir(parents=True, exist_ok=True)
         if target.exists():
             shutil.rmtree(target)
         os.replace(built, target)
     finally:
-        bar.close()
         shutil.rmtree(staging, ignore_errors=True)
         try:
             staging_root.rmdir()  # only when no other conversion is using it

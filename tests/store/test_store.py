@@ -290,3 +290,20 @@ def test_cli_convert_errors(root, tmp_path, capsys):
     assert mlxcel_main(["convert", str(src), "--out-repo", "a/b", "--models-dir", str(root)]) == 1
     assert "already exists" in capsys.readouterr().err
     assert not (root / ".staging").exists()
+
+
+# --- short names (`mlxcel run`, `chat`, `generate`, `show`) ------------------------------------
+
+
+def test_prefer_local_short_names(root):
+    from mlxcel.store.resolve import AmbiguousName, prefer_local
+
+    make_checkpoint(root / "someone" / "Tiny")
+    assert prefer_local("tiny", root, "mlx-community") == "someone/Tiny"  # the one entry of that name
+    make_checkpoint(root / "mlx-community" / "tiny")
+    assert prefer_local("tiny", root, "mlx-community") == "tiny"  # the default organisation's wins, as -m reads it
+    assert prefer_local("other", root, "mlx-community") == "other"  # unknown: left for resolve (a download)
+    assert prefer_local("someone/Tiny", root, "x") == "someone/Tiny"
+    make_checkpoint(root / "third" / "tiny")
+    with pytest.raises(AmbiguousName, match="someone/Tiny, third/tiny"):
+        prefer_local("tiny", root, "elsewhere")
