@@ -28,16 +28,24 @@ SUBCOMMANDS = {
 }
 
 
+class PrintVersion(argparse.Action):
+    """--version as `mlxcel serve --version` prints it (argparse's own action would reflow it)."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        from mlxcel.cli.introspect import print_version
+
+        print_version()
+        parser.exit()
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "serve":
         from mlxcel.cli.server import main as server_main
 
         return server_main(argv[1:], prog="mlxcel serve")
-    from mlxcel.cli.introspect import version_text
-
     parser = argparse.ArgumentParser(prog="mlxcel")
-    parser.add_argument("-V", "--version", action="version", version=version_text().rstrip("\n"))
+    parser.add_argument("-V", "--version", action=PrintVersion, nargs=0, help="print the version and exit")
     sub = parser.add_subparsers(dest="command", required=True)
     seen = set()
     for name, module in SUBCOMMANDS.items():
