@@ -15,12 +15,8 @@ from mlxcel.cli.options_table import TABLE
 from mlxcel.store.paths import store_root
 
 
-def version_text() -> str:
-    return f"version: {__version__} (mlxcel)\ncompatible with: llama-server b10621\n"
-
-
 def print_version() -> None:
-    sys.stdout.write(version_text())
+    sys.stdout.write(f"version: {__version__} (mlxcel)\ncompatible with: llama-server b10621\n")
 
 
 def completion_bash(prog: str) -> str:
