@@ -307,3 +307,23 @@ def test_prefer_local_short_names(root):
     make_checkpoint(root / "third" / "tiny")
     with pytest.raises(AmbiguousName, match="someone/Tiny, third/tiny"):
         prefer_local("tiny", root, "elsewhere")
+
+
+def test_download_draws_progress_as_plain_lines_off_a_terminal(root, monkeypatch, caplog):
+    """huggingface_hub gets a tqdm class that logs lines (config/progress.py), never redraws."""
+    import huggingface_hub
+
+    from mlxcel.config.progress import LineTqdm
+
+    seen = {}
+
+    def snapshot_download(repo_id, local_dir, token, allow_patterns, tqdm_class):
+        seen["tqdm_class"] = tqdm_class
+        make_checkpoint(Path(local_dir))
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    monkeypatch.setattr("sys.stderr", open(root / "stderr.log", "w"))  # not a terminal
+    caplog.set_level("INFO")
+    download("owner/name", root)
+    assert seen["tqdm_class"] is LineTqdm
+    assert f"downloading owner/name from Hugging Face into {root / 'owner' / 'name'}" in caplog.text
