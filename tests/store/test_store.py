@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
@@ -322,7 +323,7 @@ def test_download_draws_progress_as_plain_lines_off_a_terminal(root, monkeypatch
         make_checkpoint(Path(local_dir))
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
-    monkeypatch.setattr("sys.stderr", open(root / "stderr.log", "w"))  # not a terminal
+    monkeypatch.setattr("sys.stderr", io.StringIO())  # not a terminal
     caplog.set_level("INFO")
     download("owner/name", root)
     assert seen["tqdm_class"] is LineTqdm
