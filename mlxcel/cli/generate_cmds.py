@@ -156,14 +156,16 @@ def run_generate(args) -> int:
         if args.system:
             raise SystemExit("error: --system needs the chat template (drop --no-chat)")
         prompt = model.tokenizer.encode(args.prompt)
-    start = time.perf_counter()
+    start, final, code = time.perf_counter(), None, 0
     try:
         _, final = asyncio.run(stream_tokens(model, prompt, args.max_tokens))
+    except KeyboardInterrupt:  # the row is cancelled; what was written stays, and the line below says so
+        code = 130
     finally:
         model.engine.shutdown()
     print()
     print(stats_line(final, time.perf_counter() - start), file=sys.stderr)
-    _exit(0)
+    _exit(code)
 
 
 def run_chat(args) -> int:
