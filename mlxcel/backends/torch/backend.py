@@ -283,6 +283,10 @@ class TorchBackend(RowSteering):
     def _load_model(self, path: Path, dtype: torch.dtype, extra: dict):
         import transformers
 
+        # the load's own progress (runtime/load.py) covers this step; transformers' bar would
+        # redraw over it on a terminal and fill a log file with carriage returns
+        transformers.utils.logging.disable_progress_bar()
+
         def load(implementation: str):
             return transformers.AutoModelForCausalLM.from_pretrained(
                 str(path), dtype=dtype, local_files_only=True, attn_implementation=implementation,
