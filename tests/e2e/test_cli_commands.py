@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 import httpx
 import pytest
@@ -95,5 +96,8 @@ def test_verbose_logs_one_line_per_request(server, stream):
         usage = client.chat.completions.create(**kwargs).usage
     expected = (f"request: POST /v1/chat/completions 200, tokens in {usage.prompt_tokens} "
                 f"out {usage.completion_tokens}, ")
-    lines = [ln for ln in server.log_path.read_text().splitlines() if expected in ln]
-    assert lines and re.search(r", \d+(?: ms|\.\d\d s), slot \d+$", lines[-1]), lines
+    deadline = time.monotonic() + 30  # the line is written once the response has gone out
+    while not (lines := [ln for ln in server.log_path.read_text().splitlines() if expected in ln]):
+        assert time.monotonic() < deadline, f"no request line with {expected!r}"
+        time.sleep(0.05)
+    assert re.search(r", \d+(?: ms|\.\d\d s), slot \d+$", lines[-1]), lines
