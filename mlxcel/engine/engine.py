@@ -75,8 +75,9 @@ class Engine:
         self.batch_size = max(1, batch_size)
         self.max_queue_depth = max_queue_depth  # waiting requests beyond the free slots; -1: unbounded
         self.speculator = speculator  # engine/speculative.Speculator (--spec-type / -md), or None
+        # a context shift brings kept early tokens back into a sliding window: their blocks stay
         self.kv = KVManager(n_ctx_slot=self.n_ctx_slot, parallel=self.parallel,
-                            budget_bytes=cache_budget_bytes if cache_prompt else 0)
+                            budget_bytes=cache_budget_bytes if cache_prompt else 0, free_behind_window=not context_shift)
         self.context_shift_requested = context_shift  # a recurrent model turns it off (adopt_backend)
         self.scheduler = Scheduler(self.kv, parallel=self.parallel, n_ctx_slot=self.n_ctx_slot,
                                    batch_size=self.batch_size, cont_batching=cont_batching,
@@ -125,12 +126,13 @@ class Engine:
 
     def kv_policy(self) -> dict:
         """For /props beside the pool's occupancy: whether the prefix cache and the context shift
-        are on, and why not where either is off."""
+        are on, whether sequences free the blocks behind a sliding window, and why not where any
+        is off."""
         shift = self.scheduler.context_shift
         return {"prefix_cache": self.kv.prefix_cache_off is None, "prefix_cache_off_reason": self.kv.prefix_cache_off,
                 "context_shift": shift,
                 "context_shift_off_reason": None if shift else RECURRENT_NO_SHIFT if self.kv.recurrent
-                else "--context-shift is off"}
+                else "--context-shift is off", **self.kv.window_policy}
 
     def kv_usage(self) -> dict[str, int]:
         """Block pool occupancy, for /metrics and /props (all zero while asleep)."""

@@ -112,8 +112,9 @@ class ModelDrafter:
                  block_size: int, target_vocab: int) -> None:
         self.backend, self.config, self.batch_size = backend, config, max(1, batch_size)
         self.target_vocab = target_vocab  # a padded draft head may name ids the target cannot embed
+        # the draft's sequence rewinds over its rejected drafts: it keeps the blocks behind a window
         self.kv = KVManager(n_ctx_slot=n_ctx_slot, parallel=parallel, budget_bytes=None, headroom=0,
-                            block_size=block_size)
+                            block_size=block_size, free_behind_window=False)
         self.kv.bind(backend)
 
     def propose(self, items: list[tuple[RowSpec, list[int], int, int]]) -> list[list[int]]:
