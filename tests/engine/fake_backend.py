@@ -176,11 +176,13 @@ class FakeBackend:
         self.used_blocks.append(self.allocator.used_blocks)
         if self.recurrent:
             return np.stack([logits_for(_pick(self._advance(row.cache, row.tokens))) for row in rows])
+        # a speculative verify row (a view of its sequence at a fixed length) reads up to its own end
+        ends = [r.cache.length + len(r.tokens) for r in rows]
         for row in rows:  # every row's KV is written before any is read, as in one real forward
             self._write(row.cache, row.tokens)
         out = np.empty((len(rows), VOCAB), dtype=np.float32)
         for i, row in enumerate(rows):
-            out[i] = logits_for(next_token(self._read(row.cache, row.cache.length)))
+            out[i] = logits_for(next_token(self._read(row.cache, ends[i])))
         return out
 
     def forward_all(self, tokens: list[int], cache: SequenceKV) -> np.ndarray:

@@ -115,3 +115,18 @@ def test_interleaved_global_layers_keep_every_block():
     kv.bind(backend)
     assert kv.allocator.window is None and kv.window_policy["free_behind_window"] is False
     assert "whole context" in kv.window_policy["free_behind_window_off_reason"]
+
+
+def test_speculated_rows_rewind_within_the_window_they_hold():
+    """Verification rows write a draft's positions and the rejected ones are trimmed: never
+    behind what the row's window still holds, so its tokens stay the plain reference's."""
+    from mlxcel.engine.speculative import NGRAM_SIMPLE, NgramDrafter, SpecConfig, Speculator
+
+    config = SpecConfig(NGRAM_SIMPLE, ngram_size_n=1, ngram_size_m=6)
+    p = prompt(100, 64)  # a one-token n-gram: most tokens recur in it, so drafts are proposed
+    backend = FakeBackend(window=WINDOW)
+    with engine_on(backend, speculator=Speculator(config, NgramDrafter(config))) as engine:
+        got = asyncio.run(run(engine, p, 120))
+    assert got.tokens == reference(p, 120, window=WINDOW)
+    assert got.last.timings.draft_n > 0  # it did speculate
+    assert backend.poison_reads == 0 and max(backend.used_blocks) <= 6
