@@ -178,6 +178,8 @@ def test_prefix_cache_hit_equals_cold_run(served):
     else:
         assert policy["prefix_cache"] and policy["prefix_cache_off_reason"] is None
         assert cold_cached == 0 and warm_cached == len(prompt) - 1
+    # blocks behind the window go back only where no layer reads the whole context
+    assert policy["free_behind_window"] is (served.info.model_type in ALL_SLIDING)
     assert warm == cold
 
 
