@@ -26,7 +26,7 @@ import numpy as np
 from mlxcel.engine.backend import Backend, ForwardRow
 from mlxcel.engine.decode_pipeline import DecodePipeline
 from mlxcel.engine.kv_block_pool import OutOfBlocks
-from mlxcel.engine.kv_manager import RECURRENT_NO_SHIFT, KVManager
+from mlxcel.engine.kv_manager import RECURRENT_NO_SHIFT, WINDOW_KEPT_FULL, WINDOW_KEPT_SHIFT, KVManager
 from mlxcel.engine.output import OutputProcessor
 from mlxcel.engine.requests import RequestHandle, Row, forward_row
 from mlxcel.engine.scheduler import Scheduler
@@ -65,7 +65,7 @@ class Engine:
                  parallel: int = 4, batch_size: int = 512, cache_prompt: bool = True,
                  cache_budget_bytes: int | None = 2048 << 20, cont_batching: bool = True,
                  max_queue_depth: int = 64, context_shift: bool = False, keep: int = 0,
-                 special: bool = False, sleep_idle_seconds: int = -1,
+                 special: bool = False, swa_full: bool = False, sleep_idle_seconds: int = -1,
                  reload: Callable[[], Backend] | None = None, release_memory: Callable[[], None] | None = None,
                  speculator=None) -> None:
         self.tokenizer = tokenizer
@@ -76,8 +76,9 @@ class Engine:
         self.max_queue_depth = max_queue_depth  # waiting requests beyond the free slots; -1: unbounded
         self.speculator = speculator  # engine/speculative.Speculator (--spec-type / -md), or None
         # a context shift brings kept early tokens back into a sliding window: their blocks stay
+        kept = WINDOW_KEPT_FULL if swa_full else WINDOW_KEPT_SHIFT if context_shift else None
         self.kv = KVManager(n_ctx_slot=self.n_ctx_slot, parallel=self.parallel,
-                            budget_bytes=cache_budget_bytes if cache_prompt else 0, free_behind_window=not context_shift)
+                            budget_bytes=cache_budget_bytes if cache_prompt else 0, keep_window=kept)
         self.context_shift_requested = context_shift  # a recurrent model turns it off (adopt_backend)
         self.scheduler = Scheduler(self.kv, parallel=self.parallel, n_ctx_slot=self.n_ctx_slot,
                                    batch_size=self.batch_size, cont_batching=cont_batching,

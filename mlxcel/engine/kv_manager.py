@@ -25,7 +25,7 @@ prompt; a cached chain whose window was freed is resumed only where its window i
 (kv_prefix_cache). Interleaved local/global models (Gemma 2/3, gpt-oss, Cohere 2) keep every
 block: their global layers read them all, and a table per layer group is not held yet. A
 context shift brings kept early tokens back into the window, so with --context-shift on every
-block is kept (as llama-server's --swa-full does). `window_policy` says which, for /props.
+block is kept, as with --swa-full. `window_policy` says which, for /props.
 Quantized blocks need a storage format the backend reads (`LayerKV.quant`), not held yet either.
 A backend whose spec names such a layer is refused at bind time, naming it.
 """
@@ -57,6 +57,8 @@ RECURRENT_NO_SHIFT = ("its recurrent layers' state summarises every token so far
 WINDOW_NONE = "no layer of this model has a sliding window"
 WINDOW_KEPT_GLOBAL = "some attention layers read the whole context, and every layer shares one block table"
 WINDOW_KEPT_SHIFT = "--context-shift is on: a shift brings kept early tokens back into the window"
+WINDOW_KEPT_FULL = "--swa-full is on"
+WINDOW_KEPT_DRAFT = "a draft model's sequence rewinds over its rejected drafts"
 
 
 class KVLayoutUnsupported(ValueError):
@@ -103,15 +105,15 @@ class KVManager:
     shares are added to the pool for it, and it keeps what the free blocks hold)."""
 
     def __init__(self, *, n_ctx_slot: int, parallel: int, budget_bytes: int | None,
-                 headroom: int = 4, block_size: int = BLOCK_SIZE, free_behind_window: bool = True) -> None:
+                 headroom: int = 4, block_size: int = BLOCK_SIZE, keep_window: str | None = None) -> None:
         self.n_ctx_slot, self.parallel = n_ctx_slot, max(1, parallel)
         self.budget_bytes, self.headroom, self.block_size = budget_bytes, headroom, block_size
         self.backend: Backend | None = None
         self.allocator = BlockAllocator(RESERVED + 1, block_size)
         self.prefix_cache = PrefixCache(self.allocator, 0)
         self.recurrent = False  # the bound model has recurrent layers (one state slot per sequence)
-        # False where a sequence must be able to rewind or shift past its window (a drafter, --context-shift)
-        self.free_behind_window = free_behind_window
+        # why sequences keep the blocks behind a window all layers share, if they must
+        self.keep_window = keep_window
         self.window_policy: dict = {"free_behind_window": False, "free_behind_window_off_reason": WINDOW_NONE}
 
     @property
@@ -161,7 +163,7 @@ class KVManager:
         """Whether sequences free blocks behind the model's window, and why not (window_policy)."""
         window = shared_window(spec)
         reason = (WINDOW_NONE if "sliding" not in spec.kinds else WINDOW_KEPT_GLOBAL if window is None
-                  else None if self.free_behind_window else WINDOW_KEPT_SHIFT)
+                  else self.keep_window)
         if reason is None:
             self.allocator.window = window
             log.info("sliding window %d on every attention layer: blocks behind it go back to the pool", window)

@@ -149,7 +149,7 @@ def load_served_model(settings: ServerSettings, path: Path, served_id: str | Non
     engine = Engine(backend, tokenizer, n_ctx=n_ctx, parallel=e.parallel, batch_size=e.batch_size,
                     cache_prompt=settings.kv.cache_prompt, cache_budget_bytes=cache_budget_bytes(settings),
                     cont_batching=e.cont_batching, max_queue_depth=e.max_queue_depth,
-                    context_shift=e.context_shift, keep=e.keep, special=e.special,
+                    context_shift=e.context_shift, keep=e.keep, special=e.special, swa_full=settings.kv.swa_full,
                     sleep_idle_seconds=e.sleep_idle_seconds, reload=lambda: backend_with_adapters()[0],
                     release_memory=release_memory)
     engine.lora = lora

@@ -130,3 +130,19 @@ def test_speculated_rows_rewind_within_the_window_they_hold():
     assert got.tokens == reference(p, 120, window=WINDOW)
     assert got.last.timings.draft_n > 0  # it did speculate
     assert backend.poison_reads == 0 and max(backend.used_blocks) <= 6
+
+
+@pytest.mark.parametrize("argv,environ", [(["--swa-full"], {}), ([], {"LLAMA_ARG_SWA_FULL": "1"})])
+def test_swa_full_keeps_every_block(argv, environ):
+    from mlxcel.cli.flags import parse_server_args
+    from mlxcel.engine.kv_manager import WINDOW_KEPT_FULL
+
+    settings = parse_server_args(["-m", "some/model", *argv], environ)
+    assert settings.kv.swa_full is True and parse_server_args(["-m", "some/model"], {}).kv.swa_full is False
+    backend, p = FakeBackend(window=WINDOW), prompt(100, 20)
+    with engine_on(backend, swa_full=settings.kv.swa_full) as engine:
+        policy = engine.kv_policy()
+        got = asyncio.run(run(engine, p, 100))
+    assert policy["free_behind_window"] is False and policy["free_behind_window_off_reason"] == WINDOW_KEPT_FULL
+    assert got.tokens == reference(p, 100, window=WINDOW)
+    assert max(backend.used_blocks) == -(-(len(p) + 100 - 2) // BLOCK_SIZE)
