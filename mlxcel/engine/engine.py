@@ -75,7 +75,8 @@ class Engine:
         self.batch_size = max(1, batch_size)
         self.max_queue_depth = max_queue_depth  # waiting requests beyond the free slots; -1: unbounded
         self.speculator = speculator  # engine/speculative.Speculator (--spec-type / -md), or None
-        # a context shift brings kept early tokens back into a sliding window: their blocks stay
+        # --swa-full, or a context shift (it brings kept early tokens back into the window), keeps
+        # the blocks behind an all-sliding model's window
         kept = WINDOW_KEPT_FULL if swa_full else WINDOW_KEPT_SHIFT if context_shift else None
         self.kv = KVManager(n_ctx_slot=self.n_ctx_slot, parallel=self.parallel,
                             budget_bytes=cache_budget_bytes if cache_prompt else 0, keep_window=kept)

@@ -22,8 +22,8 @@ when no layer reads it. Where every attention layer slides (Mistral's `sliding_w
 sequence frees the blocks wholly behind the widest window as it grows (kv_block_pool), keeping
 those the window before its prompt's end reads, so the prefix cache can still resume that
 prompt; a cached chain whose window was freed is resumed only where its window is held
-(kv_prefix_cache). Interleaved local/global models (Gemma 2/3, gpt-oss, Cohere 2) keep every
-block: their global layers read them all, and a table per layer group is not held yet. A
+(kv_prefix_cache). Interleaved local/global models (Gemma 2/3, gpt-oss, Cohere 2, EXAONE 4,
+OLMo 3) keep every block: their global layers read them all, and a table per layer group is not held yet. A
 context shift brings kept early tokens back into the window, so with --context-shift on every
 block is kept, as with --swa-full. `window_policy` says which, for /props.
 Quantized blocks need a storage format the backend reads (`LayerKV.quant`), not held yet either.
@@ -199,6 +199,8 @@ class KVManager:
         token positions)."""
         if self.recurrent:
             raise KVLayoutUnsupported(f"no context shift for this model: {RECURRENT_NO_SHIFT}")
+        if self.allocator.window is not None:  # the engine keeps every block when it may shift
+            raise KVLayoutUnsupported("no context shift over a sequence that frees blocks behind its window")
         out = compacted(seq, keep, discard, self.copy_slots)
         seq.release()
         return out

@@ -186,7 +186,9 @@ class PrefixCache:
         """Drop up to `n` least-recently-used leaves that no live sequence shares, one at a
         time: a parent that a drop leaves childless joins the candidates at its own age, so an
         old chain goes before a newer donation. One scan of the tree, then a heap."""
-        unshared = lambda x: not x.children and (x.block == NULL_BLOCK or self.allocator.refs(x.block) == 1)  # noqa: E731
+        def unshared(x: _Node) -> bool:
+            return not x.children and (x.block == NULL_BLOCK or self.allocator.refs(x.block) == 1)
+
         heap = [(x.last_used, id(x), x) for x in self._nodes() if unshared(x)]
         heapq.heapify(heap)
         freed = 0
