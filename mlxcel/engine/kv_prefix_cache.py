@@ -164,8 +164,9 @@ class PrefixCache:
         child.last_used = now
         return child
 
-    def _drop(self, leaf: _Node, cascade: bool = True) -> None:
-        """Drop a leaf, and (`cascade`) the freed (NULL_BLOCK) nodes it leaves childless above it."""
+    def _drop(self, leaf: _Node, cascade: bool = True) -> _Node:
+        """Drop a leaf, and (`cascade`) the freed (NULL_BLOCK) nodes it leaves childless above it;
+        returns the node the drops stopped under."""
         while True:
             parent = leaf.parent
             del parent.children[leaf.key]
@@ -174,7 +175,7 @@ class PrefixCache:
                 self.allocator.unref(leaf.block)
                 self.cached_blocks -= 1
             if not cascade or parent is self.root or parent.children or parent.block != NULL_BLOCK:
-                return
+                return parent
             leaf = parent
 
     def trim(self) -> None:
@@ -196,10 +197,9 @@ class PrefixCache:
             _, _, leaf = heapq.heappop(heap)
             if leaf.parent is None:
                 continue
-            parent = leaf.parent
             freed += leaf.block != NULL_BLOCK  # a freed node costs nothing, and frees nothing
-            self._drop(leaf)
-            if parent is not self.root and parent.parent is not None and unshared(parent):
+            parent = self._drop(leaf)
+            if parent is not self.root and unshared(parent):
                 heapq.heappush(heap, (parent.last_used, id(parent), parent))
         return freed
 
