@@ -146,3 +146,35 @@ def test_swa_full_keeps_every_block(argv, environ):
     assert policy["free_behind_window"] is False and policy["free_behind_window_off_reason"] == WINDOW_KEPT_FULL
     assert got.tokens == reference(p, 100, window=WINDOW)
     assert max(backend.used_blocks) == -(-(len(p) + 100 - 2) // BLOCK_SIZE)
+
+
+def test_prompts_cut_from_earlier_conversations_anywhere_serve_the_reference():
+    """Prompts that share a prefix of an earlier stream cut at random points (in freed parts, in
+    kept parts, inside blocks), some at once: every row serves the windowed reference, and once
+    all end the pool holds only what the prefix cache keeps."""
+    import random
+
+    rng = random.Random(7)
+    backend = FakeBackend(window=WINDOW)
+    streams = [prompt(100, 30)]
+
+    async def one(engine, p, n):
+        got = await run(engine, p, n)
+        streams.append(p + got.tokens)
+        return p, n, got
+
+    async def wave(engine):
+        prompts = []
+        for _ in range(3):
+            base = rng.choice(streams)
+            cut = rng.randrange(1, len(base))
+            prompts.append((base[:cut] + prompt(rng.randrange(2, 500), rng.randrange(1, 20)), rng.randrange(5, 60)))
+        return await asyncio.gather(*(one(engine, p, n) for p, n in prompts))
+
+    with engine_on(backend, n_ctx=1024, parallel=3) as engine:
+        results = [r for _ in range(5) for r in asyncio.run(wave(engine))]
+        usage = engine.kv_usage()
+    for p, n, got in results:
+        assert got.tokens == reference(p, n, window=WINDOW)
+    assert any(got.last.timings.cache_n > 0 for _, _, got in results)  # the cache did serve some
+    assert backend.poison_reads == 0 and usage["used_blocks"] == usage["cached_blocks"]
