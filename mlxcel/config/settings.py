@@ -93,6 +93,7 @@ class KvSection:
     cache_type_k: str = "f16"
     cache_type_v: str = "f16"
     cache_prompt: bool = True
+    swa_full: bool = False  # --swa-full: keep the blocks behind a sliding window (engine/kv_manager.py)
     cache_ram_mib: int = 2048  # --cache-ram: mlxcel's default (b10621's is 8192); -1 no limit, 0 disable
     prompt_cache_capacity_bytes: int | None = None  # wins over cache_ram_mib when both are given
 

@@ -26,7 +26,7 @@ import numpy as np
 from mlxcel.engine.backend import Backend, ForwardRow
 from mlxcel.engine.decode_pipeline import DecodePipeline
 from mlxcel.engine.kv_block_pool import OutOfBlocks
-from mlxcel.engine.kv_manager import RECURRENT_NO_SHIFT, KVManager
+from mlxcel.engine.kv_manager import RECURRENT_NO_SHIFT, WINDOW_KEPT_FULL, WINDOW_KEPT_SHIFT, KVManager
 from mlxcel.engine.output import OutputProcessor
 from mlxcel.engine.requests import RequestHandle, Row, forward_row
 from mlxcel.engine.scheduler import Scheduler
@@ -65,7 +65,7 @@ class Engine:
                  parallel: int = 4, batch_size: int = 512, cache_prompt: bool = True,
                  cache_budget_bytes: int | None = 2048 << 20, cont_batching: bool = True,
                  max_queue_depth: int = 64, context_shift: bool = False, keep: int = 0,
-                 special: bool = False, sleep_idle_seconds: int = -1,
+                 special: bool = False, swa_full: bool = False, sleep_idle_seconds: int = -1,
                  reload: Callable[[], Backend] | None = None, release_memory: Callable[[], None] | None = None,
                  speculator=None) -> None:
         self.tokenizer = tokenizer
@@ -75,8 +75,11 @@ class Engine:
         self.batch_size = max(1, batch_size)
         self.max_queue_depth = max_queue_depth  # waiting requests beyond the free slots; -1: unbounded
         self.speculator = speculator  # engine/speculative.Speculator (--spec-type / -md), or None
+        # --swa-full, or a context shift (it brings kept early tokens back into the window), keeps
+        # the blocks behind an all-sliding model's window
+        kept = WINDOW_KEPT_FULL if swa_full else WINDOW_KEPT_SHIFT if context_shift else None
         self.kv = KVManager(n_ctx_slot=self.n_ctx_slot, parallel=self.parallel,
-                            budget_bytes=cache_budget_bytes if cache_prompt else 0)
+                            budget_bytes=cache_budget_bytes if cache_prompt else 0, keep_window=kept)
         self.context_shift_requested = context_shift  # a recurrent model turns it off (adopt_backend)
         self.scheduler = Scheduler(self.kv, parallel=self.parallel, n_ctx_slot=self.n_ctx_slot,
                                    batch_size=self.batch_size, cont_batching=cont_batching,
@@ -125,12 +128,13 @@ class Engine:
 
     def kv_policy(self) -> dict:
         """For /props beside the pool's occupancy: whether the prefix cache and the context shift
-        are on, and why not where either is off."""
+        are on, whether sequences free the blocks behind a sliding window, and why not where any
+        is off."""
         shift = self.scheduler.context_shift
         return {"prefix_cache": self.kv.prefix_cache_off is None, "prefix_cache_off_reason": self.kv.prefix_cache_off,
                 "context_shift": shift,
                 "context_shift_off_reason": None if shift else RECURRENT_NO_SHIFT if self.kv.recurrent
-                else "--context-shift is off"}
+                else "--context-shift is off", **self.kv.window_policy}
 
     def kv_usage(self) -> dict[str, int]:
         """Block pool occupancy, for /metrics and /props (all zero while asleep)."""

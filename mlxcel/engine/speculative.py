@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from mlxcel.engine.backend import ForwardRow
-from mlxcel.engine.kv_manager import KVManager
+from mlxcel.engine.kv_manager import WINDOW_KEPT_DRAFT, KVManager
 from mlxcel.engine.kv_prefix_cache import common_prefix
 
 DRAFT, NGRAM_SIMPLE = "draft-simple", "ngram-simple"
@@ -112,8 +112,9 @@ class ModelDrafter:
                  block_size: int, target_vocab: int) -> None:
         self.backend, self.config, self.batch_size = backend, config, max(1, batch_size)
         self.target_vocab = target_vocab  # a padded draft head may name ids the target cannot embed
+        # the draft's sequence rewinds over its rejected drafts: it keeps the blocks behind a window
         self.kv = KVManager(n_ctx_slot=n_ctx_slot, parallel=parallel, budget_bytes=None, headroom=0,
-                            block_size=block_size)
+                            block_size=block_size, keep_window=WINDOW_KEPT_DRAFT)
         self.kv.bind(backend)
 
     def propose(self, items: list[tuple[RowSpec, list[int], int, int]]) -> list[list[int]]:

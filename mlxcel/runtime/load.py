@@ -194,7 +194,7 @@ def build_engine(settings: ServerSettings, path: Path, backend, tokenizer: Token
     engine = Engine(backend, tokenizer, n_ctx=n_ctx, parallel=e.parallel, batch_size=e.batch_size,
                     cache_prompt=settings.kv.cache_prompt, cache_budget_bytes=cache_budget_bytes(settings),
                     cont_batching=e.cont_batching, max_queue_depth=e.max_queue_depth,
-                    context_shift=e.context_shift, keep=e.keep, special=e.special,
+                    context_shift=e.context_shift, keep=e.keep, special=e.special, swa_full=settings.kv.swa_full,
                     sleep_idle_seconds=e.sleep_idle_seconds, reload=reload, release_memory=release_memory)
     return vision, engine
 

@@ -200,7 +200,6 @@ REFUSALS = [
     (["-sps", "0.10"], "--slot-prompt-similarity 0.10"),
     (["-kvu"], "--kv-unified"),
     (["-ctxcp", "8"], "--ctx-checkpoints 8"),
-    (["--swa-full"], "--swa-full"),
     # deferred and removed options are refused, never silently accepted
     (["--json-schema", "{not json"], "--json-schema: invalid JSON schema"),
     (["--lora", "adapter.safetensors"], "LoRA adapter adapter.safetensors: no such file or directory"),

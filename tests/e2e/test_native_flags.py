@@ -72,6 +72,9 @@ def test_props_post_acknowledges_and_get_reports_the_key_set(smol):
         # mlxcel's extensions
         "capabilities", "backend", "geometry", "kv_cache", "speculative"}
     assert props["speculative"] is None  # no --spec-type / -md: nothing speculates
+    # SmolLM2's layers all read the whole context: no block goes back behind a window, and /props says why
+    kv = props["kv_cache"]
+    assert kv["free_behind_window"] is False and "no layer" in kv["free_behind_window_off_reason"]
     auto = choose("auto", "auto")  # these settings leave --backend/--device at auto
     backend = props["backend"]
     assert (backend["name"], backend["device"], backend["reason"]) == (auto.backend, auto.device, auto.reason)
