@@ -53,7 +53,8 @@ def test_prometheus_families_name_for_name():
     assert values["llamacpp:predicted_tokens_seconds"] == "0"  # no time in the window
     assert values["llamacpp:requests_deferred"] == "2"
     assert values["mlxcel_kv_cache_usage_ratio"] == "0.5"
-    assert all(values[f"llamacpp:spec_decode_num_{n}_total"] == "0" for n in ("draft_tokens", "accepted_tokens", "drafts"))
+    spec = ("draft_tokens", "accepted_tokens", "drafts")
+    assert all(values[f"llamacpp:spec_decode_num_{n}_total"] == "0" for n in spec)
     assert "per_pos" not in text and text.endswith("\n")  # no draft, no per-position series
 
 

@@ -138,7 +138,8 @@ def test_metrics_count_cached_prompt_tokens_and_busy_slots(smol):
     for name in ("draft_tokens", "accepted_tokens", "drafts"):
         assert types[f"llamacpp:spec_decode_num_{name}_total"] == "counter"
         assert after[f"llamacpp:spec_decode_num_{name}_total"] == 0
-    assert types["llamacpp:n_busy_slots_per_decode"] == "gauge" and types["llamacpp:prompt_tokens_cached_total"] == "counter"
+    assert types["llamacpp:n_busy_slots_per_decode"] == "gauge"
+    assert types["llamacpp:prompt_tokens_cached_total"] == "counter"
     assert after["llamacpp:n_busy_slots_per_decode"] == 1.0  # --parallel 1: every forward ran one row
 
 
