@@ -31,14 +31,16 @@ LLAMA_TURN = "<|start_header_id|>assistant<|end_header_id|>\n\n"
 # family: (thinking on / auto ending, thinking off ending)
 ENDINGS = {
     "Qwen-Qwen3-0.6B": (QWEN_TURN, QWEN_TURN + "<think>\n\n</think>\n\n"),
-    "Qwen-QwQ-32B": (QWEN_TURN + "<think>\n", QWEN_TURN + "<think>\n</think>"),
-    "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B": (R1_TURN, R1_TURN + "</think>"),
-    "deepseek-ai-DeepSeek-R1-Distill-Llama-8B": (R1_TURN, R1_TURN),  # no switch in the template
-    "CohereForAI-c4ai-command-r7b-12-2024-tool_use": (COHERE_TURN, COHERE_TURN + "<|START_THINKING|><|END_THINKING|>"),
+    # the checkpoints' own templates below have no switch: they always prime (or never close) the block
+    "Qwen-QwQ-32B": (QWEN_TURN + "<think>\n", QWEN_TURN + "<think>\n"),
+    "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B": (R1_TURN, R1_TURN),
+    "deepseek-ai-DeepSeek-R1-Distill-Llama-8B": (R1_TURN, R1_TURN),
+    "CohereForAI-c4ai-command-r7b-12-2024-tool_use": (COHERE_TURN, COHERE_TURN),
     "meta-llama-Llama-3.1-8B-Instruct": (LLAMA_TURN, LLAMA_TURN),
     "meta-llama-Llama-3.2-3B-Instruct": (LLAMA_TURN, LLAMA_TURN),
 }
-THINKING = {name for name in ENDINGS if not name.startswith("meta-llama")}
+# Command-R7B's own template has no thinking switch and primes no block: auto leaves thinking off
+THINKING = {name for name in ENDINGS if not name.startswith(("meta-llama", "CohereForAI"))}
 
 
 def _model(name: str) -> SimpleNamespace:

@@ -1,9 +1,11 @@
-"""The thinking switch over a real server: qwen3-tiny started with QwQ-32B's published template
-(--chat-template-file, tests/chat/templates/), answered as b10621's /apply-template answers it.
+"""The thinking switch over a real server: qwen3-tiny started with Qwen3-0.6B's published
+template (--chat-template-file, tests/chat/templates/), answered as b10621's /apply-template
+answers it.
 
 Under the default `--reasoning auto` the template has a thinking mode, so `enable_thinking` is
-true and the prompt ends in an open `<think>\n`; a request's `chat_template_kwargs` or
-`reasoning_effort: "none"` closes it. The same rendering is what a chat completion prefills.
+true and the prompt ends with the bare assistant turn; a request's `chat_template_kwargs` or
+`reasoning_effort: "none"` makes the template write an empty thinking block. The same rendering
+is what a chat completion prefills.
 """
 
 from __future__ import annotations
@@ -16,15 +18,15 @@ import pytest
 from tests.conftest import ServerProcess, fixture_path
 from tests.fixtures import QWEN3_TINY
 
-QWQ = Path(__file__).parents[1] / "chat" / "templates" / "Qwen-QwQ-32B.jinja"
+QWEN3 = Path(__file__).parents[1] / "chat" / "templates" / "Qwen-Qwen3-0.6B.jinja"
 ASK = [{"role": "user", "content": "Why is the sky blue?"}]
-OPEN_END, CLOSED_END = "<|im_start|>assistant\n<think>\n", "<|im_start|>assistant\n<think>\n</think>"
+OPEN_END, CLOSED_END = "<|im_start|>assistant\n", "<|im_start|>assistant\n<think>\n\n</think>\n\n"
 
 
 @pytest.fixture(scope="module")
 def server():
     fixture_path(QWEN3_TINY)
-    s = ServerProcess(["-m", QWEN3_TINY, "--offline", "--chat-template-file", str(QWQ)])
+    s = ServerProcess(["-m", QWEN3_TINY, "--offline", "--chat-template-file", str(QWEN3)])
     yield s
     s.stop()
 
@@ -35,6 +37,7 @@ def _apply(server, **body) -> httpx.Response:
 
 def test_apply_template_thinking_endings(server):
     assert _apply(server).json()["prompt"].endswith(OPEN_END)
+    assert not _apply(server).json()["prompt"].endswith(CLOSED_END)
     for body in ({"chat_template_kwargs": {"enable_thinking": False}}, {"reasoning_effort": "none"}):
         assert _apply(server, **body).json()["prompt"].endswith(CLOSED_END), body
     assert _apply(server, chat_template_kwargs={"enable_thinking": True}).json()["prompt"].endswith(OPEN_END)
