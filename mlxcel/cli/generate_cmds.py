@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from mlxcel.chat.chat_template import render_chat, render_plain
+from mlxcel.chat.chat_template import render_chat, render_plain, thinking_by_default
 from mlxcel.config.settings import BackendSection, EngineSection, SamplingSection, ServerSettings, SourceSection
 from mlxcel.engine.types import GenerationRequest, TokenEvent
 from mlxcel.store.paths import store_root
@@ -126,8 +126,12 @@ async def stream_tokens(model, prompt: list[int], max_tokens: int, out=sys.stdou
 
 def chat_prompt(model, messages) -> list[int]:
     tok = model.tokenizer
-    text = (render_chat(tok.chat_template, messages, bos_token=tok.bos_token, eos_token=tok.eos_token)
-            if tok.chat_template else render_plain(messages))
+    if not tok.chat_template:
+        return tok.encode(render_plain(messages), add_special_tokens=False)
+    # the server's --reasoning auto: thinking on where the template has a thinking mode
+    thinking = thinking_by_default(tok.chat_template, tok.bos_token, tok.eos_token)
+    text = render_chat(tok.chat_template, messages, bos_token=tok.bos_token, eos_token=tok.eos_token,
+                       extra={"enable_thinking": thinking})
     return tok.encode(text, add_special_tokens=False)
 
 

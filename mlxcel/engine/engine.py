@@ -265,7 +265,8 @@ class Engine:
         rows = list(self.scheduler.running)
         kv = self.kv_usage()
         queued = max(self._outstanding - len(rows), 0)
-        snap = EngineStats(**{**vars(st), "n_processing": sum(r.slot >= 0 for r in rows),
+        snap = EngineStats(**{**vars(st), "n_draft_accepted_per_pos": list(st.n_draft_accepted_per_pos),
+                              "n_processing": sum(r.slot >= 0 for r in rows),
                               "n_deferred": queued + sum(r.slot < 0 for r in rows),
                               "kv_cache_tokens": sum(r.n_prompt_done + len(r.generated) for r in rows),
                               "kv_blocks_total": kv["total_blocks"], "kv_blocks_used": kv["used_blocks"],

@@ -66,6 +66,14 @@ class RowSpec:
     keep: int | None = None  # target KV length to trim to if the row ends mid-verification
 
 
+def _count_position(counters, i: int, n_draft: int) -> None:
+    """/metrics' accepted-per-draft-position counter (position 0: the first drafted token)."""
+    per_pos = counters.n_draft_accepted_per_pos
+    if len(per_pos) < n_draft:
+        per_pos.extend([0] * (n_draft - len(per_pos)))
+    per_pos[i] += 1
+
+
 def ngram_simple_draft(context: list[int], last: int, size_n: int, size_m: int) -> list[int]:
     """b10621's ngram-simple proposal: the n-gram ending in `last` (the n-1 context tokens before
     it plus `last`) is searched backwards in `context`, skipping the current position; the
@@ -253,6 +261,7 @@ class Speculator:
             if i == len(draft) or row.next_token != draft[i]:
                 break
             spec.accepted += 1
+            _count_position(engine.counters, i, len(draft))
         spec.keep = None
         seq.truncate(base + 1 + i)
 

@@ -17,6 +17,7 @@ from mlxcel.api.engine_request import reasoning_budget
 from mlxcel.api.errors import ApiError
 from mlxcel.api.openai import tool_grammar as tg
 from mlxcel.api.state import AppState
+from mlxcel.chat.chat_template import thinking_by_default
 from mlxcel.chat.reasoning import CLOSE, FORMATS, OPEN, ReasoningStream, primed
 from mlxcel.chat.tool_calls import MARKERS, ToolCallStream
 from mlxcel.engine.grammar import GrammarError
@@ -84,6 +85,36 @@ def template_history(messages: list[Any]) -> list[Any]:
     return out
 
 
+def template_kwargs(settings: Any, model: ServedModel, requested: Any, effort: Any) -> dict[str, Any]:
+    """The template context extras of one request, as b10621 builds them: the server's kwargs
+    (--chat-template-kwargs, --reasoning*) under the request's; a string `enable_thinking` is
+    refused; `reasoning_effort: "none"` turns thinking off; and `enable_thinking` is always set,
+    under --reasoning auto to whether the template has a thinking mode."""
+    kwargs = dict(settings.chat.template_kwargs)
+    if requested is not None:
+        if not isinstance(requested, dict):
+            raise ApiError(400, "chat_template_kwargs must be an object", code="invalid_parameter",
+                           param="chat_template_kwargs")
+        kwargs.update(requested)
+    if isinstance(kwargs.get("enable_thinking"), str):
+        raise ApiError(400, 'invalid type for "enable_thinking" (expected boolean, got string)',
+                       code="invalid_parameter", param="chat_template_kwargs")
+    if effort is not None:
+        if not isinstance(effort, str):
+            raise ApiError(400, "reasoning_effort must be a string", code="invalid_parameter",
+                           param="reasoning_effort")
+        if effort == "none":
+            kwargs["enable_thinking"] = False
+            kwargs.pop("reasoning_effort", None)
+        elif effort:
+            kwargs["reasoning_effort"] = effort
+    if "enable_thinking" not in kwargs:
+        tok = model.tokenizer
+        kwargs["enable_thinking"] = bool(tok.chat_template) and \
+            thinking_by_default(tok.chat_template, tok.bos_token, tok.eos_token)
+    return kwargs
+
+
 def prepare(state: AppState, model: ServedModel, req: Any) -> Prepared:
     from mlxcel.api.openai.chat import render_prompt_text
 
@@ -100,14 +131,7 @@ def prepare(state: AppState, model: ServedModel, req: Any) -> Prepared:
     if forced is not None and settings.chat.skip_parsing:
         raise ApiError(400, "tool_choice 'required' or a named function needs chat parsing, which "
                        "--skip-chat-parsing turns off", code="field_not_honoured", param="tool_choice")
-    kwargs = dict(settings.chat.template_kwargs)
-    if req.chat_template_kwargs is not None:
-        if not isinstance(req.chat_template_kwargs, dict):
-            raise ApiError(400, "chat_template_kwargs must be an object", code="invalid_parameter",
-                           param="chat_template_kwargs")
-        kwargs.update(req.chat_template_kwargs)
-    if req.reasoning_effort is not None:
-        kwargs["reasoning_effort"] = req.reasoning_effort
+    kwargs = template_kwargs(settings, model, req.chat_template_kwargs, req.reasoning_effort)
     fmt = req.reasoning_format if req.reasoning_format is not None else settings.chat.reasoning_format
     if fmt not in FORMATS:
         raise ApiError(400, f"reasoning_format must be one of {', '.join(FORMATS)}", code="invalid_parameter",
