@@ -5,7 +5,9 @@ the bounds. Scoring mode's own contract is test_openai_scoring.py's.
 
 Tolerance: the /v1 row and the native row run the same sampler report over the same
 prompt; only the forward's batch shape and prompt-cache reuse differ between them, which
-moves a logit by float rounding, far below 1e-4 in a log-probability at fp32.
+moves a logit by float rounding, far below 1e-4 in a log-probability at fp32. At bf16
+(torch's CPU default where the CPU has native bf16) that rounding is up to ~0.06 per logit,
+so 0.15 there, as in test_openai_scoring.py.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import pytest
 from mlxcel.api.openai.generation import row_seed
 from tests.conftest import DEFAULT_MODEL
 
-TOLERANCE = {"float32": 1e-4, "bfloat16": 0.05}
+TOLERANCE = {"float32": 1e-4, "bfloat16": 0.15}
 CHAT = [{"role": "user", "content": "Name three colours."}]
 PROMPT = "The capital of France is"
 TOP = 5
@@ -145,6 +147,22 @@ def test_echo_without_logprobs_and_token_id_keys(openai_client):
     none = openai_client.chat.completions.create(model=DEFAULT_MODEL, messages=CHAT, max_tokens=2, temperature=0,
                                                  logprobs=True)
     assert len(none.choices[0].logprobs.content) == 2 and none.choices[0].logprobs.content[0].top_logprobs == []
+
+
+def test_stop_word_tokens_are_left_out_streamed_or_not(openai_client):
+    args = dict(model=DEFAULT_MODEL, prompt=PROMPT, max_tokens=6, logprobs=1, temperature=0, stop=["."])
+    whole = openai_client.completions.create(**args).choices[0]
+    assert whole.finish_reason == "stop" and "".join(whole.logprobs.tokens) == whole.text
+    streamed = [t for c in openai_client.completions.create(stream=True, **args) for ch in c.choices
+                if ch.logprobs is not None for t in ch.logprobs.tokens]
+    assert streamed == whole.logprobs.tokens
+
+
+def test_constrained_output_reports_every_token(openai_client):
+    r = openai_client.chat.completions.create(model=DEFAULT_MODEL, messages=CHAT, max_tokens=6, temperature=0,
+                                              logprobs=True, top_logprobs=2, response_format={"type": "json_object"})
+    assert len(r.choices[0].logprobs.content) == r.usage.completion_tokens
+    assert "".join(c.token for c in r.choices[0].logprobs.content).startswith(r.choices[0].message.content[:1])
 
 
 @pytest.mark.parametrize("route,body,param", [
