@@ -136,6 +136,23 @@ def test_echo_prepends_the_prompt_and_its_logprobs(default_server, openai_client
     assert "".join(c.choices[0].text for c in chunks if c.choices) == echoed.choices[0].text
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_echo_with_max_tokens_0_is_the_prompt_alone(openai_client, stream):
+    args = dict(model=DEFAULT_MODEL, prompt=[PROMPT, "Hello"], max_tokens=0, logprobs=1, echo=True)
+    if stream:
+        chunks = list(openai_client.completions.create(stream=True, stream_options={"include_usage": True}, **args))
+        choices, usage = [ch for c in chunks for ch in c.choices], chunks[-1].usage
+        first = [lp for ch in choices if ch.index == 0 and ch.logprobs for lp in ch.logprobs.token_logprobs]
+    else:
+        r = openai_client.completions.create(**args)
+        choices, usage, first = r.choices, r.usage, r.choices[0].logprobs.token_logprobs
+    assert ["".join(ch.text for ch in choices if ch.index == i) for i in (0, 1)] == [PROMPT, "Hello"]
+    assert {ch.index: ch.finish_reason for ch in choices if ch.finish_reason} == {0: "length", 1: "length"}
+    assert usage.completion_tokens == 0
+    one = openai_client.completions.create(model=DEFAULT_MODEL, prompt=PROMPT, max_tokens=1, logprobs=1, echo=True)
+    assert len(first) == one.usage.prompt_tokens and first == one.choices[0].logprobs.token_logprobs[:len(first)]
+
+
 def test_echo_without_logprobs_and_token_id_keys(openai_client):
     r = openai_client.completions.create(model=DEFAULT_MODEL, prompt=PROMPT, max_tokens=2, temperature=0, echo=True)
     assert r.choices[0].text.startswith(PROMPT) and r.choices[0].logprobs is None

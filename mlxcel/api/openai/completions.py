@@ -9,10 +9,12 @@ nothing generated (scoring.py).
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
 from litestar import Request, Response, post
+from litestar.response import Stream
 
 from mlxcel.api import stream_runner as runner
 from mlxcel.api.body import check_count, convert, read_json_object
@@ -26,9 +28,9 @@ from mlxcel.api.openai.fields import COMPLETIONS, check_fields, object_locations
 from mlxcel.api.openai.schemas import CompletionRequest
 from mlxcel.api.state import AppState
 from mlxcel.api.openai import response_format as rf
-from mlxcel.api.stream_runner import Job
+from mlxcel.api.stream_runner import Job, Run
 from mlxcel.config.limits import MAX_PROMPTS
-from mlxcel.engine.types import GenerationRequest
+from mlxcel.engine.types import GenerationRequest, TokenEvent
 from mlxcel.runtime.served import ServedModel
 from mlxcel.steering import requests as steer
 
@@ -138,8 +140,33 @@ async def completions(request: Request, app_state: AppState) -> Any:
     echo, logprobs = await _openings(model, ask, prompts)
     encoder = CompletionEncoder(base, g.fingerprint(model), reader=reader, echo=echo, logprobs=logprobs,
                                 include_usage=bool(req.stream_options and req.stream_options.include_usage))
+    if req.echo and ask.sampling.max_tokens == 0:
+        return _echo_only(ask, encoder, prompts)
     job = Job(model=model, requests=greqs, headers=ask.headers, stream=req.stream)
     return await runner.run(request, job, encoder)
+
+
+def _echo_only(ask: CompletionAsk, encoder: CompletionEncoder, prompts: list[list[int]]) -> Response | Stream:
+    """max_tokens 0 with echo: each choice is its prompt (and its logprobs), nothing generated,
+    so no engine row runs; the rows' last events are stated here instead."""
+    if ask.activations is not None:
+        raise ApiError(400, "return_sae_activations reads a forward, and max_tokens 0 with echo runs none",
+                       code="invalid_parameter", param="return_sae_activations")
+    finals = [TokenEvent(finish_reason="length", stop_type="limit", prompt_tokens=len(p)) for p in prompts]
+    if not ask.req.stream:
+        return Response(encoder.body([Run(final=ev) for ev in finals]), headers=ask.headers)
+
+    async def frames() -> AsyncIterator[bytes]:
+        for frame in encoder.opening():
+            yield frame
+        for i, ev in enumerate(finals):
+            for frame in encoder.frames(i, ev):
+                yield frame
+        for frame in encoder.closing(True):
+            yield frame
+        yield encoder.trailer
+
+    return Stream(frames(), media_type="text/event-stream", headers={**runner.SSE_HEADERS, **ask.headers})
 
 
 async def _openings(model: ServedModel, ask: CompletionAsk,
