@@ -29,6 +29,7 @@ from mlxcel.engine.kv_block_pool import OutOfBlocks
 from mlxcel.engine.kv_manager import RECURRENT_NO_SHIFT, WINDOW_KEPT_FULL, WINDOW_KEPT_SHIFT, KVManager
 from mlxcel.engine.output import OutputProcessor
 from mlxcel.engine.requests import RequestHandle, Row, forward_row
+from mlxcel.engine.sampling import ProbsReport, prompt_reports
 from mlxcel.engine.scheduler import Scheduler
 from mlxcel.engine.sleep import IdleSleeper
 from mlxcel.engine.slot_actions import SlotJob, run_slot_job
@@ -41,13 +42,15 @@ log = logging.getLogger("mlxcel.engine")
 @dataclass
 class _ScoreJob:
     """One unsteered pass over a prompt on a fresh sequence: the next-token logits (scoring),
-    or with `hidden` the final hidden states of every position (embeddings)."""
+    with `hidden` the final hidden states of every position (embeddings), or with `n_probs`
+    the report of every prompt token after the first (/v1/completions echo)."""
 
     prompt: list[int]
     future: Future
     capture: dict | None = None  # residual reads (per-request SAE activations); never steering
     hidden: bool = False
     lora: tuple | None = None  # the server's LoRA scales when the pass was queued
+    n_probs: int = 0  # above 0: each prompt token's probability report instead of the last logits
 
 
 def _too_long(n: int, n_ctx_slot: int, what: str = "request") -> EngineError:
@@ -227,6 +230,19 @@ class Engine:
         self._inbox.put(job)
         return job.future
 
+    def submit_prompt_probs(self, prompt: list[int], n_probs: int) -> Future:
+        """Queue one pass over the prompt; the future resolves to the probability report of
+        each prompt token after the first (len(prompt) - 1 of them), as sampling reports a
+        generated token's with `n_probs` alternatives: from the position before it, raw logits."""
+        if not prompt:
+            raise EngineError("the prompt is empty", "invalid_request", 400)
+        if len(prompt) > self.n_ctx_slot:
+            raise _too_long(len(prompt), self.n_ctx_slot)
+        job = _ScoreJob(list(prompt), Future(), lora=self.lora.snapshot() if self.lora is not None else None,
+                        n_probs=max(n_probs, 1))
+        self._inbox.put(job)
+        return job.future
+
     def submit_slot_action(self, action: str, slot: int, tokens: list[int] | None = None) -> Future:
         """Queue a slot save / restore / erase; it runs on the engine thread once the slot is
         idle. The future resolves to the slot's tokens (save), the restored count (restore) or
@@ -352,15 +368,7 @@ class Engine:
             return
         seq = self.kv.new_sequence()
         try:
-            logits, hidden = None, []
-            for start in range(0, len(job.prompt), self.batch_size):
-                chunk = job.prompt[start:start + self.batch_size]
-                if job.hidden:
-                    hidden.append(self.backend.hidden_states(chunk, seq))
-                else:
-                    logits = self.backend.forward([ForwardRow(chunk, seq, None, job.capture, job.lora)])
-            job.future.set_result(np.concatenate(hidden).astype(np.float32) if job.hidden
-                                  else np.array(logits[0], dtype=np.float32, copy=True))
+            job.future.set_result(self._pass(job, seq))
         except OutOfBlocks as e:
             what = "embedding" if job.hidden else "scoring"
             job.future.set_exception(EngineError(f"no KV memory left for the {what} pass: {e}",
@@ -370,6 +378,23 @@ class Engine:
             job.future.set_exception(e)
         finally:
             seq.release()
+
+    def _pass(self, job: _ScoreJob, seq) -> np.ndarray | list[ProbsReport]:
+        """The forward of a `_ScoreJob`, chunk by chunk; each chunk's logits are reduced before the
+        next runs, so a prompt's reports never hold [n, vocab] at once."""
+        logits, hidden, reports = None, [], []
+        for start in range(0, len(job.prompt), self.batch_size):
+            chunk = job.prompt[start:start + self.batch_size]
+            if job.hidden:
+                hidden.append(self.backend.hidden_states(chunk, seq))
+            elif job.n_probs:
+                every = self.backend.forward_all(chunk, seq, lora=job.lora)
+                reports += prompt_reports(every, job.prompt[start + 1:start + 1 + len(chunk)], job.n_probs)
+            else:
+                logits = self.backend.forward([ForwardRow(chunk, seq, None, job.capture, job.lora)])
+        if job.hidden:
+            return np.concatenate(hidden).astype(np.float32)
+        return reports if job.n_probs else np.array(logits[0], dtype=np.float32, copy=True)
 
     def _slot_actions(self) -> None:
         busy = self.scheduler.claimed_slots()

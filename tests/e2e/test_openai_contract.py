@@ -353,9 +353,10 @@ def test_context_length_exceeded_on_scoring_requests(openai_client, endpoint):
     with pytest.raises(openai.BadRequestError) as e:
         if endpoint == CHAT:
             openai_client.chat.completions.create(model=DEFAULT_MODEL, messages=[{"role": "user", "content": long}],
-                                                  max_tokens=1, logprobs=True)
+                                                  max_tokens=1, logprobs=True, extra_body={"allowed_token_ids": [504]})
         else:
-            openai_client.completions.create(model=DEFAULT_MODEL, prompt=long, max_tokens=1, logprobs=2)
+            openai_client.completions.create(model=DEFAULT_MODEL, prompt=long, max_tokens=1, logprobs=2,
+                                             extra_body={"allowed_token_ids": [504]})
     assert e.value.code == "context_length_exceeded"
     assert "maximum context length is 2048 tokens" in e.value.message and "in the prompt, 1 for the completion" in e.value.message
 

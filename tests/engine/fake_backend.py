@@ -185,7 +185,7 @@ class FakeBackend:
             out[i] = logits_for(next_token(self._read(row.cache, ends[i])))
         return out
 
-    def forward_all(self, tokens: list[int], cache: SequenceKV) -> np.ndarray:
+    def forward_all(self, tokens: list[int], cache: SequenceKV, lora: tuple[float, ...] | None = None) -> np.ndarray:
         if self.recurrent:
             return np.stack([logits_for(_pick(self._advance(cache, [t]))) for t in tokens])
         start = cache.length

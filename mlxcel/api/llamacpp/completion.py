@@ -75,11 +75,7 @@ def _native_error(ev: TokenEvent) -> dict[str, Any]:
 def final_object(model: ServedModel, nreq: NativeRequest, greq: GenerationRequest, res: Run,
                  index: int, stream: bool) -> dict[str, Any]:
     ev = res.final
-    probs = res.probs if not stream else None
-    if probs and ev.stop_type == "word":
-        # drop the reports of the tokens that spelled the stop word, as upstream does
-        n_stop = len(model.tokenizer.encode(ev.stopping_word, add_special_tokens=False))
-        probs = probs[: max(len(probs) - n_stop, 0)]
+    probs = render.kept_probs(model, res.probs, ev) if not stream else None
     obj = render.final_json(
         model, greq, ev, index=index, content="" if stream else res.content(),
         tokens=res.tokens if (nreq.return_tokens and not stream) else [], stream=stream,

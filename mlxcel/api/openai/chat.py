@@ -1,8 +1,9 @@
 """POST /v1/chat/completions: messages -> chat template -> engine -> OpenAI chat shapes.
 
 `messages` and each `extra_messages` conversation are rendered separately; every one, and
-each of `n` choices, is its own engine row with its own seed, returned in index order. With
-`logprobs: true` or `allowed_token_ids` the request is chat scoring (scoring.py).
+each of `n` choices, is its own engine row with its own seed, returned in index order;
+`logprobs: true` reports each generated token's log-probability (logprobs.py). With
+`allowed_token_ids` the request is chat scoring (scoring.py).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from mlxcel.api.errors import ApiError
 from mlxcel.api.model_switch import model_for
 from mlxcel.api.openai import chat_surface, reasoning_control
 from mlxcel.api.openai import generation as g
+from mlxcel.api.openai import logprobs as lp
 from mlxcel.api.openai import scoring as sc
 from mlxcel.api.openai.fields import (
     CHAT, MESSAGE_KEYS, check_fields, message_locations, object_locations, settle_unused, strict_mode,
@@ -130,6 +132,7 @@ class ChatAsk:
     steering: steer.SteeringFields
     constraint: rf.Constraint | None  # response_format's
     spec: sc.ScoringSpec | None  # a scoring request's (None: generation)
+    logprobs: lp.LogprobsAsk | None  # a generation's (None: not asked)
     sampling: g.SamplingAsk
     headers: dict[str, str]  # the field contract's, then the seed's and the constraint's
 
@@ -164,10 +167,11 @@ async def _ask(request: Request) -> ChatAsk:
         unused += message_locations(conv, f"extra_messages[{k}]")
     unused += object_locations(body.get("stream_options"), ["include_usage"], "stream_options")
     _, spec, mode_unused = sc.resolve(req, body, chat=True)
+    logprobs = lp.ask_of(req, chat=True) if spec is None else None
     _check_shape(req)
     headers = settle_unused(unused + mode_unused, strict, CHAT)
-    return ChatAsk(req=req, steering=steering, constraint=constraint, spec=spec,
-                   sampling=g.validate_sampling(req), headers=headers)
+    return ChatAsk(req=req, steering=steering, constraint=constraint, spec=spec, logprobs=logprobs,
+                   sampling=g.validate_sampling(req, logprobs), headers=headers)
 
 
 async def _with_model(app_state: AppState, model: ServedModel, ask: ChatAsk) -> list:
@@ -176,7 +180,7 @@ async def _with_model(app_state: AppState, model: ServedModel, ask: ChatAsk) -> 
     req, images = ask.req, []
     if media.has_media(req.messages) or any(media.has_media(m) for m in req.extra_messages or []):
         if ask.spec is not None:
-            raise ApiError(400, "image parts are not accepted on a scoring request (logprobs / allowed_token_ids)",
+            raise ApiError(400, "image parts are not accepted on a scoring request (allowed_token_ids)",
                            code="field_not_honoured", param="messages")
         messages, images = await media.gather(model, media.policy(app_state.settings), req.messages,
                                               list(req.extra_messages or []))
@@ -255,7 +259,8 @@ async def chat_completions(request: Request, app_state: AppState) -> Any:
                                        echo=bool(req.echo)) for _ in greqs]  # one output parser per choice
     encoder = ChatEncoder(base, g.fingerprint(model), outputs, alias=app_state.settings.chat.reasoning_alias_field,
                           include_usage=bool(req.stream_options and req.stream_options.include_usage),
-                          reader=reader, constraint=ask.constraint, on_begin=_armer(app_state, cid, prep))
+                          reader=reader, constraint=ask.constraint, on_begin=_armer(app_state, cid, prep),
+                          logprobs=lp.ChatLogprobs(model, ask.logprobs) if ask.logprobs is not None else None)
     job = Job(model=model, requests=greqs, headers={**ask.headers, **steer_headers}, stream=req.stream)
     return await runner.run(request, job, encoder)
 

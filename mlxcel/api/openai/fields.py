@@ -39,9 +39,9 @@ STRICT_HEADER = "X-miLLM-Strict"
 # that would change the output and that no endpoint honours yet.
 FIELD_TABLE: dict[str, dict[str, str]] = {
     #                         chat       completions   embeddings
-    "logprobs":              {CHAT: H, COMPLETIONS: H, EMBEDDINGS: R},  # scoring mode
+    "logprobs":              {CHAT: H, COMPLETIONS: H, EMBEDDINGS: R},  # openai/logprobs.py
     "allowed_token_ids":     {CHAT: H, COMPLETIONS: H, EMBEDDINGS: R},  # scoring mode
-    "top_logprobs":          {CHAT: H, COMPLETIONS: R, EMBEDDINGS: R},  # completions: use logprobs
+    "top_logprobs":          {CHAT: H, COMPLETIONS: R, EMBEDDINGS: R},  # completions: logprobs is the count
     "response_format":       {CHAT: H, COMPLETIONS: R, EMBEDDINGS: R},  # chat: openai/response_format.py
     "seed":                  {CHAT: H, COMPLETIONS: H, EMBEDDINGS: R},
     "n":                     {CHAT: H, COMPLETIONS: R, EMBEDDINGS: R},  # chat: not streaming
@@ -61,7 +61,7 @@ FIELD_TABLE: dict[str, dict[str, str]] = {
     "parallel_tool_calls":   {CHAT: H, COMPLETIONS: R, EMBEDDINGS: R},
     "functions":             {CHAT: R, COMPLETIONS: R, EMBEDDINGS: R},
     "function_call":         {CHAT: R, COMPLETIONS: R, EMBEDDINGS: R},
-    "echo":                  {CHAT: H, COMPLETIONS: R, EMBEDDINGS: R},
+    "echo":                  {CHAT: H, COMPLETIONS: H, EMBEDDINGS: R},
     "best_of":               {CHAT: R, COMPLETIONS: R, EMBEDDINGS: R},
     "suffix":                {CHAT: R, COMPLETIONS: R, EMBEDDINGS: R},
 }

@@ -19,6 +19,7 @@ import numpy as np
 from mlxcel.api.engine_request import Sampling, generation_request
 from mlxcel.api.errors import ApiError, error_type
 from mlxcel.api.model_names import accepts, not_found
+from mlxcel.api.openai.logprobs import LogprobsAsk
 from mlxcel.api.openai.schemas import _Sampling
 from mlxcel.api.state import AppState
 from mlxcel.api.stream_runner import sse
@@ -62,8 +63,9 @@ class SamplingAsk:
     cache_prompt: bool
 
 
-def validate_sampling(req: _Sampling) -> SamplingAsk:
-    """Range checks shared by every /v1 generation and scoring request."""
+def validate_sampling(req: _Sampling, logprobs: LogprobsAsk | None = None) -> SamplingAsk:
+    """Range checks shared by every /v1 generation and scoring request; `logprobs` adds the
+    engine's per-token reports to the overrides."""
     if (req.max_tokens is not None and req.max_completion_tokens is not None
             and req.max_tokens != req.max_completion_tokens):
         raise ApiError(400, f"max_tokens ({req.max_tokens}) and max_completion_tokens ({req.max_completion_tokens}) "
@@ -84,6 +86,8 @@ def validate_sampling(req: _Sampling) -> SamplingAsk:
     if req.n is not None and req.n < 1:
         raise ApiError(400, "n must be at least 1", code="invalid_parameter", param="n")
     overrides = {name: getattr(req, name) for name in SAMPLING_FIELDS if getattr(req, name) is not None}
+    if logprobs is not None:
+        overrides.update(logprobs.overrides())
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     return SamplingAsk(max_tokens=max_tokens, overrides=overrides, seed=req.seed, stop=stop,
                        logit_bias=req.logit_bias, lora=req.lora, cache_prompt=req.cache_prompt is not False)

@@ -455,8 +455,9 @@ class TorchBackend(RowSteering):
         return logits
 
     @torch.inference_mode()
-    def forward_all(self, tokens: list[int], cache: SequenceKV) -> np.ndarray:
-        hidden, _ = self._run([ForwardRow(tokens, cache)])
+    def forward_all(self, tokens: list[int], cache: SequenceKV,
+                    lora: tuple[float, ...] | None = None) -> np.ndarray:
+        hidden, _ = self._run([ForwardRow(tokens, cache, lora=lora)])
         self._reads = {}
         return self._logits(hidden[0])
 
