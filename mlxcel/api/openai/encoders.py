@@ -56,7 +56,7 @@ class ChatEncoder(Encoder):
 
     def frames(self, index: int, ev: TokenEvent) -> list[bytes]:
         out = self.outputs[0]
-        deltas = out.feed(ev.text) + (out.finish() if ev.done else [])
+        deltas = out.feed(ev.text) + (out.finish(ev.finish_reason) if ev.done else [])
         frames = []
         for i, delta in enumerate(deltas if not ev.done else [*deltas, {}]):
             last = ev.done and i == len(deltas)  # the empty delta after the last one carries the finish
@@ -79,7 +79,8 @@ class ChatEncoder(Encoder):
         if self.constraint is not None:
             for r in runs:
                 rf.check_output(self.constraint, r.text, r.final.finish_reason)
-        choices = [{"index": i, "message": with_alias(message(o.feed(r.text) + o.finish()), self.alias),
+        choices = [{"index": i, "message": with_alias(message(o.feed(r.text) + o.finish(r.final.finish_reason)),
+                                                      self.alias),
                     "logprobs": None, "finish_reason": o.finish_reason(r.final.finish_reason)}
                    for i, (r, o) in enumerate(zip(runs, self.outputs))]
         body = {**self.base, "object": "chat.completion", "system_fingerprint": self.fingerprint,
