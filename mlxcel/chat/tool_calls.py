@@ -142,8 +142,8 @@ def _cut_calls(text: str) -> list[ToolCall] | None:
     calls, rest = _leading_calls(body)
     m = _CUT_CALL.match(rest.lstrip(" \t\r\n,"))
     name = json.loads(m.group(1)) if m else ""
-    if not name:
-        return None
+    if not name:  # complete calls in an array cut before its end are still calls
+        return calls if calls and not rest.strip(" \t\r\n,") else None
     return [*(calls or []), ToolCall(name=name, arguments=m.group(2), truncated=True)]
 
 
