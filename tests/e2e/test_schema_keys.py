@@ -24,8 +24,10 @@ ABC = [{"role": "user", "content": "Write a JSON object with the keys a, b and c
 
 
 def forced_call(client, max_tokens: int, **extra):
+    # no prompt cache: each budget computes the same logits, so greedy writes the same call
     return client.chat.completions.create(model=DEFAULT_MODEL, messages=ASK, tools=WEATHER, tool_choice="required",
-                                          max_tokens=max_tokens, temperature=0, **extra)
+                                          max_tokens=max_tokens, temperature=0, extra_body={"cache_prompt": False},
+                                          **extra)
 
 
 def squeeze(text: str) -> str:
