@@ -11,8 +11,9 @@ the same parser (chat/tool_calls.py) as an unconstrained call and always parses:
 
 Each call object is a JSON Schema: `name` is the tool's name as a constant and the arguments
 are the tool's own `parameters` schema, so the arguments validate against it; its objects
-admit only their listed properties unless the schema allows more (engine/json_schema.py). With several
-tools the call is any one of them; with `parallel_tool_calls` one or more calls may follow.
+admit only their listed properties unless the schema allows more (engine/json_schema.py).
+With several tools the call is any one of them; with `parallel_tool_calls` one or more calls
+may follow.
 A marker that is one token of the vocabulary is referenced by id (the constraint library
 treats added tokens as special, not as text). When the prompt leaves a thinking block open
 the model first finishes its thought and closes the block, then calls.
