@@ -168,12 +168,16 @@ class GrammarCompiler:
 
 def _closed_schema(source: str | dict) -> Any:
     """The schema as compiled: objects closed after their listed properties (engine/json_schema.py)."""
-    if isinstance(source, str):
-        try:
-            source = json.loads(source)
-        except json.JSONDecodeError as e:
-            raise GrammarError(f"the schema is not valid JSON: {e}") from None
-    return json.dumps(close_objects(source))
+    return json.dumps(close_objects(_load(source) if isinstance(source, str) else source))
+
+
+def _load(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise GrammarError(f"the schema is not valid JSON: {e}") from None
+    except RecursionError:
+        raise GrammarError("the schema nests too deeply") from None
 
 
 def for_tokenizer(tokenizer: Any, n_vocab: int) -> GrammarCompiler:
@@ -188,10 +192,7 @@ def check_json_schema_text(text: str) -> None:
     before any model exists (no tokenizer needed). Raises GrammarError."""
     import llguidance
 
-    try:
-        schema = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise GrammarError(f"the schema is not valid JSON: {e}") from None
+    schema = _load(text)
     try:
         llg = llguidance.LLMatcher.grammar_from_json_schema(close_objects(schema), defaults=JSON_OPTIONS)
     except ValueError as e:

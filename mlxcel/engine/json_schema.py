@@ -37,8 +37,13 @@ _OPAQUE = (*_OPENERS, "patternProperties", "$ref", "allOf", "anyOf", "oneOf")
 
 
 def close_objects(schema: Any) -> Any:
-    """A copy of `schema` with every object that lists properties closed after them."""
-    return _close(schema, merged=False)
+    """A copy of `schema` with every object that lists properties closed after them. Raises
+    ValueError for a schema nested past Python's recursion limit (the routes' bodies are
+    bounded well below it; a `--json-schema` file is not)."""
+    try:
+        return _close(schema, merged=False)
+    except RecursionError:
+        raise ValueError("the schema nests too deeply") from None
 
 
 def _close(node: Any, merged: bool) -> Any:

@@ -76,6 +76,19 @@ def test_close_objects(schema, closed):
     assert json.dumps(schema) == before  # the input is left as it was
 
 
+def test_a_schema_nested_past_the_recursion_limit_is_refused():
+    from mlxcel.engine.grammar import GrammarError, check_json_schema_text
+
+    deep: dict = {}
+    for _ in range(5000):
+        deep = {"properties": {"a": deep}}
+    with pytest.raises(ValueError, match="nests too deeply"):
+        close_objects(deep)
+    text = '{"properties": {"a": ' * 5000 + "{}" + "}}" * 5000
+    with pytest.raises(GrammarError, match="nests too deeply"):  # --json-schema's text
+        check_json_schema_text(text)
+
+
 # -- the grammar -------------------------------------------------------------------------
 
 def accepts(compiler, tok, schema, text: str) -> bool:
