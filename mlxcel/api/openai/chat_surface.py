@@ -239,11 +239,13 @@ class ChatOutput:
             text, self._echo = self._echo + text, ""
         return self._shape(self._reason.feed(text), final=False)
 
-    def finish(self) -> list[dict[str, Any]]:
+    def finish(self, reason: str | None = None) -> list[dict[str, Any]]:
+        """The last deltas; `reason` the engine's finish reason: a call cut off by "length"
+        is still a tool call, its arguments the text written so far."""
         deltas = self.feed("") if self._echo else []
-        return deltas + self._shape(self._reason.finish(), final=True)
+        return deltas + self._shape(self._reason.finish(), final=True, cut=reason == "length")
 
-    def _shape(self, split, final: bool) -> list[dict[str, Any]]:
+    def _shape(self, split, final: bool, cut: bool = False) -> list[dict[str, Any]]:
         deltas: list[dict[str, Any]] = []
         if split.reasoning:
             thought = split.reasoning
@@ -257,7 +259,7 @@ class ChatOutput:
             return deltas
         pieces = self._tools.feed(split.content)
         if final:
-            pieces += self._tools.finish()
+            pieces += self._tools.finish(truncated=cut)
         for p in pieces:
             if p.call is None:
                 text = p.content

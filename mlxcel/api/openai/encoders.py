@@ -59,7 +59,7 @@ class ChatEncoder(Encoder):
 
     def frames(self, index: int, ev: TokenEvent) -> list[bytes]:
         out = self.outputs[0]
-        deltas = out.feed(ev.text) + (out.finish() if ev.done else [])
+        deltas = out.feed(ev.text) + (out.finish(ev.finish_reason) if ev.done else [])
         # the tokens' logprobs ride on the first chunk that goes out with (or after) their text
         logprobs = self.logprobs.event(ev, bool(deltas) or ev.done) if self.logprobs is not None else None
         frames = []
@@ -86,7 +86,8 @@ class ChatEncoder(Encoder):
         if self.constraint is not None:
             for r in runs:
                 rf.check_output(self.constraint, r.text, r.final.finish_reason)
-        choices = [{"index": i, "message": with_alias(message(o.feed(r.text) + o.finish()), self.alias),
+        choices = [{"index": i, "message": with_alias(message(o.feed(r.text) + o.finish(r.final.finish_reason)),
+                                                      self.alias),
                     "logprobs": self.logprobs.whole(r) if self.logprobs is not None else None,
                     "finish_reason": o.finish_reason(r.final.finish_reason)}
                    for i, (r, o) in enumerate(zip(runs, self.outputs))]
