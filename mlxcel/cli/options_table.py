@@ -403,9 +403,9 @@ _SERVER: tuple[Option, ...] = (
     X("-cram, --cache-ram", VALUE, mv="N", env="LLAMA_ARG_CACHE_RAM", default="8192", state=ALIASED,
       apply=a.apply_cache_ram,
       help=f"prompt cache budget in MiB (-1 = no limit, 0 = disable; mlxcel default {own('kv.cache_ram_mib')})"),
-    X("-kvu, --kv-unified, -no-kvu, --no-kv-unified", PAIR, env="LLAMA_ARG_KV_UNIFIED", state=NOT_APPLICABLE,
-      inert=only_negative_form, why="mlxcel allocates KV per sequence and has no unified KV buffer; "
-      "use --parallel 1 to give one request the whole context"),
+    X("-kvu, --kv-unified, -no-kvu, --no-kv-unified", PAIR, env="LLAMA_ARG_KV_UNIFIED",
+      default=own("engine.kv_unified"), state=BY_DESIGN, apply=a.flag_to("engine.kv_unified"),
+      help="every slot may fill the whole context from the one paged KV pool (default: ctx-size / parallel each)"),
     X("--cache-idle-slots, --no-cache-idle-slots", PAIR, env="LLAMA_ARG_CACHE_IDLE_SLOTS", default="true",
       state=NOT_APPLICABLE, inert=only_negative_form, why=NO_SLOT_STATE),
     X("--context-shift, --no-context-shift", PAIR, env="LLAMA_ARG_CONTEXT_SHIFT", default=own("engine.context_shift"),
@@ -538,8 +538,9 @@ _SERVER: tuple[Option, ...] = (
     X("--models-autoload, --no-models-autoload", PAIR, env="LLAMA_ARG_MODELS_AUTOLOAD",
       default=own("router.models_autoload"), state=SUPPORTED, apply=a.flag_to("router.models_autoload"),
       help="router mode: load a requested model on demand (per request: ?autoload=)"),
-    X("--jinja, --no-jinja", PAIR, env="LLAMA_ARG_JINJA", default="true", state=NOT_APPLICABLE,
-      inert=only_positive_form, why="mlxcel always renders the checkpoint's Jinja chat template"),
+    X("--jinja, --no-jinja", PAIR, env="LLAMA_ARG_JINJA", default=own("chat.jinja"), state=BY_DESIGN,
+      apply=a.flag_to("chat.jinja"), help="--no-jinja: requests with tools are refused and replies are not parsed "
+      "for reasoning or tool calls (the chat template still renders the prompt)"),
     X("--reasoning-format", VALUE, mv="FORMAT", env="LLAMA_ARG_THINK", default=own("chat.reasoning_format"),
       state=BY_DESIGN, apply=a.apply_reasoning_format,
       help="where thoughts go: none | deepseek | deepseek-legacy | auto "
@@ -557,8 +558,8 @@ _SERVER: tuple[Option, ...] = (
     X("--reasoning-preserve, --no-reasoning-preserve", PAIR, env="LLAMA_ARG_REASONING_PRESERVE", state=SUPPORTED,
       apply=a.apply_reasoning_preserve, help="preserve_reasoning for the chat template"),
     X("--chat-template", VALUE, mv="JINJA_TEMPLATE", env="LLAMA_ARG_CHAT_TEMPLATE", state=SUPPORTED,
-      apply=ch.chat_template(False), help="Jinja chat template used instead of the checkpoint's (wins over "
-      "--chat-template-file; built-in template names are refused)"),
+      apply=ch.chat_template(False), help="Jinja chat template, or a built-in template name, used instead of "
+      "the checkpoint's (wins over --chat-template-file)"),
     X("--chat-template-file", VALUE, mv="JINJA_TEMPLATE_FILE", env="LLAMA_ARG_CHAT_TEMPLATE_FILE", state=SUPPORTED,
       apply=ch.chat_template(True), path_value=True, help="file holding a Jinja chat template used instead of "
       "the checkpoint's"),
