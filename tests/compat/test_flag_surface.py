@@ -191,14 +191,13 @@ REFUSALS = [
     (["--control-vector", "v.gguf"], "logit_bias"),
     (["--control-vector-scaled", "v.gguf:0"], "--control-vector-scaled"),
     (["--log-prompts-dir", "/tmp/prompts"], "--verbosity 4"),
-    (["--chat-template", "chatml"], "built-in template"),
+    (["--chat-template", "yandex"], "not shipped by mlxcel"),
     # cache knobs with no mlxcel counterpart
     (["--cache-reuse", "256"], "--cache-reuse 256"),
     (["-ctk", "q8_0"], "--cache-type-k q8_0"),
     (["-ctv", "bf16"], "no bf16 storage"),
     (["-ctk", "q9"], "expected one of"),
     (["-sps", "0.10"], "--slot-prompt-similarity 0.10"),
-    (["-kvu"], "--kv-unified"),
     (["-ctxcp", "8"], "--ctx-checkpoints 8"),
     (["--swa-full"], "--swa-full"),
     # deferred and removed options are refused, never silently accepted
@@ -243,7 +242,7 @@ INERT = [
     ["--no-mmap", "--load-mode", "mmap"], ["--no-ui"], ["--no-webui"], ["-no-ag"], ["--no-ui-mcp-proxy"],
     ["--control-vector-layer-range", "1", "4"], ["--cache-reuse", "0"], ["-ctk", "f16"], ["-ctv", "f16"],
     ["-sps", "0.0"], ["-no-kvu"], ["--no-cache-idle-slots"], ["-ctxcp", "0"], ["-cms", "256"], ["-ub", "256"],
-    ["--threads-http", "8"], ["--jinja"], ["--repeat-penalty", "1.0"], ["--spec-type", "none"], ["--keep", "0"],
+    ["--threads-http", "8"], ["--jinja"], ["--no-jinja"], ["-kvu"], ["--chat-template", "chatml"], ["--repeat-penalty", "1.0"], ["--spec-type", "none"], ["--keep", "0"],
 ]
 
 
