@@ -118,3 +118,21 @@ def test_bos_comes_from_the_tokenizer_rule():
     # a checkpoint's own template writes BOS itself when it wants one: left as it is
     own = "{{ bos_token }}{% for m in messages %}{{ m.content }}{% endfor %}"
     assert with_bos(own, True) == own
+
+
+def test_prompt_tokens_match_upstreams_tokenize_with_special_tokens():
+    """Upstream tokenizes a built-in format's text with special tokens added; rendering with
+    `with_bos` then tokenizing without them gives the same ids, with and without a BOS rule."""
+    from mlxcel.engine.tokenizer import Tokenizer
+    from tests.conftest import fixture_path
+    from tests.fixtures import GEMMA3, QWEN3_TINY
+
+    msgs = [{"role": "user", "content": "Hi"}]
+    for model, adds in ((GEMMA3, True), (QWEN3_TINY, False)):
+        tok = Tokenizer(fixture_path(model))
+        assert tok.adds_bos is adds
+        rendered = render_chat(with_bos(template("gemma"), tok.adds_bos), msgs, bos_token=tok.bos_token)
+        assert tok.encode(rendered, add_special_tokens=False) == tok.encode(EXPECTED_GEMMA_ONE_TURN)
+
+
+EXPECTED_GEMMA_ONE_TURN = "<start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n"
