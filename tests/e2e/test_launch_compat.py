@@ -92,7 +92,15 @@ def test_v1_grammar_and_repeat_penalty_as_on_completion(server, client):
     assert done.choices[0].text == grammared
 
 
+def test_v1_id_slot_pins_the_row(server, client):
+    # slot 0 is the lowest free slot, where an unpinned request would land
+    client.chat.completions.create(model=QWEN3_TINY, messages=MESSAGES, max_tokens=3, extra_body={"id_slot": 1})
+    slots = {s["id"]: s for s in httpx.get(server.base_url + "/slots").json()}
+    assert slots[1]["next_token"][0]["n_decoded"] == 3 and slots[1]["n_prompt_tokens"] > 0
+
+
 @pytest.mark.parametrize("fields,param", [
+    ({"id_slot": N_PARALLEL}, "id_slot"),
     ({"repeat_last_n": -2}, "repeat_last_n"),  # /completion's own limit and wording
     ({"grammar": "root ::= nope"}, "grammar"),
     ({"grammar": YES_NO, "response_format": {"type": "json_object"}}, "grammar"),

@@ -62,7 +62,8 @@ SAMPLING_FIELDS = (
 # OpenAI routes read: all parsed by `parse_shared`.
 OPENAI_SAMPLERS = tuple(f for f in SAMPLING_FIELDS if f not in (
     "temperature", "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty"))
-OPENAI_SHARED = (*OPENAI_SAMPLERS, "dry_sequence_breakers", "samplers", "ignore_eos", "grammar", "json_schema")
+OPENAI_SHARED = (*OPENAI_SAMPLERS, "dry_sequence_breakers", "samplers", "ignore_eos", "grammar", "json_schema",
+                 "id_slot")
 # Fields for behaviour this server does not have yet, with the values that ask for nothing.
 # (json_schema, grammar, grammar_lazy, grammar_triggers and preserved_tokens are resolved by
 # native_grammar.py, in the route.)
@@ -195,11 +196,15 @@ def _check_routing(req: NativeCompletionRequest, model: ServedModel, n_parallel:
     if n_cmpl > 1:
         raise ApiError(400, "n_cmpl above 1 is not supported: this server returns one completion per prompt",
                        code="field_not_honoured", param="n_cmpl")
-    if req.id_slot is not None and not -1 <= req.id_slot < n_parallel:
-        # b10621 defers a task pinned to a slot that does not exist, forever; refused here
-        raise ApiError(400, "Invalid slot ID", code="invalid_request", param="id_slot")
+    check_slot(req.id_slot, n_parallel)
     if req.model is not None and not model.answers_to(req.model):
         raise ApiError(404, f"model '{req.model}' not found", code="model_not_found", param="model")
+
+
+def check_slot(id_slot: int | None, n_parallel: int) -> None:
+    if id_slot is not None and not -1 <= id_slot < n_parallel:
+        # b10621 defers a task pinned to a slot that does not exist, forever; refused here
+        raise ApiError(400, "Invalid slot ID", code="invalid_request", param="id_slot")
 
 
 def _sampler_overrides(req: NativeCompletionRequest, names: tuple[str, ...]) -> dict[str, Any]:
@@ -257,6 +262,7 @@ class SharedFields:
     overrides: dict[str, Any]  # SamplingParams fields
     ignore_eos: bool | None  # None: the server's --ignore-eos
     grammar: dict[str, Any]  # the body's grammar / json_schema keys, as sent (native_grammar.resolve)
+    id_slot: int | None = None  # the slot the rows are pinned to (checked against the model's slots per row)
 
     @property
     def asks_grammar(self) -> bool:
@@ -271,7 +277,7 @@ def parse_shared(body: dict[str, Any]) -> SharedFields:
     req = convert(sub, NativeCompletionRequest)
     _check_limits(sub, 1)
     return SharedFields(overrides=_sampler_overrides(req, OPENAI_SAMPLERS), ignore_eos=req.ignore_eos,
-                        grammar={k: body[k] for k in ("grammar", "json_schema") if k in body})
+                        grammar={k: body[k] for k in ("grammar", "json_schema") if k in body}, id_slot=req.id_slot)
 
 
 def _samplers(value: Any) -> tuple[str, ...]:

@@ -19,7 +19,7 @@ import numpy as np
 from mlxcel.api.engine_request import Sampling, generation_request
 from mlxcel.api.errors import ApiError, error_type
 from mlxcel.api.llamacpp import native_grammar
-from mlxcel.api.llamacpp.native_params import OPENAI_SHARED, SharedFields, parse_shared
+from mlxcel.api.llamacpp.native_params import OPENAI_SHARED, SharedFields, check_slot, parse_shared
 from mlxcel.api.openai.schemas import _Sampling
 from mlxcel.api.state import AppState
 from mlxcel.api.stream_runner import sse
@@ -155,7 +155,9 @@ def build_request(ask: SamplingAsk, model: ServedModel, prompt: list[int], *, ro
     sampling = Sampling(max_tokens=max_tokens, overrides=overrides, seed=row_seed(ask.seed, row),
                         bias=bias or None, ignore_eos=ignore_eos, stop=ask.stop, lora=ask.lora,
                         cache_prompt=ask.cache_prompt)
-    return generation_request(model, sampling, prompt)
+    id_slot = shared.id_slot if shared is not None and shared.id_slot is not None else -1
+    check_slot(id_slot, model.engine.parallel)
+    return generation_request(model, sampling, prompt, id_slot=id_slot)
 
 
 async def shared_grammar(ask: SamplingAsk, model: ServedModel, other: str | None = None) -> Any:
