@@ -148,7 +148,7 @@ def build_request(ask: SamplingAsk, model: ServedModel, prompt: list[int], *, ro
     bias = openai_logit_bias(ask.logit_bias, model.info.vocab_size)
     check_context(model, len(prompt), max_tokens, param)
     shared = ask.shared
-    # the native knobs first: the OpenAI spellings of the same knobs win
+    # the native knobs are the ones the OpenAI fields do not spell (native_params.OPENAI_SAMPLERS)
     overrides = {**shared.overrides, **ask.overrides} if shared is not None else ask.overrides
     # absent ignore_eos: the server's --ignore-eos
     ignore_eos = model.ignore_eos if shared is None or shared.ignore_eos is None else bool(shared.ignore_eos)
