@@ -46,6 +46,7 @@ from mlxcel.cli.options_model import (
     always,
     eq,
     le,
+    lt,
     make,
     only_negative_form,
     only_positive_form,
@@ -86,7 +87,8 @@ _COMMON: tuple[Option, ...] = (
       help="CPU threads: torch's thread count (-1 = torch's default, all cores); on MLX's CPU device, the "
            "threads each large matrix product is split over (-1 = 2 where there are 2+ cores); "
            "refused with MLX on Metal"),
-    ggml("-tb, --threads-batch", mv="N", why=THREADS, inert=le(0)),
+    C("-tb, --threads-batch", VALUE, mv="N", state=ALIASED, apply=a.apply_threads_batch,
+      help="accepted when <= 0 or equal to --threads, which sets the threads of prompt processing too"),
     ggml("-C, --cpu-mask", mv="M", default="", why=POOL, inert=eq("")),
     ggml("-Cr, --cpu-range", mv="lo-hi", why=POOL),
     ggml("--cpu-strict", mv="<0|1>", default="0", why=POOL, inert=eq("0")),
@@ -404,11 +406,11 @@ _SERVER: tuple[Option, ...] = (
     X("-cram, --cache-ram", VALUE, mv="N", env="LLAMA_ARG_CACHE_RAM", default="8192", state=ALIASED,
       apply=a.apply_cache_ram,
       help=f"prompt cache budget in MiB (-1 = no limit, 0 = disable; mlxcel default {own('kv.cache_ram_mib')})"),
-    X("-kvu, --kv-unified, -no-kvu, --no-kv-unified", PAIR, env="LLAMA_ARG_KV_UNIFIED", state=NOT_APPLICABLE,
-      inert=only_negative_form, why="mlxcel allocates KV per sequence and has no unified KV buffer; "
-      "use --parallel 1 to give one request the whole context"),
+    X("-kvu, --kv-unified, -no-kvu, --no-kv-unified", PAIR, env="LLAMA_ARG_KV_UNIFIED",
+      default=own("engine.kv_unified"), state=BY_DESIGN, apply=a.flag_to("engine.kv_unified"),
+      help="every slot may fill the whole context from the one paged KV pool (default: ctx-size / parallel each)"),
     X("--cache-idle-slots, --no-cache-idle-slots", PAIR, env="LLAMA_ARG_CACHE_IDLE_SLOTS", default="true",
-      state=NOT_APPLICABLE, inert=only_negative_form, why=NO_SLOT_STATE),
+      state=NOT_APPLICABLE, inert=always, why=NO_SLOT_STATE),
     X("--context-shift, --no-context-shift", PAIR, env="LLAMA_ARG_CONTEXT_SHIFT", default=own("engine.context_shift"),
       state=BY_DESIGN, apply=a.flag_to("engine.context_shift"),
       help="at the context bound, drop tokens after --keep instead of stopping"),
@@ -539,8 +541,9 @@ _SERVER: tuple[Option, ...] = (
     X("--models-autoload, --no-models-autoload", PAIR, env="LLAMA_ARG_MODELS_AUTOLOAD",
       default=own("router.models_autoload"), state=SUPPORTED, apply=a.flag_to("router.models_autoload"),
       help="router mode: load a requested model on demand (per request: ?autoload=)"),
-    X("--jinja, --no-jinja", PAIR, env="LLAMA_ARG_JINJA", default="true", state=NOT_APPLICABLE,
-      inert=only_positive_form, why="mlxcel always renders the checkpoint's Jinja chat template"),
+    X("--jinja, --no-jinja", PAIR, env="LLAMA_ARG_JINJA", default=own("chat.jinja"), state=BY_DESIGN,
+      apply=a.flag_to("chat.jinja"), help="--no-jinja: requests with tools are refused and replies are not parsed "
+      "for reasoning or tool calls (the chat template still renders the prompt)"),
     X("--reasoning-format", VALUE, mv="FORMAT", env="LLAMA_ARG_THINK", default=own("chat.reasoning_format"),
       state=BY_DESIGN, apply=a.apply_reasoning_format,
       help="where thoughts go: none | deepseek | deepseek-legacy | auto "
@@ -557,10 +560,10 @@ _SERVER: tuple[Option, ...] = (
       apply=a.setter("chat.reasoning_budget_message"), help="text forced before the close tag when the budget runs out"),
     X("--reasoning-preserve, --no-reasoning-preserve", PAIR, env="LLAMA_ARG_REASONING_PRESERVE", state=SUPPORTED,
       apply=a.apply_reasoning_preserve, help="preserve_reasoning for the chat template"),
-    X("--chat-template", VALUE, mv="JINJA_TEMPLATE", env="LLAMA_ARG_CHAT_TEMPLATE", state=SUPPORTED,
-      apply=ch.chat_template(False), help="Jinja chat template used instead of the checkpoint's (wins over "
-      "--chat-template-file; built-in template names are refused)"),
-    X("--chat-template-file", VALUE, mv="JINJA_TEMPLATE_FILE", env="LLAMA_ARG_CHAT_TEMPLATE_FILE", state=SUPPORTED,
+    X("--chat-template", VALUE, mv="JINJA_TEMPLATE", env="LLAMA_ARG_CHAT_TEMPLATE", state=BY_DESIGN,
+      apply=ch.chat_template(False), help="Jinja chat template, or a built-in template name, used instead of "
+      "the checkpoint's (wins over --chat-template-file)"),
+    X("--chat-template-file", VALUE, mv="JINJA_TEMPLATE_FILE", env="LLAMA_ARG_CHAT_TEMPLATE_FILE", state=BY_DESIGN,
       apply=ch.chat_template(True), path_value=True, help="file holding a Jinja chat template used instead of "
       "the checkpoint's"),
     X("--skip-chat-parsing, --no-skip-chat-parsing", PAIR, env="LLAMA_ARG_SKIP_CHAT_PARSING",
@@ -569,8 +572,9 @@ _SERVER: tuple[Option, ...] = (
     X("--prefill-assistant, --no-prefill-assistant", PAIR, env="LLAMA_ARG_PREFILL_ASSISTANT",
       default=own("chat.prefill_assistant"), state=SUPPORTED, apply=a.flag_to("chat.prefill_assistant"),
       help="a trailing assistant message is a prefix to continue"),
-    X("-sps, --slot-prompt-similarity", VALUE, mv="SIMILARITY", default="0.10", state=NOT_APPLICABLE, inert=eq("0"),
-      why="mlxcel has no slot-selection policy to tune (accepted: 0.0)"),
+    X("-sps, --slot-prompt-similarity", VALUE, mv="SIMILARITY", default="0.10", state=NOT_APPLICABLE,
+      inert=lambda v: le(1)(v) and not lt(0)(v),
+      why="mlxcel has no slot-selection policy to tune: the prompt cache is shared by every slot (accepted: 0..1)"),
     X("--lora-init-without-apply", FLAG, default=own("lora.init_without_apply"), state=SUPPORTED,
       apply=a.flag_to("lora.init_without_apply"),
       help="load the LoRA adapters at scale 0.0 (raise them later with POST /lora-adapters)"),

@@ -71,6 +71,7 @@ class EngineSection:
     ctx_size: int = 0  # 0 = the model's own context length
     n_predict: int = -1  # -1 = until the context is full
     parallel: int = 4
+    kv_unified: bool = False  # --kv-unified: every slot may fill the whole context (else ctx_size / parallel)
     batch_size: int = 512
     ubatch_size: int | None = None  # accepted and reported only (no micro-batch on MLX)
     max_queue_depth: int = 64  # waiting requests beyond the free slots; -1 unbounded
@@ -212,6 +213,7 @@ class ChatSection:
     template: str | None = None  # --chat-template: Jinja text replacing the checkpoint's template
     template_file: str | None = None  # --chat-template-file's text (the inline template wins)
     template_kwargs: dict = field(default_factory=dict)  # server-wide template context extras
+    jinja: bool = True  # --no-jinja: tools refused, no reasoning / tool-call parsing of the output
     skip_parsing: bool = False  # --skip-chat-parsing
     prefill_assistant: bool = True
     reasoning_format: str = "auto"  # none | deepseek | deepseek-legacy | auto

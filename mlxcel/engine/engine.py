@@ -60,12 +60,13 @@ def _too_long(n: int, n_ctx_slot: int, what: str = "request") -> EngineError:
 
 
 class Engine:
-    """`n_ctx` is the total context; each of the `parallel` slots gets an equal share.
+    """`n_ctx` is the total context; each of the `parallel` slots gets an equal share, or the
+    whole of it with `kv_unified` (the paged pool grows with use, so that costs no memory up front).
     `cache_budget_bytes`: the prefix cache's byte budget (None: bounded only by the pool,
     0: no prefix cache)."""
 
     def __init__(self, backend: Backend, tokenizer: Tokenizer, *, n_ctx: int,
-                 parallel: int = 4, batch_size: int = 512, cache_prompt: bool = True,
+                 parallel: int = 4, kv_unified: bool = False, batch_size: int = 512, cache_prompt: bool = True,
                  cache_budget_bytes: int | None = 2048 << 20, cont_batching: bool = True,
                  max_queue_depth: int = 64, context_shift: bool = False, keep: int = 0,
                  special: bool = False, swa_full: bool = False, sleep_idle_seconds: int = -1,
@@ -74,7 +75,7 @@ class Engine:
         self.tokenizer = tokenizer
         self.parallel = max(1, parallel)
         self.n_ctx = n_ctx
-        self.n_ctx_slot = max(n_ctx // self.parallel, 2)
+        self.n_ctx_slot = max(n_ctx if kv_unified else n_ctx // self.parallel, 2)
         self.batch_size = max(1, batch_size)
         self.max_queue_depth = max_queue_depth  # waiting requests beyond the free slots; -1: unbounded
         self.speculator = speculator  # engine/speculative.Speculator (--spec-type / -md), or None

@@ -15,6 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from mlxcel.backends import select
+from mlxcel.chat import builtin_templates
 from mlxcel.config.progress import Progress
 from mlxcel.config.refusal import StartupRefusal
 from mlxcel.config.rope import RopeOverrides
@@ -187,11 +188,12 @@ def build_engine(settings: ServerSettings, path: Path, backend, tokenizer: Token
     """The checkpoint's image side and its engine, not started yet."""
     template = settings.chat.template or settings.chat.template_file
     if template:  # --chat-template(-file) replaces the checkpoint's own template everywhere
-        tokenizer.chat_template = template
+        tokenizer.chat_template = builtin_templates.with_bos(template, tokenizer.adds_bos)
     vision = load_vision(settings, path, backend, tokenizer)  # before the engine starts: it may refuse
     n_ctx = settings.engine.ctx_size if settings.engine.ctx_size > 0 else backend.info.context_length
     e = settings.engine
-    engine = Engine(backend, tokenizer, n_ctx=n_ctx, parallel=e.parallel, batch_size=e.batch_size,
+    engine = Engine(backend, tokenizer, n_ctx=n_ctx, parallel=e.parallel, kv_unified=e.kv_unified,
+                    batch_size=e.batch_size,
                     cache_prompt=settings.kv.cache_prompt, cache_budget_bytes=cache_budget_bytes(settings),
                     cont_batching=e.cont_batching, max_queue_depth=e.max_queue_depth,
                     context_shift=e.context_shift, keep=e.keep, special=e.special, swa_full=settings.kv.swa_full,

@@ -168,10 +168,11 @@ async def _ask(request: Request) -> ChatAsk:
     unused += object_locations(body.get("stream_options"), ["include_usage"], "stream_options")
     _, spec, mode_unused = sc.resolve(req, body, chat=True)
     logprobs = lp.ask_of(req, chat=True) if spec is None else None
+    shared, shared_unused = g.read_shared(body, scoring=spec is not None)
     _check_shape(req)
-    headers = settle_unused(unused + mode_unused, strict, CHAT)
+    headers = settle_unused(unused + mode_unused + shared_unused, strict, CHAT)
     return ChatAsk(req=req, steering=steering, constraint=constraint, spec=spec, logprobs=logprobs,
-                   sampling=g.validate_sampling(req, logprobs), headers=headers)
+                   sampling=g.validate_sampling(req, logprobs, shared), headers=headers)
 
 
 async def _with_model(app_state: AppState, model: ServedModel, ask: ChatAsk) -> list:
@@ -220,6 +221,8 @@ async def _rows(app_state: AppState, model: ServedModel, ask: ChatAsk, prep: cha
         raise ApiError(400, "response_format cannot be combined with tool_choice 'required' or a named function",
                        code="response_format_unsupported", param="response_format")
     calls_grammar = await chat_surface.tool_grammar(prep, model)
+    other = "response_format" if ask.constraint is not None else "tools" if prep.tools else None
+    native = await g.shared_grammar(ask.sampling, model, other)  # b10621's grammar / json_schema fields
     steer_headers, reader = {}, None
     for greq in greqs:  # each choice carries its own steering delta and grammar through the batch
         steer_headers, reader = steer.apply(ask.steering, model.steering, app_state.steering_store, greq)
@@ -227,6 +230,8 @@ async def _rows(app_state: AppState, model: ServedModel, ask: ChatAsk, prep: cha
             greq.grammar = await rf.compile_grammar(ask.constraint, model)
         elif calls_grammar is not None:
             greq.grammar = calls_grammar
+        elif native is not None:
+            greq.grammar = native
         greq.keep_tokens = prep.keep_tokens
         greq.reasoning = prep.budget
     return greqs, steer_headers, reader

@@ -119,6 +119,8 @@ def prepare(state: AppState, model: ServedModel, req: Any) -> Prepared:
     from mlxcel.api.openai.chat import render_prompt_text
 
     settings = state.settings
+    if not settings.chat.jinja:
+        _refuse_without_jinja(req)
     tools = check_tools(req.tools) if req.tools else None
     forced = None
     if tools:
@@ -146,12 +148,20 @@ def prepare(state: AppState, model: ServedModel, req: Any) -> Prepared:
                               prefill_assistant=settings.chat.prefill_assistant)
     prompt = model.tokenizer.encode(text, add_special_tokens=False)
     budget = _budget(settings, model, req)
-    parse = not settings.chat.skip_parsing
+    parse = not settings.chat.skip_parsing and settings.chat.jinja
     markers = {}
     if parse and tools:
         markers = {m: i for m in MARKERS if (i := model.tokenizer.single_special(m)) is not None}
     return Prepared(prompt=prompt, prompt_text=text, prefill=prefill, tools=tools, reasoning_format=fmt,
                     parse=parse, forced=forced, markers=markers, budget=budget)
+
+
+def _refuse_without_jinja(req: Any) -> None:
+    """--no-jinja: b10621 formats with its built-in formats then, which take no tools."""
+    if req.tools:
+        raise ApiError(400, "tools param requires --jinja flag", code="invalid_request", param="tools")
+    if req.tool_choice is not None and req.tool_choice != "auto":
+        raise ApiError(400, "tool_choice param requires --jinja flag", code="invalid_request", param="tool_choice")
 
 
 INT32_MAX = 2**31 - 1

@@ -99,13 +99,14 @@ async def _ask(request: Request) -> CompletionAsk:
         raise ApiError(400, "logprobs on /v1/completions is the number of alternatives (0-20), not a boolean",
                        code="invalid_parameter", param="logprobs")
     _, spec, mode_unused = sc.resolve(req, body, chat=False)
-    unused += mode_unused
+    shared, shared_unused = g.read_shared(body, scoring=spec is not None)
+    unused += mode_unused + shared_unused
     if req.add_special_tokens is not None and not _is_text_prompt(req.prompt):
         unused.append("add_special_tokens")
     headers = settle_unused(unused, strict, COMPLETIONS)
     logprobs = lp.ask_of(req, chat=False) if spec is None else None
     return CompletionAsk(req=req, activations=activations, spec=spec, logprobs=logprobs,
-                         sampling=g.validate_sampling(req, logprobs), headers=headers)
+                         sampling=g.validate_sampling(req, logprobs, shared), headers=headers)
 
 
 def _rows(app_state: AppState, model: ServedModel, ask: CompletionAsk,
@@ -137,6 +138,10 @@ async def completions(request: Request, app_state: AppState) -> Any:
     if ask.spec is not None:
         return await _score(model, req, ask.spec, prompts, base, ask.headers, ask.activations)
     greqs, reader = _rows(app_state, model, ask, prompts)
+    grammar = await g.shared_grammar(ask.sampling, model)  # b10621's grammar / json_schema fields
+    if grammar is not None:
+        for greq in greqs:
+            greq.grammar = grammar
     echo, logprobs = await _openings(model, ask, prompts)
     encoder = CompletionEncoder(base, g.fingerprint(model), reader=reader, echo=echo, logprobs=logprobs,
                                 include_usage=bool(req.stream_options and req.stream_options.include_usage))

@@ -18,6 +18,7 @@ from typing import Any
 import msgspec
 
 from mlxcel.api.errors import ApiError
+from mlxcel.api.llamacpp.native_params import OPENAI_SHARED
 
 log = logging.getLogger("mlxcel.api")
 
@@ -66,6 +67,11 @@ FIELD_TABLE: dict[str, dict[str, str]] = {
     "suffix":                {CHAT: R, COMPLETIONS: R, EMBEDDINGS: R},
 }
 
+# b10621's native sampler and grammar fields (repeat_penalty, mirostat*, dry_*, xtc_*, grammar,
+# json_schema, ignore_eos, ...): its OpenAI routes read them as /completion does, and so do these,
+# through the same parser (api/llamacpp/native_params.py: parse_shared).
+FIELD_TABLE.update({name: {CHAT: H, COMPLETIONS: H, EMBEDDINGS: R} for name in OPENAI_SHARED})
+
 # Values that change nothing, accepted wherever the field is refused (an explicit null too).
 NO_CHANGE: dict[str, tuple[Any, ...]] = {
     "n": (1,),
@@ -105,7 +111,7 @@ def check_fields(body: Mapping[str, Any], struct: type[msgspec.Struct], endpoint
                 continue
             raise ApiError(400, f"'{key}' is not honoured on {endpoint} by this server",
                            code="field_not_honoured", param=key)
-        if key not in declared:
+        if key not in declared and policy(key, endpoint) != HONOURED:
             unused.append(key)
     return unused
 
