@@ -69,7 +69,9 @@ def build_litestar(state: AppState) -> Litestar:
 
 def build_app(state: AppState):
     """The served ASGI app: Litestar, its streaming answers recorded for resumption
-    (api/stream_resume), behind the API-key and CORS gate."""
+    (api/stream_resume), behind the API-key and CORS gate; each request logged at -v."""
+    from mlxcel.api.model_names import NameHeader
+    from mlxcel.api.request_log import RequestLog
     from mlxcel.api.security import wrap_app
 
-    return wrap_app(wrap_streams(build_litestar(state), state), state.settings)
+    return RequestLog(wrap_app(NameHeader(wrap_streams(build_litestar(state), state)), state.settings))

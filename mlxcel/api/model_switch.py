@@ -35,6 +35,7 @@ import json
 from pathlib import Path
 
 from mlxcel.api.errors import ApiError
+from mlxcel.api.model_names import accepts, not_found
 from mlxcel.api.state import AppState
 from mlxcel.models.registry import UnsupportedModelType, family_for
 from mlxcel.runtime.capacity import LoadRefused
@@ -114,9 +115,9 @@ async def model_for(state: AppState, name: str | None) -> ServedModel:
     served_model(state, None)  # side-worker-only servers refuse here
     path = store_checkpoint(state, name)
     if path is None or path.resolve() == Path(current.info.path).resolve():
-        if path is not None:  # another spelling of the loaded checkpoint
+        if path is not None or accepts(state, lambda _: False, name, current.id):  # another spelling, or any name
             return current
-        raise ApiError(404, f"The model '{name}' does not exist", code="model_not_found", param="model")
+        raise not_found(name)
     if steering_locked(state):
         raise ApiError(404, f"The model '{name}' is not available: the server is locked to '{current.id}' for "
                        "steering (unlock it and detach its SAEs to switch models)",

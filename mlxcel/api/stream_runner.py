@@ -22,6 +22,7 @@ from litestar import Request, Response
 from litestar.response import Stream
 
 from mlxcel.api.errors import ApiError, engine_error
+from mlxcel.api.request_log import track
 from mlxcel.runtime.served import ServedModel
 from mlxcel.engine.requests import RequestHandle
 from mlxcel.engine.sampling import ProbsReport
@@ -116,9 +117,11 @@ class Encoder:
 def submit_all(model: ServedModel, greqs: list[GenerationRequest]) -> list[RequestHandle]:
     """Submit every row of one request; the engine queues all of them or none."""
     try:
-        return model.engine.submit_all(greqs)
+        handles = model.engine.submit_all(greqs)
     except EngineError as e:
         raise engine_error(e.message, e.code, e.status) from None
+    track(handles)  # the -v request line reads their token counts and slots
+    return handles
 
 
 def raise_for_error(ev: TokenEvent) -> None:

@@ -5,6 +5,13 @@ Differences from a naive render that matter: `tools` is left undefined (not `[]`
 decide whether to emit a tool preamble; `raise_exception` surfaces a template's own
 refusal as a client error; the rendered text already carries BOS when the template
 writes it, so it is tokenized without adding special tokens again.
+
+The context is b10621's: `date_string` ("26 Jul 2024" style) and `datetime` ("Jul 26 2024")
+are today's (Llama 3.1/3.3 print `date_string`, 3.2 calls `strftime_now`); a boolean
+`reasoning_effort` / `preserve_reasoning` is also offered under the other names templates read
+(`reasoning_strength`; `preserve_thinking`, `clear_thinking`, `truncate_history_thinking`,
+`drop_thinking`); the caller's `extra` (template kwargs) wins over all of them.
+`thinking_by_default` is `--reasoning auto`: whether the template has a thinking mode at all.
 """
 
 from __future__ import annotations
@@ -15,6 +22,8 @@ from typing import Any
 
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from mlxcel.chat.reasoning import primed
 
 
 class TemplateError(ValueError):
@@ -40,6 +49,21 @@ def _compile(source: str) -> jinja2.Template:
     return env.from_string(source)
 
 
+def base_context(extra: dict[str, Any] | None, now: datetime | None = None) -> dict[str, Any]:
+    """Today's dates and the reasoning aliases under the caller's template kwargs."""
+    now = now or datetime.now()
+    ctx: dict[str, Any] = {"date_string": now.strftime("%d %b %Y"), "datetime": now.strftime("%b %d %Y")}
+    ctx.update(extra or {})
+    effort, keep = ctx.get("reasoning_effort"), ctx.get("preserve_reasoning")
+    if isinstance(effort, str) and effort:
+        ctx.setdefault("reasoning_strength", effort)
+    if isinstance(keep, bool):
+        for name, value in (("preserve_thinking", keep), ("clear_thinking", not keep),
+                            ("truncate_history_thinking", not keep), ("drop_thinking", not keep)):
+            ctx.setdefault(name, value)
+    return ctx
+
+
 def render_chat(
     template: str,
     messages: list[dict[str, Any]],
@@ -49,8 +73,9 @@ def render_chat(
     eos_token: str | None = None,
     tools: list[dict] | None = None,
     extra: dict[str, Any] | None = None,
+    now: datetime | None = None,
 ) -> str:
-    ctx: dict[str, Any] = dict(extra or {})
+    ctx = base_context(extra, now)
     ctx.update(
         messages=messages,
         add_generation_prompt=add_generation_prompt,
@@ -65,6 +90,20 @@ def render_chat(
         raise
     except jinja2.TemplateError as e:
         raise TemplateError(f"chat template failed to render: {e}") from e
+
+
+@lru_cache(maxsize=16)
+def thinking_by_default(template: str, bos_token: str | None = None, eos_token: str | None = None) -> bool:
+    """b10621's `--reasoning auto`: thinking is on when the template has a thinking mode, read
+    here as a one-turn probe that renders differently with `enable_thinking` true and false, or
+    that leaves a thinking block open for the answer (DeepSeek-R1 distills, QwQ)."""
+    probe = [{"role": "user", "content": "test"}]
+    try:
+        on, off = (render_chat(template, probe, bos_token=bos_token, eos_token=eos_token,
+                               extra={"enable_thinking": flag}) for flag in (True, False))
+    except TemplateError:
+        return False
+    return on != off or primed(on)
 
 
 def render_plain(messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:

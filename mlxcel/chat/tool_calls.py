@@ -18,6 +18,11 @@ separates content from calls is not reported as content. Text a model writes aft
 complete call (a length stop before its end token) is content after the call; for the
 whole-output JSON shape only when each call spells out its arguments, so an answer that
 merely opens with a JSON object is not taken for a call.
+
+A generation cut off inside a call (`finish(truncated=True)`, a length stop) still reports
+that call once its name is complete: `truncated` set, and `arguments` the text written so
+far, not valid JSON (as OpenAI reports a call cut by `max_tokens`, under `finish_reason:
+"length"`). A call cut before its name ends stays content.
 """
 
 from __future__ import annotations
@@ -40,8 +45,9 @@ _FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.S)
 @dataclass
 class ToolCall:
     name: str
-    arguments: str  # the arguments object as JSON text
+    arguments: str  # the arguments object as JSON text (a prefix of it when truncated)
     id: str = field(default_factory=lambda: "call_" + uuid.uuid4().hex[:24])
+    truncated: bool = False
 
     def openai(self) -> dict:
         return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
@@ -124,6 +130,38 @@ def _calls_from_values(values: list | None) -> list[ToolCall] | None:
     return None if not calls or any(c is None for c in calls) else calls
 
 
+# the opening of a call object cut short: its name complete, its arguments begun
+_CUT_CALL = re.compile(r'\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"(?:arguments|parameters)"\s*:\s*(.*)', re.S)
+
+
+def _cut_calls(text: str) -> list[ToolCall] | None:
+    """The calls of text cut off inside a call: the complete ones before it (alone or in an
+    array), then the cut one, flagged. None unless the cut call's name is complete."""
+    body = text.strip()
+    body = body[1:] if body.startswith("[") else body
+    calls, rest = _leading_calls(body)
+    m = _CUT_CALL.match(rest.lstrip(" \t\r\n,"))
+    name = json.loads(m.group(1)) if m else ""
+    if not name:  # complete calls in an array cut before its end are still calls
+        return calls if calls and not rest.strip(" \t\r\n,") else None
+    return [*(calls or []), ToolCall(name=name, arguments=m.group(2), truncated=True)]
+
+
+def _cut_mistral(text: str) -> list[ToolCall] | None:
+    """`[TOOL_CALLS]...` text cut off inside its last call."""
+    head, _, last = text.rpartition(MISTRAL_TAG)
+    done: list[ToolCall] = []
+    if head.strip():
+        done, rest = _mistral_calls(head)
+        if done is None or rest.strip():
+            return None
+    if MISTRAL_ARGS in last:  # name[ARGS]{...
+        name, _, args = last.partition(MISTRAL_ARGS)
+        return [*done, ToolCall(name=name.strip(), arguments=args, truncated=True)] if name.strip() else None
+    cut = _cut_calls(last)
+    return [*done, *cut] if cut else None
+
+
 def parse_json_calls(text: str) -> list[ToolCall] | None:
     """The whole text as plain-JSON call(s) (a ```json fence allowed), else None."""
     body = text.strip()
@@ -174,12 +212,16 @@ class ToolCallStream:
         self._calls = 0
         self._tail: list[str] = []  # non-call text met after the first call
         self._tag = ""  # the marker that opened call mode
+        self._truncated = False
 
     def feed(self, text: str) -> list[Piece]:
         self._buf += text
         return self._drain(final=False)
 
-    def finish(self) -> list[Piece]:
+    def finish(self, truncated: bool = False) -> list[Piece]:
+        """The rest, once generation ended; `truncated`: it was cut off (a length stop), so an
+        unfinished call is reported as a truncated call."""
+        self._truncated = truncated
         return self._drain(final=True)
 
     @property
@@ -216,6 +258,9 @@ class ToolCallStream:
             if calls:
                 out = [self._call(c) for c in calls]
                 return out + ([Piece(content=rest)] if rest.strip() else [])
+            calls = _cut_calls(self._buf) if self._truncated else None
+            if calls:
+                return [self._call(c) for c in calls]
             self._mode = "text"
         if self._mode == "text":
             hit = min(((self._buf.find(m), m) for m in _MARKERS if m in self._buf), default=None)
@@ -253,7 +298,8 @@ class ToolCallStream:
                 start = self._buf.find(HERMES_OPEN)
                 if start >= 0:
                     self._note_tail(self._buf[:start])
-                    calls = _calls_from_values(_json_values(self._buf[start + len(HERMES_OPEN):]))
+                    body = self._buf[start + len(HERMES_OPEN):]
+                    calls = _calls_from_values(_json_values(body)) or (_cut_calls(body) if self._truncated else None)
                     if calls:
                         out += [self._call(c) for c in calls]
                     else:
@@ -264,6 +310,8 @@ class ToolCallStream:
         elif final:
             body = self._buf[len(self._tag):]
             calls, rest = _mistral_calls(self._buf) if self._tag == MISTRAL_TAG else _leading_calls(body)
+            if not calls and self._truncated:
+                calls, rest = (_cut_mistral(self._buf) if self._tag == MISTRAL_TAG else _cut_calls(body)), ""
             if calls:
                 out += [self._call(c) for c in calls]
                 self._note_tail(rest)
@@ -295,8 +343,8 @@ def _partial_marker_len(text: str) -> int:
     return best
 
 
-def parse_tool_calls(text: str) -> tuple[str, list[ToolCall]]:
+def parse_tool_calls(text: str, truncated: bool = False) -> tuple[str, list[ToolCall]]:
     """(content, calls) of a whole generation; the same answer the stream gives."""
     s = ToolCallStream()
-    pieces = s.feed(text) + s.finish()
+    pieces = s.feed(text) + s.finish(truncated)
     return "".join(p.content for p in pieces), [p.call for p in pieces if p.call is not None]

@@ -28,7 +28,7 @@ def _torch_kernels() -> str:
     except ImportError:
         return "skipped: torch is not installed"
     try:
-        return f"built: {cpu_kernels.build(os.environ)}"
+        return f"built: {cpu_kernels.build(os.environ, timeout=None)}"
     except native_build.BuildUnavailable as e:
         return f"not built ({e}); the torch backend will use torch's own kernels"
 
@@ -39,7 +39,8 @@ def _blas_shim() -> str:
     from mlxcel.backends.mlx import blas
 
     try:
-        shim = blas.build_shim(blas.find_openblas(), blas.find_compiler(os.environ), blas.cache_dir(os.environ))
+        shim = blas.build_shim(blas.find_openblas(), blas.find_compiler(os.environ), blas.cache_dir(os.environ),
+                               timeout=None)
     except blas.BlasUnavailable as e:
         return f"not built ({e}); MLX's CPU products will use its bundled BLAS"
     return f"built: {shim}"

@@ -168,6 +168,16 @@ def apply_parallel(settings: Any, value: str, spelling: str) -> None:
     settings.engine.parallel = n
 
 
+def apply_threads_batch(settings: Any, value: str, spelling: str) -> None:
+    """-tb: --threads already sets one thread count for prompt processing and generation alike,
+    so a value is accepted when it asks for that: <= 0 (b10621's "same as --threads") or
+    --threads' own value (the table applies -t first)."""
+    n = as_int(value, spelling)
+    if n > 0 and n != settings.backend.threads:
+        raise StartupRefusal(f"{spelling} {value}: mlxcel's --threads sets one thread count for prompt processing "
+                             f"and generation alike; pass -t {n} with it (or -tb alone only as <= 0)")
+
+
 def apply_api_key(settings: Any, value: str, _spelling: str) -> None:
     keys = [k.strip() for k in value.split(",") if k.strip()]
     settings.server.api_keys.extend(k for k in keys if k not in settings.server.api_keys)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from mlxcel.chat import builtin_templates
 from mlxcel.cli import options_apply as a
 from mlxcel.config.refusal import StartupRefusal
 
@@ -16,16 +17,19 @@ CHAT_TEMPLATE_NAMES = frozenset(
 
 
 def chat_template(from_file: bool):
-    """Jinja text inline or from a file; a bare built-in template name is refused (mlxcel has
-    no template library: it would render every prompt as that literal word)."""
+    """Jinja text inline or from a file, or one of b10621's built-in template names (the
+    format written as Jinja: chat/builtin_templates.py)."""
 
     def apply(settings, value: str, spelling: str) -> None:
         text = a.read_text(value, spelling) if from_file else value
-        if text.strip() in CHAT_TEMPLATE_NAMES:
-            raise StartupRefusal(
-                f"{spelling} {value}: mlxcel has no built-in template library; an MLX checkpoint carries its own "
-                f"template (tokenizer_config.json), used by default, or pass the Jinja text itself"
-            )
+        name = text.strip()
+        if name in CHAT_TEMPLATE_NAMES:
+            text = builtin_templates.template(name)
+            if text is None:
+                raise StartupRefusal(
+                    f"{spelling} {value}: the built-in format {name!r} is not shipped by mlxcel; built-in names it "
+                    f"ships: {', '.join(sorted(builtin_templates.BUILTIN))}; or pass the Jinja text itself (an MLX "
+                    f"checkpoint's own template, in tokenizer_config.json, is used by default)")
         if not text.strip():
             raise StartupRefusal(f"{spelling}: the chat template is empty")
         import jinja2

@@ -41,6 +41,11 @@ NATIVE_OPTIONS: tuple[Option, ...] = (
     make("--model-memory-budget", VALUE, section=NATIVE, state=SUPPORTED, native=True, mv="MiB",
          apply=lambda s, v, sp: a.assign(s, "engine.model_memory_budget_mib", max(a.as_int(v, sp), 0)),
          help="weights a model switch may load, in MiB (default: the free memory after the unload)"),
+    make("--any-model-name", FLAG, section=NATIVE, state=SUPPORTED, native=True,
+         apply=a.flag_to("source.any_model_name"),
+         help="serve every requested model name with the loaded model, as llama-server does (the response says "
+              "so in X-miLLM-Model-Substituted); default: a name other than the model's id, aliases or path is "
+              "a 404"),
     make("--embedding-model", VALUE, section=NATIVE, state=SUPPORTED, native=True, mv="MODEL",
          apply=a.setter("workers.embedding_model"), help="embedding checkpoint served on the embedding routes"),
     make("--reranker-model", VALUE, section=NATIVE, state=SUPPORTED, native=True, mv="MODEL",

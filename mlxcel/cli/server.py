@@ -124,8 +124,21 @@ def choose_backend(settings: ServerSettings, path: Path | None) -> Choice:
     from mlxcel.runtime.load import select_backend
 
     choice = select_backend(settings, path)
-    log.info("backend %s on %s (%s)", choice.backend, choice.device, choice.reason)
+    log.info("backend %s on %s: the model runs %s (%s)", choice.backend, choice.device, in_words(choice),
+             "as --backend/--device asked" if choice.reason == "requested" else choice.reason)
     return choice
+
+
+def in_words(choice: Choice) -> str:
+    """Where the model computes, for someone who does not know the backend names."""
+    framework = "with MLX" if choice.backend == "mlx" else "with PyTorch"
+    if choice.device == "cpu":
+        return f"{framework} on the CPU"
+    if choice.device in ("metal", "mps"):
+        return f"{framework} on the Apple GPU ({'Metal' if choice.device == 'metal' else 'MPS'})"
+    if choice.device.startswith("cuda"):
+        return f"{framework} on NVIDIA GPU {choice.device.partition(':')[2] or '0'} (CUDA)"
+    return f"{framework} on {choice.device}"
 
 
 def prepare_cpu_runtime(environ) -> None:
@@ -208,6 +221,8 @@ def serve(settings: ServerSettings, path: Path | None, plan=None, startup: Start
                      store_root=root,
                      steering_store=SteeringStore(settings.steering.state_dir or root / ".mlxcel-state"))
     app = build_app(state)
+    scheme = "https" if "ssl_keyfile" in kwargs else "http"
+    where = kwargs.get("uds") or f"{scheme}://{kwargs['host']}:{kwargs['port']}"
 
     def load() -> None:
         try:
@@ -218,14 +233,14 @@ def serve(settings: ServerSettings, path: Path | None, plan=None, startup: Start
                          state.model.id, info.model_type, info.backend, info.device, info.dtype, state.model.n_ctx)
             if state.plan is not None:
                 load_side_workers(state, settings, host.startup.placement)
+            log.info("ready: serving requests on %s", where)
         except Exception as e:  # keep serving /health's 503 and say why
             state.load_error = str(e)
-            log.exception("model load failed")
+            log.exception("model load failed; %s answers /health with 503 and the reason", where)
 
+    log.info("listening on %s%s; loading the model (/health answers 503 until it is ready)", where,
+             " (SO_REUSEPORT)" if settings.server.reuse_port and sock is not None else "")
     threading.Thread(target=load, name="mlxcel-load", daemon=True).start()
-    scheme = "https" if "ssl_keyfile" in kwargs else "http"
-    log.info("listening on %s", kwargs.get("uds") or f"{scheme}://{kwargs['host']}:{kwargs['port']}"
-             + (" (SO_REUSEPORT)" if settings.server.reuse_port and sock is not None else ""))
     from mlxcel.cli.shutdown import DrainingServer
 
     server = DrainingServer(uvicorn.Config(app, log_level="warning", **kwargs), settings.server.shutdown_timeout,
@@ -265,7 +280,9 @@ def serve_router(settings: ServerSettings) -> None:
              ", ".join(sorted(pool.slots)) or "none", settings.router.models_max,
              "on" if settings.router.models_autoload else "off")
     kwargs = uvicorn_kwargs(settings)
-    app = wrap_app(RouterApp(pool), settings)
+    from mlxcel.api.request_log import RequestLog
+
+    app = RequestLog(wrap_app(RouterApp(pool), settings))
     from mlxcel.cli.shutdown import DrainingServer
 
     class RouterServer(DrainingServer):

@@ -1,4 +1,4 @@
-"""`mlxcel list`, `mlxcel rm`, `mlxcel download`, `mlxcel convert`: the model store from the shell
+"""`mlxcel list`, `mlxcel rm`, `mlxcel download` (alias `pull`), `mlxcel convert`: the model store from the shell
 (and `mlxcel list --supported`: the model types mlxcel serves, as docs/models.md lists them).
 
 The store root is `--models-dir` / `--model-store-root`, else MLXCEL_MODELS_DIR, else
@@ -66,11 +66,13 @@ def cmd_list(args) -> int:
     if not entries:
         print(f"no models in {root}")
         return 0
-    width = max(len(e.repo_id) for e in entries)
-    for e in entries:
-        kind = e.model_type or "?"
-        quant = e.quantization or "-"
-        print(f"{e.repo_id:<{width}}  {kind:<12}  {quant:<6}  {_human(e.size_bytes):>10}")
+    rows = [(e.repo_id, e.model_type or "?", e.quantization or "-", _human(e.size_bytes)) for e in entries]
+    header = ("NAME", "TYPE", "QUANT", "SIZE")
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(4)]
+    for r in [header, *rows]:
+        print(f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:<{widths[2]}}  {r[3]:>{widths[3]}}")
+    n = len(entries)
+    print(f"{n} model{'s' if n != 1 else ''}, {_human(sum(e.size_bytes for e in entries))} in {root}")
     return 0
 
 
@@ -153,7 +155,7 @@ def add_parser(subparsers) -> None:
     _common(p)
     p.set_defaults(func=cmd_rm)
 
-    p = subparsers.add_parser("download", help="download an MLX checkpoint into the store")
+    p = subparsers.add_parser("download", aliases=["pull"], help="download an MLX checkpoint into the store")
     p.add_argument("repo", help="owner/name (a bare name expands against MLXCEL_DEFAULT_ORG)")
     p.add_argument("--offline", action="store_true", help="forbid downloads (the command then fails)")
     p.add_argument("--hf-token", help="HuggingFace token (default: HF_TOKEN)")

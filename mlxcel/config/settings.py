@@ -30,6 +30,7 @@ class SourceSection:
     offline: bool = False
     hf_token: str | None = None
     alias: list[str] = field(default_factory=list)
+    any_model_name: bool = False  # --any-model-name: every requested name is served by the loaded model
     tags: list[str] = field(default_factory=list)  # --tags: informational, reported on /v1/models
 
 
@@ -70,6 +71,7 @@ class EngineSection:
     ctx_size: int = 0  # 0 = the model's own context length
     n_predict: int = -1  # -1 = until the context is full
     parallel: int = 4
+    kv_unified: bool = False  # --kv-unified: every slot may fill the whole context (else ctx_size / parallel)
     batch_size: int = 512
     ubatch_size: int | None = None  # accepted and reported only (no micro-batch on MLX)
     max_queue_depth: int = 64  # waiting requests beyond the free slots; -1 unbounded
@@ -92,6 +94,7 @@ class KvSection:
     cache_type_k: str = "f16"
     cache_type_v: str = "f16"
     cache_prompt: bool = True
+    swa_full: bool = False  # --swa-full: keep the blocks behind a sliding window (engine/kv_manager.py)
     cache_ram_mib: int = 2048  # --cache-ram: mlxcel's default (b10621's is 8192); -1 no limit, 0 disable
     prompt_cache_capacity_bytes: int | None = None  # wins over cache_ram_mib when both are given
 
@@ -210,6 +213,7 @@ class ChatSection:
     template: str | None = None  # --chat-template: Jinja text replacing the checkpoint's template
     template_file: str | None = None  # --chat-template-file's text (the inline template wins)
     template_kwargs: dict = field(default_factory=dict)  # server-wide template context extras
+    jinja: bool = True  # --no-jinja: tools refused, no reasoning / tool-call parsing of the output
     skip_parsing: bool = False  # --skip-chat-parsing
     prefill_assistant: bool = True
     reasoning_format: str = "auto"  # none | deepseek | deepseek-legacy | auto

@@ -137,8 +137,10 @@ class Backend(Protocol):
         """Append each row's tokens to its sequence; return [len(rows), vocab] fp32 logits of
         each row's last position."""
 
-    def forward_all(self, tokens: list[int], cache: SequenceKV) -> np.ndarray:
-        """Like forward for one row, but return logits for every position: [n, vocab]."""
+    def forward_all(self, tokens: list[int], cache: SequenceKV,
+                    lora: tuple[float, ...] | None = None) -> np.ndarray:
+        """Like forward for one row (with `lora` as a ForwardRow's), but return logits for every
+        position: [n, vocab]."""
 
     def copy_slots(self, src: np.ndarray, dst: np.ndarray) -> None:
         """Copy the keys and values of pool slots `src` to slots `dst` in every layer."""

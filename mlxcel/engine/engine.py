@@ -26,9 +26,10 @@ import numpy as np
 from mlxcel.engine.backend import Backend, ForwardRow
 from mlxcel.engine.decode_pipeline import DecodePipeline
 from mlxcel.engine.kv_block_pool import OutOfBlocks
-from mlxcel.engine.kv_manager import RECURRENT_NO_SHIFT, KVManager
+from mlxcel.engine.kv_manager import RECURRENT_NO_SHIFT, WINDOW_KEPT_FULL, WINDOW_KEPT_SHIFT, KVManager
 from mlxcel.engine.output import OutputProcessor
 from mlxcel.engine.requests import RequestHandle, Row, forward_row
+from mlxcel.engine.sampling import ProbsReport, prompt_reports
 from mlxcel.engine.scheduler import Scheduler
 from mlxcel.engine.sleep import IdleSleeper
 from mlxcel.engine.slot_actions import SlotJob, run_slot_job
@@ -41,13 +42,15 @@ log = logging.getLogger("mlxcel.engine")
 @dataclass
 class _ScoreJob:
     """One unsteered pass over a prompt on a fresh sequence: the next-token logits (scoring),
-    or with `hidden` the final hidden states of every position (embeddings)."""
+    with `hidden` the final hidden states of every position (embeddings), or with `n_probs`
+    the report of every prompt token after the first (/v1/completions echo)."""
 
     prompt: list[int]
     future: Future
     capture: dict | None = None  # residual reads (per-request SAE activations); never steering
     hidden: bool = False
     lora: tuple | None = None  # the server's LoRA scales when the pass was queued
+    n_probs: int = 0  # above 0: each prompt token's probability report instead of the last logits
 
 
 def _too_long(n: int, n_ctx_slot: int, what: str = "request") -> EngineError:
@@ -57,26 +60,30 @@ def _too_long(n: int, n_ctx_slot: int, what: str = "request") -> EngineError:
 
 
 class Engine:
-    """`n_ctx` is the total context; each of the `parallel` slots gets an equal share.
+    """`n_ctx` is the total context; each of the `parallel` slots gets an equal share, or the
+    whole of it with `kv_unified` (the paged pool grows with use, so that costs no memory up front).
     `cache_budget_bytes`: the prefix cache's byte budget (None: bounded only by the pool,
     0: no prefix cache)."""
 
     def __init__(self, backend: Backend, tokenizer: Tokenizer, *, n_ctx: int,
-                 parallel: int = 4, batch_size: int = 512, cache_prompt: bool = True,
+                 parallel: int = 4, kv_unified: bool = False, batch_size: int = 512, cache_prompt: bool = True,
                  cache_budget_bytes: int | None = 2048 << 20, cont_batching: bool = True,
                  max_queue_depth: int = 64, context_shift: bool = False, keep: int = 0,
-                 special: bool = False, sleep_idle_seconds: int = -1,
+                 special: bool = False, swa_full: bool = False, sleep_idle_seconds: int = -1,
                  reload: Callable[[], Backend] | None = None, release_memory: Callable[[], None] | None = None,
                  speculator=None) -> None:
         self.tokenizer = tokenizer
         self.parallel = max(1, parallel)
         self.n_ctx = n_ctx
-        self.n_ctx_slot = max(n_ctx // self.parallel, 2)
+        self.n_ctx_slot = max(n_ctx if kv_unified else n_ctx // self.parallel, 2)
         self.batch_size = max(1, batch_size)
         self.max_queue_depth = max_queue_depth  # waiting requests beyond the free slots; -1: unbounded
         self.speculator = speculator  # engine/speculative.Speculator (--spec-type / -md), or None
+        # --swa-full, or a context shift (it brings kept early tokens back into the window), keeps
+        # the blocks behind an all-sliding model's window
+        kept = WINDOW_KEPT_FULL if swa_full else WINDOW_KEPT_SHIFT if context_shift else None
         self.kv = KVManager(n_ctx_slot=self.n_ctx_slot, parallel=self.parallel,
-                            budget_bytes=cache_budget_bytes if cache_prompt else 0)
+                            budget_bytes=cache_budget_bytes if cache_prompt else 0, keep_window=kept)
         self.context_shift_requested = context_shift  # a recurrent model turns it off (adopt_backend)
         self.scheduler = Scheduler(self.kv, parallel=self.parallel, n_ctx_slot=self.n_ctx_slot,
                                    batch_size=self.batch_size, cont_batching=cont_batching,
@@ -125,12 +132,13 @@ class Engine:
 
     def kv_policy(self) -> dict:
         """For /props beside the pool's occupancy: whether the prefix cache and the context shift
-        are on, and why not where either is off."""
+        are on, whether sequences free the blocks behind a sliding window, and why not where any
+        is off."""
         shift = self.scheduler.context_shift
         return {"prefix_cache": self.kv.prefix_cache_off is None, "prefix_cache_off_reason": self.kv.prefix_cache_off,
                 "context_shift": shift,
                 "context_shift_off_reason": None if shift else RECURRENT_NO_SHIFT if self.kv.recurrent
-                else "--context-shift is off"}
+                else "--context-shift is off", **self.kv.window_policy}
 
     def kv_usage(self) -> dict[str, int]:
         """Block pool occupancy, for /metrics and /props (all zero while asleep)."""
@@ -223,6 +231,19 @@ class Engine:
         self._inbox.put(job)
         return job.future
 
+    def submit_prompt_probs(self, prompt: list[int], n_probs: int) -> Future:
+        """Queue one pass over the prompt; the future resolves to the probability report of
+        each prompt token after the first (len(prompt) - 1 of them), as sampling reports a
+        generated token's with `n_probs` alternatives: from the position before it, raw logits."""
+        if not prompt:
+            raise EngineError("the prompt is empty", "invalid_request", 400)
+        if len(prompt) > self.n_ctx_slot:
+            raise _too_long(len(prompt), self.n_ctx_slot)
+        job = _ScoreJob(list(prompt), Future(), lora=self.lora.snapshot() if self.lora is not None else None,
+                        n_probs=max(n_probs, 1))
+        self._inbox.put(job)
+        return job.future
+
     def submit_slot_action(self, action: str, slot: int, tokens: list[int] | None = None) -> Future:
         """Queue a slot save / restore / erase; it runs on the engine thread once the slot is
         idle. The future resolves to the slot's tokens (save), the restored count (restore) or
@@ -261,7 +282,8 @@ class Engine:
         rows = list(self.scheduler.running)
         kv = self.kv_usage()
         queued = max(self._outstanding - len(rows), 0)
-        snap = EngineStats(**{**vars(st), "n_processing": sum(r.slot >= 0 for r in rows),
+        snap = EngineStats(**{**vars(st), "n_draft_accepted_per_pos": list(st.n_draft_accepted_per_pos),
+                              "n_processing": sum(r.slot >= 0 for r in rows),
                               "n_deferred": queued + sum(r.slot < 0 for r in rows),
                               "kv_cache_tokens": sum(r.n_prompt_done + len(r.generated) for r in rows),
                               "kv_blocks_total": kv["total_blocks"], "kv_blocks_used": kv["used_blocks"],
@@ -347,15 +369,7 @@ class Engine:
             return
         seq = self.kv.new_sequence()
         try:
-            logits, hidden = None, []
-            for start in range(0, len(job.prompt), self.batch_size):
-                chunk = job.prompt[start:start + self.batch_size]
-                if job.hidden:
-                    hidden.append(self.backend.hidden_states(chunk, seq))
-                else:
-                    logits = self.backend.forward([ForwardRow(chunk, seq, None, job.capture, job.lora)])
-            job.future.set_result(np.concatenate(hidden).astype(np.float32) if job.hidden
-                                  else np.array(logits[0], dtype=np.float32, copy=True))
+            job.future.set_result(self._pass(job, seq))
         except OutOfBlocks as e:
             what = "embedding" if job.hidden else "scoring"
             job.future.set_exception(EngineError(f"no KV memory left for the {what} pass: {e}",
@@ -365,6 +379,23 @@ class Engine:
             job.future.set_exception(e)
         finally:
             seq.release()
+
+    def _pass(self, job: _ScoreJob, seq) -> np.ndarray | list[ProbsReport]:
+        """The forward of a `_ScoreJob`, chunk by chunk; each chunk's logits are reduced before the
+        next runs, so a prompt's reports never hold [n, vocab] at once."""
+        logits, hidden, reports = None, [], []
+        for start in range(0, len(job.prompt), self.batch_size):
+            chunk = job.prompt[start:start + self.batch_size]
+            if job.hidden:
+                hidden.append(self.backend.hidden_states(chunk, seq))
+            elif job.n_probs:
+                every = self.backend.forward_all(chunk, seq, lora=job.lora)
+                reports += prompt_reports(every, job.prompt[start + 1:start + 1 + len(chunk)], job.n_probs)
+            else:
+                logits = self.backend.forward([ForwardRow(chunk, seq, None, job.capture, job.lora)])
+        if job.hidden:
+            return np.concatenate(hidden).astype(np.float32)
+        return reports if job.n_probs else np.array(logits[0], dtype=np.float32, copy=True)
 
     def _slot_actions(self) -> None:
         busy = self.scheduler.claimed_slots()

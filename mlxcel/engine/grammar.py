@@ -10,7 +10,8 @@ The matcher's contract with the engine: `allowed_mask(n)` gives the tokens that 
 output parsable (end-of-generation tokens only once the document may end; None: nothing is
 masked yet, a lazy grammar waiting for its trigger, engine/lazy_grammar.py), `accept(t)`
 advances it, `is_terminated()` says the document ended itself (nothing more can follow),
-`is_accepting()` says it could end here. The implementation is llguidance's.
+`is_accepting()` says it could end here. The implementation is llguidance's; a JSON
+Schema's objects are first closed after their listed properties (engine/json_schema.py).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from mlxcel.chat.gbnf import GbnfError, gbnf_to_lark
+from mlxcel.engine.json_schema import close_objects
 
 
 class GrammarError(ValueError):
@@ -144,7 +146,7 @@ class GrammarCompiler:
                 return hit
         try:
             if kind == "json_schema":
-                llg = llguidance.LLMatcher.grammar_from_json_schema(text, defaults=JSON_OPTIONS)
+                llg = llguidance.LLMatcher.grammar_from_json_schema(_closed_schema(source), defaults=JSON_OPTIONS)
             elif kind == "gbnf":
                 llg = llguidance.LLMatcher.grammar_from_lark(gbnf_to_lark(text, self._one_token, self.n_vocab))
             elif kind == "lark":
@@ -164,6 +166,20 @@ class GrammarCompiler:
         return compiled
 
 
+def _closed_schema(source: str | dict) -> Any:
+    """The schema as compiled: objects closed after their listed properties (engine/json_schema.py)."""
+    return json.dumps(close_objects(_load(source) if isinstance(source, str) else source))
+
+
+def _load(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise GrammarError(f"the schema is not valid JSON: {e}") from None
+    except RecursionError:
+        raise GrammarError("the schema nests too deeply") from None
+
+
 def for_tokenizer(tokenizer: Any, n_vocab: int) -> GrammarCompiler:
     """The compiler for an `mlxcel.engine.tokenizer.Tokenizer`."""
     hf = tokenizer.hf
@@ -176,12 +192,9 @@ def check_json_schema_text(text: str) -> None:
     before any model exists (no tokenizer needed). Raises GrammarError."""
     import llguidance
 
+    schema = _load(text)
     try:
-        schema = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise GrammarError(f"the schema is not valid JSON: {e}") from None
-    try:
-        llg = llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
+        llg = llguidance.LLMatcher.grammar_from_json_schema(close_objects(schema), defaults=JSON_OPTIONS)
     except ValueError as e:
         raise GrammarError(str(e)) from None
     err = llguidance.LLMatcher.validate_grammar(llg)

@@ -13,6 +13,14 @@ state slot per live sequence from the allocator's `StateSlots`: claimed with its
 recurrent layer's state at the slot's index; a sequence of length 0 reads a zero state, so a
 reused slot needs no clearing.
 
+When every attention layer of the model slides (the allocator's `window`, set by the KV manager),
+a sequence gives back each block whose tokens no later query can see: before `reserve` makes
+room at length L, every block wholly before L - window + 1 is released and its table entry
+becomes NULL_BLOCK, which reads as zeros behind the mask. Blocks covering the window before
+`prompt_end` are kept, so the prefix cache can resume that prompt. Only positions a rewind
+(`truncate`) can no longer reach are freed: a rewind never goes behind the length of the last
+`reserve`, and one that would is refused.
+
 The backend owns the storage behind the ids; this module owns only the bookkeeping.
 """
 
@@ -77,6 +85,7 @@ class BlockAllocator:
         self.evict_hook = None  # callable(n) -> freed count; set by the prefix cache
         self._high = SCRATCH_BLOCK
         self.states: StateSlots | None = None  # set for a model with recurrent layers
+        self.window: int | None = None  # set where sequences free blocks behind a sliding window
 
     @property
     def free_blocks(self) -> int:
@@ -110,6 +119,8 @@ class BlockAllocator:
         self._refs[block] += 1
 
     def unref(self, block: int) -> None:
+        if block == NULL_BLOCK:  # a freed table entry: never counted
+            return
         self._refs[block] -= 1
         if self._refs[block] == 0:
             self._free.append(block)
@@ -134,6 +145,8 @@ class SequenceKV:
     shift: int = 0
     state: int | None = None
     state_ahead: bool = False
+    prompt_end: int = 0  # the prefix cache may resume here: the window before it is kept
+    freed: int = 0  # leading table entries already checked for freeing
 
     def claim_state(self) -> None:
         """Take a recurrent state slot, where the model has recurrent layers and none is held."""
@@ -159,11 +172,33 @@ class SequenceKV:
     def reserve(self, n: int) -> None:
         """Make room for `n` more tokens."""
         self.claim_state()
+        self.free_behind_window()
         bs = self.allocator.block_size
         need = (self.length + n + bs - 1) // bs - len(self.blocks)
         self.allocator.make_room(need)
         for _ in range(need):
             self.blocks.append(self.allocator.allocate())
+
+    def free_behind_window(self) -> None:
+        """Release the blocks no query from the current length on can read (allocator.window),
+        except those the window before `prompt_end` covers."""
+        window, bs = self.allocator.window, self.allocator.block_size
+        if window is None:
+            return
+        cut = min(max(0, (self.length - window + 1) // bs), len(self.blocks))
+        keep = range(max(0, self.prompt_end - window) // bs, -(-self.prompt_end // bs))
+        for i in range(self.freed, cut):
+            if i not in keep and self.blocks[i] != NULL_BLOCK:
+                self.allocator.unref(self.blocks[i])
+                self.blocks[i] = NULL_BLOCK
+        self.freed = max(self.freed, cut)
+
+    def holds_window(self, n: int) -> bool:
+        """Whether a query at position n finds every key its window reads (always, without one)."""
+        window, bs = self.allocator.window, self.allocator.block_size
+        if window is None or n == 0:
+            return True
+        return NULL_BLOCK not in self.blocks[max(0, n - window + 1) // bs:(n - 1) // bs + 1]
 
     def slots(self, start: int, stop: int) -> np.ndarray:
         """Pool slot index of each token position in [start, stop)."""
@@ -177,6 +212,8 @@ class SequenceKV:
         positions this sequence wrote itself are ever dropped, never a shared full block's."""
         if n >= self.length:
             return
+        if not self.holds_window(n):
+            raise RuntimeError(f"a rewind to {n} tokens reaches blocks freed behind the sliding window")
         if self.state is not None:
             self.state_ahead = True  # its tokens can be trimmed, the state they produced cannot
         keep_blocks = -(-n // self.allocator.block_size)
@@ -184,6 +221,7 @@ class SequenceKV:
             self.allocator.unref(b)
         del self.blocks[keep_blocks:]
         del self.tokens[n:]
+        self.freed = min(self.freed, keep_blocks)
 
     def release(self) -> None:
         for b in self.blocks:
@@ -192,6 +230,7 @@ class SequenceKV:
             self.allocator.states.free(self.state)
         self.blocks, self.tokens, self.shift = [], [], 0
         self.state, self.state_ahead = None, False
+        self.prompt_end, self.freed = 0, 0
 
 
 def grown_slots(allocator: "BlockAllocator", have: int) -> int | None:

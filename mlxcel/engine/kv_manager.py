@@ -8,17 +8,26 @@ slots' context shares plus the prefix cache's byte budget, creates each admitted
 offers its blocks to the prefix cache before giving them back.
 
 Layer kinds: attention layers keep a record per token in the one pool: keys and values
-("full", and "sliding", whose attention reads only its window but whose blocks are kept), or
+("full", and "sliding", whose attention reads only its window), or
 multi-head latent attention's compressed latent ("latent": a smaller record, sized by its
 `bytes_per_token`, in the same blocks). Recurrent layers keep a fixed-size state per sequence
 instead: the manager gives each live sequence one state slot (kv_block_pool.StateSlots, sized
 for the slots plus one scoring pass) beside its block table. A state summarises every token
 before it and cannot be shared, rewound or cut, so for such a model the prefix cache is off
 (`prefix_cache_off`) and a context shift is refused; the engine disables it
-(`RECURRENT_NO_SHIFT`). The interface is shaped for what is not held yet: sliding layers that
-free blocks behind their window need a block table per layer group, quantized blocks a storage
-format the backend reads (`LayerKV.quant`). A backend whose spec names such a layer is refused
-at bind time, naming it.
+(`RECURRENT_NO_SHIFT`).
+
+Sliding windows: one block table serves every layer, so a block can go back to the pool only
+when no layer reads it. Where every attention layer slides (Mistral's `sliding_window`), each
+sequence frees the blocks wholly behind the widest window as it grows (kv_block_pool), keeping
+those the window before its prompt's end reads, so the prefix cache can still resume that
+prompt; a cached chain whose window was freed is resumed only where its window is held
+(kv_prefix_cache). Interleaved local/global models (Gemma 2/3, gpt-oss, Cohere 2, EXAONE 4,
+OLMo 3) keep every block: their global layers read them all, and a table per layer group is not held yet. A
+context shift brings kept early tokens back into the window, so with --context-shift on every
+block is kept, as with --swa-full. `window_policy` says which, for /props.
+Quantized blocks need a storage format the backend reads (`LayerKV.quant`), not held yet either.
+A backend whose spec names such a layer is refused at bind time, naming it.
 """
 
 from __future__ import annotations
@@ -44,6 +53,12 @@ RECURRENT_NO_PREFIX = ("its recurrent layers keep one state per sequence, not pe
                        "kept at block boundaries, so a cached prefix could not be resumed")
 RECURRENT_NO_SHIFT = ("its recurrent layers' state summarises every token so far and cannot drop some of "
                       "them, so a full context ends the request instead")
+# why a model with sliding-window layers keeps the blocks behind its windows
+WINDOW_NONE = "no layer of this model has a sliding window"
+WINDOW_KEPT_GLOBAL = "some attention layers read the whole context, and every layer shares one block table"
+WINDOW_KEPT_SHIFT = "--context-shift is on: a shift brings kept early tokens back into the window"
+WINDOW_KEPT_FULL = "--swa-full is on"
+WINDOW_KEPT_DRAFT = "a draft model's sequence rewinds over its rejected drafts"
 
 
 class KVLayoutUnsupported(ValueError):
@@ -58,6 +73,15 @@ def check_spec(spec: KVSpec) -> None:
     quant = sorted({layer.quant for layer in spec.layers if layer.quant})
     if quant:
         raise KVLayoutUnsupported(f"quantized KV blocks ({', '.join(quant)}) are not held by the paged pool")
+
+
+def shared_window(spec: KVSpec) -> int | None:
+    """The widest window when every attention layer slides (recurrent layers keep no blocks);
+    None when some attention layer reads every token, or none slides."""
+    attn = [layer for layer in spec.layers if layer.kind != "recurrent"]
+    if not attn or any(layer.kind != "sliding" or not layer.window for layer in attn):
+        return None
+    return max(layer.window for layer in attn)
 
 
 def compacted(seq: SequenceKV, keep: int, discard: int,
@@ -81,13 +105,16 @@ class KVManager:
     shares are added to the pool for it, and it keeps what the free blocks hold)."""
 
     def __init__(self, *, n_ctx_slot: int, parallel: int, budget_bytes: int | None,
-                 headroom: int = 4, block_size: int = BLOCK_SIZE) -> None:
+                 headroom: int = 4, block_size: int = BLOCK_SIZE, keep_window: str | None = None) -> None:
         self.n_ctx_slot, self.parallel = n_ctx_slot, max(1, parallel)
         self.budget_bytes, self.headroom, self.block_size = budget_bytes, headroom, block_size
         self.backend: Backend | None = None
         self.allocator = BlockAllocator(RESERVED + 1, block_size)
         self.prefix_cache = PrefixCache(self.allocator, 0)
         self.recurrent = False  # the bound model has recurrent layers (one state slot per sequence)
+        # why sequences keep the blocks behind a window all layers share, if they must
+        self.keep_window = keep_window
+        self.window_policy: dict = {"free_behind_window": False, "free_behind_window_off_reason": WINDOW_NONE}
 
     @property
     def state_slots(self) -> int:
@@ -123,6 +150,7 @@ class KVManager:
         self.recurrent = spec.recurrent
         num_blocks, budget = self.pool_blocks(spec.bytes_per_token, 0 if self.recurrent else -1)
         self.allocator = BlockAllocator(num_blocks, self.block_size)
+        self._bind_window(spec)
         if self.recurrent:
             self.allocator.states = StateSlots(self.state_slots)
             log.info("recurrent state: %d slots of %d bytes; prefix cache off: %s", self.state_slots,
@@ -130,6 +158,18 @@ class KVManager:
         backend.bind_kv(self.allocator)
         self.backend = backend
         self.prefix_cache = PrefixCache(self.allocator, budget)
+
+    def _bind_window(self, spec: KVSpec) -> None:
+        """Whether sequences free blocks behind the model's window, and why not (window_policy)."""
+        window = shared_window(spec)
+        reason = (WINDOW_NONE if "sliding" not in spec.kinds else WINDOW_KEPT_GLOBAL if window is None
+                  else self.keep_window)
+        if reason is None:
+            self.allocator.window = window
+            log.info("sliding window %d on every attention layer: blocks behind it go back to the pool", window)
+        elif reason is not WINDOW_NONE:
+            log.info("sliding-window layers keep every block: %s", reason)
+        self.window_policy = {"free_behind_window": reason is None, "free_behind_window_off_reason": reason}
 
     def unbind(self) -> None:
         """Let go of the backend, its pool and the prefix cache that lived in it (idle sleep)."""
@@ -145,6 +185,8 @@ class KVManager:
         returns it and how many prompt tokens the cache supplied."""
         seq = self.new_sequence()
         seq.claim_state()  # a recurrent model's state slot is the row's from admission on
+        if use_cache and self.prefix_cache.enabled:
+            seq.prompt_end = len(prompt)  # keep what resuming this prompt from the cache reads
         cached = self.prefix_cache.adopt(seq, prompt, self.copy_slots) if use_cache else 0
         return seq, cached
 
@@ -157,6 +199,8 @@ class KVManager:
         token positions)."""
         if self.recurrent:
             raise KVLayoutUnsupported(f"no context shift for this model: {RECURRENT_NO_SHIFT}")
+        if self.allocator.window is not None:  # the engine keeps every block when it may shift
+            raise KVLayoutUnsupported("no context shift over a sequence that frees blocks behind its window")
         out = compacted(seq, keep, discard, self.copy_slots)
         seq.release()
         return out

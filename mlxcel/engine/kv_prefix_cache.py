@@ -10,6 +10,11 @@ as llama-server's slots reuse a common prefix, always leaving one prompt token t
 the step yields logits. A sequence donates its blocks back when it ends. The tree holds
 one reference per block; eviction drops least-recently-used leaves that no live sequence
 shares, under a block budget derived from the byte budget.
+
+Where sequences free blocks behind a sliding window (kv_block_pool: the allocator's `window`),
+a donated chain may hold NULL_BLOCK nodes: the tokens are known, their KV is gone. Such a node
+holds no reference and counts for no budget. A prompt resumes at a point only when every block
+the window before it reads is held, so a match backs off to the last such point.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from mlxcel.engine.kv_block_pool import BlockAllocator, OutOfBlocks, SequenceKV
+from mlxcel.engine.kv_block_pool import NULL_BLOCK, BlockAllocator, OutOfBlocks, SequenceKV
 
 _clock = itertools.count()
 
@@ -78,7 +83,6 @@ class PrefixCache:
             if child is None:
                 break
             child.last_used = now
-            self.allocator.ref(child.block)
             blocks.append(child.block)
             node = child
         n = len(blocks) * bs
@@ -86,12 +90,26 @@ class PrefixCache:
         best, best_n = None, 0
         for child in node.children.values():
             k = common_prefix(child.key, rest)
-            if k > best_n:
+            if k > best_n and child.block != NULL_BLOCK:
                 best, best_n = child, k
-        if best is None:
-            return Prefix(blocks, n)
+        if best is not None and not self._resumable(blocks, n + best_n):
+            best, best_n = None, 0
+        while blocks and not self._resumable(blocks, len(blocks) * bs):
+            blocks.pop()
+        for b in blocks:
+            self.allocator.ref(b)
+        if best is None or len(blocks) * bs < n:
+            return Prefix(blocks, len(blocks) * bs)
         best.last_used = now
         return Prefix(blocks, n, best.block, best_n)
+
+    def _resumable(self, blocks: list[int], h: int) -> bool:
+        """Whether a prompt resumed at token h (blocks: the full ones before it) finds every
+        key a sliding window reads; always without one."""
+        window = self.allocator.window
+        if window is None:
+            return True
+        return NULL_BLOCK not in blocks[max(0, h - window + 1) // self.allocator.block_size:]
 
     def adopt(self, seq: SequenceKV, prompt: list[int], copy_slots: Callable[[np.ndarray, np.ndarray], None]) -> int:
         """Start the empty `seq` from `prompt`'s cached prefix: the shared full blocks, then the
@@ -131,20 +149,34 @@ class PrefixCache:
         """The child of `parent` holding `key`: an existing one that covers it, else a new node
         on `block` (which replaces the partial leaves its key extends)."""
         child = parent.children.get(key) or next((c for c in parent.children.values() if c.key[:len(key)] == key), None)
-        if child is None:
-            for stale in [c for c in parent.children.values() if len(c.key) < len(key) and key[:len(c.key)] == c.key]:
-                self._drop(stale)
-            child = _Node(key, block, parent)
-            parent.children[key] = child
+        if child is not None and child.block == NULL_BLOCK and block != NULL_BLOCK:
+            child.block = block  # the KV a freed node lacked
             self.allocator.ref(block)
             self.cached_blocks += 1
+        if child is None:
+            for stale in [c for c in parent.children.values() if len(c.key) < len(key) and key[:len(c.key)] == c.key]:
+                self._drop(stale, cascade=False)  # parent gets its replacement
+            child = _Node(key, block, parent)
+            parent.children[key] = child
+            if block != NULL_BLOCK:
+                self.allocator.ref(block)
+                self.cached_blocks += 1
         child.last_used = now
         return child
 
-    def _drop(self, leaf: _Node) -> None:
-        del leaf.parent.children[leaf.key]
-        self.allocator.unref(leaf.block)
-        self.cached_blocks -= 1
+    def _drop(self, leaf: _Node, cascade: bool = True) -> _Node:
+        """Drop a leaf, and (`cascade`) the freed (NULL_BLOCK) nodes it leaves childless above it;
+        returns the node the drops stopped under."""
+        while True:
+            parent = leaf.parent
+            del parent.children[leaf.key]
+            leaf.parent = None  # detached: a heap entry for it is stale
+            if leaf.block != NULL_BLOCK:
+                self.allocator.unref(leaf.block)
+                self.cached_blocks -= 1
+            if not cascade or parent is self.root or parent.children or parent.block != NULL_BLOCK:
+                return parent
+            leaf = parent
 
     def trim(self) -> None:
         """Evict down to the budget (call once the donor has dropped its own references)."""
@@ -155,15 +187,18 @@ class PrefixCache:
         """Drop up to `n` least-recently-used leaves that no live sequence shares, one at a
         time: a parent that a drop leaves childless joins the candidates at its own age, so an
         old chain goes before a newer donation. One scan of the tree, then a heap."""
-        unshared = lambda x: not x.children and self.allocator.refs(x.block) == 1  # noqa: E731
+        def unshared(x: _Node) -> bool:
+            return not x.children and (x.block == NULL_BLOCK or self.allocator.refs(x.block) == 1)
+
         heap = [(x.last_used, id(x), x) for x in self._nodes() if unshared(x)]
         heapq.heapify(heap)
         freed = 0
         while freed < n and heap:
             _, _, leaf = heapq.heappop(heap)
-            parent = leaf.parent
-            self._drop(leaf)
-            freed += 1
+            if leaf.parent is None:
+                continue
+            freed += leaf.block != NULL_BLOCK  # a freed node costs nothing, and frees nothing
+            parent = self._drop(leaf)
             if parent is not self.root and unshared(parent):
                 heapq.heappush(heap, (parent.last_used, id(parent), parent))
         return freed

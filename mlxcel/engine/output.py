@@ -55,6 +55,7 @@ class OutputProcessor:
                  n_ctx_train: int) -> Row:
         """A newly admitted request's row: its sampler, detokenizer, stop matcher, grammar and budget."""
         req = handle.request
+        self.stats.n_prompt_tokens_cached_total += cached
         return Row(handle=handle, cache=seq, pending=list(req.prompt[cached:]), n_cached=cached,
                    n_prompt_done=cached, sampler=self._sampler_state(req, n_ctx_train),
                    detok=IncrementalDetokenizer(self._decoder(req.keep_tokens)), stop=StopMatcher(req.stop),
@@ -206,6 +207,10 @@ class OutputProcessor:
         if row.generated:
             st.t_tokens_generation_total += timings.predicted_ms
             st.t_tokens_generation += timings.predicted_ms
+        if timings.draft_rounds:
+            st.n_draft_tokens_total += timings.draft_n or 0
+            st.n_draft_accepted_total += timings.draft_n_accepted or 0
+            st.n_draft_rounds_total += timings.draft_rounds
 
     def finish(self, row: Row, event: TokenEvent) -> None:
         """End the row with `event`, filled in with the row's totals and timings."""

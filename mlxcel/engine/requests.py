@@ -31,6 +31,7 @@ class RequestHandle:
         self.cancelled = False
         self.finished = False
         self.retired = False  # the engine's queue accounting is done with it
+        self.final: TokenEvent | None = None  # the last event, once read (None: cancelled or running)
 
     def push(self, event: TokenEvent) -> None:  # engine thread
         if self.cancelled:
@@ -59,6 +60,7 @@ class RequestHandle:
             raise StopAsyncIteration
         if event.done:
             self.finished = True
+            self.final = event
         return event
 
 

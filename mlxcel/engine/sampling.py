@@ -204,6 +204,13 @@ def _pre_sampling_report(raw: np.ndarray, token: int, n_probs: int) -> ProbsRepo
                        tuple((int(t), float(probs[t])) for t in top))
 
 
+def prompt_reports(logits: np.ndarray, next_tokens: Sequence[int], n_probs: int) -> list[ProbsReport]:
+    """Pre-sampling reports of tokens already known (a prompt's): row i of `logits` is the
+    distribution `next_tokens[i]` was drawn from; rows past the last token are skipped."""
+    return [_pre_sampling_report(np.asarray(row, dtype=np.float32), int(t), n_probs)
+            for row, t in zip(logits, next_tokens)]
+
+
 def _post_sampling_report(c: Candidates, probs: np.ndarray, idx: int, n_probs: int) -> ProbsReport:
     order = np.argsort(-probs, kind="stable")[:n_probs]
     top = tuple((int(c.ids[i]), float(probs[i])) for i in order if probs[i] > 0.0)

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from mlxcel.engine.backend import ForwardRow
-from mlxcel.engine.kv_manager import KVManager
+from mlxcel.engine.kv_manager import WINDOW_KEPT_DRAFT, KVManager
 from mlxcel.engine.kv_prefix_cache import common_prefix
 
 DRAFT, NGRAM_SIMPLE = "draft-simple", "ngram-simple"
@@ -64,6 +64,14 @@ class RowSpec:
     accepted: int = 0  # draft tokens the verification emitted as they were
     rounds: int = 0  # verify forwards
     keep: int | None = None  # target KV length to trim to if the row ends mid-verification
+
+
+def _count_position(counters, i: int, n_draft: int) -> None:
+    """/metrics' accepted-per-draft-position counter (position 0: the first drafted token)."""
+    per_pos = counters.n_draft_accepted_per_pos
+    if len(per_pos) < n_draft:
+        per_pos.extend([0] * (n_draft - len(per_pos)))
+    per_pos[i] += 1
 
 
 def ngram_simple_draft(context: list[int], last: int, size_n: int, size_m: int) -> list[int]:
@@ -112,8 +120,9 @@ class ModelDrafter:
                  block_size: int, target_vocab: int) -> None:
         self.backend, self.config, self.batch_size = backend, config, max(1, batch_size)
         self.target_vocab = target_vocab  # a padded draft head may name ids the target cannot embed
+        # the draft's sequence rewinds over its rejected drafts: it keeps the blocks behind a window
         self.kv = KVManager(n_ctx_slot=n_ctx_slot, parallel=parallel, budget_bytes=None, headroom=0,
-                            block_size=block_size)
+                            block_size=block_size, keep_window=WINDOW_KEPT_DRAFT)
         self.kv.bind(backend)
 
     def propose(self, items: list[tuple[RowSpec, list[int], int, int]]) -> list[list[int]]:
@@ -252,6 +261,7 @@ class Speculator:
             if i == len(draft) or row.next_token != draft[i]:
                 break
             spec.accepted += 1
+            _count_position(engine.counters, i, len(draft))
         spec.keep = None
         seq.truncate(base + 1 + i)
 

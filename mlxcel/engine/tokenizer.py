@@ -73,6 +73,12 @@ class Tokenizer:
         return (self.hf.encode("", add_special_tokens=True) if add_special_tokens else []) + ids
 
     @cached_property
+    def adds_bos(self) -> bool:
+        """Encoding with special tokens puts BOS first (llama.cpp's add-BOS vocabulary flag)."""
+        bos = self.hf.bos_token_id
+        return bos is not None and self.hf.encode("a", add_special_tokens=True)[:1] == [bos]
+
+    @cached_property
     def pieces(self) -> list[bytes]:
         """Every token id's raw bytes (built on first use, once)."""
         from mlxcel.engine.token_pieces import vocabulary_pieces

@@ -128,7 +128,8 @@ class EngineStats:
     previous `Engine.stats(reset_bucket=True)`, so throughput gauges cover one scrape window."""
 
     t_start: float = 0.0  # unix time the engine started
-    n_prompt_tokens_processed_total: int = 0
+    n_prompt_tokens_processed_total: int = 0  # prefilled, so the prompt cache's tokens are not in it
+    n_prompt_tokens_cached_total: int = 0  # prompt tokens the prompt cache supplied instead
     t_prompt_processing_total: float = 0.0  # ms
     n_tokens_predicted_total: int = 0
     t_tokens_generation_total: float = 0.0  # ms
@@ -139,6 +140,10 @@ class EngineStats:
     n_decode_total: int = 0  # backend forward calls
     n_busy_slots_total: int = 0  # sum over forward calls of the rows in them
     n_tokens_max: int = 0  # the longest sequence seen (prompt + generated)
+    n_draft_tokens_total: int = 0  # speculative: draft tokens sent to verification
+    n_draft_accepted_total: int = 0  # of which the target emitted as drafted
+    n_draft_rounds_total: int = 0  # verify forwards
+    n_draft_accepted_per_pos: list[int] = field(default_factory=list)  # accepted tokens by draft position
     n_processing: int = 0  # requests holding a slot now
     n_deferred: int = 0  # requests waiting for a slot now
     kv_cache_tokens: int = 0  # tokens held in live sequences

@@ -85,7 +85,15 @@ _NOTES = """
   Gemma 3's `sliding_window_pattern`, from Qwen's `use_sliding_window` with `max_window_layers`,
   or else, when `sliding_window` is set, on every layer (Mistral, Mixtral, Phi-3, Starcoder2), as
   transformers reads it. mlxcel applies each layer's window at its own attention seam on both
-  backends, also where mlx-lm's module would attend without it. `latent`: multi-head latent
+  backends, also where mlx-lm's module would attend without it. Where every attention layer
+  slides (a `sliding_window` on every layer), a running sequence gives the KV blocks wholly
+  behind its window back to the pool, keeping those its prompt's last window covers so the
+  prompt cache can resume that prompt; a cached prefix is resumed only where the window before
+  the resume point is still held. Interleaved local/global families (Gemma 2/3, gpt-oss,
+  Cohere 2, EXAONE 4, OLMo 3) keep every block, since their global layers read the whole
+  context through the same block table; so does any model under `--swa-full`, or under
+  `--context-shift`, which brings kept early tokens back into the window. `/props` says which
+  (`kv_cache.free_behind_window`, `kv_cache.free_behind_window_off_reason`). `latent`: multi-head latent
   attention (DeepSeek V2/V3, a config with `kv_lora_rank`), whose paged KV blocks hold each
   token's compressed latent and shared rotary key (`kv_lora_rank + qk_rope_head_dim` values per
   layer) rather than per-head keys and values, on both backends. `recurrent`: the layer keeps a

@@ -37,6 +37,9 @@ def check_router_mode(settings: Any) -> None:
         raise StartupRefusal(f"--models-dir {settings.router.models_dir}: no such directory")
     if settings.router.models_preset is not None and not settings.router.models_preset.is_file():
         raise StartupRefusal(f"--models-preset {settings.router.models_preset}: no such file")
+    if settings.source.any_model_name:
+        raise StartupRefusal("--any-model-name: in router mode the requested name picks the model, so no name can "
+                             "stand for another; drop it or serve one model with -m")
     for on, spelling in ((settings.workers.embedding, "--embeddings"), (settings.workers.reranking, "--reranking"),
                          (settings.workers.embedding_model, "--embedding-model"),
                          (settings.workers.reranker_model, "--reranker-model"),

@@ -15,6 +15,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from mlxcel.backends import select
+from mlxcel.chat import builtin_templates
+from mlxcel.config.progress import Progress
 from mlxcel.config.refusal import StartupRefusal
 from mlxcel.config.rope import RopeOverrides
 from mlxcel.config.sampling import B10621_SAMPLING
@@ -102,8 +104,9 @@ def load_backend(settings: ServerSettings, path: Path, placed: select.Choice | N
         backend = backend_class(path, dtype=b.dtype, device=choice.device, threads=b.threads, rope=b.rope,
                                 compile=b.torch_compile, build_env=b.build_env)
         if backend.device.type == "cpu" and backend.info.dtype in ("bfloat16", "float32"):
-            log.info("torch CPU: decode rows' %s linears via %s, prompt rows' via %s; fused ops: %s",
-                     backend.info.dtype, backend.row_kernel, backend.prompt_linears, backend.fused_ops)
+            log.info("torch on the CPU: decoding computes its %s matrix products with %s, prompts with %s; "
+                     "fused operations: %s", backend.info.dtype, backend.row_kernel, backend.prompt_linears,
+                     backend.fused_ops)
         return backend, choice
     import mlx.core as mx
 
@@ -114,8 +117,8 @@ def load_backend(settings: ServerSettings, path: Path, placed: select.Choice | N
     b = settings.backend
     backend = MLXBackend(path, dtype=b.dtype, rope=b.rope, threads=b.threads)
     if backend.split_modules:
-        log.info("MLX CPU: %d large products split over %d threads (--threads)", backend.split_modules,
-                 backend.threads)
+        log.info("MLX on the CPU: %d large matrix products each split over %d threads (--threads)",
+                 backend.split_modules, backend.threads)
     return backend, choice
 
 
@@ -138,27 +141,25 @@ def load_served_model(settings: ServerSettings, path: Path, served_id: str | Non
             backend.attach_lora(lora.adapters)
         return backend, choice
 
-    backend, choice = backend_with_adapters()
-    tokenizer = Tokenizer(path)
-    template = settings.chat.template or settings.chat.template_file
-    if template:  # --chat-template(-file) replaces the checkpoint's own template everywhere
-        tokenizer.chat_template = template
-    vision = load_vision(settings, path, backend, tokenizer)  # before the engine starts: it may refuse
-    n_ctx = settings.engine.ctx_size if settings.engine.ctx_size > 0 else backend.info.context_length
-    e = settings.engine
-    engine = Engine(backend, tokenizer, n_ctx=n_ctx, parallel=e.parallel, batch_size=e.batch_size,
-                    cache_prompt=settings.kv.cache_prompt, cache_budget_bytes=cache_budget_bytes(settings),
-                    cont_batching=e.cont_batching, max_queue_depth=e.max_queue_depth,
-                    context_shift=e.context_shift, keep=e.keep, special=e.special,
-                    sleep_idle_seconds=e.sleep_idle_seconds, reload=lambda: backend_with_adapters()[0],
-                    release_memory=release_memory)
-    engine.lora = lora
-    if served_id is None and startup.speculative is not None:  # the draft was chosen for the -m model only
-        engine.speculator = load_speculator(settings, startup.speculative, engine, tokenizer, choice)
-    if settings.engine.warmup:
-        seq = engine.kv.new_sequence()
-        backend.forward([ForwardRow([0], seq)])  # first-call costs off the request path
-        engine.kv.release(seq, donate=False)
+    bar = Progress(f"loading {path.name}", total=3 + int(settings.engine.warmup), unit="step")
+    with bar:
+        bar.stage("weights")
+        backend, choice = backend_with_adapters()
+        bar.update()
+        bar.stage("tokenizer")
+        tokenizer = Tokenizer(path)
+        bar.update()
+        bar.stage("engine")
+        vision, engine = build_engine(settings, path, backend, tokenizer, lambda: backend_with_adapters()[0],
+                                      release_memory)
+        engine.lora = lora
+        if served_id is None and startup.speculative is not None:  # the draft was chosen for the -m model only
+            engine.speculator = load_speculator(settings, startup.speculative, engine, tokenizer, choice)
+        bar.update()
+        if settings.engine.warmup:
+            bar.stage("warm-up step")
+            warm_up(engine)
+            bar.update()
     engine.start()
     served = ServedModel(
         id=served_id or model_id(settings),
@@ -180,6 +181,31 @@ def load_served_model(settings: ServerSettings, path: Path, served_id: str | Non
     served.vision = vision
     load_default_grammar(settings, served)
     return served
+
+
+def build_engine(settings: ServerSettings, path: Path, backend, tokenizer: Tokenizer,
+                 reload: Callable[[], object], release_memory: Callable[[], None]) -> tuple[VisionInput | None, Engine]:
+    """The checkpoint's image side and its engine, not started yet."""
+    template = settings.chat.template or settings.chat.template_file
+    if template:  # --chat-template(-file) replaces the checkpoint's own template everywhere
+        tokenizer.chat_template = builtin_templates.with_bos(template, tokenizer.adds_bos)
+    vision = load_vision(settings, path, backend, tokenizer)  # before the engine starts: it may refuse
+    n_ctx = settings.engine.ctx_size if settings.engine.ctx_size > 0 else backend.info.context_length
+    e = settings.engine
+    engine = Engine(backend, tokenizer, n_ctx=n_ctx, parallel=e.parallel, kv_unified=e.kv_unified,
+                    batch_size=e.batch_size,
+                    cache_prompt=settings.kv.cache_prompt, cache_budget_bytes=cache_budget_bytes(settings),
+                    cont_batching=e.cont_batching, max_queue_depth=e.max_queue_depth,
+                    context_shift=e.context_shift, keep=e.keep, special=e.special, swa_full=settings.kv.swa_full,
+                    sleep_idle_seconds=e.sleep_idle_seconds, reload=reload, release_memory=release_memory)
+    return vision, engine
+
+
+def warm_up(engine: Engine) -> None:
+    """One forward off the request path: first-call costs (kernel selection, allocation) land here."""
+    seq = engine.kv.new_sequence()
+    engine.backend.forward([ForwardRow([0], seq)])
+    engine.kv.release(seq, donate=False)
 
 
 def load_speculator(settings: ServerSettings, config: SpecConfig, engine: Engine, tokenizer: Tokenizer,

@@ -15,6 +15,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from mlxcel.config.progress import Progress
 from mlxcel.models.checkpoint_config import ConfigRefused, mlx_overrides, normalize_config
 from mlxcel.models.registry import family_for, mlx_module
 from mlxcel.store.repo_id import parse_repo_id
@@ -69,12 +70,10 @@ def hf_to_mlx(
     quantize: bool = False,
     q_bits: int = 4,
     q_group_size: int = 64,
+    progress: Progress | None = None,
 ) -> dict:
-    """Write an MLX checkpoint for the HF checkpoint directory `src` into `out`; return its config."""
-    import mlx.core as mx
-    from mlx.utils import tree_map
-    from mlx_lm.utils import load_model, quantize_model, save_config, save_model
-
+    """Write an MLX checkpoint for the HF checkpoint directory `src` into `out`; return its config.
+    `progress` advances one step per stage (n_stages(quantize) of them)."""
     _check_options(dtype, quantize, q_bits, q_group_size)
     if not (src / "config.json").is_file():
         raise ConversionError(f"{src} is not a checkpoint directory: it has no config.json")
@@ -83,12 +82,18 @@ def hf_to_mlx(
         raise ConversionError(f"{src} is already quantized; convert from an unquantized checkpoint")
     family_for(raw)  # refuses an unsupported model_type with the supported list
     config = checked_config(raw)
+    step = _stepper(progress)
+    step(f"reading {raw.get('model_type')} weights")  # before the imports: they alone take seconds
+    import mlx.core as mx
+    from mlx.utils import tree_map
+    from mlx_lm.utils import load_model, quantize_model, save_config, save_model
 
     def classes(config: dict):
         module = mlx_module(config)
         return module.Model, module.ModelArgs
 
     model, config = load_model(src, lazy=True, model_config=config, get_model_classes=classes)
+    step(f"casting to {dtype}")
     target = getattr(mx, dtype)
     model.update(
         tree_map(lambda v: v.astype(target) if mx.issubdtype(v.dtype, mx.floating) else v, model.parameters())
@@ -96,12 +101,33 @@ def hf_to_mlx(
     config["torch_dtype"] = dtype
     config.pop("dtype", None)
     if quantize:
+        step(f"quantizing to {q_bits} bits")
         model, config = quantize_model(model, config, q_group_size, q_bits)
+    step("computing and writing the weights")  # MLX is lazy: the work above happens here
     out.mkdir(parents=True, exist_ok=True)
     save_model(out, model, donate_model=True)
     _copy_side_files(src, out)
     save_config(config, out / "config.json")
     return config
+
+
+def n_stages(quantize: bool, gguf: bool = False) -> int:
+    return 3 + int(quantize) + int(gguf)
+
+
+def _stepper(progress: Progress | None):
+    started = False
+
+    def step(text: str) -> None:
+        nonlocal started
+        if progress is None:
+            return
+        if started:
+            progress.update()
+        started = True
+        progress.stage(text)
+
+    return step
 
 
 def convert(
@@ -133,12 +159,17 @@ def convert(
     staging_root.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f"{name}.", dir=staging_root))
     try:
-        hf_dir = src
-        if is_gguf:
-            hf_dir = staging / "hf"
-            gguf_to_hf(src, hf_dir)
-        built = staging / "mlx"
-        hf_to_mlx(hf_dir, built, dtype=dtype, quantize=quantize, q_bits=q_bits, q_group_size=q_group_size)
+        with Progress(f"converting {src.name}", total=n_stages(quantize, is_gguf), unit="step") as bar:
+            hf_dir = src
+            if is_gguf:
+                hf_dir = staging / "hf"
+                bar.stage("reading the GGUF file")
+                gguf_to_hf(src, hf_dir)
+                bar.update()
+            built = staging / "mlx"
+            hf_to_mlx(hf_dir, built, dtype=dtype, quantize=quantize, q_bits=q_bits, q_group_size=q_group_size,
+                      progress=bar)
+            bar.update()
         target.parent.mkdir(parents=True, exist_ok=True)
         if target.exists():
             shutil.rmtree(target)

@@ -25,6 +25,10 @@ class ModelNotAvailable(LookupError):
     """The reference is well-formed but no checkpoint can be had (offline, missing)."""
 
 
+class AmbiguousName(ModelNotAvailable):
+    """A bare name that several store entries answer to (prefer_local)."""
+
+
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 _SHARD = re.compile(r"-\d{5}-of-\d{5}\.gguf$", re.IGNORECASE)
 _QUANT_SUFFIX = re.compile(r"^([^:/\\]+/[^:/\\]+):([^:/\\]+)$")
@@ -155,3 +159,30 @@ def resolve_model(
         return download(repo_id, root, hf_token=hf_token)
     except DownloadFailed as e:
         raise ModelNotAvailable(f"{flag} {ref!r}: {e}") from None
+
+
+def short_name_matches(root: Path, name: str) -> list[str]:
+    """Store entries `<owner>/<name>` whose name part is `name` (case-insensitive), under any owner."""
+    root = Path(root)
+    if "/" in name or "\\" in name or not name or not root.is_dir():
+        return []
+    found = []
+    for owner in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        for repo in owner.iterdir():
+            if repo.name.lower() == name.lower() and store_entry(root, f"{owner.name}/{repo.name}") is not None:
+                found.append(f"{owner.name}/{repo.name}")
+    return found
+
+
+def prefer_local(ref: str, root: Path, default_org: str) -> str:
+    """What the terminal commands (`mlxcel run`, `chat`, `generate`, `show`) resolve: `ref`, except
+    that a bare name missing under `default_org` names the one store entry of that name under
+    another owner (`SmolLM2-135M-Instruct` for HuggingFaceTB/SmolLM2-135M-Instruct). Several such
+    entries refuse with their ids; none leaves `ref` as it is (a download, where allowed)."""
+    if refusal(ref) is not None or "/" in ref or "\\" in ref or Path(ref).expanduser().exists() \
+            or store_entry(Path(root), expand(ref, default_org)) is not None:
+        return ref
+    matches = short_name_matches(root, ref)
+    if len(matches) > 1:
+        raise AmbiguousName(f"{ref!r} names several models in the store ({', '.join(matches)}); pass owner/name")
+    return matches[0] if matches else ref

@@ -9,14 +9,18 @@ a name can never delete anything outside the store root.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from mlxcel.config.progress import tqdm_class
 from mlxcel.store.repo_id import expand, parse_repo_id
 from mlxcel.store.resolve import store_entry
+
+log = logging.getLogger("mlxcel.store")
 
 STAGING = ".staging"
 
@@ -103,8 +107,9 @@ def remove(ref: str, root: Path, default_org: str = "mlx-community") -> Path:
 def _snapshot_download(repo_id: str, local_dir: Path, hf_token: str | None) -> None:
     from huggingface_hub import snapshot_download
 
-    # huggingface_hub draws a tqdm progress bar per file and overall on stderr.
-    snapshot_download(repo_id=repo_id, local_dir=str(local_dir), token=hf_token, allow_patterns=DOWNLOAD_PATTERNS)
+    # a bar on a terminal, plain periodic lines in a log (config/progress.py)
+    snapshot_download(repo_id=repo_id, local_dir=str(local_dir), token=hf_token, allow_patterns=DOWNLOAD_PATTERNS,
+                      tqdm_class=tqdm_class())
 
 
 def download(
@@ -123,6 +128,7 @@ def download(
     # A stable staging name lets an interrupted download resume where it stopped.
     staging = root / STAGING / f"{owner}--{name}"
     staging.mkdir(parents=True, exist_ok=True)
+    log.info("downloading %s from Hugging Face into %s", repo_id, target)
     try:
         fetch(repo_id, staging, hf_token)
     except Exception as e:  # the hub client raises many types; all mean "no checkpoint"

@@ -77,6 +77,13 @@ class Transcript:
     input_tokens: int
     output_tokens: int
 
+    @property
+    def language_name(self) -> str:
+        """The language as OpenAI's verbose_json names it ("english"), from Whisper's own table."""
+        from mlx_whisper.tokenizer import LANGUAGES
+
+        return LANGUAGES.get(self.language, self.language)
+
 
 class _Text:
     """Joins segment texts into the transcript, dropping the leading whitespace Whisper puts

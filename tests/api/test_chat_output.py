@@ -51,3 +51,16 @@ def test_anthropic_blocks_in_model_order():
     assert [b["type"] for b in blocks] == ["thinking", "text", "tool_use"]
     assert blocks[1]["text"] == "Sure." and blocks[2]["input"] == {"city": "Paris"}
     assert blocks[2]["id"].startswith("call_")
+
+
+def test_call_cut_by_length_is_a_tool_call_under_finish_reason_length():
+    cut = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa'
+    out = ChatOutput(_prep())
+    msg = message(out.feed(cut) + out.finish("length"))
+    assert msg["content"] is None
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in msg["tool_calls"]] == [
+        ("get_weather", '{"city": "Pa')]
+    assert out.finish_reason("length") == "length"
+    ended = ChatOutput(_prep())  # the same text ended by the model itself is not a call
+    msg = message(ended.feed(cut) + ended.finish("stop"))
+    assert msg["content"] == cut and "tool_calls" not in msg

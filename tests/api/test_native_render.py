@@ -31,23 +31,43 @@ def test_timings_derivations():
 
 
 def test_prometheus_families_name_for_name():
-    st = EngineStats(n_prompt_tokens_processed_total=10, t_prompt_processing_total=2500.7, n_tokens_predicted_total=4,
+    st = EngineStats(n_prompt_tokens_processed_total=10, n_prompt_tokens_cached_total=7,
+                     t_prompt_processing_total=2500.7, n_tokens_predicted_total=4,
                      t_tokens_generation_total=1000.0, n_prompt_tokens_processed=10, t_prompt_processing=500.0,
                      n_tokens_predicted=4, t_tokens_generation=0.0, n_decode_total=4, n_busy_slots_total=6,
                      n_tokens_max=14, n_processing=1, n_deferred=2, kv_cache_tokens=5, kv_cache_capacity=10)
     text = render_prometheus(st)
     values = {line.split()[0]: line.split()[1] for line in text.splitlines() if not line.startswith("#")}
-    assert list(values)[:11] == [f"llamacpp:{n}" for n in (
-        "prompt_tokens_total", "prompt_seconds_total", "tokens_predicted_total", "tokens_predicted_seconds_total",
-        "n_decode_total", "n_tokens_max", "n_busy_slots_per_decode", "prompt_tokens_seconds",
-        "predicted_tokens_seconds", "requests_processing", "requests_deferred")]
+    types = dict(line.split()[2:4] for line in text.splitlines() if line.startswith("# TYPE"))
+    upstream = ("prompt_tokens_total", "prompt_tokens_cached_total", "prompt_seconds_total", "tokens_predicted_total",
+                "tokens_predicted_seconds_total", "n_decode_total", "n_tokens_max",
+                "spec_decode_num_draft_tokens_total", "spec_decode_num_accepted_tokens_total",
+                "spec_decode_num_drafts_total", "prompt_tokens_seconds", "predicted_tokens_seconds",
+                "requests_processing", "requests_deferred", "n_busy_slots_per_decode")
+    assert list(values)[:15] == [f"llamacpp:{n}" for n in upstream]
+    assert [types[f"llamacpp:{n}"] for n in upstream] == ["counter"] * 10 + ["gauge"] * 5
+    assert values["llamacpp:prompt_tokens_cached_total"] == "7"
     assert values["llamacpp:prompt_seconds_total"] == "2.5"
     assert values["llamacpp:n_busy_slots_per_decode"] == "1.5"
     assert values["llamacpp:prompt_tokens_seconds"] == "20"
     assert values["llamacpp:predicted_tokens_seconds"] == "0"  # no time in the window
     assert values["llamacpp:requests_deferred"] == "2"
     assert values["mlxcel_kv_cache_usage_ratio"] == "0.5"
-    assert "# TYPE llamacpp:requests_processing gauge" in text and text.endswith("\n")
+    spec = ("draft_tokens", "accepted_tokens", "drafts")
+    assert all(values[f"llamacpp:spec_decode_num_{n}_total"] == "0" for n in spec)
+    assert "per_pos" not in text and text.endswith("\n")  # no draft, no per-position series
+
+
+def test_prometheus_speculative_counters():
+    st = EngineStats(n_draft_tokens_total=9, n_draft_accepted_total=4, n_draft_rounds_total=5,
+                     n_draft_accepted_per_pos=[3, 1])
+    text = render_prometheus(st)
+    assert "llamacpp:spec_decode_num_draft_tokens_total 9\n" in text
+    assert "llamacpp:spec_decode_num_accepted_tokens_total 4\n" in text
+    assert "llamacpp:spec_decode_num_drafts_total 5\n" in text
+    assert "# TYPE llamacpp:spec_decode_num_accepted_tokens_per_pos_total counter" in text
+    assert 'llamacpp:spec_decode_num_accepted_tokens_per_pos_total{position="0"} 3' in text
+    assert 'llamacpp:spec_decode_num_accepted_tokens_per_pos_total{position="1"} 1' in text
 
 
 def test_piece_json_and_utf8_prefix():

@@ -24,7 +24,10 @@ def test_table_matches_the_request_structs():
     from mlxcel.steering.requests import STEERING_FIELDS
 
     structs = {f.CHAT: ChatCompletionRequest, f.COMPLETIONS: CompletionRequest}
-    taken = {f.CHAT: set(STEERING_FIELDS), f.COMPLETIONS: {"return_sae_activations"}}  # read by the steering surface
+    from mlxcel.api.llamacpp.native_params import OPENAI_SHARED
+
+    # read by the steering surface, and by the native field parser /completion shares
+    taken = {f.CHAT: {*STEERING_FIELDS, *OPENAI_SHARED}, f.COMPLETIONS: {"return_sae_activations", *OPENAI_SHARED}}
     for name, row in f.FIELD_TABLE.items():
         for endpoint, struct in structs.items():
             declared = name in struct.__struct_fields__ or name in taken[endpoint]
@@ -51,6 +54,23 @@ def test_check_fields_refuses_reports_and_accepts_no_change():
     with pytest.raises(ApiError) as e:
         f.check_fields({"prompt": "x", "top_logprobs": 2}, CompletionRequest, f.COMPLETIONS)
     assert e.value.code == "field_not_honoured"
+
+
+def test_native_fields_are_read_on_generation_and_reported_in_scoring():
+    from mlxcel.api.openai.generation import read_shared
+    from mlxcel.api.openai.schemas import EmbeddingRequest
+
+    body = {"messages": [], "repeat_penalty": 1.3, "grammar": "root ::= \"a\"", "mirostat": 2, "foo": 1}
+    assert f.check_fields(body, ChatCompletionRequest, f.CHAT) == ["foo"]
+    with pytest.raises(ApiError) as e:
+        f.check_fields({"input": "x", "repeat_penalty": 1.3}, EmbeddingRequest, f.EMBEDDINGS)
+    assert (e.value.code, e.value.param) == ("field_not_honoured", "repeat_penalty")
+    shared, unused = read_shared(body, scoring=False)
+    assert unused == [] and shared.overrides == {"repeat_penalty": 1.3, "mirostat": 2} and shared.asks_grammar
+    assert read_shared(body, scoring=True) == (None, ["repeat_penalty", "mirostat", "grammar"])
+    assert read_shared({"messages": []}, scoring=False) == (None, [])
+    # /completion's clamps, not a second copy of them
+    assert read_shared({"xtc_probability": 7.0}, scoring=False)[0].overrides == {"xtc_probability": 1.0}
 
 
 def test_nested_locations():

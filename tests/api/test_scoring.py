@@ -98,7 +98,6 @@ def test_chat_scoring_spec_and_top_logprobs_needs_logprobs():
     assert s.alternatives == 3 and s.allowed == (5, 4) and s.temperature == 1.0
     assert scoring_spec(*_chat(temperature=0), chat=True).alternatives == 0
     req, body = _chat(logprobs=False, top_logprobs=2)
-    assert is_scoring(body, chat=True)
     with pytest.raises(ApiError) as e:
         scoring_spec(req, body, chat=True)
     assert e.value.param == "top_logprobs"
@@ -107,5 +106,6 @@ def test_chat_scoring_spec_and_top_logprobs_needs_logprobs():
 
 
 def test_what_counts_as_scoring():
-    assert is_scoring({"logprobs": 0}, chat=False) and not is_scoring({"logprobs": False}, chat=False)
-    assert not is_scoring({"logprobs": False}, chat=True) and is_scoring({"allowed_token_ids": [1]}, chat=True)
+    # logprobs alone asks a generation for its tokens' logprobs (openai/logprobs.py)
+    assert not is_scoring({"logprobs": 0}) and not is_scoring({"logprobs": True, "top_logprobs": 2})
+    assert is_scoring({"allowed_token_ids": [1]}) and is_scoring({"allowed_token_ids": [1], "logprobs": 2})

@@ -60,9 +60,9 @@ def test_native_shape_is_a_bare_array_of_arrays(client, state):
 
 
 def test_openai_shape_float_and_base64(client, state):
-    r = client.post("/v1/embeddings", json={"input": "hello world", "model": "anything"})
+    r = client.post("/v1/embeddings", json={"input": "hello world", "model": MINILM})
     body = r.json()
-    assert r.status_code == 200 and body["object"] == "list" and body["model"] == "anything"
+    assert r.status_code == 200 and body["object"] == "list" and body["model"] == MINILM
     assert body["data"][0]["object"] == "embedding" and body["data"][0]["index"] == 0
     assert body["usage"] == {"prompt_tokens": 4, "total_tokens": 4}  # [CLS] hello world [SEP]
     np.testing.assert_allclose(body["data"][0]["embedding"], _direct(state, "hello world"), atol=1e-6)
@@ -91,7 +91,7 @@ def test_per_request_embd_normalize(client, state, mode):
 
 @pytest.mark.parametrize("path, body, status, message", [
     ("/embedding", {}, 400, '"input" or "content" must be provided'),
-    ("/v1/embeddings", {"model": "x"}, 400, '"input" or "content" must be provided'),
+    ("/v1/embeddings", {"model": MINILM}, 400, '"input" or "content" must be provided'),
     ("/v1/embeddings", {"input": "x", "dimensions": 8}, 400, "'dimensions' is not honoured on /v1/embeddings"),
     ("/v1/embeddings", {"input": "x", "encoding_format": "int8"}, 400, "float or base64"),
     ("/embedding", {"content": []}, 400, "Input content cannot be empty"),

@@ -91,3 +91,53 @@ def test_hermes_call_released_before_the_generation_ends():
 def test_content_streams_before_any_marker():
     s = ToolCallStream()
     assert "".join(p.content for p in s.feed("Hello there, ")) == "Hello there,"
+
+
+# (label, text cut by a length stop, expected content, expected [(name, arguments text, truncated)])
+CUT = [
+    ("json cut in the arguments", '{"name": "get_weather", "arguments": {"city": "Pa',
+     "", [("get_weather", '{"city": "Pa', True)]),
+    ("json cut before the arguments' value", '{\n    "name": "get_weather",\n    "arguments": ',
+     "", [("get_weather", "", True)]),
+    ("json array: one call done, the next cut", '[{"name": "a", "arguments": {}}, {"name": "b", "arguments": {"q',
+     "", [("a", "{}", False), ("b", '{"q', True)]),
+    ("json array cut after its last call", '[{"name": "a", "arguments": {"x": 1}}\n',
+     "", [("a", '{"x": 1}', False)]),
+    ("hermes: second call cut", '<tool_call>\n{"name": "a", "arguments": {"x": 1}}\n</tool_call>\n'
+     '<tool_call>\n{"name": "b", "arguments": {"y', "", [("a", '{"x": 1}', False), ("b", '{"y', True)]),
+    ("hermes after text", 'Checking. <tool_call>{"name": "c", "arguments": {"z": [1, ', "Checking.",
+     [("c", '{"z": [1,', True)]),
+    ("llama python_tag", '<|python_tag|>{"name": "f", "parameters": {"k": tr', "", [("f", '{"k": tr', True)]),
+    ("mistral array", '[TOOL_CALLS][{"name": "a", "arguments": {}}, {"name": "b", "arguments": {"q',
+     "", [("a", "{}", False), ("b", '{"q', True)]),
+    ("mistral name[ARGS]", '[TOOL_CALLS]a[ARGS]{}[TOOL_CALLS]b[ARGS]{"z', "", [("a", "{}", False), ("b", '{"z', True)]),
+    # no complete name: nothing to call, so the text stays content
+    ("json cut in the name", '{"name": "get_w', '{"name": "get_w', []),
+    ("hermes cut in the name", '<tool_call>\n{"name": "ge', '<tool_call>\n{"name": "ge', []),
+    ("plain answer", "The weather in Paris is", "The weather in Paris is", []),
+]
+
+
+@pytest.mark.parametrize("label,text,content,calls", CUT, ids=[c[0] for c in CUT])
+def test_call_cut_by_length_is_a_truncated_call(label, text, content, calls):
+    got_content, got_calls = parse_tool_calls(text, truncated=True)
+    assert got_content == content
+    assert [(c.name, c.arguments, c.truncated) for c in got_calls] == calls
+    rng = random.Random(label)  # streamed in random chunks: the same answer
+    s = ToolCallStream()
+    pieces, i = [], 0
+    while i < len(text):
+        j = i + rng.randint(1, 6)
+        pieces += s.feed(text[i:j])
+        i = j
+    pieces += s.finish(truncated=True)
+    assert "".join(p.content for p in pieces) == content
+    assert [(p.call.name, p.call.arguments, p.call.truncated) for p in pieces if p.call] == calls
+
+
+@pytest.mark.parametrize("label,text,content,calls", CUT[:-3], ids=[c[0] for c in CUT[:-3]])
+def test_an_unfinished_call_that_ended_itself_stays_unparsed(label, text, content, calls):
+    # an end token inside a call is not a cut: no call is made up from a broken one
+    got_content, got_calls = parse_tool_calls(text)
+    assert all(not c.truncated for c in got_calls)
+    assert len(got_calls) < len(calls) or got_content

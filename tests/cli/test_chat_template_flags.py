@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from mlxcel.chat import builtin_templates
 from mlxcel.cli.flags import parse_server_args
 from mlxcel.config.refusal import StartupRefusal
 
@@ -21,7 +22,7 @@ def test_inline_and_file_templates_are_read(tmp_path):
 
 
 @pytest.mark.parametrize("args,match", [
-    (["--chat-template", "llama3"], "built-in template"),
+    (["--chat-template", "rwkv-world"], "not shipped by mlxcel; built-in names it ships: bailing, chatml"),
     (["--chat-template", "{% for %}"], "not valid Jinja"),
     (["--chat-template", "  "], "empty"),
 ])
@@ -32,11 +33,31 @@ def test_refused_templates(args, match):
 
 def test_file_refusals(tmp_path):
     named = tmp_path / "n.txt"
-    named.write_text("chatml\n")
-    with pytest.raises(StartupRefusal, match="built-in template"):
+    named.write_text("yandex\n")
+    with pytest.raises(StartupRefusal, match="not shipped"):
         parse_server_args(["-m", "x", "--chat-template-file", str(named)], {})
     with pytest.raises(StartupRefusal, match="failed to open file"):
         parse_server_args(["-m", "x", "--chat-template-file", str(tmp_path / "missing.jinja")], {})
+
+
+def test_builtin_names_select_the_shipped_formats(tmp_path):
+    # a name, inline or as a file's whole text, selects the format written as Jinja
+    s = parse_server_args(["-m", "x", "--chat-template", "chatml"], {})
+    assert s.chat.template == builtin_templates.template("chatml")
+    named = tmp_path / "n.txt"
+    named.write_text("llama3\n")
+    s = parse_server_args(["-m", "x", "--chat-template-file", str(named)], {})
+    assert s.chat.template_file == builtin_templates.template("llama3")
+
+
+def test_no_jinja_and_kv_unified_are_honoured():
+    s = parse_server_args(["-m", "x"], {})
+    assert (s.chat.jinja, s.engine.kv_unified) == (True, False)
+    s = parse_server_args(["-m", "x", "--no-jinja", "-kvu"], {})
+    assert (s.chat.jinja, s.engine.kv_unified) == (False, True)
+    s = parse_server_args(["-m", "x"], {"LLAMA_ARG_JINJA": "0", "LLAMA_ARG_KV_UNIFIED": "1"})
+    assert (s.chat.jinja, s.engine.kv_unified) == (False, True)
+    assert parse_server_args(["-m", "x", "--kv-unified", "--no-kv-unified"], {}).engine.kv_unified is False
 
 
 def test_reasoning_alias_field_policy():

@@ -191,16 +191,15 @@ REFUSALS = [
     (["--control-vector", "v.gguf"], "logit_bias"),
     (["--control-vector-scaled", "v.gguf:0"], "--control-vector-scaled"),
     (["--log-prompts-dir", "/tmp/prompts"], "--verbosity 4"),
-    (["--chat-template", "chatml"], "built-in template"),
+    (["--chat-template", "yandex"], "not shipped by mlxcel"),
     # cache knobs with no mlxcel counterpart
     (["--cache-reuse", "256"], "--cache-reuse 256"),
     (["-ctk", "q8_0"], "--cache-type-k q8_0"),
     (["-ctv", "bf16"], "no bf16 storage"),
     (["-ctk", "q9"], "expected one of"),
-    (["-sps", "0.10"], "--slot-prompt-similarity 0.10"),
-    (["-kvu"], "--kv-unified"),
+    (["-sps", "1.5"], "--slot-prompt-similarity 1.5"),
+    (["-t", "4", "-tb", "8"], "pass -t 8 with it"),
     (["-ctxcp", "8"], "--ctx-checkpoints 8"),
-    (["--swa-full"], "--swa-full"),
     # deferred and removed options are refused, never silently accepted
     (["--json-schema", "{not json"], "--json-schema: invalid JSON schema"),
     (["--lora", "adapter.safetensors"], "LoRA adapter adapter.safetensors: no such file or directory"),
@@ -242,8 +241,9 @@ INERT = [
     ["-ncmoe", "0"], ["-dt", "0.1"], ["-bs"], ["--kv-offload"], ["--op-offload"], ["--load-mode", "mmap"],
     ["--no-mmap", "--load-mode", "mmap"], ["--no-ui"], ["--no-webui"], ["-no-ag"], ["--no-ui-mcp-proxy"],
     ["--control-vector-layer-range", "1", "4"], ["--cache-reuse", "0"], ["-ctk", "f16"], ["-ctv", "f16"],
-    ["-sps", "0.0"], ["-no-kvu"], ["--no-cache-idle-slots"], ["-ctxcp", "0"], ["-cms", "256"], ["-ub", "256"],
-    ["--threads-http", "8"], ["--jinja"], ["--repeat-penalty", "1.0"], ["--spec-type", "none"], ["--keep", "0"],
+    ["-sps", "0.0"], ["-sps", "0.10"], ["-no-kvu"], ["--no-cache-idle-slots"],
+    ["--cache-idle-slots"], ["-t", "8", "-tb", "8"], ["-tb", "-1"], ["-ctxcp", "0"], ["-cms", "256"], ["-ub", "256"],
+    ["--threads-http", "8"], ["--jinja"], ["--no-jinja"], ["-kvu"], ["--chat-template", "chatml"], ["--repeat-penalty", "1.0"], ["--spec-type", "none"], ["--keep", "0"],
 ]
 
 

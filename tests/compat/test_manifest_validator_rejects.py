@@ -191,7 +191,7 @@ GATED = {
 }
 UNGATED = {
     "aliased": ("model-source", "option:--model"),
-    "not_applicable": ("runtime-and-context", "option:--kv-unified"),
+    "not_applicable": ("runtime-and-context", "option:--cache-idle-slots"),
     "by_design": ("runtime-and-context", "option:--parallel"),
     "supported": SUPPORTED,
 }

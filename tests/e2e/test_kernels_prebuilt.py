@@ -47,3 +47,60 @@ def test_a_needed_compile_is_announced_first(tmp_path, caplog):
     caplog.clear()
     assert native_build.build_cached(tmp_path, "piece", [b"key"], command, "a test piece") == path
     assert not caplog.records  # cached: nothing compiled, nothing said
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return any(line.startswith("State:") and "Z" in line for line in f)
+    except FileNotFoundError:
+        return True
+
+
+def test_a_killed_build_takes_its_compiler_along_and_leaves_nothing_behind(tmp_path, caplog):
+    pid_file = tmp_path / "compiler.pid"
+    slow = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(120)"
+    parent = ("import sys; from pathlib import Path; from mlxcel import native_build\n"
+              f"native_build.build_cached(Path({str(tmp_path / 'cache')!r}), 'piece', [b'k'], "
+              f"lambda out: [sys.executable, '-c', {slow!r}], 'a test piece')")
+    server = subprocess.Popen([sys.executable, "-c", parent])
+    deadline = time.monotonic() + 60
+    while not pid_file.is_file() or not pid_file.read_text():
+        assert time.monotonic() < deadline and server.poll() is None
+        time.sleep(0.05)
+    compiler = int(pid_file.read_text())
+    assert list((tmp_path / "cache").glob(".build-*.so"))  # the half-written output
+    server.kill()
+    server.wait()
+    deadline = time.monotonic() + 10
+    while not _gone(compiler):
+        assert time.monotonic() < deadline, "the compiler outlived the killed server"
+        time.sleep(0.05)
+
+    caplog.set_level("INFO", logger="mlxcel.native")
+    fast = [sys.executable, "-c", "import sys; open(sys.argv[1], 'w').write('x')"]
+    path = native_build.build_cached(tmp_path / "cache", "piece", [b"k"], lambda out: [*fast, out], "a test piece")
+    assert path.read_text() == "x"
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == [path.name]
+    assert any("left by a compile that was killed" in r.getMessage() for r in caplog.records)
+
+
+def test_a_compile_past_its_limit_finishes_in_the_background(tmp_path):
+    cmd = "import sys, time; time.sleep(1.5); open(sys.argv[1], 'w').write('done')"
+
+    def command(out: str) -> list[str]:
+        return [sys.executable, "-c", cmd, out]
+
+    try:
+        native_build.build_cached(tmp_path, "piece", [b"k"], command, "a test piece", timeout=0.2)
+    except native_build.BuildUnavailable as e:
+        assert "goes on in the background" in str(e)
+    else:
+        raise AssertionError("a compile past its limit returned a library")
+    deadline = time.monotonic() + 60
+    while not list(tmp_path.glob("piece-*.so")):
+        assert time.monotonic() < deadline, "the background compile never installed its library"
+        time.sleep(0.05)
+    # the finished build is kept: the next start reuses it without compiling
+    again = native_build.build_cached(tmp_path, "piece", [b"k"], lambda out: ["false"], "a test piece", timeout=0.2)
+    assert again.read_text() == "done"

@@ -35,7 +35,8 @@ def test_native_object(default_server):
     assert "Paris" in body["content"] and body["stop"] is True and body["id_slot"] >= 0
     assert body["stop_type"] == "limit" and body["tokens_predicted"] == 6 == len(body["tokens"])
     assert body["tokens_cached"] == body["tokens_evaluated"] + body["tokens_predicted"] - 1
-    assert list(body["timings"])[0] == "cache_n" and body["timings"]["prompt_n"] == body["tokens_evaluated"]
+    timings = body["timings"]  # an earlier test on this server may have cached the prompt
+    assert list(timings)[0] == "cache_n" and timings["cache_n"] + timings["prompt_n"] == body["tokens_evaluated"]
     assert body["prompt"] == FRANCE and body["generation_settings"]["n_predict"] == 6
     assert httpx.post(default_server.base_url + "/detokenize", json={"tokens": body["tokens"]}).json()["content"] \
         == body["content"]

@@ -72,6 +72,9 @@ def test_props_post_acknowledges_and_get_reports_the_key_set(smol):
         # mlxcel's extensions
         "capabilities", "backend", "geometry", "kv_cache", "speculative"}
     assert props["speculative"] is None  # no --spec-type / -md: nothing speculates
+    # SmolLM2's layers all read the whole context: no block goes back behind a window, and /props says why
+    kv = props["kv_cache"]
+    assert kv["free_behind_window"] is False and "no layer" in kv["free_behind_window_off_reason"]
     auto = choose("auto", "auto")  # these settings leave --backend/--device at auto
     backend = props["backend"]
     assert (backend["name"], backend["device"], backend["reason"]) == (auto.backend, auto.device, auto.reason)
@@ -111,6 +114,36 @@ def test_slots_live_while_streaming_and_metrics_count(smol):
     values = {ln.split()[0]: float(ln.split()[1]) for ln in m.text.splitlines() if not ln.startswith("#")}
     assert values["llamacpp:prompt_tokens_total"] > 0 and values["llamacpp:tokens_predicted_total"] >= 1
     assert values["llamacpp:requests_processing"] == 0
+
+
+def _metrics(url: str) -> tuple[dict[str, float], dict[str, str]]:
+    text = httpx.get(url + "/metrics").text
+    values = {ln.split()[0]: float(ln.split()[1]) for ln in text.splitlines() if not ln.startswith("#")}
+    types = dict(ln.split()[2:4] for ln in text.splitlines() if ln.startswith("# TYPE"))
+    return values, types
+
+
+def test_metrics_count_cached_prompt_tokens_and_busy_slots(smol):
+    """A prefix-cache hit moves prompt_tokens_cached_total by the hit's cache_n (and prompt_tokens_total
+    by the rest); the speculative counters stay at zero without a draft; busy slots is a gauge."""
+    on, _ = smol
+    url = on.base_url
+    body = {"prompt": "A cached prefix: the quick brown fox jumps over the lazy dog, twice over.", "n_predict": 2,
+            "temperature": 0, "cache_prompt": True}
+    httpx.post(url + "/completion", json=body, timeout=120).raise_for_status()
+    before, types = _metrics(url)
+    second = httpx.post(url + "/completion", json=body, timeout=120).json()
+    after, _ = _metrics(url)
+    t = second["timings"]
+    assert t["cache_n"] > 0
+    assert after["llamacpp:prompt_tokens_cached_total"] - before["llamacpp:prompt_tokens_cached_total"] == t["cache_n"]
+    assert after["llamacpp:prompt_tokens_total"] - before["llamacpp:prompt_tokens_total"] == t["prompt_n"]
+    for name in ("draft_tokens", "accepted_tokens", "drafts"):
+        assert types[f"llamacpp:spec_decode_num_{name}_total"] == "counter"
+        assert after[f"llamacpp:spec_decode_num_{name}_total"] == 0
+    assert types["llamacpp:n_busy_slots_per_decode"] == "gauge"
+    assert types["llamacpp:prompt_tokens_cached_total"] == "counter"
+    assert after["llamacpp:n_busy_slots_per_decode"] == 1.0  # --parallel 1: every forward ran one row
 
 
 def test_infill_prompt_layout_and_spm(qwen):

@@ -49,6 +49,15 @@ CHANGING: dict[str, tuple[object, dict]] = {
     "cache_prompt": (False, {}),
     "lora": ([{"id": 0, "scale": 1.0}], {}),
 }
+# b10621's native sampler and grammar fields, read on /v1 as on /completion
+NATIVE_VALUES = {"top_n_sigma": 1.5, "xtc_probability": 0.5, "xtc_threshold": 0.2, "typical_p": 0.9,
+                 "dynatemp_range": 0.5, "dynatemp_exponent": 2.0, "repeat_last_n": 32, "repeat_penalty": 1.3,
+                 "dry_multiplier": 0.8, "dry_base": 2.0, "dry_allowed_length": 3, "dry_penalty_last_n": 32,
+                 "mirostat": 2, "mirostat_tau": 4.0, "mirostat_eta": 0.2, "adaptive_target": 0.5,
+                 "adaptive_decay": 0.5, "min_keep": 2, "dry_sequence_breakers": ["\n"],
+                 "samplers": ["top_k", "temperature"], "ignore_eos": True, "grammar": 'root ::= "Paris"',
+                 "json_schema": {"type": "string"}, "id_slot": 0}
+CHANGING.update({name: (value, {}) for name, value in NATIVE_VALUES.items()})
 # Honoured fields whose success needs server state (an attached SAE, a stored profile):
 # here they must be read (answered with their own error), never refused as unhonoured.
 STATEFUL = {"profile", "return_sae_activations"}
@@ -353,9 +362,10 @@ def test_context_length_exceeded_on_scoring_requests(openai_client, endpoint):
     with pytest.raises(openai.BadRequestError) as e:
         if endpoint == CHAT:
             openai_client.chat.completions.create(model=DEFAULT_MODEL, messages=[{"role": "user", "content": long}],
-                                                  max_tokens=1, logprobs=True)
+                                                  max_tokens=1, logprobs=True, extra_body={"allowed_token_ids": [504]})
         else:
-            openai_client.completions.create(model=DEFAULT_MODEL, prompt=long, max_tokens=1, logprobs=2)
+            openai_client.completions.create(model=DEFAULT_MODEL, prompt=long, max_tokens=1, logprobs=2,
+                                             extra_body={"allowed_token_ids": [504]})
     assert e.value.code == "context_length_exceeded"
     assert "maximum context length is 2048 tokens" in e.value.message and "in the prompt, 1 for the completion" in e.value.message
 

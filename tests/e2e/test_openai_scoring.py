@@ -80,8 +80,10 @@ def test_allowed_set_sums_to_one_and_matches_the_reference(default_server, opena
         assert abs(hot[f"token_id:{t}"] - want) <= tolerance
 
 
-def test_unrestricted_text_keys_and_constrained_without_logprobs(openai_client, candidates):
-    r = _score(openai_client, "The capital of France is", logprobs=3, temperature=0)
+def test_text_keys_and_constrained_without_logprobs(openai_client, tok, candidates):
+    paris = tok.encode(" Paris", add_special_tokens=False)[0]
+    r = _score(openai_client, "The capital of France is", logprobs=3, temperature=0,
+               allowed_token_ids=list(range(100)) + [paris])
     lp = r.choices[0].logprobs
     assert lp.tokens == [" Paris"] and r.choices[0].text == " Paris" and len(lp.top_logprobs[0]) == 3
     assert sum(math.exp(v) for v in lp.top_logprobs[0].values()) < 1.0
@@ -114,8 +116,9 @@ def test_chat_scoring_equals_completion_scoring_of_the_rendered_prompt(default_s
     assert both.choices[0].logprobs.content[0].top_logprobs == []
 
 
+# every body is a scoring request: allowed_token_ids [1, 2] unless the row sends its own
 REFUSALS = [
-    ("completions", {"logprobs": 5, "max_tokens": 100}, "max_tokens"),  # the behaviour change
+    ("completions", {"logprobs": 5, "max_tokens": 100}, "max_tokens"),
     ("completions", {"logprobs": 2}, "max_tokens"),
     ("completions", {"logprobs": 2, "max_tokens": 1, "n": 2}, "n"),  # refused on completions anyway
     ("completions", {"allowed_token_ids": [10**9], "max_tokens": 1}, "allowed_token_ids"),
@@ -130,7 +133,7 @@ REFUSALS = [
 
 @pytest.mark.parametrize("route,body,param", REFUSALS)
 def test_scoring_refusals(default_server, route, body, param):
-    base = {"model": DEFAULT_MODEL}
+    base = {"model": DEFAULT_MODEL, "allowed_token_ids": [1, 2]}
     base.update({"prompt": PROMPT} if route == "completions" else {"messages": CHAT})
     path = "/v1/completions" if route == "completions" else "/v1/chat/completions"
     r = httpx.post(default_server.base_url + path, json={**base, **body}, timeout=60)
@@ -159,9 +162,11 @@ def test_chat_scoring_without_a_template_is_no_chat_template():
 
         client = OpenAI(base_url=server.base_url + "/v1", api_key="x", max_retries=0, timeout=120)
         with pytest.raises(openai.BadRequestError) as e:
-            client.chat.completions.create(model=fixtures.GEMMA3, messages=CHAT, max_tokens=1, logprobs=True)
+            client.chat.completions.create(model=fixtures.GEMMA3, messages=CHAT, max_tokens=1, logprobs=True,
+                                           extra_body={"allowed_token_ids": [1, 2]})
         assert e.value.code == "no_chat_template"
-        ok = client.completions.create(model=fixtures.GEMMA3, prompt=PROMPT, max_tokens=1, logprobs=2)
+        ok = client.completions.create(model=fixtures.GEMMA3, prompt=PROMPT, max_tokens=1, logprobs=2,
+                                       extra_body={"allowed_token_ids": [1, 2]})
         assert abs(sum(math.exp(v) for v in ok.choices[0].logprobs.top_logprobs[0].values())) <= 1.0 + 1e-9
     finally:
         server.stop()

@@ -59,3 +59,18 @@ def test_rerank_health_and_generation_refusal(server):
     assert httpx.get(server.base_url + "/health").json() == {"status": "ok"}
     r = httpx.post(server.base_url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
     assert r.status_code == 501 and "--embeddings" in r.json()["error"]["message"]
+
+
+def test_side_workers_answer_to_their_own_names_only(server):
+    """As chat does: a foreign model name is a 404 (--any-model-name would serve it)."""
+    import openai
+
+    client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="x", max_retries=0)
+    with pytest.raises(openai.NotFoundError) as e:
+        client.embeddings.create(model="text-embedding-3-small", input="x")
+    assert (e.value.code, e.value.param) == ("model_not_found", "model")
+    r = httpx.post(server.base_url + "/v1/rerank", json={"model": "rerank-v3", "query": "cat", "documents": ["a"]})
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+    r = httpx.post(server.base_url + "/v1/rerank", json={"model": RERANKER_TINY, "query": "cat", "documents": ["a"]})
+    assert r.status_code == 200 and r.json()["model"] == RERANKER_TINY
+    assert "x-millm-model-substituted" not in r.headers

@@ -19,7 +19,7 @@ from tests.fixtures import DEFAULT_MODEL, JSON_TOOLS_TINY, available
 pytestmark = pytest.mark.skipif(not available(JSON_TOOLS_TINY), reason="random-weight draft fixture not built")
 
 server = module_server(DEFAULT_MODEL, "--backend", "mlx", "-md", JSON_TOOLS_TINY, "--spec-draft-n-max", "2",
-                       "--parallel", "2", "-c", "2048")
+                       "--parallel", "2", "-c", "2048", "--metrics")
 
 
 def completion(server, **body):
@@ -40,6 +40,24 @@ def test_timings_carry_the_draft_counters(server):
     assert out["tokens_predicted"] == 12 and t["predicted_n"] == 12
     assert t["draft_kind"] == "draft-simple" and t["draft_rounds"] >= 1
     assert 0 <= t["draft_n_accepted"] <= t["draft_n"] <= 2 * t["draft_rounds"]
+
+
+def test_metrics_count_the_drafts(server):
+    before = _spec_metrics(server)
+    t = completion(server, prompt="The capital of Spain is", n_predict=12)["timings"]
+    after = _spec_metrics(server)
+    moved = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+    assert moved["llamacpp:spec_decode_num_draft_tokens_total"] == t["draft_n"]
+    assert moved["llamacpp:spec_decode_num_accepted_tokens_total"] == t["draft_n_accepted"]
+    assert moved["llamacpp:spec_decode_num_drafts_total"] == t["draft_rounds"] >= 1
+    per_pos = sum(v for k, v in moved.items() if k.startswith("llamacpp:spec_decode_num_accepted_tokens_per_pos"))
+    assert per_pos == t["draft_n_accepted"]
+
+
+def _spec_metrics(server) -> dict[str, float]:
+    text = httpx.get(server.base_url + "/metrics", timeout=10).text
+    return {ln.rsplit(" ", 1)[0]: float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines()
+            if ln.startswith("llamacpp:spec_decode")}
 
 
 def test_grammar_and_stop_hold_under_speculation(server):

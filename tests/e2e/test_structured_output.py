@@ -45,7 +45,8 @@ def test_json_object_and_length_cut(openai_client):
 
 
 @pytest.mark.parametrize("extra,needle", [
-    ({"stream": True}, "stream"), ({"stop": ["}"]}, "stop"), ({"logprobs": True}, "logprobs"),
+    ({"stream": True}, "stream"), ({"stop": ["}"]}, "stop"), ({"extra_body": {"allowed_token_ids": [1]}},
+                                                              "allowed_token_ids"),
 ])
 def test_conflicting_fields_refused_before_generation(openai_client, extra, needle):
     with pytest.raises(openai.BadRequestError) as e:

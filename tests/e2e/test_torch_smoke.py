@@ -67,7 +67,7 @@ def test_props_and_log_name_the_torch_backend(torch_server):
     assert re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} I model ", loaded), loaded
     if backend["device"] == "cpu" and backend["compute_dtype"] in ("bfloat16", "float32"):
         # the CI machine kind has a C++ compiler: the served model runs mlxcel's row kernel
-        assert f"decode rows' {backend['compute_dtype']} linears via mlxcel row kernel" in log
+        assert f"decoding computes its {backend['compute_dtype']} matrix products with mlxcel row kernel" in log
 
 
 @real_weights

@@ -1,12 +1,14 @@
 """A real `mlxcel-server -m openai/whisper-tiny.en` process: espeak-ng's spoken sentence comes back
 in WAV, MP3 and FLAC with a word error rate of at most 20%; the streamed deltas join to the
-non-streamed text (one delta per 30-second window); translations answer text / verbose_json;
+non-streamed text (one delta per 30-second window); both routes answer OpenAI's text, srt, vtt and
+verbose_json formats (a cue or segment per window);
 hostile uploads are refused with a 4xx and 20 of them leave the server's resident memory within
 50 MiB; a chat server (no audio tower) answers b10621's 501 before reading a field."""
 
 from __future__ import annotations
 
 import json
+import re
 
 import httpx
 import numpy as np
@@ -87,6 +89,47 @@ def test_stream_sends_one_delta_per_window(server, clips):
     assert wer(SENTENCE + " " + SENTENCE, done["text"]) <= 0.2, done["text"]
 
 
+SRT_CUE = re.compile(r"(\d+)\n(\d\d:\d\d:\d\d,\d{3}) --> (\d\d:\d\d:\d\d,\d{3})\n(.+)\n\n")
+VTT_CUE = re.compile(r"(\d\d:\d\d:\d\d\.\d{3}) --> (\d\d:\d\d:\d\d\.\d{3})\n(.+)\n\n")
+
+
+def test_transcription_text_and_verbose_json(server, clips, wav_text):
+    r = _post(server, "/v1/audio/transcriptions", clips["wav"], response_format="text")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    assert r.text == wav_text + "\n"
+    r = _post(server, "/v1/audio/transcriptions", clips["wav"], response_format="verbose_json")
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert (body["task"], body["language"], body["text"]) == ("transcribe", "english", wav_text)
+    assert 1 < body["duration"] < 30
+    [seg] = body["segments"]  # one 30-second window
+    assert seg["id"] == 0 and seg["start"] == 0 and abs(seg["end"] - body["duration"]) < 0.05
+    assert seg["text"].strip() == wav_text and seg["tokens"] and seg["avg_logprob"] <= 0
+    assert body["usage"]["output_tokens"] == len(seg["tokens"])
+
+
+def test_transcription_subtitles_one_cue_per_window(server, clips):
+    r = _post(server, "/v1/audio/transcriptions", clips["two_windows"], response_format="srt")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    cues = SRT_CUE.findall(r.text)
+    assert "".join(m.group(0) for m in SRT_CUE.finditer(r.text)) == r.text  # nothing but cues
+    assert [c[:2] for c in cues] == [("1", "00:00:00,000"), ("2", "00:00:30,000")]
+    assert cues[0][2] == "00:00:30,000" and "00:00:31,000" < cues[1][2] < "00:00:40,000"
+    assert all(wer(SENTENCE, c[3]) <= 0.2 for c in cues), cues
+    r = _post(server, "/v1/audio/transcriptions", clips["two_windows"], response_format="vtt")
+    assert r.status_code == 200 and r.text.startswith("WEBVTT\n\n")
+    vtt = VTT_CUE.findall(r.text[len("WEBVTT\n\n"):])
+    assert [(a, b) for a, b, _ in vtt] == [(c[1].replace(",", "."), c[2].replace(",", ".")) for c in cues]
+    assert [t for *_, t in vtt] == [c[3] for c in cues]
+
+
+def test_stream_with_text_format_sends_the_events(server, clips, wav_text):
+    with httpx.stream("POST", server.base_url + "/v1/audio/transcriptions", files={"file": ("c.wav", clips["wav"])},
+                      data={"stream": "true", "response_format": "text"}, timeout=TIMEOUT) as r:
+        frames = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+    assert frames[-1] == "[DONE]" and json.loads(frames[-2])["text"] == wav_text
+
+
 def test_translations_formats(server, clips, wav_text):
     r = _post(server, "/v1/audio/translations", clips["flac"], response_format="verbose_json")
     assert r.status_code == 200, r.text
@@ -95,13 +138,15 @@ def test_translations_formats(server, clips, wav_text):
     assert body["segments"] and body["duration"] > 1
     r = _post(server, "/v1/audio/translations", clips["short"], response_format="text")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
-    r = _post(server, "/v1/audio/translations", clips["wav"], response_format="srt")
-    assert r.status_code == 400
+    r = _post(server, "/v1/audio/translations", clips["wav"], response_format="xml")
+    assert r.status_code == 400 and r.json()["error"]["param"] == "response_format"
 
 
 def test_field_rules(server, clips):
-    r = _post(server, "/v1/audio/transcriptions", clips["wav"], response_format="text")
-    assert r.status_code == 400 and "Only 'json' response_format" in r.json()["error"]["message"]
+    r = _post(server, "/v1/audio/transcriptions", clips["wav"], response_format="mp4")
+    assert r.status_code == 400 and r.json()["error"]["param"] == "response_format"
+    r = _post(server, "/v1/audio/transcriptions", clips["wav"], response_format="srt", stream="true")
+    assert r.status_code == 400 and "does not stream" in r.json()["error"]["message"]
     r = _post(server, "/v1/audio/transcriptions", clips["wav"], temperature="warm")
     assert r.status_code == 400 and r.json()["error"]["param"] == "temperature"
     r = _post(server, "/v1/audio/transcriptions", clips["wav"], max_tokens="-3")

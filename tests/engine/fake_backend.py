@@ -15,6 +15,10 @@ state (FNV-1a folds token by token) in the row's state slot, and logits come fro
 alone, as a recurrent layer's output does. A sequence's first forward starts from the hash's
 seed; every later one reads its slot, which holds poison until it was first written, so two
 rows sharing a slot, or a row reading another's, serve wrong tokens.
+
+With `window=w` it is a sliding-window model: the hash covers only the last w tokens, read back
+through the block table as a sliding layer reads them, so a block freed too early (its table
+entry reads the null block) serves wrong tokens.
 """
 
 from __future__ import annotations
@@ -57,14 +61,14 @@ def _pick(h: int) -> int:
 
 
 def reference(prompt: list[int], n: int, *, n_ctx_slot: int | None = None, keep: int = 0,
-              discard: int = 0) -> list[int]:
+              discard: int = 0, window: int | None = None) -> list[int]:
     """What a correct engine serves for `prompt` under greedy sampling: `n` tokens, each the
     model's pick given the history before it. With `n_ctx_slot`, a full context drops
     [keep, keep + discard) before the next token is appended (a context shift; discard 0:
-    half of what follows the kept tokens)."""
+    half of what follows the kept tokens). With `window`, each pick sees only the last `window`."""
     kv, out = list(prompt), []
     while True:
-        t = next_token(kv)
+        t = next_token(kv[-window:] if window else kv)
         out.append(t)
         if len(out) == n:
             return out
@@ -117,13 +121,15 @@ class FakeBackend:
     hidden_states, copy_slots. No `decode_greedy`: the engine takes its plain (unpipelined)
     decode path."""
 
-    def __init__(self, context_length: int = 4096, recurrent: bool = False) -> None:
+    def __init__(self, context_length: int = 4096, recurrent: bool = False, window: int | None = None) -> None:
         self.info = ModelInfo(path=Path("/nonexistent/fake-model"), model_type="fake", num_layers=1,
                               vocab_size=VOCAB, context_length=context_length, dtype="float32",
                               checkpoint_dtype="float32", quantization=None, backend="fake", device="cpu")
-        self.recurrent = recurrent
+        self.recurrent, self.window = recurrent, window
         self.kv_spec = KVSpec((LayerKV("recurrent", 0, state_bytes=STATE_BYTES) if recurrent
+                               else LayerKV("sliding", KV_BYTES_PER_TOKEN, window) if window
                                else LayerKV("full", KV_BYTES_PER_TOKEN),))
+        self.used_blocks: list[int] = []  # the pool's blocks in use as each forward starts
         self.states: dict[int, int] = {}  # state slot -> its state (recurrent); POISON until written
         self.state_rows: list[tuple[int, int]] = []  # (forwards so far, state slot) of every recurrent row run
         self.allocator: BlockAllocator | None = None
@@ -167,16 +173,19 @@ class FakeBackend:
                         self._uid(r.cache)) for r in rows]
         self._maybe_hold(step)
         self.steps.append(step)
+        self.used_blocks.append(self.allocator.used_blocks)
         if self.recurrent:
             return np.stack([logits_for(_pick(self._advance(row.cache, row.tokens))) for row in rows])
+        # a speculative verify row (a view of its sequence at a fixed length) reads up to its own end
+        ends = [r.cache.length + len(r.tokens) for r in rows]
         for row in rows:  # every row's KV is written before any is read, as in one real forward
             self._write(row.cache, row.tokens)
         out = np.empty((len(rows), VOCAB), dtype=np.float32)
         for i, row in enumerate(rows):
-            out[i] = logits_for(next_token(self._read(row.cache, row.cache.length)))
+            out[i] = logits_for(next_token(self._read(row.cache, ends[i])))
         return out
 
-    def forward_all(self, tokens: list[int], cache: SequenceKV) -> np.ndarray:
+    def forward_all(self, tokens: list[int], cache: SequenceKV, lora: tuple[float, ...] | None = None) -> np.ndarray:
         if self.recurrent:
             return np.stack([logits_for(_pick(self._advance(cache, [t]))) for t in tokens])
         start = cache.length
@@ -274,7 +283,8 @@ class FakeBackend:
         return h
 
     def _read(self, seq: SequenceKV, stop: int) -> np.ndarray:
-        history = self.storage[seq.slots(0, stop)]
+        """The history a query after position stop - 1 attends: all of it, or its window."""
+        history = self.storage[seq.slots(max(0, stop - self.window) if self.window else 0, stop)]
         self.poison_reads += int(np.count_nonzero(history == POISON))
         return history
 

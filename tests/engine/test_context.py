@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from tests.engine.fake_backend import reference
-from tests.engine.harness import engine_on, prompt, run
+from tests.engine.harness import collect, engine_on, prompt, request, run
 
 # a regression that never ends a generation fails here instead of hanging the tier
 pytestmark = pytest.mark.timeout(30)
@@ -44,3 +44,23 @@ def test_without_context_shift_a_generation_stops_at_the_bound_truncated(max_tok
     assert res.tokens == reference(p, N_CTX_SLOT - len(p))
     assert res.last.finish_reason == "length" and res.last.truncated
     assert engine.backend.compactions == []
+
+
+def test_kv_unified_lets_every_slot_fill_the_whole_context():
+    # two rows at once, each past the per-slot share (64 over 2 slots = 32) but inside n_ctx
+    a, b = prompt(100, 20), prompt(300, 20)
+
+    async def both(engine):
+        ha, hb = engine.submit(request(a, 30)), engine.submit(request(b, 30))
+        engine.start()  # the first step sees both: they share the steps, in slots 0 and 1
+        return await asyncio.gather(collect(ha), collect(hb))
+
+    with engine_on(n_ctx=64, parallel=2, kv_unified=True, start=False) as engine:
+        ra, rb = asyncio.run(both(engine))
+    assert engine.n_ctx_slot == 64 and (ra.slot, rb.slot) == (0, 1)
+    assert (ra.tokens, rb.tokens) == (reference(a, 30), reference(b, 30))
+    assert not ra.last.truncated and not rb.last.truncated
+    assert engine.backend.poison_reads == 0
+    with engine_on(n_ctx=64, parallel=2) as split:  # the default: each slot its share
+        assert split.n_ctx_slot == N_CTX_SLOT
+        assert asyncio.run(run(split, a, 30)).last.truncated

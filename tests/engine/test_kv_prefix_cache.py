@@ -155,3 +155,35 @@ def test_a_reservation_of_many_blocks_evicts_in_one_pass():
     seq.reserve(5 * BS)
     assert passes == [5] and len(seq.blocks) == 5 and p.cache.cached_blocks == 3
     seq.release()
+
+
+def test_freed_blocks_are_token_only_nodes_that_resume_nothing_and_cost_nothing():
+    """A sequence that freed blocks behind a sliding window donates them as NULL_BLOCK nodes: they
+    hold no reference and count for no budget; a prompt resumes only where the window before the
+    resume point is held, and evicting the real blocks drops the freed nodes above them."""
+    from mlxcel.engine.kv_block_pool import NULL_BLOCK
+
+    p = Pool()
+    p.alloc.window = 2 * BS  # a query at 20 reads from 13 on: blocks 3 onward
+    tokens = list(range(100, 100 + 6 * BS))
+    seq = SequenceKV(p.alloc)
+    for i in range(6):  # one block at a time, as decode steps would
+        seq.reserve(BS)
+        seq.tokens.extend(tokens[i * BS:(i + 1) * BS])
+    assert seq.blocks[:3] == [NULL_BLOCK] * 3 and p.alloc.used_blocks == 3
+    p.finish(seq)
+    assert p.cache.cached_blocks == 3 and p.alloc.used_blocks == 3
+    # the whole stream and more: resumed at its end, where its window is held
+    again = p.run(tokens + [7, 8, 9])
+    assert again.blocks[:4] == [NULL_BLOCK] * 4 and again.length == len(tokens) + 3
+    found = p.cache.match(tokens + [7])
+    assert found.tokens == len(tokens)
+    for b in found.blocks:  # match referenced them for a caller that adopts none
+        p.alloc.unref(b)
+    p.finish(again)
+    # a prompt that parts inside the freed part resumes nothing
+    found = p.cache.match(tokens[:3 * BS + 2] + [1, 2, 3])
+    assert found.tokens == 0 and found.tail_tokens == 0
+    assert p.cache.cached_blocks == 4  # and the new partial block
+    assert p.cache.evict(10) == 4  # the real blocks only; the freed chain above them goes too
+    assert not p.cache.root.children and p.alloc.used_blocks == 0

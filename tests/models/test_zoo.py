@@ -86,6 +86,45 @@ def test_logits_match_reference(family, backend):
         assert int(row.argmax()) == token, f"greedy tokens diverge at step {step}"
 
 
+# the zoo families whose every attention layer slides (window 24): their sequences free the
+# blocks behind the window, so these runs read through freed (null) table entries
+ALL_SLIDING = ("mistral", "phimoe")
+
+
+@pytest.mark.parametrize("family,backend", [(t, b) for t in ALL_SLIDING for b in FAMILIES[t].backends])
+def test_blocks_freed_behind_the_window_leave_the_logits_unchanged(family, backend):
+    from mlxcel.engine.backend import ForwardRow
+    from mlxcel.engine.kv_block_pool import NULL_BLOCK
+    from mlxcel.engine.kv_manager import KVManager
+    from mlxcel.engine.tokenizer import Tokenizer
+    from tests.models.reference import reference_stepper
+
+    path = fixture_path(fixtures.zoo_fixture(family))
+    ids = Tokenizer(path).encode(PROMPT + " and " + PROMPT)  # about twice the window
+    mine, ref = _backend(family, backend), reference_stepper(path, FAMILIES[family].hf_architecture)
+    kv = KVManager(n_ctx_slot=256, parallel=1, budget_bytes=0)
+    kv.bind(mine)
+    window = kv.allocator.window
+    assert window is not None and window < len(ids), "the fixture's window no longer covers every layer"
+    seq, _ = kv.start(ids, use_cache=False)
+    bs = kv.block_size
+    for start in range(0, len(ids), bs):  # chunked as a prefill is, freeing between chunks
+        chunk = ids[start:start + bs]
+        got, want = mine.forward_all(chunk, seq), ref(chunk)
+        worst = float(np.abs(got - want).max())
+        assert worst <= TOLERANCE, f"prefill chunk at {start}: max abs diff {worst}"
+    token = int(want[-1].argmax())
+    assert int(got[-1].argmax()) == token
+    for step in range(DECODE_STEPS):
+        row, ref_row = mine.forward([ForwardRow([token], seq)])[0], ref([token])[-1]
+        diff = float(np.abs(row - ref_row).max())
+        assert diff <= TOLERANCE, f"decode step {step}: max abs diff {diff}"
+        token = int(ref_row.argmax())
+        assert int(row.argmax()) == token, f"greedy tokens diverge at step {step}"
+    assert seq.blocks[:2] == [NULL_BLOCK] * 2
+    assert kv.allocator.used_blocks <= -(-(window - 1) // bs) + 1  # the window and the newest token's block
+
+
 @pytest.fixture(scope="module")
 def served(request):
     from mlxcel.runtime.load import load_served_model
@@ -139,6 +178,8 @@ def test_prefix_cache_hit_equals_cold_run(served):
     else:
         assert policy["prefix_cache"] and policy["prefix_cache_off_reason"] is None
         assert cold_cached == 0 and warm_cached == len(prompt) - 1
+    # blocks behind the window go back only where no layer reads the whole context
+    assert policy["free_behind_window"] is (served.info.model_type in ALL_SLIDING)
     assert warm == cold
 
 

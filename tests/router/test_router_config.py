@@ -54,6 +54,7 @@ def test_router_flags_land_in_settings(tmp_path):
     (["--models-max", "-1"], ["--models-max", "-1"]),
     (["--models-max", "two"], ["--models-max", "two"]),
     (["--models-dir", "{d}", "--embeddings"], ["--embeddings", "router mode"]),
+    (["--models-dir", "{d}", "--any-model-name"], ["--any-model-name", "picks the model"]),
 ])
 def test_router_flag_refusals(tmp_path, argv, words):
     ini = _ini(tmp_path, "[*]\n")

@@ -46,12 +46,15 @@ def sse(base, path, body):
         return r.headers, frames
 
 
+SCORED = list(range(100))  # allowed_token_ids: what makes a request a scoring one
+
+
 def measures(base):
     """What must not move under steering: embeddings, completion scoring, chat scoring."""
     emb = httpx.post(base + "/v1/embeddings", json={"input": ["hello world"]}, timeout=60)
     score = httpx.post(base + "/v1/completions", timeout=60, json={
-        "prompt": "The sky is", "max_tokens": 1, "logprobs": 5, "temperature": 0})
-    chat_score = chat(base, max_tokens=1, logprobs=True, top_logprobs=5)
+        "prompt": "The sky is", "max_tokens": 1, "logprobs": 5, "temperature": 0, "allowed_token_ids": SCORED})
+    chat_score = chat(base, max_tokens=1, logprobs=True, top_logprobs=5, allowed_token_ids=SCORED)
     for r in (emb, score, chat_score):
         assert r.status_code == 200, r.text
     assert STEERING not in emb.headers  # embeddings run on their own model, which never has an SAE
@@ -125,7 +128,7 @@ def test_circuit_activations_suppression_and_headers(tmp_path):
         _, frames = sse(base, "/v1/completions", body)
         assert json.loads(frames[-2])["millm"]["sae_activations"] == acts
         r = httpx.post(base + "/v1/completions", timeout=60, json={
-            "prompt": "The sky is", "max_tokens": 1, "logprobs": 2,
+            "prompt": "The sky is", "max_tokens": 1, "logprobs": 2, "allowed_token_ids": SCORED,
             "return_sae_activations": {"sae_id": "s0", "positions": "prompt"}})
         assert r.json()["millm"]["sae_activations"]["read_point"] == "unsteered" and r.headers[STEERING] == "none"
         assert RUNG not in r.headers

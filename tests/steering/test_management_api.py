@@ -94,7 +94,7 @@ def test_compatibility_batch_steering_and_live(srv, tmp_path):
     assert body["data"]["enabled"] and body["data"]["sae_id"] == "good" and body["data"]["history_size"] == 50
     assert call(srv, "POST", "/api/monitoring/configure", json={"top_k": 65})[0].status_code == 400
     score = httpx.post(srv.base_url + "/v1/completions", headers=KEY, timeout=60,
-                       json={"prompt": "hi", "max_tokens": 1, "logprobs": 1})
+                       json={"prompt": "hi", "max_tokens": 1, "logprobs": 1, "allowed_token_ids": [1, 2]})
     assert score.status_code == 200
     assert call(srv, "GET", "/api/monitoring/history")[1]["data"]["total"] == 0
     r = chat(srv)

@@ -168,7 +168,7 @@ def test_chat_refusals_that_come_before_any_sae_is_looked_at(default_server):
         assert "one position axis" in err["message"]
     assert "none is attached" in chat(**acts)["message"]
     for field, value in (("profile", "A"), ("steering_intensity", 0.5)):
-        err = chat(max_tokens=1, logprobs=True, **{field: value})
+        err = chat(max_tokens=1, logprobs=True, allowed_token_ids=[1, 2], **{field: value})
         assert (err["code"], err["param"]) == ("field_not_honoured", field) and "never steered" in err["message"]
 
 

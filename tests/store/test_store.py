@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
@@ -243,7 +244,11 @@ def test_cli_list_uses_env_and_flag(root, tmp_path, monkeypatch, capsys):
     make_checkpoint(root / "owner" / "name")
     monkeypatch.setenv("MLXCEL_MODELS_DIR", str(root))
     assert mlxcel_main(["list"]) == 0
-    assert capsys.readouterr().out.startswith("owner/name  llama")
+    lines = capsys.readouterr().out.splitlines()
+    size = sum(f.stat().st_size for f in (root / "owner" / "name").iterdir())  # config.json + weights
+    assert lines[0].split() == ["NAME", "TYPE", "QUANT", "SIZE"]
+    assert lines[1].split() == ["owner/name", "llama", "-", str(size), "B"]
+    assert lines[2] == f"1 model, {size} B in {root}"
     other = tmp_path / "other"
     other.mkdir()
     assert mlxcel_main(["list", "--models-dir", str(other)]) == 0
@@ -286,3 +291,40 @@ def test_cli_convert_errors(root, tmp_path, capsys):
     assert mlxcel_main(["convert", str(src), "--out-repo", "a/b", "--models-dir", str(root)]) == 1
     assert "already exists" in capsys.readouterr().err
     assert not (root / ".staging").exists()
+
+
+# --- short names (`mlxcel run`, `chat`, `generate`, `show`) ------------------------------------
+
+
+def test_prefer_local_short_names(root):
+    from mlxcel.store.resolve import AmbiguousName, prefer_local
+
+    make_checkpoint(root / "someone" / "Tiny")
+    assert prefer_local("tiny", root, "mlx-community") == "someone/Tiny"  # the one entry of that name
+    make_checkpoint(root / "mlx-community" / "tiny")
+    assert prefer_local("tiny", root, "mlx-community") == "tiny"  # the default organisation's wins, as -m reads it
+    assert prefer_local("other", root, "mlx-community") == "other"  # unknown: left for resolve (a download)
+    assert prefer_local("someone/Tiny", root, "x") == "someone/Tiny"
+    make_checkpoint(root / "third" / "tiny")
+    with pytest.raises(AmbiguousName, match="someone/Tiny, third/tiny"):
+        prefer_local("tiny", root, "elsewhere")
+
+
+def test_download_draws_progress_as_plain_lines_off_a_terminal(root, monkeypatch, caplog):
+    """huggingface_hub gets a tqdm class that logs lines (config/progress.py), never redraws."""
+    import huggingface_hub
+
+    from mlxcel.config.progress import LineTqdm
+
+    seen = {}
+
+    def snapshot_download(repo_id, local_dir, token, allow_patterns, tqdm_class):
+        seen["tqdm_class"] = tqdm_class
+        make_checkpoint(Path(local_dir))
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    monkeypatch.setattr("sys.stderr", io.StringIO())  # not a terminal
+    caplog.set_level("INFO")
+    download("owner/name", root)
+    assert seen["tqdm_class"] is LineTqdm
+    assert f"downloading owner/name from Hugging Face into {root / 'owner' / 'name'}" in caplog.text

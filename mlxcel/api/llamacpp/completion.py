@@ -18,6 +18,7 @@ from mlxcel.api.body import check_count, read_json_object
 from mlxcel.api.errors import ApiError, engine_error, native_type
 from mlxcel.api.llamacpp import native_grammar, render
 from mlxcel.api.llamacpp.native_params import NativeRequest, parse_native, with_prompt
+from mlxcel.api.model_names import name_rule
 from mlxcel.api.openai.fields import ignored_fields_header
 from mlxcel.api.openai.generation import served_model
 from mlxcel.api.state import AppState
@@ -74,11 +75,7 @@ def _native_error(ev: TokenEvent) -> dict[str, Any]:
 def final_object(model: ServedModel, nreq: NativeRequest, greq: GenerationRequest, res: Run,
                  index: int, stream: bool) -> dict[str, Any]:
     ev = res.final
-    probs = res.probs if not stream else None
-    if probs and ev.stop_type == "word":
-        # drop the reports of the tokens that spelled the stop word, as upstream does
-        n_stop = len(model.tokenizer.encode(ev.stopping_word, add_special_tokens=False))
-        probs = probs[: max(len(probs) - n_stop, 0)]
+    probs = render.kept_probs(model, res.probs, ev) if not stream else None
     obj = render.final_json(
         model, greq, ev, index=index, content="" if stream else res.content(),
         tokens=res.tokens if (nreq.return_tokens and not stream) else [], stream=stream,
@@ -127,7 +124,8 @@ async def completion(request: Request, app_state: AppState) -> Any:
     body = await read_json_object(request)
     check_count(body, "prompt", MAX_PROMPTS, "prompts")
     model = served_model(app_state, None)
-    nreq = parse_native(body, model, app_state.settings.engine.parallel, app_state.settings.server.sse_ping_interval)
+    nreq = parse_native(body, model, app_state.settings.engine.parallel, app_state.settings.server.sse_ping_interval,
+                        name_rule(app_state, model))
     nreq.template.grammar = await native_grammar.resolve(body, model)
     nreq.template.keep_tokens = native_grammar.preserved_tokens(body, model)  # written into the text
     nreq.template.grammar = native_grammar.lazy(body, model, nreq.template.grammar, nreq.template.keep_tokens)

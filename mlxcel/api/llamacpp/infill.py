@@ -23,6 +23,7 @@ from mlxcel.api.errors import ApiError
 from mlxcel.api.llamacpp import native_grammar
 from mlxcel.api.llamacpp.completion import respond
 from mlxcel.api.llamacpp.native_params import parse_native, with_prompt
+from mlxcel.api.model_names import name_rule
 from mlxcel.api.openai.generation import served_model
 from mlxcel.api.state import AppState
 from mlxcel.engine.tokenizer import Tokenizer
@@ -122,7 +123,8 @@ async def infill(request: Request, app_state: AppState) -> Any:
         raise ApiError(501, f"Infill is not supported by this model: {fim.missing()}",
                        code="not_supported", type="not_supported_error")
     nreq = parse_native({k: v for k, v in body.items() if k not in INFILL_FIELDS}, model,
-                        app_state.settings.engine.parallel, app_state.settings.server.sse_ping_interval)
+                        app_state.settings.engine.parallel, app_state.settings.server.sse_ping_interval,
+                        name_rule(app_state, model))
     nreq.template.grammar = await native_grammar.resolve(body, model)
     nreq.template.keep_tokens = native_grammar.preserved_tokens(body, model)  # written into the text
     nreq.template.grammar = native_grammar.lazy(body, model, nreq.template.grammar, nreq.template.keep_tokens)

@@ -2,7 +2,10 @@
 
 Gated by --metrics (upstream's 501 otherwise). Counters run since start; the two
 throughput gauges cover the window since the previous scrape (each scrape starts a new
-window, as upstream resets its bucket). mlxcel's own families follow the upstream ones.
+window, as upstream resets its bucket). Prompt tokens split as upstream's do: prefilled ones
+in `prompt_tokens_total`, those the prompt cache supplied in `prompt_tokens_cached_total`. The
+three `spec_decode_*_total` counters are always there (zero without a draft); the per-position
+one appears once a draft token was accepted. mlxcel's own families follow the upstream ones.
 """
 
 from __future__ import annotations
@@ -23,14 +26,16 @@ def _num(v: float | int) -> str:
 
 
 def metric_families(st: EngineStats) -> list[tuple[str, str, str, float | int]]:
-    """(name, type, help, value) in upstream's order: counters, then gauges."""
+    """b10621's families as (name, type, help, value), in its order: counters, then gauges."""
     prompt_rate = 1e3 / st.t_prompt_processing * st.n_prompt_tokens_processed \
         if st.n_prompt_tokens_processed and st.t_prompt_processing > 0 else 0.0
     gen_rate = 1e3 / st.t_tokens_generation * st.n_tokens_predicted \
         if st.n_tokens_predicted and st.t_tokens_generation > 0 else 0.0
     return [
-        ("llamacpp:prompt_tokens_total", "counter", "Number of prompt tokens processed.",
+        ("llamacpp:prompt_tokens_total", "counter", "Prompt tokens prefilled (the prompt cache's tokens are not in it).",
          st.n_prompt_tokens_processed_total),
+        ("llamacpp:prompt_tokens_cached_total", "counter", "Prompt tokens the prompt cache supplied.",
+         st.n_prompt_tokens_cached_total),
         ("llamacpp:prompt_seconds_total", "counter", "Prompt process time", int(st.t_prompt_processing_total) / 1e3),
         ("llamacpp:tokens_predicted_total", "counter", "Number of generation tokens processed.",
          st.n_tokens_predicted_total),
@@ -38,12 +43,24 @@ def metric_families(st: EngineStats) -> list[tuple[str, str, str, float | int]]:
          int(st.t_tokens_generation_total) / 1e3),
         ("llamacpp:n_decode_total", "counter", "Total number of llama_decode() calls", st.n_decode_total),
         ("llamacpp:n_tokens_max", "counter", "Largest observed n_tokens.", st.n_tokens_max),
-        ("llamacpp:n_busy_slots_per_decode", "counter", "Average number of busy slots per llama_decode() call",
-         st.n_busy_slots_total / max(st.n_decode_total, 1)),
+        ("llamacpp:spec_decode_num_draft_tokens_total", "counter", "Speculative: draft tokens sent to verification.",
+         st.n_draft_tokens_total),
+        ("llamacpp:spec_decode_num_accepted_tokens_total", "counter",
+         "Speculative: draft tokens the target model kept.", st.n_draft_accepted_total),
+        ("llamacpp:spec_decode_num_drafts_total", "counter", "Speculative: verification forwards.",
+         st.n_draft_rounds_total),
         ("llamacpp:prompt_tokens_seconds", "gauge", "Average prompt throughput in tokens/s.", prompt_rate),
         ("llamacpp:predicted_tokens_seconds", "gauge", "Average generation throughput in tokens/s.", gen_rate),
         ("llamacpp:requests_processing", "gauge", "Number of requests processing.", st.n_processing),
         ("llamacpp:requests_deferred", "gauge", "Number of requests deferred.", st.n_deferred),
+        ("llamacpp:n_busy_slots_per_decode", "gauge", "Average number of busy slots per llama_decode() call",
+         st.n_busy_slots_total / max(st.n_decode_total, 1)),
+    ]
+
+
+def own_families(st: EngineStats) -> list[tuple[str, str, str, float | int]]:
+    """mlxcel's engine families, after the upstream ones: the paged KV pool and the refusals."""
+    return [
         ("mlxcel_kv_cache_tokens", "gauge", "Tokens held in the KV cache of live sequences.", st.kv_cache_tokens),
         ("mlxcel_kv_cache_usage_ratio", "gauge", "KV cache tokens over the context of all slots.",
          st.kv_cache_tokens / st.kv_cache_capacity if st.kv_cache_capacity else 0.0),
@@ -72,11 +89,30 @@ def queue_families(state: AppState) -> list[tuple[str, str, str, float | int]]:
     return out
 
 
+def _per_position(st: EngineStats) -> list[str]:
+    """The labelled accepted-per-draft-position counter, once speculation has accepted anything."""
+    name = "llamacpp:spec_decode_num_accepted_tokens_per_pos_total"
+    if not st.n_draft_accepted_per_pos:
+        return []
+    return [f"# HELP {name} Speculative: draft tokens kept, by draft position.", f"# TYPE {name} counter",
+            *(f'{name}{{position="{i}"}} {n}' for i, n in enumerate(st.n_draft_accepted_per_pos))]
+
+
+def _line(name: str, kind: str, help_text: str, value: float | int) -> list[str]:
+    return [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", f"{name} {_num(value)}"]
+
+
 def render_prometheus(st: EngineStats | None, extra: list | None = None) -> str:
     """The engine's families (none on a server without a generation model), then `extra`."""
     lines = []
-    for name, kind, help_text, value in (metric_families(st) if st is not None else []) + (extra or []):
-        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", f"{name} {_num(value)}"]
+    if st is not None:
+        for family in metric_families(st):
+            lines += _line(*family)
+        lines += _per_position(st)
+        for family in own_families(st):
+            lines += _line(*family)
+    for family in extra or []:
+        lines += _line(*family)
     return "\n".join(lines) + "\n"
 
 

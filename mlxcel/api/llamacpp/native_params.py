@@ -12,6 +12,7 @@ the response options the route renders with.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -20,6 +21,7 @@ import msgspec
 from mlxcel.api.body import convert
 from mlxcel.api.engine_request import Sampling, generation_request, reasoning_budget
 from mlxcel.api.errors import ApiError
+from mlxcel.api.llamacpp import native_grammar
 from mlxcel.api.llamacpp.schemas import NativeCompletionRequest, declared_names
 from mlxcel.chat.reasoning import CLOSE, OPEN
 from mlxcel.engine.sampling_params import resolve_logit_bias, samplers_from_chars, samplers_from_names
@@ -56,6 +58,13 @@ SAMPLING_FIELDS = (
     "dry_penalty_last_n", "mirostat", "mirostat_tau", "mirostat_eta", "adaptive_target",
     "adaptive_decay", "min_keep",
 )
+# The sampler knobs the OpenAI structs do not declare themselves (they read temperature, top_p,
+# top_k, min_p and the two penalties with OpenAI's ranges), and the other native fields b10621's
+# OpenAI routes read: all parsed by `parse_shared`.
+OPENAI_SAMPLERS = tuple(f for f in SAMPLING_FIELDS if f not in (
+    "temperature", "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty"))
+OPENAI_SHARED = (*OPENAI_SAMPLERS, "dry_sequence_breakers", "samplers", "ignore_eos", "grammar", "json_schema",
+                 "id_slot")
 # Fields for behaviour this server does not have yet, with the values that ask for nothing.
 # (json_schema, grammar, grammar_lazy, grammar_triggers and preserved_tokens are resolved by
 # native_grammar.py, in the route.)
@@ -154,15 +163,16 @@ def _check_deferred(body: dict[str, Any]) -> None:
 
 
 def parse_native(body: dict[str, Any], model: ServedModel, n_parallel: int,
-                 sse_ping_interval: int = 30) -> NativeRequest:
-    """`sse_ping_interval` is the server default (--sse-ping-interval) for a body without one."""
+                 sse_ping_interval: int = 30, accepts_name: Callable[[str | None], bool] | None = None) -> NativeRequest:
+    """`sse_ping_interval` is the server default (--sse-ping-interval) for a body without one;
+    `accepts_name` says which `model` names the loaded model serves (default: its own)."""
     body = _clean(body)
     req = convert(body, NativeCompletionRequest)
     _check_limits(body, n_parallel)
     _check_deferred(body)
     _check_cache_hints(body)
     refuse_steering_fields(body, "the native completion routes")  # the server's steering still applies
-    _check_routing(req, model, n_parallel)
+    _check_routing(req, accepts_name or model.answers_to, n_parallel)
     sampling, n_probs = _sampling(req, model)
     template = generation_request(
         model, sampling, [], n_indent=req.n_indent or 0,
@@ -182,23 +192,28 @@ def parse_native(body: dict[str, Any], model: ServedModel, n_parallel: int,
     )
 
 
-def _check_routing(req: NativeCompletionRequest, model: ServedModel, n_parallel: int) -> None:
+def _check_routing(req: NativeCompletionRequest, accepts_name: Callable[[str | None], bool], n_parallel: int) -> None:
     """One completion per prompt, on a slot that exists, for the loaded model."""
     n_cmpl = req.n_cmpl if req.n_cmpl is not None else (req.n if req.n is not None else 1)
     if n_cmpl > 1:
         raise ApiError(400, "n_cmpl above 1 is not supported: this server returns one completion per prompt",
                        code="field_not_honoured", param="n_cmpl")
-    if req.id_slot is not None and not -1 <= req.id_slot < n_parallel:
-        # b10621 defers a task pinned to a slot that does not exist, forever; refused here
-        raise ApiError(400, "Invalid slot ID", code="invalid_request", param="id_slot")
-    if req.model is not None and not model.answers_to(req.model):
+    check_slot(req.id_slot, n_parallel)
+    if req.model is not None and not accepts_name(req.model):
         raise ApiError(404, f"model '{req.model}' not found", code="model_not_found", param="model")
 
 
-def _sampling(req: NativeCompletionRequest, model: ServedModel) -> tuple[Sampling, int]:
-    """The sampler fields with upstream's clamps and refusals; also n_probs."""
+def check_slot(id_slot: int | None, n_parallel: int) -> None:
+    if id_slot is not None and not -1 <= id_slot < n_parallel:
+        # b10621 defers a task pinned to a slot that does not exist, forever; refused here
+        raise ApiError(400, "Invalid slot ID", code="invalid_request", param="id_slot")
+
+
+def _sampler_overrides(req: NativeCompletionRequest, names: tuple[str, ...]) -> dict[str, Any]:
+    """SamplingParams fields for the sampler knobs `names` a body sets, with upstream's clamps
+    and refusals (dry_sequence_breakers and samplers included)."""
     over: dict[str, Any] = {}
-    for name in SAMPLING_FIELDS:
+    for name in names:
         v = getattr(req, name)
         if v is None:
             continue
@@ -216,6 +231,12 @@ def _sampling(req: NativeCompletionRequest, model: ServedModel) -> tuple[Samplin
         over["dry_sequence_breakers"] = tuple(br)
     if req.samplers is not None:
         over["samplers"] = _samplers(req.samplers)
+    return over
+
+
+def _sampling(req: NativeCompletionRequest, model: ServedModel) -> tuple[Sampling, int]:
+    """The sampler fields with upstream's clamps and refusals; also n_probs."""
+    over = _sampler_overrides(req, SAMPLING_FIELDS)
     n_probs = req.n_probs if req.n_probs is not None else (req.logprobs if req.logprobs is not None else 0)
     if n_probs < 0:
         raise ApiError(400, "n_probs must be >= 0", code="invalid_parameter", param="n_probs")
@@ -234,6 +255,31 @@ def _sampling(req: NativeCompletionRequest, model: ServedModel) -> tuple[Samplin
         ignore_eos=model.ignore_eos if req.ignore_eos is None else bool(req.ignore_eos), stop=stop, lora=req.lora,
         cache_prompt=req.cache_prompt if req.cache_prompt is not None else True)
     return sampling, n_probs
+
+
+@dataclass(frozen=True)
+class SharedFields:
+    """The native fields an OpenAI-route body carries, parsed as /completion parses them."""
+
+    overrides: dict[str, Any]  # SamplingParams fields
+    ignore_eos: bool | None  # None: the server's --ignore-eos
+    grammar: dict[str, Any]  # the body's grammar / json_schema keys, as sent (native_grammar.resolve)
+    id_slot: int | None = None  # the slot the rows are pinned to (checked against the model's slots per row)
+
+    @property
+    def asks_grammar(self) -> bool:
+        return native_grammar.requested(self.grammar) is not None
+
+
+def parse_shared(body: dict[str, Any]) -> SharedFields:
+    """b10621's OpenAI routes hand their body to the /completion field parser too: the
+    sampler, grammar and ignore_eos fields of `OPENAI_SHARED` are read here by the same code,
+    with the same limits, clamps and refusals."""
+    sub = _clean({k: body[k] for k in OPENAI_SHARED if k in body})
+    req = convert(sub, NativeCompletionRequest)
+    _check_limits(sub, 1)
+    return SharedFields(overrides=_sampler_overrides(req, OPENAI_SAMPLERS), ignore_eos=req.ignore_eos,
+                        grammar={k: body[k] for k in ("grammar", "json_schema") if k in body}, id_slot=req.id_slot)
 
 
 def _samplers(value: Any) -> tuple[str, ...]:

@@ -58,6 +58,15 @@ def probs_json(model: ServedModel, report: ProbsReport) -> dict[str, Any]:
     return out
 
 
+def kept_probs(model: ServedModel, probs: list[ProbsReport], ev: TokenEvent) -> list[ProbsReport]:
+    """A finished row's reports less those of the tokens that spelled a matched stop word
+    (their text is not in the content), as upstream drops them."""
+    if not probs or ev.stop_type != "word":
+        return probs
+    n_stop = len(model.tokenizer.encode(ev.stopping_word, add_special_tokens=False))
+    return probs[: max(len(probs) - n_stop, 0)]
+
+
 def seed_json(params: SamplingParams) -> int:
     return RANDOM_SEED if params.seed is None else params.seed
 

@@ -18,6 +18,7 @@ from litestar import Request, Response, post
 
 from mlxcel.api.body import check_count, read_json_object
 from mlxcel.api.errors import ApiError
+from mlxcel.api.model_names import check_worker
 from mlxcel.api.side_workers import run_queued, side_worker, worker_queue
 from mlxcel.api.state import AppState
 from mlxcel.config.limits import MAX_INPUTS
@@ -57,6 +58,7 @@ def parse(body: dict[str, Any]) -> tuple[str, list[str], bool, int]:
 async def rerank(request: Request, app_state: AppState) -> Response:
     body = await read_json_object(request)
     worker = side_worker(app_state, "reranker")
+    check_worker(app_state, worker, body.get("model"))
     query, docs, tei, top_n = parse(body)
     echo = _bool(body, "return_text" if tei else "return_documents")
     try:

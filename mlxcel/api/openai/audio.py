@@ -5,13 +5,16 @@ The shared route answers b10621's transcript-event object
 (`{"type": "transcript.text.done", "text", "usage"}`), or with `stream` equal to the literal
 "true" `transcript.text.delta` frames, the done frame and `data: [DONE]`. Its field rules are
 upstream's: the capability refusal (a chat model without an audio tower: 501 "The current model
-does not support audio input.") comes before any field is read, `response_format` is json only,
-`temperature` / `max_tokens` arrive as strings and a value that does not parse is a 400, a text
+does not support audio input.") comes before any field is read, `temperature` / `max_tokens`
+arrive as strings and a value that does not parse is a 400, a text
 field sent twice falls back to its default, a repeated `file` keeps the last, unknown fields are
 ignored. The Whisper worker decodes a 30-second window at a time, and each window's text is sent
 as one delta as soon as it is decoded (their concatenation is the non-streamed `text`).
+`response_format` also takes OpenAI's `text`, `srt`, `vtt` and `verbose_json` (b10621 takes json
+only; api/openai/audio_formats.py renders them); `text` streams as json does, the subtitle and
+verbose shapes need the whole clip, so they refuse `stream`.
 
-/v1/audio/translations answers OpenAI's `text` / `json` / `verbose_json`. On an English-only
+/v1/audio/translations answers OpenAI's `json` (`{"text"}`) and the same four. On an English-only
 checkpoint (tiny.en and friends) the model hears English only, so its translation is its
 transcript; a multilingual checkpoint runs Whisper's translate task.
 
@@ -30,6 +33,7 @@ from litestar import Request, Response, post
 from litestar.response import Stream
 
 from mlxcel.api.audio_upload import decode, inspect
+from mlxcel.api.openai import audio_formats
 from mlxcel.api.errors import ApiError
 from mlxcel.api.multipart import MAX_BODY_BYTES, Form, MultipartReader, UploadError, boundary_of
 from mlxcel.api.side_workers import check_queue, generation_refusal, run_queued, worker_queue
@@ -38,7 +42,6 @@ from mlxcel.workers.whisper import TRANSCRIPTION, WhisperError
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 DRAIN_LIMIT = 64 << 20  # after a refusal, read (and drop) this much more so the client sees the answer
-TRANSLATION_FORMATS = ("json", "text", "verbose_json")
 # Litestar's backstop only: the reader refuses past MAX_BODY_BYTES and then drains, so the client
 # reads the 413 instead of a reset connection
 BODY_LIMIT = MAX_BODY_BYTES + DRAIN_LIMIT
@@ -131,6 +134,17 @@ async def _transcribe(request: Request, state: AppState, worker, form: Form, tas
                             stop.set)
 
 
+def _format(form: Form, streamed: bool) -> str:
+    fmt = form.text("response_format") or "json"
+    if fmt not in audio_formats.FORMATS:
+        raise ApiError(400, f"response_format {fmt!r} is not supported; use one of {', '.join(audio_formats.FORMATS)}",
+                       code="invalid_parameter", param="response_format")
+    if streamed and fmt not in audio_formats.STREAMED:
+        raise ApiError(400, f"response_format {fmt!r} needs the whole clip and does not stream; use json or text "
+                       "with `stream`", code="invalid_parameter", param="response_format")
+    return fmt
+
+
 def _usage(t) -> dict:
     return {"type": "tokens", "input_tokens": t.input_tokens, "output_tokens": t.output_tokens,
             "total_tokens": t.input_tokens + t.output_tokens, "input_tokens_details": {"cached_tokens": 0}}
@@ -146,12 +160,11 @@ async def transcriptions(request: Request, app_state: AppState) -> Response:
     form = await read_form(request)
     if form.file is None:
         raise ApiError(400, "No input file found for transcription", code="invalid_request_error", param="file")
-    fmt = form.text("response_format") or "json"
-    if fmt != "json":
-        raise ApiError(400, "Only 'json' response_format is supported for transcription", code="invalid_parameter",
-                       param="response_format")
-    if form.text("stream") != "true":
+    fmt = _format(form, streamed := form.text("stream") == "true")
+    if not streamed:
         t = await _transcribe(request, app_state, worker, form, "transcribe")
+        if fmt != "json":
+            return audio_formats.render(fmt, t, "transcribe", _usage(t))
         return Response({"type": "transcript.text.done", "text": t.text, "usage": _usage(t)})
     queue = worker_queue(app_state, TRANSCRIPTION)
     audio, options = await _prepare(worker, form, "transcribe", queue)  # a full queue: 503 before the stream
@@ -185,20 +198,14 @@ async def _frames(queue, worker, audio, options):
 async def translations(request: Request, app_state: AppState) -> Response:
     worker = transcriber(app_state)
     form = await read_form(request)
-    fmt = form.text("response_format") or "json"
-    if fmt not in TRANSLATION_FORMATS:
-        raise ApiError(400, f"response_format {fmt!r} is not supported; use one of {', '.join(TRANSLATION_FORMATS)}",
-                       code="invalid_parameter", param="response_format")
+    fmt = _format(form, False)
     if form.text("stream") == "true":
         raise ApiError(400, "/v1/audio/translations does not stream; drop `stream`", code="invalid_parameter",
                        param="stream")
     t = await _transcribe(request, app_state, worker, form, "translate")
-    if fmt == "text":
-        return Response(t.text + "\n", media_type="text/plain; charset=utf-8")
     if fmt == "json":
         return Response({"text": t.text})
-    return Response({"task": "translate", "language": "english", "duration": round(t.duration, 3), "text": t.text,
-                     "segments": t.segments, "usage": _usage(t)})
+    return audio_formats.render(fmt, t, "translate", _usage(t))
 
 
 AUDIO_ROUTES = [transcriptions, translations]

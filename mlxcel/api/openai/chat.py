@@ -1,8 +1,9 @@
 """POST /v1/chat/completions: messages -> chat template -> engine -> OpenAI chat shapes.
 
 `messages` and each `extra_messages` conversation are rendered separately; every one, and
-each of `n` choices, is its own engine row with its own seed, returned in index order. With
-`logprobs: true` or `allowed_token_ids` the request is chat scoring (scoring.py).
+each of `n` choices, is its own engine row with its own seed, returned in index order;
+`logprobs: true` reports each generated token's log-probability (logprobs.py). With
+`allowed_token_ids` the request is chat scoring (scoring.py).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from mlxcel.api.errors import ApiError
 from mlxcel.api.model_switch import model_for
 from mlxcel.api.openai import chat_surface, reasoning_control
 from mlxcel.api.openai import generation as g
+from mlxcel.api.openai import logprobs as lp
 from mlxcel.api.openai import scoring as sc
 from mlxcel.api.openai.fields import (
     CHAT, MESSAGE_KEYS, check_fields, message_locations, object_locations, settle_unused, strict_mode,
@@ -130,6 +132,7 @@ class ChatAsk:
     steering: steer.SteeringFields
     constraint: rf.Constraint | None  # response_format's
     spec: sc.ScoringSpec | None  # a scoring request's (None: generation)
+    logprobs: lp.LogprobsAsk | None  # a generation's (None: not asked)
     sampling: g.SamplingAsk
     headers: dict[str, str]  # the field contract's, then the seed's and the constraint's
 
@@ -164,10 +167,12 @@ async def _ask(request: Request) -> ChatAsk:
         unused += message_locations(conv, f"extra_messages[{k}]")
     unused += object_locations(body.get("stream_options"), ["include_usage"], "stream_options")
     _, spec, mode_unused = sc.resolve(req, body, chat=True)
+    logprobs = lp.ask_of(req, chat=True) if spec is None else None
+    shared, shared_unused = g.read_shared(body, scoring=spec is not None)
     _check_shape(req)
-    headers = settle_unused(unused + mode_unused, strict, CHAT)
-    return ChatAsk(req=req, steering=steering, constraint=constraint, spec=spec,
-                   sampling=g.validate_sampling(req), headers=headers)
+    headers = settle_unused(unused + mode_unused + shared_unused, strict, CHAT)
+    return ChatAsk(req=req, steering=steering, constraint=constraint, spec=spec, logprobs=logprobs,
+                   sampling=g.validate_sampling(req, logprobs, shared), headers=headers)
 
 
 async def _with_model(app_state: AppState, model: ServedModel, ask: ChatAsk) -> list:
@@ -176,7 +181,7 @@ async def _with_model(app_state: AppState, model: ServedModel, ask: ChatAsk) -> 
     req, images = ask.req, []
     if media.has_media(req.messages) or any(media.has_media(m) for m in req.extra_messages or []):
         if ask.spec is not None:
-            raise ApiError(400, "image parts are not accepted on a scoring request (logprobs / allowed_token_ids)",
+            raise ApiError(400, "image parts are not accepted on a scoring request (allowed_token_ids)",
                            code="field_not_honoured", param="messages")
         messages, images = await media.gather(model, media.policy(app_state.settings), req.messages,
                                               list(req.extra_messages or []))
@@ -216,6 +221,8 @@ async def _rows(app_state: AppState, model: ServedModel, ask: ChatAsk, prep: cha
         raise ApiError(400, "response_format cannot be combined with tool_choice 'required' or a named function",
                        code="response_format_unsupported", param="response_format")
     calls_grammar = await chat_surface.tool_grammar(prep, model)
+    other = "response_format" if ask.constraint is not None else "tools" if prep.tools else None
+    native = await g.shared_grammar(ask.sampling, model, other)  # b10621's grammar / json_schema fields
     steer_headers, reader = {}, None
     for greq in greqs:  # each choice carries its own steering delta and grammar through the batch
         steer_headers, reader = steer.apply(ask.steering, model.steering, app_state.steering_store, greq)
@@ -223,6 +230,8 @@ async def _rows(app_state: AppState, model: ServedModel, ask: ChatAsk, prep: cha
             greq.grammar = await rf.compile_grammar(ask.constraint, model)
         elif calls_grammar is not None:
             greq.grammar = calls_grammar
+        elif native is not None:
+            greq.grammar = native
         greq.keep_tokens = prep.keep_tokens
         greq.reasoning = prep.budget
     return greqs, steer_headers, reader
@@ -255,7 +264,8 @@ async def chat_completions(request: Request, app_state: AppState) -> Any:
                                        echo=bool(req.echo)) for _ in greqs]  # one output parser per choice
     encoder = ChatEncoder(base, g.fingerprint(model), outputs, alias=app_state.settings.chat.reasoning_alias_field,
                           include_usage=bool(req.stream_options and req.stream_options.include_usage),
-                          reader=reader, constraint=ask.constraint, on_begin=_armer(app_state, cid, prep))
+                          reader=reader, constraint=ask.constraint, on_begin=_armer(app_state, cid, prep),
+                          logprobs=lp.ChatLogprobs(model, ask.logprobs) if ask.logprobs is not None else None)
     job = Job(model=model, requests=greqs, headers={**ask.headers, **steer_headers}, stream=req.stream)
     return await runner.run(request, job, encoder)
 

@@ -17,6 +17,7 @@ from mlxcel.api.engine_request import reasoning_budget
 from mlxcel.api.errors import ApiError
 from mlxcel.api.openai import tool_grammar as tg
 from mlxcel.api.state import AppState
+from mlxcel.chat.chat_template import thinking_by_default
 from mlxcel.chat.reasoning import CLOSE, FORMATS, OPEN, ReasoningStream, primed
 from mlxcel.chat.tool_calls import MARKERS, ToolCallStream
 from mlxcel.engine.grammar import GrammarError
@@ -84,10 +85,42 @@ def template_history(messages: list[Any]) -> list[Any]:
     return out
 
 
+def template_kwargs(settings: Any, model: ServedModel, requested: Any, effort: Any) -> dict[str, Any]:
+    """The template context extras of one request, as b10621 builds them: the server's kwargs
+    (--chat-template-kwargs, --reasoning*) under the request's; a string `enable_thinking` is
+    refused; `reasoning_effort: "none"` turns thinking off; and `enable_thinking` is always set,
+    under --reasoning auto to whether the template has a thinking mode."""
+    kwargs = dict(settings.chat.template_kwargs)
+    if requested is not None:
+        if not isinstance(requested, dict):
+            raise ApiError(400, "chat_template_kwargs must be an object", code="invalid_parameter",
+                           param="chat_template_kwargs")
+        kwargs.update(requested)
+    if isinstance(kwargs.get("enable_thinking"), str):
+        raise ApiError(400, 'invalid type for "enable_thinking" (expected boolean, got string)',
+                       code="invalid_parameter", param="chat_template_kwargs")
+    if effort is not None:
+        if not isinstance(effort, str):
+            raise ApiError(400, "reasoning_effort must be a string", code="invalid_parameter",
+                           param="reasoning_effort")
+        if effort == "none":
+            kwargs["enable_thinking"] = False
+            kwargs.pop("reasoning_effort", None)
+        elif effort:
+            kwargs["reasoning_effort"] = effort
+    if "enable_thinking" not in kwargs:
+        tok = model.tokenizer
+        kwargs["enable_thinking"] = bool(tok.chat_template) and \
+            thinking_by_default(tok.chat_template, tok.bos_token, tok.eos_token)
+    return kwargs
+
+
 def prepare(state: AppState, model: ServedModel, req: Any) -> Prepared:
     from mlxcel.api.openai.chat import render_prompt_text
 
     settings = state.settings
+    if not settings.chat.jinja:
+        _refuse_without_jinja(req)
     tools = check_tools(req.tools) if req.tools else None
     forced = None
     if tools:
@@ -100,14 +133,7 @@ def prepare(state: AppState, model: ServedModel, req: Any) -> Prepared:
     if forced is not None and settings.chat.skip_parsing:
         raise ApiError(400, "tool_choice 'required' or a named function needs chat parsing, which "
                        "--skip-chat-parsing turns off", code="field_not_honoured", param="tool_choice")
-    kwargs = dict(settings.chat.template_kwargs)
-    if req.chat_template_kwargs is not None:
-        if not isinstance(req.chat_template_kwargs, dict):
-            raise ApiError(400, "chat_template_kwargs must be an object", code="invalid_parameter",
-                           param="chat_template_kwargs")
-        kwargs.update(req.chat_template_kwargs)
-    if req.reasoning_effort is not None:
-        kwargs["reasoning_effort"] = req.reasoning_effort
+    kwargs = template_kwargs(settings, model, req.chat_template_kwargs, req.reasoning_effort)
     fmt = req.reasoning_format if req.reasoning_format is not None else settings.chat.reasoning_format
     if fmt not in FORMATS:
         raise ApiError(400, f"reasoning_format must be one of {', '.join(FORMATS)}", code="invalid_parameter",
@@ -122,12 +148,20 @@ def prepare(state: AppState, model: ServedModel, req: Any) -> Prepared:
                               prefill_assistant=settings.chat.prefill_assistant)
     prompt = model.tokenizer.encode(text, add_special_tokens=False)
     budget = _budget(settings, model, req)
-    parse = not settings.chat.skip_parsing
+    parse = not settings.chat.skip_parsing and settings.chat.jinja
     markers = {}
     if parse and tools:
         markers = {m: i for m in MARKERS if (i := model.tokenizer.single_special(m)) is not None}
     return Prepared(prompt=prompt, prompt_text=text, prefill=prefill, tools=tools, reasoning_format=fmt,
                     parse=parse, forced=forced, markers=markers, budget=budget)
+
+
+def _refuse_without_jinja(req: Any) -> None:
+    """--no-jinja: b10621 formats with its built-in formats then, which take no tools."""
+    if req.tools:
+        raise ApiError(400, "tools param requires --jinja flag", code="invalid_request", param="tools")
+    if req.tool_choice is not None and req.tool_choice != "auto":
+        raise ApiError(400, "tool_choice param requires --jinja flag", code="invalid_request", param="tool_choice")
 
 
 INT32_MAX = 2**31 - 1
@@ -215,11 +249,13 @@ class ChatOutput:
             text, self._echo = self._echo + text, ""
         return self._shape(self._reason.feed(text), final=False)
 
-    def finish(self) -> list[dict[str, Any]]:
+    def finish(self, reason: str | None = None) -> list[dict[str, Any]]:
+        """The last deltas; `reason` the engine's finish reason: a call cut off by "length"
+        is still a tool call, its arguments the text written so far."""
         deltas = self.feed("") if self._echo else []
-        return deltas + self._shape(self._reason.finish(), final=True)
+        return deltas + self._shape(self._reason.finish(), final=True, cut=reason == "length")
 
-    def _shape(self, split, final: bool) -> list[dict[str, Any]]:
+    def _shape(self, split, final: bool, cut: bool = False) -> list[dict[str, Any]]:
         deltas: list[dict[str, Any]] = []
         if split.reasoning:
             thought = split.reasoning
@@ -233,7 +269,7 @@ class ChatOutput:
             return deltas
         pieces = self._tools.feed(split.content)
         if final:
-            pieces += self._tools.finish()
+            pieces += self._tools.finish(truncated=cut)
         for p in pieces:
             if p.call is None:
                 text = p.content

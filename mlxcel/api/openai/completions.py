@@ -1,31 +1,36 @@
 """POST /v1/completions: raw prompts (no chat template) -> engine -> OpenAI text shapes.
 
-Each prompt of a list is its own engine row and its own choice, in input order. With
-`logprobs` (an int) or `allowed_token_ids` the request is a scoring request instead: one
-forward per prompt, nothing generated (scoring.py).
+Each prompt of a list is its own engine row and its own choice, in input order. `logprobs`
+(an int) reports each generated token's log-probability and that many alternatives, and
+`echo` opens each choice with its prompt (with logprobs, the prompt tokens' too; logprobs.py).
+With `allowed_token_ids` the request is a scoring request instead: one forward per prompt,
+nothing generated (scoring.py).
 """
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
 from litestar import Request, Response, post
+from litestar.response import Stream
 
 from mlxcel.api import stream_runner as runner
 from mlxcel.api.body import check_count, convert, read_json_object
 from mlxcel.api.errors import ApiError
 from mlxcel.api.model_switch import model_for
 from mlxcel.api.openai import generation as g
+from mlxcel.api.openai import logprobs as lp
 from mlxcel.api.openai import scoring as sc
 from mlxcel.api.openai.encoders import CompletionEncoder
 from mlxcel.api.openai.fields import COMPLETIONS, check_fields, object_locations, settle_unused, strict_mode
 from mlxcel.api.openai.schemas import CompletionRequest
 from mlxcel.api.state import AppState
 from mlxcel.api.openai import response_format as rf
-from mlxcel.api.stream_runner import Job
+from mlxcel.api.stream_runner import Job, Run
 from mlxcel.config.limits import MAX_PROMPTS
-from mlxcel.engine.types import GenerationRequest
+from mlxcel.engine.types import GenerationRequest, TokenEvent
 from mlxcel.runtime.served import ServedModel
 from mlxcel.steering import requests as steer
 
@@ -75,6 +80,7 @@ class CompletionAsk:
     req: CompletionRequest
     activations: dict | None  # return_sae_activations
     spec: sc.ScoringSpec | None  # a scoring request's (None: generation)
+    logprobs: lp.LogprobsAsk | None  # a generation's (None: not asked)
     sampling: g.SamplingAsk
     headers: dict[str, str]
 
@@ -93,12 +99,14 @@ async def _ask(request: Request) -> CompletionAsk:
         raise ApiError(400, "logprobs on /v1/completions is the number of alternatives (0-20), not a boolean",
                        code="invalid_parameter", param="logprobs")
     _, spec, mode_unused = sc.resolve(req, body, chat=False)
-    unused += mode_unused
+    shared, shared_unused = g.read_shared(body, scoring=spec is not None)
+    unused += mode_unused + shared_unused
     if req.add_special_tokens is not None and not _is_text_prompt(req.prompt):
         unused.append("add_special_tokens")
     headers = settle_unused(unused, strict, COMPLETIONS)
-    return CompletionAsk(req=req, activations=activations, spec=spec, sampling=g.validate_sampling(req),
-                         headers=headers)
+    logprobs = lp.ask_of(req, chat=False) if spec is None else None
+    return CompletionAsk(req=req, activations=activations, spec=spec, logprobs=logprobs,
+                         sampling=g.validate_sampling(req, logprobs, shared), headers=headers)
 
 
 def _rows(app_state: AppState, model: ServedModel, ask: CompletionAsk,
@@ -130,10 +138,57 @@ async def completions(request: Request, app_state: AppState) -> Any:
     if ask.spec is not None:
         return await _score(model, req, ask.spec, prompts, base, ask.headers, ask.activations)
     greqs, reader = _rows(app_state, model, ask, prompts)
-    encoder = CompletionEncoder(base, g.fingerprint(model), reader=reader,
+    grammar = await g.shared_grammar(ask.sampling, model)  # b10621's grammar / json_schema fields
+    if grammar is not None:
+        for greq in greqs:
+            greq.grammar = grammar
+    echo, logprobs = await _openings(model, ask, prompts)
+    encoder = CompletionEncoder(base, g.fingerprint(model), reader=reader, echo=echo, logprobs=logprobs,
                                 include_usage=bool(req.stream_options and req.stream_options.include_usage))
+    if req.echo and ask.sampling.max_tokens == 0:
+        return _echo_only(ask, encoder, prompts)
     job = Job(model=model, requests=greqs, headers=ask.headers, stream=req.stream)
     return await runner.run(request, job, encoder)
+
+
+def _echo_only(ask: CompletionAsk, encoder: CompletionEncoder, prompts: list[list[int]]) -> Response | Stream:
+    """max_tokens 0 with echo: each choice is its prompt (and its logprobs), nothing generated,
+    so no engine row runs; the rows' last events are stated here instead."""
+    if ask.activations is not None:
+        raise ApiError(400, "return_sae_activations reads a forward, and max_tokens 0 with echo runs none",
+                       code="invalid_parameter", param="return_sae_activations")
+    finals = [TokenEvent(finish_reason="length", stop_type="limit", prompt_tokens=len(p)) for p in prompts]
+    if not ask.req.stream:
+        return Response(encoder.body([Run(final=ev) for ev in finals]), headers=ask.headers)
+
+    async def frames() -> AsyncIterator[bytes]:
+        for frame in encoder.opening():
+            yield frame
+        for i, ev in enumerate(finals):
+            for frame in encoder.frames(i, ev):
+                yield frame
+        for frame in encoder.closing(True):
+            yield frame
+        yield encoder.trailer
+
+    return Stream(frames(), media_type="text/event-stream", headers={**runner.SSE_HEADERS, **ask.headers})
+
+
+async def _openings(model: ServedModel, ask: CompletionAsk,
+                    prompts: list[list[int]]) -> tuple[list[str] | None, lp.TextLogprobs | None]:
+    """With echo, each choice's prompt text; with logprobs, each choice's accumulator: the
+    echoed prompt's entries first, the generated tokens' offsets from the prompt text's end."""
+    req = ask.req
+    texts = _prompt_texts(model, req.prompt, prompts)
+    echo = texts if req.echo else None
+    if ask.logprobs is None:
+        return echo, None
+    choices = []
+    for p, text in zip(prompts, texts):
+        acc = await lp.echo_logprobs(model, ask.logprobs, p) if req.echo else lp.CompletionLogprobs(offset=0)
+        acc.offset = len(text)
+        choices.append(acc)
+    return echo, lp.TextLogprobs(model, ask.logprobs, choices)
 
 
 async def _score(model: ServedModel, req: CompletionRequest, spec: sc.ScoringSpec, prompts: list[list[int]],

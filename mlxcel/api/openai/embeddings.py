@@ -31,6 +31,7 @@ from mlxcel.api.errors import ApiError
 from mlxcel.api.llamacpp.embedding import (
     embed, native_body, normalize_field, prompt_field, prompts_with, tokenized_prompts,
 )
+from mlxcel.api.model_names import check_worker, worker_answers
 from mlxcel.api.model_switch import model_for
 from mlxcel.api.openai.fields import EMBEDDINGS, check_fields, settle_unused, strict_mode
 from mlxcel.api.openai.schemas import EmbeddingRequest
@@ -84,11 +85,12 @@ async def openai_embeddings(request: Request, app_state: AppState) -> Response:
     fmt = body.get("encoding_format") or "float"
     if worker_embeds(app_state):
         worker = side_worker(app_state, "embedder")
+        check_worker(app_state, worker, body.get("model"))
         field, value = prompt_field(body)
         _check_format(fmt)
         prompts = tokenized_prompts(worker, value, field)
         vectors = await embed(request, app_state, worker, prompts, normalize_field(body))
-        served = name or worker.id
+        served = name if name and worker_answers(app_state, worker)(name) else worker.id
     else:
         field, value = prompt_field(body)
         _check_format(fmt)

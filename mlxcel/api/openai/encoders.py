@@ -13,6 +13,7 @@ from mlxcel.api.llamacpp.render import timings_json
 from mlxcel.api.openai import response_format as rf
 from mlxcel.api.openai.chat_surface import ChatOutput, message, with_alias
 from mlxcel.api.openai.generation import error_frame, usage
+from mlxcel.api.openai.logprobs import ChatLogprobs, TextLogprobs
 from mlxcel.api.stream_runner import Encoder, Run, sse
 from mlxcel.engine.requests import RequestHandle
 from mlxcel.engine.types import TokenEvent
@@ -35,9 +36,11 @@ class ChatEncoder(Encoder):
     def __init__(self, base: dict[str, Any], fingerprint: str, outputs: list[ChatOutput], *, alias: str,
                  include_usage: bool = False, reader: ActivationReader | None = None,
                  constraint: rf.Constraint | None = None,
-                 on_begin: Callable[[list[RequestHandle]], None] | None = None) -> None:
+                 on_begin: Callable[[list[RequestHandle]], None] | None = None,
+                 logprobs: ChatLogprobs | None = None) -> None:
         self.base, self.fingerprint, self.outputs, self.alias = base, fingerprint, outputs, alias
         self.include_usage, self.reader, self.constraint = include_usage, reader, constraint
+        self.logprobs = logprobs
         self.on_begin = on_begin  # arms reasoning_control under the completion id
 
     def begin(self, handles: list[RequestHandle]) -> None:
@@ -56,13 +59,17 @@ class ChatEncoder(Encoder):
 
     def frames(self, index: int, ev: TokenEvent) -> list[bytes]:
         out = self.outputs[0]
-        deltas = out.feed(ev.text) + (out.finish() if ev.done else [])
+        deltas = out.feed(ev.text) + (out.finish(ev.finish_reason) if ev.done else [])
+        # the tokens' logprobs ride on the first chunk that goes out with (or after) their text
+        logprobs = self.logprobs.event(ev, bool(deltas) or ev.done) if self.logprobs is not None else None
         frames = []
         for i, delta in enumerate(deltas if not ev.done else [*deltas, {}]):
             last = ev.done and i == len(deltas)  # the empty delta after the last one carries the finish
-            chunk = self._chunk(system_fingerprint=self.fingerprint, choices=[
-                {"index": 0, "delta": with_alias(delta, self.alias),
-                 "finish_reason": out.finish_reason(ev.finish_reason) if last else None}])
+            choice = {"index": 0, "delta": with_alias(delta, self.alias),
+                      "finish_reason": out.finish_reason(ev.finish_reason) if last else None}
+            if self.logprobs is not None:
+                choice["logprobs"], logprobs = logprobs, None
+            chunk = self._chunk(system_fingerprint=self.fingerprint, choices=[choice])
             if last:
                 chunk["usage"] = usage([ev])
                 if drafted(ev):
@@ -79,8 +86,10 @@ class ChatEncoder(Encoder):
         if self.constraint is not None:
             for r in runs:
                 rf.check_output(self.constraint, r.text, r.final.finish_reason)
-        choices = [{"index": i, "message": with_alias(message(o.feed(r.text) + o.finish()), self.alias),
-                    "logprobs": None, "finish_reason": o.finish_reason(r.final.finish_reason)}
+        choices = [{"index": i, "message": with_alias(message(o.feed(r.text) + o.finish(r.final.finish_reason)),
+                                                      self.alias),
+                    "logprobs": self.logprobs.whole(r) if self.logprobs is not None else None,
+                    "finish_reason": o.finish_reason(r.final.finish_reason)}
                    for i, (r, o) in enumerate(zip(runs, self.outputs))]
         body = {**self.base, "object": "chat.completion", "system_fingerprint": self.fingerprint,
                 "choices": choices, "usage": usage(finals)}
@@ -92,15 +101,25 @@ class ChatEncoder(Encoder):
 
 
 class CompletionEncoder(Encoder):
-    """Text completion choices, one per row in prompt order; streamed rows interleave."""
+    """Text completion choices, one per row in prompt order; streamed rows interleave. With
+    `echo`, each choice's text (and logprobs) open with its prompt's."""
 
     trailer = DONE
 
     def __init__(self, base: dict[str, Any], fingerprint: str, *, include_usage: bool = False,
-                 reader: ActivationReader | None = None) -> None:
+                 reader: ActivationReader | None = None, echo: list[str] | None = None,
+                 logprobs: TextLogprobs | None = None) -> None:
         self.base, self.fingerprint = base, fingerprint
-        self.include_usage, self.reader = include_usage, reader
+        self.include_usage, self.reader, self.echo, self.logprobs = include_usage, reader, echo, logprobs
         self.finals: list[TokenEvent] = []
+
+    def _choice(self, index: int, text: str, logprobs: Any, finish_reason: str | None) -> dict[str, Any]:
+        return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+
+    def opening(self) -> list[bytes]:
+        return [sse({**self.base, "system_fingerprint": self.fingerprint, "choices": [self._choice(
+            i, text, self.logprobs.opening(i) if self.logprobs is not None else None, None)]})
+            for i, text in enumerate(self.echo or [])]
 
     def error(self, ev: TokenEvent) -> bytes:
         return error_frame(ev)
@@ -108,10 +127,12 @@ class CompletionEncoder(Encoder):
     def frames(self, index: int, ev: TokenEvent) -> list[bytes]:
         if ev.done:
             self.finals.append(ev)
-        if not (ev.text or ev.done):
+        emit = bool(ev.text) or ev.done
+        logprobs = self.logprobs.event(index, ev, emit) if self.logprobs is not None else None
+        if not emit:
             return []
-        return [sse({**self.base, "system_fingerprint": self.fingerprint, "choices": [
-            {"index": index, "text": ev.text, "logprobs": None, "finish_reason": ev.finish_reason}]})]
+        return [sse({**self.base, "system_fingerprint": self.fingerprint,
+                     "choices": [self._choice(index, ev.text, logprobs, ev.finish_reason)]})]
 
     def closing(self, finished: bool) -> list[bytes]:
         frames = []
@@ -123,8 +144,9 @@ class CompletionEncoder(Encoder):
 
     def body(self, runs: list[Run]) -> dict[str, Any]:
         out = {**self.base, "system_fingerprint": self.fingerprint,
-               "choices": [{"index": i, "text": r.text, "logprobs": None, "finish_reason": r.final.finish_reason}
-                           for i, r in enumerate(runs)],
+               "choices": [self._choice(i, (self.echo[i] if self.echo else "") + r.text,
+                                        self.logprobs.whole(i, r) if self.logprobs is not None else None,
+                                        r.final.finish_reason) for i, r in enumerate(runs)],
                "usage": usage([r.final for r in runs])}
         if self.reader is not None:
             out["millm"] = {"sae_activations": self.reader.render()}

@@ -18,6 +18,7 @@ from typing import Any
 import msgspec
 
 from mlxcel.api.errors import ApiError
+from mlxcel.api.llamacpp.native_params import OPENAI_SHARED
 
 log = logging.getLogger("mlxcel.api")
 
@@ -39,9 +40,9 @@ STRICT_HEADER = "X-miLLM-Strict"
 # that would change the output and that no endpoint honours yet.
 FIELD_TABLE: dict[str, dict[str, str]] = {
     #                         chat       completions   embeddings
-    "logprobs":              {CHAT: H, COMPLETIONS: H, EMBEDDINGS: R},  # scoring mode
+    "logprobs":              {CHAT: H, COMPLETIONS: H, EMBEDDINGS: R},  # openai/logprobs.py
     "allowed_token_ids":     {CHAT: H, COMPLETIONS: H, EMBEDDINGS: R},  # scoring mode
-    "top_logprobs":          {CHAT: H, COMPLETIONS: R, EMBEDDINGS: R},  # completions: use logprobs
+    "top_logprobs":          {CHAT: H, COMPLETIONS: R, EMBEDDINGS: R},  # completions: logprobs is the count
     "response_format":       {CHAT: H, COMPLETIONS: R, EMBEDDINGS: R},  # chat: openai/response_format.py
     "seed":                  {CHAT: H, COMPLETIONS: H, EMBEDDINGS: R},
     "n":                     {CHAT: H, COMPLETIONS: R, EMBEDDINGS: R},  # chat: not streaming
@@ -61,10 +62,15 @@ FIELD_TABLE: dict[str, dict[str, str]] = {
     "parallel_tool_calls":   {CHAT: H, COMPLETIONS: R, EMBEDDINGS: R},
     "functions":             {CHAT: R, COMPLETIONS: R, EMBEDDINGS: R},
     "function_call":         {CHAT: R, COMPLETIONS: R, EMBEDDINGS: R},
-    "echo":                  {CHAT: H, COMPLETIONS: R, EMBEDDINGS: R},
+    "echo":                  {CHAT: H, COMPLETIONS: H, EMBEDDINGS: R},
     "best_of":               {CHAT: R, COMPLETIONS: R, EMBEDDINGS: R},
     "suffix":                {CHAT: R, COMPLETIONS: R, EMBEDDINGS: R},
 }
+
+# b10621's native sampler and grammar fields (repeat_penalty, mirostat*, dry_*, xtc_*, grammar,
+# json_schema, ignore_eos, ...): its OpenAI routes read them as /completion does, and so do these,
+# through the same parser (api/llamacpp/native_params.py: parse_shared).
+FIELD_TABLE.update({name: {CHAT: H, COMPLETIONS: H, EMBEDDINGS: R} for name in OPENAI_SHARED})
 
 # Values that change nothing, accepted wherever the field is refused (an explicit null too).
 NO_CHANGE: dict[str, tuple[Any, ...]] = {
@@ -105,7 +111,7 @@ def check_fields(body: Mapping[str, Any], struct: type[msgspec.Struct], endpoint
                 continue
             raise ApiError(400, f"'{key}' is not honoured on {endpoint} by this server",
                            code="field_not_honoured", param=key)
-        if key not in declared:
+        if key not in declared and policy(key, endpoint) != HONOURED:
             unused.append(key)
     return unused
 

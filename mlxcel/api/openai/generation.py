@@ -18,6 +18,10 @@ import numpy as np
 
 from mlxcel.api.engine_request import Sampling, generation_request
 from mlxcel.api.errors import ApiError, error_type
+from mlxcel.api.llamacpp import native_grammar
+from mlxcel.api.llamacpp.native_params import OPENAI_SHARED, SharedFields, check_slot, parse_shared
+from mlxcel.api.model_names import accepts, not_found
+from mlxcel.api.openai.logprobs import LogprobsAsk
 from mlxcel.api.openai.schemas import _Sampling
 from mlxcel.api.state import AppState
 from mlxcel.api.stream_runner import sse
@@ -43,8 +47,8 @@ def served_model(state: AppState, name: str | None) -> ServedModel:
                else f"no model is loaded: {unloaded!r} was unloaded; load one (POST /api/models/<id>/load) or "
                     "name one in the request" if unloaded else "the model is still loading")
         raise ApiError(503, why, code="model_not_loaded", type="server_error")
-    if not model.answers_to(name):
-        raise ApiError(404, f"The model '{name}' does not exist", code="model_not_found", param="model")
+    if not accepts(state, model.answers_to, name, model.id):
+        raise not_found(name)
     return model
 
 
@@ -59,10 +63,22 @@ class SamplingAsk:
     logit_bias: dict[str, Any] | None  # OpenAI's, checked against the model's vocabulary per row
     lora: Any
     cache_prompt: bool
+    shared: SharedFields | None = None  # b10621's native sampler / grammar fields, as /completion reads them
 
 
-def validate_sampling(req: _Sampling) -> SamplingAsk:
-    """Range checks shared by every /v1 generation and scoring request."""
+def read_shared(body: dict[str, Any], scoring: bool) -> tuple[SharedFields | None, list[str]]:
+    """The native fields a /v1 body carries, parsed by the /completion parser (None: it sends
+    none); in scoring mode nothing is sampled, so they are reported as unused instead."""
+    sent = [f for f in OPENAI_SHARED if body.get(f) is not None]
+    if scoring or not sent:
+        return None, sent if scoring else []
+    return parse_shared(body), []
+
+
+def validate_sampling(req: _Sampling, logprobs: LogprobsAsk | None = None,
+                      shared: SharedFields | None = None) -> SamplingAsk:
+    """Range checks shared by every /v1 generation and scoring request; `logprobs` adds the
+    engine's per-token reports to the overrides."""
     if (req.max_tokens is not None and req.max_completion_tokens is not None
             and req.max_tokens != req.max_completion_tokens):
         raise ApiError(400, f"max_tokens ({req.max_tokens}) and max_completion_tokens ({req.max_completion_tokens}) "
@@ -83,9 +99,12 @@ def validate_sampling(req: _Sampling) -> SamplingAsk:
     if req.n is not None and req.n < 1:
         raise ApiError(400, "n must be at least 1", code="invalid_parameter", param="n")
     overrides = {name: getattr(req, name) for name in SAMPLING_FIELDS if getattr(req, name) is not None}
+    if logprobs is not None:
+        overrides.update(logprobs.overrides())
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     return SamplingAsk(max_tokens=max_tokens, overrides=overrides, seed=req.seed, stop=stop,
-                       logit_bias=req.logit_bias, lora=req.lora, cache_prompt=req.cache_prompt is not False)
+                       logit_bias=req.logit_bias, lora=req.lora, cache_prompt=req.cache_prompt is not False,
+                       shared=shared)
 
 
 def openai_logit_bias(raw: dict[str, Any] | None, n_vocab: int) -> dict[int, float]:
@@ -134,11 +153,28 @@ def build_request(ask: SamplingAsk, model: ServedModel, prompt: list[int], *, ro
     max_tokens = model.n_predict if ask.max_tokens is None else ask.max_tokens
     bias = openai_logit_bias(ask.logit_bias, model.info.vocab_size)
     check_context(model, len(prompt), max_tokens, param)
-    # --ignore-eos reaches /v1 too: the OpenAI bodies have no field for it
-    sampling = Sampling(max_tokens=max_tokens, overrides=ask.overrides, seed=row_seed(ask.seed, row),
-                        bias=bias or None, ignore_eos=model.ignore_eos, stop=ask.stop, lora=ask.lora,
+    shared = ask.shared
+    # the native knobs are the ones the OpenAI fields do not spell (native_params.OPENAI_SAMPLERS)
+    overrides = {**shared.overrides, **ask.overrides} if shared is not None else ask.overrides
+    # absent ignore_eos: the server's --ignore-eos
+    ignore_eos = model.ignore_eos if shared is None or shared.ignore_eos is None else bool(shared.ignore_eos)
+    sampling = Sampling(max_tokens=max_tokens, overrides=overrides, seed=row_seed(ask.seed, row),
+                        bias=bias or None, ignore_eos=ignore_eos, stop=ask.stop, lora=ask.lora,
                         cache_prompt=ask.cache_prompt)
-    return generation_request(model, sampling, prompt)
+    id_slot = shared.id_slot if shared is not None and shared.id_slot is not None else -1
+    check_slot(id_slot, model.engine.parallel)
+    return generation_request(model, sampling, prompt, id_slot=id_slot)
+
+
+async def shared_grammar(ask: SamplingAsk, model: ServedModel, other: str | None = None) -> Any:
+    """The compiled grammar a /v1 body's `grammar` / `json_schema` asks for (None: none);
+    `other` names a constraint the request already runs under, which cannot be combined."""
+    if ask.shared is None or not ask.shared.asks_grammar:
+        return None
+    if other is not None:
+        raise ApiError(400, f"'grammar' / 'json_schema' cannot be combined with {other}", code="invalid_parameter",
+                       param="grammar" if "grammar" in ask.shared.grammar else "json_schema")
+    return await native_grammar.resolve(ask.shared.grammar, model)
 
 
 def seed_header(seed: int | None, scope: str = "request") -> dict[str, str]:

@@ -17,19 +17,16 @@ A fact the checkpoint does not state is null rather than guessed.
 from __future__ import annotations
 
 import json
-import math
 import mmap
 import re
-import struct
 from functools import lru_cache
 from pathlib import Path
 
 from mlxcel.models.checkpoint_config import normalize_config
+from mlxcel.store.describe import weight_counts
 
 # b10621's llama_vocab_type numbering
 VOCAB_SPM, VOCAB_BPE, VOCAB_WPM, VOCAB_UGM = 1, 2, 3, 4
-_PACKED = {"U32", "U8", "I32"}  # the dtypes MLX packs quantized values into
-_BITS_PER_WORD = {"U32": 32, "I32": 32, "U8": 8}
 
 
 def _config_value(config: dict, *keys: str) -> int | None:
@@ -77,65 +74,6 @@ def vocab_type(path: Path) -> int | None:
     if (path / "tokenizer.model").is_file():
         return VOCAB_SPM
     return None
-
-
-def _headers(path: Path) -> list[dict]:
-    """Every safetensors header of the directory; ValueError for a file that is not one (the
-    length is checked against the file before reading, so a bogus one never allocates)."""
-    out = []
-    for f in sorted(path.glob("*.safetensors")):
-        with f.open("rb") as fh:
-            head = fh.read(8)
-            if len(head) < 8:
-                raise ValueError(f"{f.name}: not a safetensors file")
-            (n,) = struct.unpack("<Q", head)
-            if n > f.stat().st_size - 8:
-                raise ValueError(f"{f.name}: header length past the end of the file")
-            header = json.loads(fh.read(n))
-            if not isinstance(header, dict):
-                raise ValueError(f"{f.name}: the header is not an object")
-            out.append(header)
-    return out
-
-
-def _module_bits(quant: dict, module: str) -> int | None:
-    own = quant.get(module)
-    if isinstance(own, dict) and "bits" in own:
-        return int(own["bits"])
-    return int(quant["bits"]) if "bits" in quant else None
-
-
-def weight_counts(path: Path, config: dict) -> tuple[int | None, int | None]:
-    """(n_params, size in bytes) from the safetensors headers; (None, None) without any, or when
-    one is unreadable (a listing reports what it cannot know as null, it does not fail)."""
-    try:
-        headers = _headers(path)
-    except (OSError, ValueError):  # json's decode error is a ValueError
-        return None, None
-    if not headers:
-        return None, None
-    quant = config.get("quantization") or config.get("quantization_config") or {}
-    tensors = {name: t for h in headers for name, t in h.items() if name != "__metadata__"}
-    quantized = {name.removesuffix(".weight") for name, t in tensors.items()
-                 if name.endswith(".weight") and t["dtype"] in _PACKED
-                 and name.removesuffix(".weight") + ".scales" in tensors}
-    n_params: int | None = 0
-    size = 0
-    for name, t in tensors.items():
-        start, end = t["data_offsets"]
-        size += end - start
-        module, _, leaf = name.rpartition(".")
-        if n_params is None or (module in quantized and leaf in ("scales", "biases")):
-            continue
-        count = math.prod(t["shape"])
-        if module in quantized and leaf == "weight":
-            bits = _module_bits(quant, module)
-            if bits is None:  # packed without a declared width: the count is unknowable
-                n_params = None
-                continue
-            count = count * _BITS_PER_WORD[t["dtype"]] // bits
-        n_params += count
-    return n_params, size
 
 
 @lru_cache(maxsize=64)

@@ -23,10 +23,10 @@ from pathlib import Path
 
 from litestar import get
 
-from mlxcel.api.errors import ApiError
 from mlxcel.api.llamacpp.capabilities import model_capabilities
 from mlxcel.api.llamacpp.props import model_ftype
 from mlxcel.api.model_switch import steering_locked, store_models
+from mlxcel.api.model_names import accepts, not_found, worker_answers
 from mlxcel.api.openai.model_meta import checkpoint_meta
 from mlxcel.api.state import AppState
 
@@ -54,7 +54,7 @@ def model_entries(app_state: AppState, store: bool = False) -> list[tuple[dict, 
                          (app_state.transcriber, "transcription")):
         if worker is not None:
             entry = _entry(worker.id, worker.created, "llamacpp", worker.path, n_ctx=getattr(worker, "n_ctx", None))
-            out.append((entry, kind, lambda name, w=worker: name in (w.id, str(w.path)), Path(worker.path)))
+            out.append((entry, kind, worker_answers(app_state, worker), Path(worker.path)))
     for entry, kind, _, _ in out:
         caps = model_capabilities(app_state, kind)
         if caps:
@@ -98,7 +98,10 @@ async def list_models(app_state: AppState) -> dict:
 @get("/v1/models/{model_id:path}")
 async def get_model(app_state: AppState, model_id: str) -> dict:
     name = model_id.lstrip("/")
-    for entry, _kind, answers, _path in model_entries(app_state, store=True):
+    entries = model_entries(app_state, store=True)
+    for entry, _kind, answers, _path in entries:
         if answers(name):
             return entry
-    raise ApiError(404, f"The model '{name}' does not exist", code="model_not_found", param="model")
+    if entries and accepts(app_state, lambda _: False, name, entries[0][0]["id"]):
+        return entries[0][0]  # --any-model-name: the first served model answers
+    raise not_found(name)

@@ -41,8 +41,6 @@ _COUNTS = ("minItems", "maxItems", "minLength", "maxLength")
 _CONFLICTS = {
     "stream": lambda v: v is True,
     "stop": lambda v: v not in (None, [], ""),
-    "logprobs": lambda v: v is True,
-    "top_logprobs": lambda v: v is not None,
     "allowed_token_ids": lambda v: v is not None,
 }
 

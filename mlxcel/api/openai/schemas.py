@@ -64,7 +64,8 @@ class ChatCompletionRequest(_Sampling, kw_only=True):
 class CompletionRequest(_Sampling, kw_only=True):
     # a string, a list of strings, a token list, or a list of token lists (checked by the route)
     prompt: str | list[Any]
-    logprobs: bool | int | None = None  # an int asks for scoring; false changes nothing
+    logprobs: bool | int | None = None  # an int: alternatives per generated token (0-20); false changes nothing
+    echo: bool | None = None  # the prompt (and with logprobs its tokens' logprobs) opens each choice
     add_special_tokens: bool | None = None
 
 

@@ -1,7 +1,7 @@
 """Scoring mode: the next token's log-probabilities from one forward pass, nothing generated.
 
-A /v1/completions request with `logprobs` (an int) or `allowed_token_ids`, or a chat request
-with `logprobs: true` or `allowed_token_ids`, is a scoring request. This module owns its
+A /v1/completions or chat request with `allowed_token_ids` is a scoring request (`logprobs`
+alone asks a generation for its tokens' log-probabilities: logprobs.py). This module owns its
 validation (`scoring_spec`), the distribution (`score_logits`: temperature, then a log-softmax
 over the allowed set only, in float64) and the OpenAI-shaped `logprobs` objects of both
 endpoints. The forward itself is the engine's `submit_score`, on the engine thread.
@@ -44,31 +44,29 @@ def _refuse(message: str, param: str | None, code: str = "invalid_scoring_reques
     return ApiError(400, message, code=code, param=param)
 
 
-def is_scoring(body: dict[str, Any], chat: bool) -> bool:
-    logprobs = body.get("logprobs")
-    asked = logprobs is True if chat else (type(logprobs) is int)
-    return asked or body.get("allowed_token_ids") is not None or (chat and body.get("top_logprobs") is not None)
+def is_scoring(body: dict[str, Any]) -> bool:
+    return body.get("allowed_token_ids") is not None
 
 
 def scoring_spec(req: Any, body: dict[str, Any], chat: bool) -> ScoringSpec:
     """Validate a scoring request's shape (everything that needs no model)."""
     if req.stream:
-        raise _refuse("scoring mode (logprobs / allowed_token_ids) does not stream; send stream: false", "stream")
+        raise _refuse("scoring mode (allowed_token_ids) does not stream; send stream: false", "stream")
     if req.n not in (None, 1):
         raise _refuse("scoring mode needs n: 1", "n")
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     if max_tokens != 1:
-        raise _refuse("scoring mode (logprobs / allowed_token_ids) reads one next-token distribution and needs "
-                      f"max_tokens: 1 (or max_completion_tokens: 1); got {max_tokens}. logprobs on a "
-                      "generation request is refused rather than ignored", "max_tokens")
+        raise _refuse("scoring mode (allowed_token_ids) reads one next-token distribution and needs "
+                      f"max_tokens: 1 (or max_completion_tokens: 1); got {max_tokens}", "max_tokens")
     # the 0-2 range is generation.validate_sampling's, which every scoring route also runs
     temperature = 1.0 if req.temperature is None else req.temperature
     if 0 < temperature < MIN_TEMPERATURE:
         raise _refuse(f"scoring temperature must be 0 or at least {MIN_TEMPERATURE}: a smaller one overflows "
                       "the scaled logits", "temperature")
-    for name in (*STEERING_FIELDS, "response_format"):
+    for name in (*STEERING_FIELDS, "response_format", "echo"):
         value = body.get(name)
-        if value is not None and not (name == "response_format" and value == {"type": "text"}):
+        if value is not None and not (name == "response_format" and value == {"type": "text"}) \
+                and not (name == "echo" and value is False):
             raise _refuse(f"'{name}' is not allowed on a scoring request (scoring is never steered or "
                           "constrained)", name, code="field_not_honoured")
     if chat:
@@ -189,7 +187,10 @@ def chat_logprobs(model: ServedModel, spec: ScoringSpec, s: Scored) -> dict[str,
 
 def resolve(req: Any, body: dict, *, chat: bool) -> tuple[bool, Any, list[str]]:
     """(scoring?, its spec, the fields the mode leaves unused) for a chat or text completion:
-    scoring ignores the sampling knobs; generation ignores return_tokens_as_token_ids."""
-    if is_scoring(body, chat=chat):
+    scoring ignores the sampling knobs; generation reads return_tokens_as_token_ids only
+    where it reports logprobs."""
+    if is_scoring(body):
         return True, scoring_spec(req, body, chat=chat), [f for f in SCORING_UNUSED if body.get(f) is not None]
-    return False, None, ["return_tokens_as_token_ids"] if req.return_tokens_as_token_ids is not None else []
+    asked = req.logprobs is True if chat else type(req.logprobs) is int
+    return False, None, ["return_tokens_as_token_ids"] if req.return_tokens_as_token_ids is not None and not asked \
+        else []

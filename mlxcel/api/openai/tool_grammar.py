@@ -10,8 +10,10 @@ the same parser (chat/tool_calls.py) as an unconstrained call and always parses:
 - json (anything else): one `{"name", "arguments"}` object, or an array of them.
 
 Each call object is a JSON Schema: `name` is the tool's name as a constant and the arguments
-are the tool's own `parameters` schema, so the arguments validate against it. With several
-tools the call is any one of them; with `parallel_tool_calls` one or more calls may follow.
+are the tool's own `parameters` schema, so the arguments validate against it; its objects
+admit only their listed properties unless the schema allows more (engine/json_schema.py).
+With several tools the call is any one of them; with `parallel_tool_calls` one or more calls
+may follow.
 A marker that is one token of the vocabulary is referenced by id (the constraint library
 treats added tokens as special, not as text). When the prompt leaves a thinking block open
 the model first finishes its thought and closes the block, then calls.
@@ -28,6 +30,7 @@ from mlxcel.api.openai import response_format as rf
 from mlxcel.chat.reasoning import CLOSE as THINK_CLOSE
 from mlxcel.chat.tool_calls import HERMES_CLOSE, HERMES_OPEN, MISTRAL_TAG, PYTHON_TAG
 from mlxcel.engine.grammar import JSON_OPTIONS
+from mlxcel.engine.json_schema import close_objects
 
 FORMATS = ("hermes", "mistral", "llama", "json")
 
@@ -88,8 +91,9 @@ def _marker(text: str, encode) -> str:
 
 
 def _json(schema: dict) -> str:
-    """A `%json` item, with the same bounded layout response_format documents get."""
-    return "%json " + json.dumps({**schema, "x-guidance": JSON_OPTIONS})
+    """A `%json` item, with the same bounded layout and closed objects response_format
+    documents get."""
+    return "%json " + json.dumps({**close_objects(schema), "x-guidance": JSON_OPTIONS})
 
 
 def lark(choice: ToolChoice, fmt: str, encode, thinking_open: bool) -> str:

@@ -245,8 +245,9 @@ class MLXBackend(RowSteering):
     def _as_numpy(self, x: mx.array) -> np.ndarray:
         return np.array(x.astype(mx.float32))
 
-    def forward_all(self, tokens: list[int], cache: SequenceKV) -> np.ndarray:
-        logits, _ = self._run([ForwardRow(tokens, cache)])
+    def forward_all(self, tokens: list[int], cache: SequenceKV,
+                    lora: tuple[float, ...] | None = None) -> np.ndarray:
+        logits, _ = self._run([ForwardRow(tokens, cache, lora=lora)])
         out = logits[0].astype(mx.float32)
         mx.eval(out, *self._arrays())
         return np.array(out, copy=False)

@@ -88,7 +88,8 @@ def cache_dir(environ: Mapping[str, str]) -> Path:
     return native_build.cache_root(environ) / "blas"
 
 
-def build_shim(openblas: OpenBLAS, compiler: str, out_dir: Path) -> Path:
+def build_shim(openblas: OpenBLAS, compiler: str, out_dir: Path,
+               timeout: float | None = native_build.COMPILE_TIMEOUT_S) -> Path:
     """Compile the shim unless an identical build is cached; returns the .so path."""
     st = openblas.library.stat()
     key = [SHIM_SOURCE.read_bytes(), str(openblas.library).encode(), str(st.st_size).encode(),
@@ -99,7 +100,7 @@ def build_shim(openblas: OpenBLAS, compiler: str, out_dir: Path) -> Path:
                 str(SHIM_SOURCE), str(openblas.library), f"-Wl,-rpath,{openblas.library.parent}"]
 
     try:
-        return native_build.build_cached(out_dir, "mlxcel-blas-shim", key, command, "the BLAS shim")
+        return native_build.build_cached(out_dir, "mlxcel-blas-shim", key, command, "the BLAS shim", timeout)
     except native_build.BuildUnavailable as e:
         raise BlasUnavailable(str(e)) from None
 

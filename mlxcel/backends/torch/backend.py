@@ -283,6 +283,10 @@ class TorchBackend(RowSteering):
     def _load_model(self, path: Path, dtype: torch.dtype, extra: dict):
         import transformers
 
+        # the load's own progress (runtime/load.py) covers this step; transformers' bar would
+        # redraw over it on a terminal and fill a log file with carriage returns
+        transformers.utils.logging.disable_progress_bar()
+
         def load(implementation: str):
             return transformers.AutoModelForCausalLM.from_pretrained(
                 str(path), dtype=dtype, local_files_only=True, attn_implementation=implementation,
@@ -451,8 +455,9 @@ class TorchBackend(RowSteering):
         return logits
 
     @torch.inference_mode()
-    def forward_all(self, tokens: list[int], cache: SequenceKV) -> np.ndarray:
-        hidden, _ = self._run([ForwardRow(tokens, cache)])
+    def forward_all(self, tokens: list[int], cache: SequenceKV,
+                    lora: tuple[float, ...] | None = None) -> np.ndarray:
+        hidden, _ = self._run([ForwardRow(tokens, cache, lora=lora)])
         self._reads = {}
         return self._logits(hidden[0])
 

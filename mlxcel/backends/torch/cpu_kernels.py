@@ -34,9 +34,10 @@ def cpu_flags() -> set[str]:
     return set()
 
 
-def build(environ: Mapping[str, str]) -> Path:
-    """Compile kernels/cpu for this CPU and torch unless cached; raises
-    native_build.BuildUnavailable with the reason when it cannot be had."""
+def build(environ: Mapping[str, str], timeout: float | None = native_build.COMPILE_TIMEOUT_S) -> Path:
+    """Compile kernels/cpu for this CPU and torch unless cached (a compile past `timeout` goes
+    on in the background); raises native_build.BuildUnavailable with the reason when it cannot
+    be had."""
     from torch.utils import cpp_extension
 
     files = [KERNEL_DIR / name for name in SOURCES + HEADERS]
@@ -60,7 +61,7 @@ def build(environ: Mapping[str, str]) -> Path:
 
     cache = Path(environ["MLXCEL_KERNEL_CACHE"]) if environ.get("MLXCEL_KERNEL_CACHE") else \
         native_build.cache_root(environ) / "kernels"
-    return native_build.build_cached(cache, "mlxcel-cpu-kernels", key, command, "mlxcel's CPU kernels")
+    return native_build.build_cached(cache, "mlxcel-cpu-kernels", key, command, "mlxcel's CPU kernels", timeout)
 
 
 def load(environ: Mapping[str, str], threads: int | None = None) -> tuple[Path, int]:

@@ -61,6 +61,7 @@ class TorchVLMBackend(TorchBackend):
         config = json.loads((path / "config.json").read_text())
         cls = getattr(transformers, family_for(config).hf_architecture)
         self.image_token_id = int(config["image_token_id"])
+        transformers.utils.logging.disable_progress_bar()  # as the text backend: the load's own progress covers it
         return cls.from_pretrained(str(path), dtype=dtype, local_files_only=True, attn_implementation="sdpa",
                                    **extra)
 
