@@ -179,6 +179,12 @@ def main(argv: list[str] | None = None, prog: str = "mlxcel-server") -> int:
     # mode switch: --embeddings / --reranking serve a side worker and no chat model
     plan = plan_workers(settings, lambda ref, flag: resolve_ref(settings, ref, flag))
     path, startup = resolve(settings) if plan.generation else (None, None)
+    if path is not None:
+        from mlxcel.cli.memory_plan import plan_memory
+
+        plan_memory(settings, path, startup.placement)  # --estimate-memory exits here
+    elif settings.engine.estimate_memory:
+        raise StartupRefusal("--estimate-memory estimates a generation model's memory: pass -m")
     if path is None:
         from mlxcel.cli.options_lora import refuse_without_generation
 
