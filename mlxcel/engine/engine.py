@@ -152,10 +152,11 @@ class Engine:
 
     def kv_bytes(self) -> dict[str, int]:
         """The pool in bytes, for /metrics and /props: bytes per token, its capacity, what live
-        sequences and the prefix cache hold, and what the backend's storage has allocated so far
-        (it grows toward the capacity as blocks are first used)."""
-        resident = getattr(self.backend, "kv_nbytes", 0) if self.backend is not None else 0
-        return {**usage_bytes(self.kv), "resident_bytes": int(resident)}
+        sequences and the prefix cache hold, and what the backend's storage has allocated so far,
+        in bytes and token slots (it grows toward the capacity as blocks are first used)."""
+        b = self.backend
+        return {**usage_bytes(self.kv), "resident_bytes": int(getattr(b, "kv_nbytes", 0)) if b is not None else 0,
+                "resident_tokens": int(getattr(b, "kv_slots", 0)) if b is not None else 0}
 
     def cache_stats(self) -> dict:
         """The prefix cache: on or off (and why), its budget and what it holds, and the prompt

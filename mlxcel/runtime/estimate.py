@@ -173,7 +173,7 @@ def check_fits(est: MemoryEstimate, available: int | None, where: str) -> str | 
             f"this configuration needs about {mib(need)} on {est.choice.device} (weights {mib(est.weight_bytes)}, "
             f"KV {mib(kv.slots_bytes)} for {kv.parallel} slot(s) of {kv.n_ctx_slot} tokens"
             + (f", prefix cache {mib(kv.prefix_cache_bytes)}" if need == est.total_bytes else "")
-            + f"), {mib(need - available)} more than the {mib(available)} of {where}; lower -c, -np"
+            + f"), {mib(need - available)} more than the {mib(available)} of {where}; lower -c or -np"
             + (" or --cache-ram" if need == est.total_bytes else "") + ", or pass --fit off to start anyway")
     if est.total_bytes > available:
         return (f"the prefix cache's default budget ({mib(kv.prefix_cache_bytes)}) does not fit beside the weights "

@@ -163,6 +163,11 @@ class MLXBackend(RowSteering):
         return sum(a.nbytes for a in self._arrays())
 
     @property
+    def kv_slots(self) -> int:
+        """Token slots the KV storage has allocated so far (each attention layer holds as many)."""
+        return max((k.shape[0] for k in self.storage.keys if k is not None), default=0)
+
+    @property
     def weight_nbytes(self) -> int:
         """Bytes of the model's parameters as loaded (what the memory estimate predicts)."""
         from mlx.utils import tree_flatten

@@ -342,6 +342,11 @@ class TorchBackend(RowSteering):
         return self.storage.nbytes + (self.states.nbytes if self.states is not None else 0)
 
     @property
+    def kv_slots(self) -> int:
+        """Token slots the KV storage has allocated so far (each attention layer holds as many)."""
+        return max((k.shape[0] for k in self.storage.keys if k is not None), default=0)
+
+    @property
     def weight_nbytes(self) -> int:
         """Bytes of the model's parameters and buffers as loaded, each storage once (tied
         embeddings share one): what the memory estimate predicts."""
