@@ -58,6 +58,15 @@ def check_tensors(settings: ServerSettings, path: Path) -> None:
              f" ({report.shapes_unchecked})" if report.shapes_unchecked else "")
 
 
+def refuse_without_model(settings: ServerSettings, serving: str) -> None:
+    """The memory options name one -m model; refuse them where none is loaded at startup."""
+    asked = [name for name, on in (("--estimate-memory", settings.engine.estimate_memory),
+                                   ("--check-tensors", settings.engine.check_tensors),
+                                   ("MLXCEL_WIRED_LIMIT", settings.backend.wired_limit_bytes is not None)) if on]
+    if asked:
+        raise StartupRefusal(f"{asked[0]} applies to the -m generation model, and this server {serving}; drop it")
+
+
 def plan_memory(settings: ServerSettings, path: Path, choice: Choice) -> None:
     """Everything above, in order, before any weight is read."""
     apply_wired_limit(settings, choice)

@@ -137,3 +137,10 @@ def test_wired_limit_is_refused_off_metal(value, says):
     assert done.returncode == 1
     line = done.stderr.strip().splitlines()[-1]
     assert line.startswith("error: MLXCEL_WIRED_LIMIT") and says in line
+
+
+def test_memory_options_are_refused_where_no_model_is_loaded_at_startup():
+    done = subprocess.run([sys.executable, "-m", "mlxcel.cli.server", "--models-dir", str(models_dir()),
+                           "--estimate-memory"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines()[-1].startswith("error: --estimate-memory applies to the -m generation model")
