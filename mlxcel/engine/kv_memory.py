@@ -90,17 +90,19 @@ def usage_bytes(manager: KVManager) -> dict[str, int]:
             "cached_bytes": manager.prefix_cache.cached_blocks * per_block}
 
 
-def spec_from_config(config: dict, dtype_bytes: int) -> KVSpec:
+def spec_from_config(config: dict, dtype_bytes: int, conv_keeps_kernel: bool = False) -> KVSpec:
     """The KVSpec a backend reports for this checkpoint config at `dtype_bytes` per element,
     without loading it: keys and values per layer (sliding windows as the config declares
     them), a latent per layer for multi-head latent attention, a fixed state for the recurrent
-    layers of the families that have them."""
+    layers of the families that have them. `conv_keeps_kernel`: the backend's convolution state
+    holds the kernel's full width (transformers' layout, the torch backend's), not one less
+    (mlx-lm's)."""
     text = {**config.get("text_config", {}), **config}
     layers = int(text.get("num_hidden_layers") or text.get("n_layer") or text.get("num_layers") or 0)
     info = ModelInfo(path=Path("."), model_type=str(text.get("model_type")), num_layers=layers, vocab_size=0,
                      context_length=0, dtype="", checkpoint_dtype="", quantization=None, backend="", device="",
                      config=text)
-    recurrent = recurrent_layers(text, layers, dtype_bytes)
+    recurrent = recurrent_layers(text, layers, dtype_bytes, conv_keeps_kernel)
     if not recurrent:
         return KVSpec.uniform(info, dtype_bytes)
     attention = [i for i in range(layers) if i not in recurrent]
@@ -111,7 +113,7 @@ def spec_from_config(config: dict, dtype_bytes: int) -> KVSpec:
                         for i in range(layers)))
 
 
-def recurrent_layers(config: dict, layers: int, dtype_bytes: int) -> dict[int, int]:
+def recurrent_layers(config: dict, layers: int, dtype_bytes: int, conv_keeps_kernel: bool = False) -> dict[int, int]:
     """Layer -> bytes of one sequence's state, for the recurrent families the registry serves
     (LFM2's short convolutions, Mamba 2's SSM with its convolution); {} for any other."""
     kind = config.get("model_type")
@@ -119,13 +121,14 @@ def recurrent_layers(config: dict, layers: int, dtype_bytes: int) -> dict[int, i
         full = set(config.get("full_attn_idxs") or [])
         if not full and config.get("layer_types"):
             full = {i for i, t in enumerate(config["layer_types"]) if t == "full_attention"}
-        width = int(config.get("conv_L_cache") or 3) - 1
+        width = int(config.get("conv_L_cache") or 3) - (0 if conv_keeps_kernel else 1)
         state = width * int(config["hidden_size"]) * dtype_bytes
         return {i: state for i in range(layers) if i not in full}
     if kind == "mamba2":
         heads, head_dim = int(config["num_heads"]), int(config["head_dim"])
         groups, d_state = int(config.get("n_groups") or 1), int(config["state_size"])
-        conv = (int(config.get("conv_kernel") or 4) - 1) * (heads * head_dim + 2 * groups * d_state)
+        width = int(config.get("conv_kernel") or 4) - (0 if conv_keeps_kernel else 1)
+        conv = width * (heads * head_dim + 2 * groups * d_state)
         return {i: (conv + heads * head_dim * d_state) * dtype_bytes for i in range(layers)}
     return {}
 

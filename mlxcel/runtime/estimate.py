@@ -103,7 +103,7 @@ def estimate(settings: ServerSettings, path: Path, choice: Choice, cache_budget:
     n_ctx_slot, parallel = slot_share(n_ctx, settings.engine.parallel)
     manager = KVManager(n_ctx_slot=n_ctx_slot, parallel=parallel,
                         budget_bytes=cache_budget if settings.kv.cache_prompt else 0)
-    kv = pool_bytes(manager, spec_from_config(config, ITEMSIZE[dtype]))
+    kv = pool_bytes(manager, spec_from_config(config, ITEMSIZE[dtype], conv_keeps_kernel=choice.backend == "torch"))
     explicit = settings.kv.prompt_cache_capacity_bytes is not None or "cache_ram" in settings.cli_given
     return MemoryEstimate(choice, dtype, weight_bytes(path, dtype), kv, explicit)
 

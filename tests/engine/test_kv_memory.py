@@ -48,20 +48,29 @@ def test_slot_share_matches_the_engine_rule():
     assert slot_share(3, 4) == (2, 4)
 
 
-# families whose KV differs in kind: full, sliding, latent, recurrent beside attention, recurrent only
-@pytest.mark.parametrize("ref", [DEFAULT_MODEL, zoo_fixture("gemma3"), zoo_fixture("deepseek_v2"),
-                                 zoo_fixture("lfm2"), zoo_fixture("mamba2")])
-def test_config_spec_is_the_loaded_backends(ref):
-    import mlx.core as mx
-
-    from mlxcel.backends.mlx.backend import MLXBackend
+# families whose KV differs in kind: full, sliding, latent, recurrent beside attention, recurrent only;
+# the torch backend keeps a wider convolution state, so its recurrent rows are checked too
+@pytest.mark.parametrize(("backend", "ref"), [
+    *(("mlx", ref) for ref in (DEFAULT_MODEL, zoo_fixture("gemma3"), zoo_fixture("deepseek_v2"),
+                               zoo_fixture("lfm2"), zoo_fixture("mamba2"))),
+    ("torch", zoo_fixture("lfm2")), ("torch", zoo_fixture("mamba2")), ("torch", zoo_fixture("gemma3"))])
+def test_config_spec_is_the_loaded_backends(backend, ref):
     from mlxcel.models.checkpoint_config import normalize_config
 
-    mx.set_default_device(mx.cpu)
     path = fixture_path(ref)
-    backend = MLXBackend(path)
-    spec = spec_from_config(normalize_config(json.loads((path / "config.json").read_text())), 4)
-    assert spec == backend.kv_spec
+    if backend == "mlx":
+        import mlx.core as mx
+
+        from mlxcel.backends.mlx.backend import MLXBackend
+
+        mx.set_default_device(mx.cpu)
+        loaded = MLXBackend(path)
+    else:
+        from mlxcel.backends.torch.backend import TorchBackend
+
+        loaded = TorchBackend(path, dtype="float32")
+    config = normalize_config(json.loads((path / "config.json").read_text()))
+    assert spec_from_config(config, 4, conv_keeps_kernel=backend == "torch") == loaded.kv_spec
 
 
 def test_reset_empties_the_cache_and_a_live_sequence_keeps_its_blocks():
