@@ -10,10 +10,14 @@ import logging
 import re
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mlxcel.backends.select import Choice
 from mlxcel.config.refusal import StartupRefusal
 from mlxcel.config.settings import ServerSettings
+
+if TYPE_CHECKING:
+    from mlxcel.runtime.served import Startup
 
 log = logging.getLogger("mlxcel.server")
 
@@ -67,8 +71,9 @@ def refuse_without_model(settings: ServerSettings, serving: str) -> None:
         raise StartupRefusal(f"{asked[0]} applies to the -m generation model, and this server {serving}; drop it")
 
 
-def plan_memory(settings: ServerSettings, path: Path, choice: Choice) -> None:
+def plan_memory(settings: ServerSettings, path: Path, startup: Startup) -> None:
     """Everything above, in order, before any weight is read."""
+    choice = startup.placement
     apply_wired_limit(settings, choice)
     check_tensors(settings, path)
     if not (settings.engine.estimate_memory or settings.engine.fit):
@@ -76,7 +81,9 @@ def plan_memory(settings: ServerSettings, path: Path, choice: Choice) -> None:
     from mlxcel.runtime.estimate import available_bytes, check_fits, estimate, render
     from mlxcel.runtime.load import cache_budget_bytes
 
-    est = estimate(settings, path, choice, cache_budget_bytes(settings))
+    spec = startup.speculative
+    draft = spec.draft_model if spec is not None else None
+    est = estimate(settings, path, choice, cache_budget_bytes(settings), draft)
     available, where = available_bytes(choice)
     if settings.engine.estimate_memory:
         sys.stdout.write("\n".join(render(est, available, where)) + "\n")

@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None, prog: str = "mlxcel-server") -> int:
     from mlxcel.cli.memory_plan import plan_memory, refuse_without_model
 
     if path is not None:
-        plan_memory(settings, path, startup.placement)  # --estimate-memory exits here
+        plan_memory(settings, path, startup)  # --estimate-memory exits here
     else:
         refuse_without_model(settings, "serves no generation model (--embeddings / --reranking)")
     if path is None:

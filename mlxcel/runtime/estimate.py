@@ -40,15 +40,16 @@ class MemoryEstimate:
     weight_bytes: int
     kv: KVBytes
     cache_explicit: bool  # the prefix-cache budget was given (--cache-ram / --prompt-cache-capacity-bytes)
+    draft_bytes: int = 0  # a -md draft model's weights and KV pool
 
     @property
     def required_bytes(self) -> int:
         """Weights and every slot at its full context: what serving needs at the least."""
-        return self.weight_bytes + self.kv.capacity_bytes - self.kv.prefix_cache_bytes
+        return self.total_bytes - self.kv.prefix_cache_bytes
 
     @property
     def total_bytes(self) -> int:
-        return self.weight_bytes + self.kv.capacity_bytes
+        return self.weight_bytes + self.kv.capacity_bytes + self.draft_bytes
 
 
 def header_tensors(path: Path) -> dict[str, dict]:
@@ -94,18 +95,29 @@ def compute_dtype(settings: ServerSettings, path: Path, choice: Choice) -> str:
     return resolve_dtype(settings.backend.dtype, str(config.get("torch_dtype") or config.get("dtype") or "bfloat16"))
 
 
-def estimate(settings: ServerSettings, path: Path, choice: Choice, cache_budget: int | None) -> MemoryEstimate:
+def estimate(settings: ServerSettings, path: Path, choice: Choice, cache_budget: int | None,
+             draft: Path | None = None) -> MemoryEstimate:
     """The estimate for serving `path` on `choice` with these settings; `cache_budget`: the
-    prefix cache's byte budget as runtime/load.cache_budget_bytes resolves it."""
+    prefix cache's byte budget as runtime/load.cache_budget_bytes resolves it; `draft`: a -md
+    draft checkpoint, whose weights and pool (a slot share each, no cache of its own) count too."""
     dtype = compute_dtype(settings, path, choice)
     config = read_config(path)
     n_ctx = settings.engine.ctx_size if settings.engine.ctx_size > 0 else context_length(config)
     n_ctx_slot, parallel = slot_share(n_ctx, settings.engine.parallel)
     manager = KVManager(n_ctx_slot=n_ctx_slot, parallel=parallel,
                         budget_bytes=cache_budget if settings.kv.cache_prompt else 0)
-    kv = pool_bytes(manager, spec_from_config(config, ITEMSIZE[dtype], conv_keeps_kernel=choice.backend == "torch"))
+    kv = pool_bytes(manager, _spec(path, dtype, choice))
+    draft_bytes = 0
+    if draft is not None:  # as engine/speculative.ModelDrafter sizes its pool
+        draft_dtype = compute_dtype(settings, draft, choice)
+        pool = KVManager(n_ctx_slot=n_ctx_slot, parallel=parallel, budget_bytes=None, headroom=0)
+        draft_bytes = weight_bytes(draft, draft_dtype) + pool_bytes(pool, _spec(draft, draft_dtype, choice)).capacity_bytes
     explicit = settings.kv.prompt_cache_capacity_bytes is not None or "cache_ram" in settings.cli_given
-    return MemoryEstimate(choice, dtype, weight_bytes(path, dtype), kv, explicit)
+    return MemoryEstimate(choice, dtype, weight_bytes(path, dtype), kv, explicit, draft_bytes)
+
+
+def _spec(path: Path, dtype: str, choice: Choice):
+    return spec_from_config(read_config(path), ITEMSIZE[dtype], conv_keeps_kernel=choice.backend == "torch")
 
 
 def context_length(config: dict) -> int:
@@ -153,6 +165,7 @@ def render(est: MemoryEstimate, available: int | None, where: str) -> list[str]:
                         + (f", {kv.state_bytes:,} bytes of recurrent state" if kv.state_bytes else "") + ")"),
         ("slots", f"{kv.parallel} = {mib(kv.slots_bytes)}"),
         ("prefix cache", cache),
+        *((("draft model", f"{mib(est.draft_bytes)} (weights and KV)"),) if est.draft_bytes else ()),
         ("total", mib(est.total_bytes)),
         (where, mib(available) if available is not None else "unknown"),
     ]
@@ -172,6 +185,7 @@ def check_fits(est: MemoryEstimate, available: int | None, where: str) -> str | 
         raise StartupRefusal(
             f"this configuration needs about {mib(need)} on {est.choice.device} (weights {mib(est.weight_bytes)}, "
             f"KV {mib(kv.slots_bytes)} for {kv.parallel} slot(s) of {kv.n_ctx_slot} tokens"
+            + (f", draft model {mib(est.draft_bytes)}" if est.draft_bytes else "")
             + (f", prefix cache {mib(kv.prefix_cache_bytes)}" if need == est.total_bytes else "")
             + f"), {mib(need - available)} more than the {mib(available)} of {where}; lower -c or -np"
             + (" or --cache-ram" if need == est.total_bytes else "") + ", or pass --fit off to start anyway")

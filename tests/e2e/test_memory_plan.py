@@ -17,7 +17,7 @@ import pytest
 
 from mlxcel.engine.kv_block_pool import RESERVED
 from tests.conftest import REPO, ServerProcess, default_backends, fixture_path
-from tests.fixtures import DEFAULT_MODEL, models_dir
+from tests.fixtures import DEFAULT_MODEL, JSON_TOOLS_TINY, models_dir
 
 KEY = "memory-plan-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -144,3 +144,15 @@ def test_memory_options_are_refused_where_no_model_is_loaded_at_startup():
                            "--estimate-memory"], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 1
     assert done.stderr.strip().splitlines()[-1].startswith("error: --estimate-memory applies to the -m generation model")
+
+
+def test_a_draft_model_counts_in_the_estimate():
+    fixture_path(JSON_TOOLS_TINY)
+    plain = cli("--backend", "mlx", *GEOMETRY, "--estimate-memory")
+    drafted = cli("--backend", "mlx", *GEOMETRY, "-md", JSON_TOOLS_TINY, "--estimate-memory")
+    assert plain.returncode == drafted.returncode == 0, drafted.stderr
+    line = next(x for x in drafted.stdout.splitlines() if x.startswith("draft model"))
+    draft = float(line.split()[2].replace(",", "")) * 2**20
+    assert draft > 0 and "draft model" not in plain.stdout
+    assert estimate_figures(drafted.stdout)["total"] == pytest.approx(estimate_figures(plain.stdout)["total"] + draft,
+                                                                      abs=0.2 * 2**20)
