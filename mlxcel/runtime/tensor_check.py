@@ -80,8 +80,12 @@ def check_tensors(path: Path) -> TensorReport:
     if importlib.util.find_spec("mlx") is None or importlib.util.find_spec("mlx_lm") is None:
         report.shapes_unchecked = "MLX is not installed (its family modules state the expected shapes)"
     else:
+        from mlxcel.models.registry import UnsupportedModelType
+
         try:
             report.shape_problems = shape_problems(path)
+        except UnsupportedModelType as e:  # not a family MLX builds: its values are still scanned
+            report.shapes_unchecked = str(e)
         except (ValueError, KeyError, TypeError) as e:
             report.shape_problems = [f"the model cannot be built from this checkpoint: {e}"]
     report.tensors, report.bad_values = scan_all(path)

@@ -15,7 +15,7 @@ import pytest
 
 from mlxcel.store.tensor_scan import entries
 from tests.conftest import REPO, fixture_path
-from tests.fixtures import QWEN2_TINY, models_dir
+from tests.fixtures import QWEN2_TINY, QWEN2_VL_TINY, models_dir
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
@@ -88,6 +88,13 @@ def test_list_devices_names_the_cpu_and_each_framework():
     server = subprocess.run([sys.executable, "-m", "mlxcel.cli.server", "--list-devices"], cwd=REPO,
                             capture_output=True, text=True, timeout=300)
     assert server.returncode == 0 and server.stdout.splitlines()[0].startswith("cpu: ")
+
+
+def test_a_family_mlx_does_not_build_has_its_values_checked_and_says_its_shapes_were_not():
+    done = run("inspect", str(fixture_path(QWEN2_VL_TINY)), "--check-tensors")
+    assert done.returncode == 0, done.stdout
+    assert "shapes not checked: qwen2_vl is a vision-language checkpoint" in done.stdout
+    assert done.stdout.splitlines()[-1].endswith("checked, ok")
 
 
 def test_inspect_without_a_checkpoint_is_an_error():
