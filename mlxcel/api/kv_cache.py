@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 
-from litestar import get, post
+from litestar import Request, get, post
 
+from mlxcel.api.body import read_json_object
+from mlxcel.api.errors import ApiError
 from mlxcel.api.openai.generation import served_model
 from mlxcel.api.state import AppState
 
@@ -27,7 +29,12 @@ async def cache_stats(app_state: AppState) -> dict:
 
 
 @post("/v1/cache/reset", status_code=200)
-async def cache_reset(app_state: AppState) -> dict:
+async def cache_reset(request: Request, app_state: AppState) -> dict:
+    if await request.body():  # no body, or an empty object: a field would be silently ignored
+        extra = sorted(await read_json_object(request))
+        if extra:
+            raise ApiError(400, f"POST /v1/cache/reset takes no fields (got {', '.join(extra)})",
+                           code="invalid_request", param=extra[0])
     model = served_model(app_state, None)
     freed = await asyncio.wrap_future(model.engine.submit_cache_reset())
     return {"object": "cache.reset", "model": model.id, "blocks_freed": freed,

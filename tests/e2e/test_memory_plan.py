@@ -85,6 +85,9 @@ def test_cache_stats_and_reset(served):
     assert cache["enabled"] and cache["cached_blocks"] > 0
     assert cache["cached_bytes"] == cache["cached_blocks"] * cache["block_size"] * stats["kv"]["bytes_per_token"]
     assert cache["budget_bytes"] <= 8 << 20
+    refused = httpx.post(server.base_url + "/v1/cache/reset", headers=AUTH, json={"slot": 0})
+    assert refused.status_code == 400 and "takes no fields" in refused.json()["error"]["message"]
+    assert httpx.post(server.base_url + "/v1/cache/reset", headers=AUTH, content=b"[1]").status_code == 400
     reset = httpx.post(server.base_url + "/v1/cache/reset", headers=AUTH).json()
     assert reset["blocks_freed"] == cache["cached_blocks"] and reset["prefix_cache"]["cached_blocks"] == 0
     assert httpx.get(server.base_url + "/v1/cache/stats", headers=AUTH).json()["prefix_cache"]["cached_blocks"] == 0
