@@ -181,14 +181,15 @@ def check_fits(est: MemoryEstimate, available: int | None, where: str) -> str | 
         return None
     kv = est.kv
     need = est.required_bytes if est.required_bytes > available or not est.cache_explicit else est.total_bytes
+    cache = need == est.total_bytes and kv.prefix_cache_bytes > 0  # the cache's budget is part of the shortfall
     if need > available:
         raise StartupRefusal(
             f"this configuration needs about {mib(need)} on {est.choice.device} (weights {mib(est.weight_bytes)}, "
             f"KV {mib(kv.slots_bytes)} for {kv.parallel} slot(s) of {kv.n_ctx_slot} tokens"
             + (f", draft model {mib(est.draft_bytes)}" if est.draft_bytes else "")
-            + (f", prefix cache {mib(kv.prefix_cache_bytes)}" if need == est.total_bytes else "")
+            + (f", prefix cache {mib(kv.prefix_cache_bytes)}" if cache else "")
             + f"), {mib(need - available)} more than the {mib(available)} of {where}; lower -c or -np"
-            + (" or --cache-ram" if need == est.total_bytes else "") + ", or pass --fit off to start anyway")
+            + (" or --cache-ram" if cache else "") + ", or pass --fit off to start anyway")
     if est.total_bytes > available:
         return (f"the prefix cache's default budget ({mib(kv.prefix_cache_bytes)}) does not fit beside the weights "
                 f"and slots in the {mib(available)} of {where}; it could run out of memory once full (lower --cache-ram)")
