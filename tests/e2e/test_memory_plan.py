@@ -140,6 +140,10 @@ def test_wired_limit_is_refused_off_metal(value, says):
     assert done.returncode == 1
     line = done.stderr.strip().splitlines()[-1]
     assert line.startswith("error: MLXCEL_WIRED_LIMIT") and says in line
+    generate = subprocess.run([sys.executable, "-m", "mlxcel.cli.main", "generate", "-m", DEFAULT_MODEL, "--offline",
+                               "--backend", "mlx", "-p", "hi"], cwd=REPO, capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "MLXCEL_MODELS_DIR": str(models_dir()), "MLXCEL_WIRED_LIMIT": value})
+    assert generate.returncode == 1 and says in generate.stderr.strip().splitlines()[-1]
 
 
 def test_memory_options_are_refused_where_no_model_is_loaded_at_startup():
