@@ -8,6 +8,7 @@ from litestar.di import Provide
 from litestar.exceptions import HTTPException
 
 from mlxcel.api.anthropic.messages import MESSAGES_ROUTES
+from mlxcel.api.kv_cache import CACHE_ROUTES
 from mlxcel.api.errors import (ApiError, api_error_handler, http_exception_handler, internal_error_handler,
                                refusal_handler)
 from mlxcel.api.llamacpp.embedding import native_embeddings
@@ -28,7 +29,7 @@ from mlxcel.api.stream_resume import STREAM_ROUTES, wrap_streams
 from mlxcel.steering.requests import RequestRefused
 
 ROUTES = [health, list_models, list_loaded_models, get_model, chat_completions, chat_control, completions, *NATIVE_ROUTES,
-          *FEATURE_DISABLED_HANDLERS, *MANAGEMENT_ROUTES, *MESSAGES_ROUTES, *RESPONSES_ROUTES, *STREAM_ROUTES]
+          *FEATURE_DISABLED_HANDLERS, *MANAGEMENT_ROUTES, *CACHE_ROUTES, *MESSAGES_ROUTES, *RESPONSES_ROUTES, *STREAM_ROUTES]
 ROUTES += [native_embeddings, openai_embeddings, rerank, *AUDIO_ROUTES]  # side workers (mlxcel/workers)
 
 

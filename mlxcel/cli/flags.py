@@ -267,6 +267,10 @@ def _print_and_exit(given: dict[str, Given], prog: str, environ: Mapping[str, st
         introspect.print_version()
     elif "completion_bash" in given:
         introspect.print_completion_bash(prog)
+    elif "list_devices" in given:
+        from mlxcel.cli.devices import print_devices
+
+        print_devices()
     elif "cache_list" in given:
         root = given.get("model_store_root")
         introspect.print_cache_list(root.value if root else None, environ)
@@ -316,6 +320,10 @@ def parse_server_args(
     settings.workers.pooling_env = environ.get("MLXCEL_EMBEDDING_POOLING") or None
     settings.backend.build_env = {k: environ[k] for k in BUILD_ENV if k in environ}
     settings.media.allow_private_media_urls = environ.get("MLXCEL_ALLOW_PRIVATE_MEDIA_URLS", "") == "1"
+    if environ.get("MLXCEL_WIRED_LIMIT"):  # applied (Metal) or refused once the backend is chosen
+        from mlxcel.cli.memory_plan import parse_wired_limit
+
+        settings.backend.wired_limit_bytes = parse_wired_limit(environ["MLXCEL_WIRED_LIMIT"])
     settings.steering.sae_dir = Path(environ["MLXCEL_SAE_DIR"]).expanduser() if environ.get("MLXCEL_SAE_DIR") else None
     if environ.get("CLUSTER_INTENSITY_MIN"):
         settings.steering.cluster_intensity_min = _dial_floor("CLUSTER_INTENSITY_MIN", environ["CLUSTER_INTENSITY_MIN"])

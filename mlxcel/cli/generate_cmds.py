@@ -97,6 +97,12 @@ def _load(args):
                                                          threads=args.threads),
                                   sampling=SamplingSection(temperature=args.temp, top_k=args.top_k, top_p=args.top_p,
                                                            min_p=args.min_p, seed=args.seed))
+        if os.environ.get("MLXCEL_WIRED_LIMIT"):  # applied on Metal, refused elsewhere, as the server does
+            from mlxcel.cli.memory_plan import apply_wired_limit, parse_wired_limit
+            from mlxcel.runtime.load import select_backend
+
+            settings.backend.wired_limit_bytes = parse_wired_limit(os.environ["MLXCEL_WIRED_LIMIT"])
+            apply_wired_limit(settings, select_backend(settings, path))
         return load_served_model(settings, path)
     except StartupRefusal as e:
         raise SystemExit(f"error: {e}") from None

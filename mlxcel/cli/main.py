@@ -24,6 +24,7 @@ SUBCOMMANDS = {
     "run": "mlxcel.cli.generate_cmds",
     "show": "mlxcel.cli.inspect_cmds",
     "ps": "mlxcel.cli.inspect_cmds",
+    "inspect": "mlxcel.cli.inspect_model",
     "build-kernels": "mlxcel.cli.build_cmds",
 }
 

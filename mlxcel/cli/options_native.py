@@ -41,6 +41,10 @@ NATIVE_OPTIONS: tuple[Option, ...] = (
     make("--model-memory-budget", VALUE, section=NATIVE, state=SUPPORTED, native=True, mv="MiB",
          apply=lambda s, v, sp: a.assign(s, "engine.model_memory_budget_mib", max(a.as_int(v, sp), 0)),
          help="weights a model switch may load, in MiB (default: the free memory after the unload)"),
+    make("--estimate-memory", FLAG, section=NATIVE, state=SUPPORTED, native=True,
+         apply=a.flag_to("engine.estimate_memory"),
+         help="print what this configuration holds in memory (weights, KV per slot at -c/-np, the prompt cache's "
+              "budget, the total) and what the device has available, before loading any weight; then exit"),
     make("--any-model-name", FLAG, section=NATIVE, state=SUPPORTED, native=True,
          apply=a.flag_to("source.any_model_name"),
          help="serve every requested model name with the loaded model, as llama-server does (the response says "

@@ -166,7 +166,9 @@ _COMMON: tuple[Option, ...] = (
     C("-dev, --device", VALUE, mv="<dev1,dev2,..>", env="LLAMA_ARG_DEVICE", state=ALIASED, apply=a.apply_device,
       help="the one compute device: auto, cpu, cuda[:N], mps, metal, or llama.cpp's CPU, CUDA<N>, MTL0, none "
            "(default: auto; env MLXCEL_DEVICE too); a list of several devices is refused"),
-    ggml("--list-devices", FLAG, why="mlxcel has no GGML backend devices to list"),
+    C("--list-devices", FLAG, state=SUPPORTED, apply=lambda *_: None,
+      help="print the devices this machine offers (the CPU with its SIMD features and memory, CUDA devices through "
+           "torch, Metal through MLX) and exit; `mlxcel inspect --list-devices` prints the same"),
     ggml("-ot, --override-tensor", mv="<tensor name pattern>=<buffer type>,...", env="LLAMA_ARG_OVERRIDE_TENSOR",
          why=GGML_ONLY),
     ggml("-cmoe, --cpu-moe", FLAG, env="LLAMA_ARG_CPU_MOE", why=MOE_CPU),
@@ -176,12 +178,17 @@ _COMMON: tuple[Option, ...] = (
     ggml("-sm, --split-mode", mv="{none,layer,row,tensor}", env="LLAMA_ARG_SPLIT_MODE", why=ONE_DEVICE, inert=eq("none")),
     ggml("-ts, --tensor-split", mv="N0,N1,N2,...", env="LLAMA_ARG_TENSOR_SPLIT", why=ONE_DEVICE),
     ggml("-mg, --main-gpu", mv="INDEX", env="LLAMA_ARG_MAIN_GPU", default="0", why=ONE_DEVICE, inert=eq("0")),
-    ggml("-fit, --fit", mv="[on|off]", env="LLAMA_ARG_FIT", default="on",
-         why="mlxcel does not fit parameters to device memory; set --ctx-size yourself (accepted: off)", inert=eq("off")),
+    C("-fit, --fit", VALUE, mv="[on|off]", env="LLAMA_ARG_FIT", default="on", state=BY_DESIGN,
+      apply=lambda s, v, sp: a.assign(s, "engine.fit", a.one_of(v, sp, ("on", "off")) == "on"),
+      help="on (default): before loading, refuse in one line a configuration whose weights and KV cannot fit the "
+           "device's memory, saying by how much (--estimate-memory prints the figures); off: start anyway. "
+           "mlxcel never changes unset arguments to make them fit"),
     ggml("-fitt, --fit-target", mv="MiB0,MiB1,MiB2,...", env="LLAMA_ARG_FIT_TARGET",
          why="mlxcel does not fit parameters to device memory"),
     ggml("-fitc, --fit-ctx", mv="N", env="LLAMA_ARG_FIT_CTX", why="mlxcel does not fit parameters to device memory"),
-    ggml("--check-tensors", FLAG, default="false", why="tensor validation is part of the GGUF loader"),
+    C("--check-tensors", FLAG, default="false", state=SUPPORTED, apply=a.flag_to("engine.check_tensors"),
+      help="before loading, check every tensor's shape against what the model expects and its data for NaN/Inf "
+           "(one tensor at a time); a bad tensor stops startup (`mlxcel inspect --check-tensors` reports them all)"),
     ggml("--override-kv", mv="KEY=TYPE:VALUE,...", why="this overrides GGUF metadata; an MLX checkpoint is configured by its config.json"),
     ggml("--op-offload, --no-op-offload", PAIR, default="true", why=GGML_ONLY, inert=only_positive_form),
     C("--lora", VALUE, mv="FNAME", state=ALIASED, path_value=True, repeatable=True, apply=lo.apply_lora,

@@ -173,12 +173,21 @@ def main(argv: list[str] | None = None, prog: str = "mlxcel-server") -> int:
         from mlxcel.cli.options_spec import refuse_unused
 
         refuse_unused(settings, "the router's model pool instead (--models-dir / --models-preset)")
+        from mlxcel.cli.memory_plan import refuse_without_model
+
+        refuse_without_model(settings, "is a router, loading its models on demand")
         report_blas(blas)
         serve_router(settings)
         return 0
     # mode switch: --embeddings / --reranking serve a side worker and no chat model
     plan = plan_workers(settings, lambda ref, flag: resolve_ref(settings, ref, flag))
     path, startup = resolve(settings) if plan.generation else (None, None)
+    from mlxcel.cli.memory_plan import plan_memory, refuse_without_model
+
+    if path is not None:
+        plan_memory(settings, path, startup)  # --estimate-memory exits here
+    else:
+        refuse_without_model(settings, "serves no generation model (--embeddings / --reranking)")
     if path is None:
         from mlxcel.cli.options_lora import refuse_without_generation
 

@@ -85,6 +85,11 @@ class EngineSection:
     # running requests, and the weight budget a switch is checked against (None: free memory)
     graceful_unload_timeout: float = 30.0
     model_memory_budget_mib: int | None = None
+    # memory planning (runtime/estimate.py): print the estimate and exit; refuse at startup what
+    # cannot fit (--fit on, b10621's default); check every tensor before loading (--check-tensors)
+    estimate_memory: bool = False
+    fit: bool = True
+    check_tensors: bool = False
 
 
 @_section
@@ -107,6 +112,7 @@ class BackendSection:
     name: str = "auto"  # --backend: auto | mlx | torch
     device: str = "auto"  # auto | cpu | cuda[:N] | mps | metal
     dtype: str = "auto"
+    wired_limit_bytes: int | None = None  # MLXCEL_WIRED_LIMIT: MLX's wired memory limit on Metal (read by the CLI)
     threads: int = -1  # torch CPU threads / MLX CPU threads per large product; <= 0 keeps the default
     torch_compile: bool = False  # --torch-compile: the torch backend's forward through torch.compile
     gpu_layers: str | None = None  # integer values are checked once the checkpoint is known

@@ -27,6 +27,7 @@ from mlxcel.engine.backend import Backend, ForwardRow
 from mlxcel.engine.decode_pipeline import DecodePipeline
 from mlxcel.engine.kv_block_pool import OutOfBlocks
 from mlxcel.engine.kv_manager import RECURRENT_NO_SHIFT, WINDOW_KEPT_FULL, WINDOW_KEPT_SHIFT, KVManager
+from mlxcel.engine.kv_memory import slot_share, usage_bytes
 from mlxcel.engine.output import OutputProcessor
 from mlxcel.engine.requests import RequestHandle, Row, forward_row
 from mlxcel.engine.sampling import ProbsReport, prompt_reports
@@ -53,6 +54,13 @@ class _ScoreJob:
     n_probs: int = 0  # above 0: each prompt token's probability report instead of the last logits
 
 
+@dataclass
+class _CacheReset:
+    """Empty the prefix cache, on the engine thread (it owns the KV); resolves to the blocks let go."""
+
+    future: Future
+
+
 def _too_long(n: int, n_ctx_slot: int, what: str = "request") -> EngineError:
     return EngineError(f"{what} ({n} tokens) exceeds the available context size ({n_ctx_slot} tokens)"
                        + (", try increasing it" if what == "request" else ""),
@@ -73,9 +81,9 @@ class Engine:
                  reload: Callable[[], Backend] | None = None, release_memory: Callable[[], None] | None = None,
                  speculator=None) -> None:
         self.tokenizer = tokenizer
-        self.parallel = max(1, parallel)
         self.n_ctx = n_ctx
-        self.n_ctx_slot = max(n_ctx if kv_unified else n_ctx // self.parallel, 2)
+        # what the memory estimate sizes too
+        self.n_ctx_slot, self.parallel = slot_share(n_ctx, parallel, kv_unified)
         self.batch_size = max(1, batch_size)
         self.max_queue_depth = max_queue_depth  # waiting requests beyond the free slots; -1: unbounded
         self.speculator = speculator  # engine/speculative.Speculator (--spec-type / -md), or None
@@ -143,6 +151,32 @@ class Engine:
     def kv_usage(self) -> dict[str, int]:
         """Block pool occupancy, for /metrics and /props (all zero while asleep)."""
         return self.kv.usage()
+
+    def kv_bytes(self) -> dict[str, int]:
+        """The pool in bytes, for /metrics and /props: bytes per token, its capacity, what live
+        sequences and the prefix cache hold, and what the backend's storage has allocated so far,
+        in bytes and token slots (it grows toward the capacity as blocks are first used)."""
+        b = self.backend
+        return {**usage_bytes(self.kv), "resident_bytes": int(getattr(b, "kv_nbytes", 0)) if b is not None else 0,
+                "resident_tokens": int(getattr(b, "kv_slots", 0)) if b is not None else 0}
+
+    def cache_stats(self) -> dict:
+        """The prefix cache: on or off (and why), its budget and what it holds, and the prompt
+        tokens it has supplied since start."""
+        pc, bpt = self.kv.prefix_cache, self.kv_bytes()["bytes_per_token"]
+        budget = pc.budget_blocks
+        return {"enabled": self.kv.prefix_cache_off is None, "off_reason": self.kv.prefix_cache_off,
+                "block_size": self.kv.block_size, "cached_blocks": pc.cached_blocks,
+                "cached_bytes": pc.cached_blocks * self.kv.block_size * bpt,
+                "budget_blocks": budget, "budget_bytes": None if budget is None else budget * self.kv.block_size * bpt,
+                "prompt_tokens_cached_total": self.counters.n_prompt_tokens_cached_total}
+
+    def submit_cache_reset(self) -> Future:
+        """Queue emptying the prefix cache; it runs on the engine thread between steps, so running
+        requests keep the blocks they share (their own references) and finish as they would."""
+        job = _CacheReset(Future())
+        self._inbox.put(job)
+        return job.future
 
     # -- asyncio side ----------------------------------------------------------------
     def start(self) -> None:
@@ -280,14 +314,16 @@ class Engine:
         """The /metrics counters; `reset_bucket` starts a new throughput window."""
         st = self.counters
         rows = list(self.scheduler.running)
-        kv = self.kv_usage()
+        kv, kvb = self.kv_usage(), self.kv_bytes()
         queued = max(self._outstanding - len(rows), 0)
         snap = EngineStats(**{**vars(st), "n_draft_accepted_per_pos": list(st.n_draft_accepted_per_pos),
                               "n_processing": sum(r.slot >= 0 for r in rows),
                               "n_deferred": queued + sum(r.slot < 0 for r in rows),
                               "kv_cache_tokens": sum(r.n_prompt_done + len(r.generated) for r in rows),
                               "kv_blocks_total": kv["total_blocks"], "kv_blocks_used": kv["used_blocks"],
-                              "kv_blocks_cached": kv["cached_blocks"], "kv_blocks_free": kv["free_blocks"]})
+                              "kv_blocks_cached": kv["cached_blocks"], "kv_blocks_free": kv["free_blocks"],
+                              "kv_bytes_capacity": kvb["capacity_bytes"], "kv_bytes_used": kvb["used_bytes"],
+                              "kv_bytes_cached": kvb["cached_bytes"], "kv_bytes_resident": kvb["resident_bytes"]})
         if reset_bucket:
             st.n_prompt_tokens_processed = st.n_tokens_predicted = 0
             st.t_prompt_processing = st.t_tokens_generation = 0.0
@@ -348,6 +384,8 @@ class Engine:
                     self._score(item)
                 elif isinstance(item, SlotJob):
                     self._slot_jobs.append(item)
+                elif isinstance(item, _CacheReset):
+                    item.future.set_result(self.kv.prefix_cache.reset())
                 elif item is not None:
                     self.scheduler.waiting.append(item)
                 item = self._inbox.get_nowait()

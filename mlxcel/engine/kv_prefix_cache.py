@@ -206,6 +206,18 @@ class PrefixCache:
     def clear(self) -> None:
         self.evict(self.cached_blocks)
 
+    def reset(self) -> int:
+        """Drop every node and its reference; returns the blocks let go. A live sequence holds its
+        own reference to each block it shares, so it runs on; later prompts no longer find them."""
+        freed = self.cached_blocks
+        for node in list(self._nodes()):
+            if node.block != NULL_BLOCK:
+                self.allocator.unref(node.block)
+            node.parent = None
+        self.root.children.clear()
+        self.cached_blocks = 0
+        return freed
+
     def _nodes(self):
         stack = list(self.root.children.values())
         while stack:

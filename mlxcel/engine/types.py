@@ -152,4 +152,8 @@ class EngineStats:
     kv_blocks_used: int = 0  # referenced by live sequences or the prompt cache
     kv_blocks_cached: int = 0  # held by the prompt cache
     kv_blocks_free: int = 0
+    kv_bytes_capacity: int = 0  # the pool at its full size, in bytes (engine/kv_memory.py)
+    kv_bytes_used: int = 0
+    kv_bytes_cached: int = 0
+    kv_bytes_resident: int = 0  # what the backend's storage has allocated so far
     n_rejected_total: int = 0  # refused with queue_full

@@ -170,7 +170,7 @@ REFUSALS = [
     (["--perf"], "--metrics"),
     (["-dev", "CUDA0,CUDA1"], "--device"),
     (["-dev", "tpu"], "--device"),
-    (["--fit", "on"], "--fit on"),
+    (["--fit", "maybe"], "--fit"),
     # GGUF-only model sources
     (["-hff", "model-Q4_K_M.gguf"], "--hf-file"),
     (["-mu", "https://huggingface.co/org/repo/resolve/main/x.gguf"], "--hf-repo org/repo"),

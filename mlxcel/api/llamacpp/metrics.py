@@ -71,7 +71,19 @@ def own_families(st: EngineStats) -> list[tuple[str, str, str, float | int]]:
         ("mlxcel_kv_blocks_free", "gauge", "KV blocks free for allocation.", st.kv_blocks_free),
         ("mlxcel_requests_rejected_total", "counter", "Requests refused because the wait queue was full.",
          st.n_rejected_total),
+        ("mlxcel_kv_bytes_capacity", "gauge", "Bytes the paged KV pool takes at its full size.", st.kv_bytes_capacity),
+        ("mlxcel_kv_bytes_used", "gauge", "KV bytes held by live sequences or the prompt cache.", st.kv_bytes_used),
+        ("mlxcel_kv_bytes_cached", "gauge", "KV bytes held by the prompt cache.", st.kv_bytes_cached),
+        ("mlxcel_kv_bytes_resident", "gauge", "KV bytes the backend's storage has allocated so far.",
+         st.kv_bytes_resident),
     ]
+
+
+def kv_mode_lines(app_state: AppState, dtype: str) -> list[str]:
+    """The KV storage mode as an info-style gauge: the types as labels, value 1."""
+    kv, name = app_state.settings.kv, "mlxcel_kv_cache_mode"
+    return [f"# HELP {name} The KV cache's storage mode (--cache-type-k / -v) and the dtype it is kept in.",
+            f"# TYPE {name} gauge", f'{name}{{type_k="{kv.cache_type_k}",type_v="{kv.cache_type_v}",dtype="{dtype}"}} 1']
 
 
 def queue_families(state: AppState) -> list[tuple[str, str, str, float | int]]:
@@ -123,6 +135,8 @@ async def metrics(app_state: AppState) -> Response:
                        code="not_supported", type="not_supported_error")
     if generation_refusal(app_state) is not None:  # --embeddings, --reranking, a Whisper -m: workers only
         return Response(render_prometheus(None, queue_families(app_state)), media_type=CONTENT_TYPE)
-    st = served_model(app_state, None).engine.stats(reset_bucket=True)
-    return Response(render_prometheus(st, queue_families(app_state)), media_type=CONTENT_TYPE,
+    model = served_model(app_state, None)
+    st = model.engine.stats(reset_bucket=True)
+    text = render_prometheus(st, queue_families(app_state)) + "\n".join(kv_mode_lines(app_state, model.info.dtype)) + "\n"
+    return Response(text, media_type=CONTENT_TYPE,
                     headers={"Process-Start-Time-Unix": str(int(st.t_start))})

@@ -29,6 +29,19 @@ def model_ftype(model: ServedModel) -> str:
     return f"MLX {info.quantization}" if info.quantization else _FTYPES.get(info.checkpoint_dtype, info.checkpoint_dtype)
 
 
+def kv_mode(app_state: AppState, model: ServedModel) -> dict:
+    """The KV storage mode as --cache-type-k / -v set it, and the dtype unquantized KV is kept in
+    (the compute dtype: `f16` names "unquantized", as b10621's default does)."""
+    kv = app_state.settings.kv
+    return {"type_k": kv.cache_type_k, "type_v": kv.cache_type_v, "dtype": model.info.dtype}
+
+
+def weight_bytes(model: ServedModel) -> int | None:
+    """The loaded parameters' bytes (None while the engine sleeps without its backend)."""
+    backend = model.engine.backend
+    return getattr(backend, "weight_nbytes", None) if backend is not None else None
+
+
 def chat_template_caps(template: str | None) -> dict[str, bool]:
     """What the template can express, probed the way its text and a render show it."""
     if not template:
@@ -74,11 +87,13 @@ def props_json(app_state: AppState, model: ServedModel) -> dict:
         # mlxcel's own resolved configuration (extensions; b10621 has no such keys)
         "backend": {"name": model.info.backend, "device": model.info.device, "reason": model.backend_reason,
                     "dtype": model.info.dtype, "compute_dtype": model.info.dtype, "checkpoint_dtype": model.info.checkpoint_dtype,
-                    "quantization": model.info.quantization},
+                    "quantization": model.info.quantization, "weight_bytes": weight_bytes(model)},
         "geometry": {"n_ctx": model.engine.n_ctx, "n_ctx_slot": model.n_ctx, "n_parallel": model.engine.parallel,
                      "n_batch": model.engine.batch_size, "n_ubatch": s.engine.ubatch_size},
         # the pool's occupancy, then whether the prefix cache and the context shift are on and why not
-        "kv_cache": {**model.engine.kv_usage(), **model.engine.kv_policy()},
+        # and its mode and bytes: capacity, in use (live sequences and the prefix cache), allocated so far
+        "kv_cache": {**model.engine.kv_usage(), **model.engine.kv_policy(), **kv_mode(app_state, model),
+                     **model.engine.kv_bytes()},
         # the resolved speculative decoding (--spec-type / -md): null when off
         "speculative": spec.config.props() if (spec := model.engine.speculator) is not None else None,
     }

@@ -157,6 +157,23 @@ class MLXBackend(RowSteering):
             return recurrent.kv_spec(self.info, _DTYPES[self.info.dtype].size, self.windows, self.recurrent)
         return KVSpec.uniform(self.info, _DTYPES[self.info.dtype].size)
 
+    @property
+    def kv_nbytes(self) -> int:
+        """Bytes the KV storage (and any recurrent states) has allocated so far."""
+        return sum(a.nbytes for a in self._arrays())
+
+    @property
+    def kv_slots(self) -> int:
+        """Token slots the KV storage has allocated so far (each attention layer holds as many)."""
+        return max((k.shape[0] for k in self.storage.keys if k is not None), default=0)
+
+    @property
+    def weight_nbytes(self) -> int:
+        """Bytes of the model's parameters as loaded (what the memory estimate predicts)."""
+        from mlx.utils import tree_flatten
+
+        return sum(v.nbytes for _, v in tree_flatten(self.model.parameters()))
+
     def _arrays(self) -> list[mx.array]:
         """Everything a step writes: the paged keys/values and any recurrent states."""
         return self.storage.arrays() + (self.states.arrays() if self.states is not None else [])

@@ -336,6 +336,27 @@ class TorchBackend(RowSteering):
             return recurrent.kv_spec(self.info, DTYPES[self.info.dtype].itemsize, self.windows, self.recurrent)
         return KVSpec.uniform(self.info, DTYPES[self.info.dtype].itemsize)
 
+    @property
+    def kv_nbytes(self) -> int:
+        """Bytes the KV storage (and any recurrent states) has allocated so far."""
+        return self.storage.nbytes + (self.states.nbytes if self.states is not None else 0)
+
+    @property
+    def kv_slots(self) -> int:
+        """Token slots the KV storage has allocated so far (each attention layer holds as many)."""
+        return max((k.shape[0] for k in self.storage.keys if k is not None), default=0)
+
+    @property
+    def weight_nbytes(self) -> int:
+        """Bytes of the model's parameters and buffers as loaded, each storage once (tied
+        embeddings share one): what the memory estimate predicts."""
+        seen, total = set(), 0
+        for t in [*self.model.parameters(), *self.model.buffers()]:
+            if t.data_ptr() not in seen:
+                seen.add(t.data_ptr())
+                total += t.numel() * t.element_size()
+        return total
+
     def new_sequence(self) -> SequenceKV:
         """A sequence over the bound pool, for callers that drive the backend directly."""
         return SequenceKV(self.allocator)
