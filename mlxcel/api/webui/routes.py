@@ -23,7 +23,7 @@ ASSET_PREFIX = "/webui/"
 PAGE_PATHS = ("/", "/index.html")
 CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data: blob:; "
        "media-src 'self' data: blob:; connect-src 'self'; object-src 'none'; base-uri 'none'; "
-       "form-action 'none'; frame-ancestors 'none'")
+       "form-action 'self'; frame-ancestors 'none'")
 TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
          ".css": "text/css; charset=utf-8", ".json": "application/json", ".svg": "image/svg+xml"}
 SECURITY_HEADERS = [(b"x-content-type-options", b"nosniff"), (b"referrer-policy", b"no-referrer"),
