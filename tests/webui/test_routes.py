@@ -5,13 +5,14 @@ files with their policy, public behind --api-key, under --api-prefix, off with -
 from __future__ import annotations
 
 import asyncio
+import re
 
 import httpx
 import pytest
 
 from mlxcel.api.app import build_app
 from mlxcel.api.state import AppState
-from mlxcel.api.webui.routes import CSP, builtin_assets
+from mlxcel.api.webui.routes import CSP, STATIC, builtin_assets
 from mlxcel.cli.flags import parse_server_args
 from mlxcel.config.refusal import StartupRefusal
 
@@ -69,3 +70,16 @@ def test_no_ui_and_path_flags(tmp_path):
     assert get([], "/v1/models")[0].status_code == 200  # the API behind the page is untouched
     with pytest.raises(StartupRefusal, match="not a directory"):
         parse_server_args(["--path", str(tmp_path / "nope")], {})
+
+
+def test_page_sources_never_turn_text_into_markup():
+    # the policy forbids inline script and eval; the sources must not need them, and no model
+    # text may reach an HTML parser (md.js builds nodes from text)
+    for script in STATIC.glob("*.js"):
+        source = script.read_text()
+        for sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval(", "new Function",
+                     "setAttribute('style'", "DOMParser"):
+            assert sink not in source, f"{script.name} uses {sink}"
+    page = (STATIC / "index.html").read_text()
+    assert not re.search(r"<script(?![^>]*\bsrc=)", page) and not re.search(r"\son\w+=|\sstyle=", page)
+    assert "http://" not in page and "https://" not in page  # nothing from elsewhere
