@@ -35,6 +35,9 @@ def server(tmp_path_factory):
                    headers={"Authorization": f"Bearer {KEY}"}, timeout=60)
     assert r.status_code == 201, r.text
     s.sae_id = r.json()["data"]["sae_id"]
+    r = httpx.post(s.base_url + "/api/profiles", json={"name": "bright", "sae_id": s.sae_id, "steering": {"5": 4}},
+                   headers={"Authorization": f"Bearer {KEY}"})
+    assert r.status_code == 201, r.text
     yield s
     s.stop()
 

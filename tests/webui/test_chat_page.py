@@ -129,6 +129,10 @@ def test_steering_dial_goes_out_with_the_next_message_and_the_heat_map(page, ser
     assert tokens.count() >= 1
     tokens.first.click()
     assert msg.locator(".heatmap .features li").count() == 5
+    # a feature is found by the token it fired on most
+    word = next(t.strip() for t in tokens.all_inner_texts() if t.strip())
+    page.fill("#feature-search", word)
+    assert page.locator("#feature-results li").count() >= 1
     path = artifacts / "chat-page.png"
     page.screenshot(path=str(path), full_page=True)
     print(f"chat page screenshot: {path}")
@@ -152,3 +156,33 @@ def test_markup_in_an_answer_stays_text(page):
     assert "<strong>b</strong>" in html and "<em>i</em>" in html and "<code>c</code>" in html
     assert 'href="https://x.test/"' in html and "javascript" in html and html.count("<a ") == 1
     assert '<span class="tok-k">def</span>' in html and "<li>one</li>" in html
+
+
+def test_saved_profile_and_intensity_from_the_menu(page):
+    bodies = chat_bodies(page)
+    settings(page, max_tokens="2")
+    page.click("#toggle-steering")
+    page.select_option("#profile", "bright")
+    page.fill("#intensity", "1.5")
+    page.uncheck("#show-activations")
+    ask(page, "Hi.")
+    answer(page)
+    assert bodies[0]["profile"] == "bright" and bodies[0]["steering_intensity"] == 1.5
+    assert "return_sae_activations" not in bodies[0]
+
+
+def test_conversations_renamed_exported_and_deleted(page):
+    page.click("#new-chat")  # the page opened with one empty conversation
+    assert page.locator("#conversations li").count() == 2
+    page.click("#conversations li >> nth=0 >> .rename")
+    page.fill("#rename-input", "Kept")
+    page.click("#rename-ok")
+    assert page.inner_text("#conversations li >> nth=0 >> .title") == "Kept"
+    with page.expect_download() as download:
+        page.click("#export")
+    exported = json.loads(open(download.value.path()).read())
+    assert [c["title"] for c in exported] == ["Kept", "New chat"]
+    page.click("#conversations li >> nth=0 >> .delete")
+    assert page.locator("#conversations li .title").all_inner_texts() == ["New chat"]
+    stored = page.evaluate("JSON.parse(localStorage.getItem('mlxcel.conversations'))")
+    assert [c["title"] for c in stored] == ["New chat"]
