@@ -186,3 +186,32 @@ def test_conversations_renamed_exported_and_deleted(page):
     assert page.locator("#conversations li .title").all_inner_texts() == ["New chat"]
     stored = page.evaluate("JSON.parse(localStorage.getItem('mlxcel.conversations'))")
     assert [c["title"] for c in stored] == ["New chat"]
+
+
+def test_json_schema_constrains_the_streamed_answer_and_a_bad_one_is_caught(page):
+    bodies = chat_bodies(page)
+    settings(page, max_tokens="40", json_schema="{not json")
+    ask(page, "Give me JSON.")
+    page.wait_for_selector("#error:has-text('JSON schema is not valid JSON')")
+    # nothing was sent and the message is back in the composer
+    assert bodies == [] and page.locator(".msg").count() == 0 and page.input_value("#prompt") == "Give me JSON."
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    settings(page, json_schema=json.dumps(schema))
+    page.click("#send")
+    text = answer(page).locator(".body").inner_text()
+    assert bodies[-1]["json_schema"] == schema and page.locator(".msg.user").count() == 1
+    if "finish: stop" in answer(page).locator(".stats").inner_text():
+        assert isinstance(json.loads(text)["n"], int)
+
+
+def test_reasoning_is_collapsed_and_tool_calls_are_shown(page):
+    shown = page.evaluate("""async () => {
+        const chat = await import('./webui/chat.js');
+        const view = chat.messageView({role: 'assistant', content: 'done', reasoning: 'because <b>x</b>',
+            tool_calls: [{id: 'c1', type: 'function', function: {name: 'get_weather', arguments: '{"city":"Oslo"}'}}]}, 1, false);
+        const reasoning = view.querySelector('details.reasoning');
+        return {open: reasoning.open, reasoning: reasoning.textContent, bold: view.querySelectorAll('b').length,
+                tool: view.querySelector('details.tool-call').textContent};
+    }""")
+    assert shown["open"] is False and "because <b>x</b>" in shown["reasoning"] and shown["bold"] == 0
+    assert "get_weather" in shown["tool"] and '{"city":"Oslo"}' in shown["tool"]

@@ -164,7 +164,12 @@ function wire() {
     attachments = [];
     $('prompt').value = '';
     renderAttachments();
-    chat.send(text, sent);
+    chat.send(text, sent).then((ok) => {
+      if (ok) return;
+      $('prompt').value = text;  // kept for another try once the settings are fixed
+      attachments = sent;
+      renderAttachments();
+    });
   });
   $('prompt').addEventListener('keydown', (e) => {
     if (e.key === 'Enter' && !e.shiftKey && !e.isComposing) {

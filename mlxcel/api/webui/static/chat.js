@@ -142,10 +142,8 @@ export async function buildBody(conv) {
     if (v !== undefined && v !== '') body[f] = Number(v);
   }
   if (conv.grammar.trim()) body.grammar = conv.grammar;
-  if (conv.json_schema.trim()) {
-    body.response_format = { type: 'json_schema',
-      json_schema: { name: 'answer', schema: parseJSON(conv.json_schema, 'The JSON schema') } };
-  }
+  // llama-server's json_schema field: it streams, where OpenAI's response_format is refused with stream
+  if (conv.json_schema.trim()) body.json_schema = parseJSON(conv.json_schema, 'The JSON schema');
   if (conv.extra.trim()) {
     const extra = parseJSON(conv.extra, 'Extra request fields');
     if (typeof extra !== 'object' || Array.isArray(extra) || extra === null) throw new Error('Extra request fields must be a JSON object');
@@ -193,7 +191,7 @@ async function readStream(response, msg, started) {
   }
 }
 
-// Streams one answer onto the end of the conversation.
+// Streams one answer onto the end of the conversation; false when no request could be built.
 export async function generate() {
   const conv = state.conv;
   showError('');
@@ -202,7 +200,7 @@ export async function generate() {
     body = await buildBody(conv);
   } catch (e) {
     showError(e.message);
-    return;
+    return false;
   }
   const msg = { role: 'assistant', content: '' };
   conv.messages.push(msg);
@@ -224,6 +222,7 @@ export async function generate() {
   store.save();
   renderMessages();
   state.onChange();
+  return true;
 }
 
 export function stop() {
@@ -237,11 +236,16 @@ export async function regenerate() {
   await generate();
 }
 
+// Sends a user message; false (the message taken back) when the settings make no valid request.
 export async function send(text, attachments) {
   const conv = state.conv;
   conv.messages.push({ role: 'user', content: text, attachments });
-  if (conv.title === 'New chat') conv.title = (text || attachments[0]?.name || 'New chat').slice(0, 48);
-  store.save();
-  state.onChange();
-  await generate();
+  if (await generate()) {
+    if (conv.title === 'New chat') conv.title = (text || attachments[0]?.name || 'New chat').slice(0, 48);
+    store.save();
+    state.onChange();
+    return true;
+  }
+  conv.messages.pop();
+  return false;
 }
