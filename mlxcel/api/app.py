@@ -70,9 +70,12 @@ def build_litestar(state: AppState) -> Litestar:
 
 def build_app(state: AppState):
     """The served ASGI app: Litestar, its streaming answers recorded for resumption
-    (api/stream_resume), behind the API-key and CORS gate; each request logged at -v."""
+    (api/stream_resume), the chat page (api/webui) in front, behind the API-key and CORS gate;
+    each request logged at -v."""
     from mlxcel.api.model_names import NameHeader
     from mlxcel.api.request_log import RequestLog
     from mlxcel.api.security import wrap_app
+    from mlxcel.api.webui.routes import with_webui
 
-    return RequestLog(wrap_app(NameHeader(wrap_streams(build_litestar(state), state)), state.settings))
+    api = NameHeader(wrap_streams(build_litestar(state), state))
+    return RequestLog(wrap_app(with_webui(api, state.settings), state.settings))

@@ -16,6 +16,8 @@ This mirrors b10621's pre-routing handler, which runs before any route is matche
    before routing (browsers send no Authorization header on a preflight).
 3. With API keys configured, every other path except the public ones (/health, /v1/health, /)
    needs `Authorization: Bearer KEY` (or `X-Api-Key: KEY`); otherwise 401 with b10621's body.
+   The built-in page's script and style files are public too (api/webui): they hold no data, and
+   a browser sends no Authorization header for a <script src>.
    Keys are compared in constant time and never logged. As in b10621 the public set is matched
    against the path as sent, so under --api-prefix the prefixed /health needs a key.
 4. --api-prefix. b10621 registers every route at prefix + route, so the prefix is removed here,
@@ -32,6 +34,8 @@ import json
 import logging
 from typing import Any
 from urllib.parse import urlsplit
+
+from mlxcel.api.webui.routes import public_paths
 
 log = logging.getLogger("mlxcel.api.security")
 
@@ -100,6 +104,7 @@ class LlamaGate:
         self.cors = CorsPolicy(settings.server.cors_origins, settings.server.cors_methods, settings.server.cors_headers,
                                settings.server.cors_credentials)
         self.prefix = settings.server.api_prefix
+        self.public = PUBLIC_PATHS | public_paths(settings)  # + the built-in page's own files
 
     def key_ok(self, scope: dict) -> bool:
         given = presented_key(scope).encode()
@@ -118,7 +123,7 @@ class LlamaGate:
             await _respond(send, 200, b"", b"text/html", headers)
             return
         cors = self.cors.response_headers(origin, preflight=False)
-        if self.keys and scope["path"] not in PUBLIC_PATHS and not self.key_ok(scope):
+        if self.keys and scope["path"] not in self.public and not self.key_ok(scope):
             log.warning("unauthorized: Invalid API Key (%s %s)", scope["method"], scope["path"])
             await _respond(send, 401, UNAUTHORIZED_BODY, JSON_TYPE, cors)
             return

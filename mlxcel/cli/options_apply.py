@@ -215,6 +215,13 @@ def apply_port(settings: Any, value: str, spelling: str) -> None:
     settings.server.port = port
 
 
+def apply_static_path(settings: Any, value: str, spelling: str) -> None:
+    """--path: a directory served at / in place of the built-in page ('' keeps the page)."""
+    if value and not Path(value).is_dir():
+        raise StartupRefusal(f"{spelling} {value!r}: not a directory")
+    settings.server.static_path = value
+
+
 def apply_api_prefix(settings: Any, value: str, spelling: str) -> None:
     """Taken verbatim, as b10621 does (it concatenates prefix and route). A value that cannot
     match a request path is still accepted there, so it is accepted here with a warning."""

@@ -13,7 +13,8 @@ NO_DRAFT = "the draft model runs on the target's backend and device; there is no
 NO_DRAFT_SAMPLING = "mlxcel's draft sampling always runs on the draft's own device, so there is no switch to make"
 NGRAM_OTHER = ("mlxcel's only n-gram drafter is ngram-simple (--spec-type refuses {mode}), so this {mode} knob has "
                "nothing to tune: the default is accepted, any other value refused")
-UI = "mlxcel ships no web UI and executes no server-side tools; use the HTTP API directly (the --no-... form is accepted)"
+UI = ("mlxcel's chat page takes no server-side UI settings and mlxcel executes no server-side tools or MCP; "
+      "use the HTTP API directly (the --no-... form is accepted)")
 GGUF = "mlxcel loads MLX SafeTensors checkpoints, not GGUF files; pass an MLX checkpoint with -m <dir|owner/name>"
 
 # b10621's twelve built-in presets: each names a GGUF repo plus a parameter block, neither of

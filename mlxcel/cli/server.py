@@ -291,7 +291,9 @@ def serve_router(settings: ServerSettings) -> None:
     kwargs = uvicorn_kwargs(settings)
     from mlxcel.api.request_log import RequestLog
 
-    app = RequestLog(wrap_app(RouterApp(pool), settings))
+    from mlxcel.api.webui.routes import with_webui
+
+    app = RequestLog(wrap_app(with_webui(RouterApp(pool), settings), settings))
     from mlxcel.cli.shutdown import DrainingServer
 
     class RouterServer(DrainingServer):

@@ -72,7 +72,8 @@ def normalize_path(path: str) -> str:
 
 def mounted_routes() -> set[tuple[str, str]] | None:
     """(METHOD, path) pairs mounted by `mlxcel.api.app.build_litestar`, plus those the router mode
-    app mounts (`mlxcel.router.routes`); None while the first is absent."""
+    app mounts (`mlxcel.router.routes`) and the chat page's (`mlxcel.api.webui`, on by default);
+    None while the first is absent."""
     try:
         app_module = importlib.import_module("mlxcel.api.app")
     except ModuleNotFoundError as e:
@@ -105,6 +106,8 @@ def mounted_routes() -> set[tuple[str, str]] | None:
         for method in getattr(route, "methods", ()):
             if method not in IGNORED_METHODS:
                 pairs.add((method, normalize_path(route.path)))
+    with contextlib.suppress(ModuleNotFoundError):  # the chat page, an ASGI layer ahead of both apps
+        pairs |= {("GET", p) for p in importlib.import_module("mlxcel.api.webui.routes").PAGE_PATHS}
     return pairs
 
 

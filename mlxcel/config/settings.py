@@ -53,6 +53,8 @@ class ServerSection:
     cors_headers: str = "*"
     cors_credentials: bool = True
     api_prefix: str = ""  # every route is served under it (the ASGI gate strips it)
+    webui: bool = True  # the chat page at / (api/webui)
+    static_path: str = ""  # --path: a directory served at / instead of the built-in page
     metrics: bool = False
     props: bool = False
     slots: bool = True

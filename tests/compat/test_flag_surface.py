@@ -143,8 +143,8 @@ def test_bool_pair_from_environment():
     assert "invalid boolean" in refused(LLAMA_ARG_CONT_BATCHING="False")
     # LLAMA_ARG_NO_* means false whatever its value, and outranks the positive variable
     assert parse(LLAMA_ARG_NO_CONT_BATCHING="", LLAMA_ARG_CONT_BATCHING="1").engine.cont_batching is False
-    parse(LLAMA_ARG_NO_UI="1")  # the inert form
-    assert "--ui" in refused(LLAMA_ARG_UI="true")
+    assert parse(LLAMA_ARG_NO_UI="1").server.webui is False
+    assert parse(LLAMA_ARG_UI="true").server.webui is True and parse().server.webui is True
 
 
 def test_value_options_bind_their_variables():
@@ -181,12 +181,11 @@ REFUSALS = [
     (["--gpt-oss-20b-default"], "mlxcel-server -m mlx-community/gpt-oss-20b-MXFP4-Q8"),
     (["--spec-default"], "--spec-default"),
     # web UI / tools / MCP / agent
-    (["--ui"], "--ui"),
     (["--webui-config", "{}"], "--webui-config"),
     (["--tools", "all"], "--tools all"),
     (["-ag"], "--agent"),
     (["--ui-mcp-proxy"], "--ui-mcp-proxy"),
-    (["--path", "/srv/www"], "--path"),
+    (["--path", "/nonexistent/www"], "not a directory"),
     # control vectors, prompt logging, chat-template names
     (["--control-vector", "v.gguf"], "logit_bias"),
     (["--control-vector-scaled", "v.gguf:0"], "--control-vector-scaled"),
@@ -239,7 +238,7 @@ INERT = [
     ["-t", "-1"], ["-t", "0"], ["-fa", "auto"], ["-fa", "on"], ["-sm", "none"], ["--mmap"], ["--no-direct-io"],
     ["--repack"], ["-nr"], ["--no-perf"], ["-mg", "0"], ["--fit", "off"], ["-ngl", "all"], ["-ngl", "auto"],
     ["-ncmoe", "0"], ["-dt", "0.1"], ["-bs"], ["--kv-offload"], ["--op-offload"], ["--load-mode", "mmap"],
-    ["--no-mmap", "--load-mode", "mmap"], ["--no-ui"], ["--no-webui"], ["-no-ag"], ["--no-ui-mcp-proxy"],
+    ["--no-mmap", "--load-mode", "mmap"], ["-no-ag"], ["--no-ui-mcp-proxy"],
     ["--control-vector-layer-range", "1", "4"], ["--cache-reuse", "0"], ["-ctk", "f16"], ["-ctv", "f16"],
     ["-sps", "0.0"], ["-sps", "0.10"], ["-no-kvu"], ["--no-cache-idle-slots"],
     ["--cache-idle-slots"], ["-t", "8", "-tb", "8"], ["-tb", "-1"], ["-ctxcp", "0"], ["-cms", "256"], ["-ub", "256"],

@@ -261,3 +261,9 @@ def test_resumable_streams_need_no_model(router):
     assert [(s["conversation_id"], s["is_done"]) for s in found.json()] == [("conv-router-1", True)]
     assert httpx.delete(router.base_url + "/v1/stream", params={"conv_id": "conv-router-1"}).status_code == 204
     assert httpx.get(router.base_url + "/v1/stream", params={"conv_id": "conv-router-1"}).status_code == 404
+
+
+def test_router_serves_the_chat_page(router):
+    page = httpx.get(router.base_url + "/")
+    assert page.status_code == 200 and "content-security-policy" in page.headers and b"webui/app.js" in page.content
+    assert httpx.get(router.base_url + "/webui/app.js").status_code == 200

@@ -1,4 +1,4 @@
-"""--api-prefix, --reuse-port, GET / and /index.html, and POST /predict through the real
+"""--api-prefix, --reuse-port, GET / and /index.html (the chat page), and POST /predict through the real
 `mlxcel-server` (one served model; the other processes never get past binding their port)."""
 
 from __future__ import annotations
@@ -52,11 +52,11 @@ def test_api_prefix_serves_every_route_under_it(prefixed):
         assert (r.status_code, r.json()) == (404, NOT_FOUND), path
 
 
-def test_root_and_index_html_answer_b10621s_no_ui_404(prefixed):
-    # mlxcel runs as llama-server --no-ui does: no page at / or /index.html, b10621's 404 body.
+def test_root_and_index_html_serve_the_chat_page_under_the_prefix(prefixed):
+    # the page is on by default (--ui) and, like every route, lives under --api-prefix
     for path in ("/api/", "/api/index.html"):
         r = httpx.get(prefixed.base_url + path)
-        assert (r.status_code, r.json()) == (404, NATIVE_NOT_FOUND), path
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/html"), path
     for path in ("/", "/index.html"):
         r = httpx.get(prefixed.base_url + path)
         assert (r.status_code, r.json()) == (404, NOT_FOUND), path

@@ -47,7 +47,7 @@ def mode_props(state: AppState) -> dict:
         "endpoint_slots": s.server.slots,
         "endpoint_props": s.server.props,
         "endpoint_metrics": s.server.metrics,
-        "ui": False,
+        "ui": s.server.webui or bool(s.server.static_path),
         "build_info": f"mlxcel-{__version__}",
         "is_sleeping": False,
         "cors_proxy_enabled": False,

@@ -75,7 +75,7 @@ def props_json(app_state: AppState, model: ServedModel) -> dict:
         "endpoint_slots": s.server.slots,
         "endpoint_props": s.server.props,
         "endpoint_metrics": s.server.metrics,
-        "ui": False,
+        "ui": s.server.webui or bool(s.server.static_path),
         "ui_settings": {},
         "chat_template": tok.chat_template or "",
         "chat_template_caps": chat_template_caps(tok.chat_template),

@@ -1,0 +1,1 @@
+"""The chat page served at / (routes.py) and its static files."""
