@@ -17,7 +17,7 @@ from litestar import Request, Response
 from litestar.exceptions import HTTPException
 
 from mlxcel.steering.requests import RequestRefused
-from mlxcel.workers.queue import QueueFull
+from mlxcel.workers.queue import QueueClosed, QueueFull
 
 log = logging.getLogger("mlxcel.api")
 
@@ -130,3 +130,8 @@ def engine_error(message: str, code: str | None, status: int = 500) -> ApiError:
 def queue_full_error(e: QueueFull) -> ApiError:
     """A side worker's full queue: the same 503 `queue_full` as the engine's."""
     return ApiError(503, str(e), code="queue_full")
+
+
+def queue_closed_error(e: QueueClosed) -> ApiError:
+    """A side worker's job ended by the shutdown drain: the engine's shutdown error (503 `model_busy`)."""
+    return ApiError(503, str(e), code="model_busy")

@@ -226,10 +226,15 @@ def serve(settings: ServerSettings, path: Path | None, plan=None, startup: Start
     scheme = "https" if "ssl_keyfile" in kwargs else "http"
     log.info("listening on %s", kwargs.get("uds") or f"{scheme}://{kwargs['host']}:{kwargs['port']}"
              + (" (SO_REUSEPORT)" if settings.server.reuse_port and sock is not None else ""))
+    from mlxcel.api.side_workers import close_worker_queues
     from mlxcel.cli.shutdown import DrainingServer
 
+    def end_all(reason: str) -> None:  # the drain ran out: every request and side-worker job ends with `reason`
+        close_worker_queues(state, reason)
+        host.close(reason)
+
     server = DrainingServer(uvicorn.Config(app, log_level="warning", **kwargs), settings.server.shutdown_timeout,
-                            host.close)
+                            end_all)
     server.run(sockets=[sock] if sock is not None else None)
     host.close()
 

@@ -30,10 +30,11 @@ from litestar import Request, Response, post
 from litestar.response import Stream
 
 from mlxcel.api.audio_upload import decode, inspect
-from mlxcel.api.errors import ApiError
+from mlxcel.api.errors import ApiError, error_type
 from mlxcel.api.multipart import MAX_BODY_BYTES, Form, MultipartReader, UploadError, boundary_of
 from mlxcel.api.side_workers import check_queue, generation_refusal, run_queued, worker_queue
 from mlxcel.api.state import AppState
+from mlxcel.workers.queue import QueueClosed
 from mlxcel.workers.whisper import TRANSCRIPTION, WhisperError
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -172,6 +173,9 @@ async def _frames(queue, worker, audio, options):
             yield _sse({"type": "transcript.text.delta", "delta": delta})
         try:
             t = job.result()
+        except QueueClosed as e:  # the shutdown drain ran out
+            yield _sse({"error": {"message": str(e), "type": error_type("model_busy"), "code": "model_busy"}})
+            return
         except Exception as e:  # the stream has started: the error goes out as a frame
             yield _sse({"error": {"message": f"transcription failed: {e}", "type": "server_error"}})
             return
