@@ -44,3 +44,9 @@ MAX_AUDIO_SECONDS = 600
 # connection is closed. Bounds half-open and slowly-trickling connections, which uvicorn's
 # keep-alive timer does not (any byte cancels it). The idle wait between requests is --timeout.
 HEADER_TIMEOUT_S = 30.0
+# Seconds a client has to send a request's body once its header is complete, extended by one
+# second for every BODY_MIN_RATE bytes received: a 25 MiB upload at 64 kbit/s still arrives,
+# a body trickled a few bytes at a time does not hold the connection (cli/http_protocol.py).
+# Past it the client gets a 408 and the connection closes.
+BODY_TIMEOUT_S = 30.0
+BODY_MIN_RATE = 8192  # bytes per second
