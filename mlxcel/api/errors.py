@@ -17,6 +17,7 @@ from litestar import Request, Response
 from litestar.exceptions import HTTPException
 
 from mlxcel.steering.requests import RequestRefused
+from mlxcel.config.limits import ERROR_MESSAGE_CHARS, echo
 from mlxcel.workers.queue import QueueClosed, QueueFull
 
 log = logging.getLogger("mlxcel.api")
@@ -59,6 +60,7 @@ class ApiError(Exception):
     def __init__(self, status: int, message: str, *, code: str | None = None,
                  type: str | None = None, param: str | None = None,
                  headers: dict[str, str] | None = None) -> None:
+        message = echo(message, ERROR_MESSAGE_CHARS)  # whatever client text it quotes, a bounded answer
         super().__init__(message)
         self.status, self.message, self.code, self.param = status, message, code, param
         self.type = type or error_type(code, status)

@@ -50,3 +50,19 @@ HEADER_TIMEOUT_S = 30.0
 # Past it the client gets a 408 and the connection closes.
 BODY_TIMEOUT_S = 30.0
 BODY_MIN_RATE = 8192  # bytes per second
+
+# Client text quoted in an error message (a model or field name, a value, a pattern, a tool
+# name): at most ECHO_CHARS characters of it, the rest elided (`echo`), so an error never
+# repeats a large request back. A whole error message is cut at ERROR_MESSAGE_CHARS wherever it
+# is rendered, for any quote that did not go through `echo`.
+ECHO_CHARS = 200
+ERROR_MESSAGE_CHARS = 1000
+
+
+def echo(value: object, limit: int = ECHO_CHARS) -> str:
+    """`value` (a string as it is, anything else as its repr) cut to `limit` characters, ending in
+    an ellipsis and the count of characters left out when cut."""
+    text = value if isinstance(value, str) else repr(value)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… ({len(text) - limit} more characters)"

@@ -22,6 +22,7 @@ from mlxcel.api.engine_request import Sampling, generation_request, reasoning_bu
 from mlxcel.api.errors import ApiError
 from mlxcel.api.llamacpp.schemas import NativeCompletionRequest, declared_names
 from mlxcel.chat.reasoning import CLOSE, OPEN
+from mlxcel.config.limits import echo
 from mlxcel.engine.sampling_params import resolve_logit_bias, samplers_from_chars, samplers_from_names
 from mlxcel.engine.reasoning_budget import ReasoningBudget
 from mlxcel.engine.types import GenerationRequest
@@ -192,7 +193,7 @@ def _check_routing(req: NativeCompletionRequest, model: ServedModel, n_parallel:
         # b10621 defers a task pinned to a slot that does not exist, forever; refused here
         raise ApiError(400, "Invalid slot ID", code="invalid_request", param="id_slot")
     if req.model is not None and not model.answers_to(req.model):
-        raise ApiError(404, f"model '{req.model}' not found", code="model_not_found", param="model")
+        raise ApiError(404, f"model '{echo(req.model)}' not found", code="model_not_found", param="model")
 
 
 def _sampling(req: NativeCompletionRequest, model: ServedModel) -> tuple[Sampling, int]:

@@ -34,6 +34,7 @@ from mlxcel.api.errors import ApiError, error_type
 from mlxcel.api.multipart import MAX_BODY_BYTES, Form, MultipartReader, UploadError, boundary_of
 from mlxcel.api.side_workers import check_queue, generation_refusal, run_queued, worker_queue
 from mlxcel.api.state import AppState
+from mlxcel.config.limits import echo
 from mlxcel.workers.queue import QueueClosed
 from mlxcel.workers.whisper import TRANSCRIPTION, WhisperError
 
@@ -86,9 +87,9 @@ def _float(form: Form, name: str, default: float) -> float:
     try:
         value = float(raw)
     except ValueError:
-        raise ApiError(400, f"'{name}' must be a number, got {raw!r}", code="invalid_parameter", param=name) from None
+        raise ApiError(400, f"'{name}' must be a number, got {echo(raw)!r}", code="invalid_parameter", param=name) from None
     if not math.isfinite(value) or value < 0:
-        raise ApiError(400, f"'{name}' must be a finite number >= 0, got {raw!r}", code="invalid_parameter", param=name)
+        raise ApiError(400, f"'{name}' must be a finite number >= 0, got {echo(raw)!r}", code="invalid_parameter", param=name)
     return value
 
 
@@ -97,7 +98,7 @@ def _count(form: Form, name: str) -> int | None:
     if raw is None:
         return None
     if not raw.strip().isdigit():
-        raise ApiError(400, f"'{name}' must be a non-negative integer, got {raw!r}", code="invalid_parameter",
+        raise ApiError(400, f"'{name}' must be a non-negative integer, got {echo(raw)!r}", code="invalid_parameter",
                        param=name)
     return int(raw)
 
@@ -191,7 +192,7 @@ async def translations(request: Request, app_state: AppState) -> Response:
     form = await read_form(request)
     fmt = form.text("response_format") or "json"
     if fmt not in TRANSLATION_FORMATS:
-        raise ApiError(400, f"response_format {fmt!r} is not supported; use one of {', '.join(TRANSLATION_FORMATS)}",
+        raise ApiError(400, f"response_format {echo(fmt)!r} is not supported; use one of {', '.join(TRANSLATION_FORMATS)}",
                        code="invalid_parameter", param="response_format")
     if form.text("stream") == "true":
         raise ApiError(400, "/v1/audio/translations does not stream; drop `stream`", code="invalid_parameter",

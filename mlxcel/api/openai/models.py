@@ -29,6 +29,7 @@ from mlxcel.api.llamacpp.props import model_ftype
 from mlxcel.api.model_switch import steering_locked, store_models
 from mlxcel.api.openai.model_meta import checkpoint_meta
 from mlxcel.api.state import AppState
+from mlxcel.config.limits import echo
 
 
 def _entry(model_id: str, created: int, owned_by: str, path: Path, *, aliases: list[str] = (),
@@ -101,4 +102,4 @@ async def get_model(app_state: AppState, model_id: str) -> dict:
     for entry, _kind, answers, _path in model_entries(app_state, store=True):
         if answers(name):
             return entry
-    raise ApiError(404, f"The model '{name}' does not exist", code="model_not_found", param="model")
+    raise ApiError(404, f"The model '{echo(name)}' does not exist", code="model_not_found", param="model")
