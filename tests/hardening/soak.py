@@ -229,13 +229,15 @@ async def run_soak(base_url: str, pid: int, seconds: float, clients: int, warmup
 SERVER_ARGS = ["-np", "4", "-c", "16384", "--max-queue-depth", "64"]
 
 
-def soak_report(seconds: float, clients: int, warmup_s: float | None = None) -> Report:
-    """Start the soak's own server (qwen2-tiny), soak it, stop it; the report."""
+def soak_report(seconds: float, clients: int, warmup_s: float | None = None, model: str | None = None) -> Report:
+    """Start the soak's own server (`model` from the fixture store, qwen2-tiny by default), soak
+    it, stop it; the report."""
     from tests.conftest import ServerProcess, fixture_path
     from tests.fixtures import QWEN2_TINY
 
-    fixture_path(QWEN2_TINY)
-    server = ServerProcess(["-m", QWEN2_TINY, "--offline", *SERVER_ARGS])
+    model = model or QWEN2_TINY
+    fixture_path(model)
+    server = ServerProcess(["-m", model, "--offline", *SERVER_ARGS])
     try:
         warm = warmup_s if warmup_s is not None else min(30.0, max(5.0, seconds / 10))
         return asyncio.run(run_soak(server.base_url, server.proc.pid, seconds, clients, warm))
