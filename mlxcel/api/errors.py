@@ -61,6 +61,7 @@ class ApiError(Exception):
                  type: str | None = None, param: str | None = None,
                  headers: dict[str, str] | None = None) -> None:
         message = echo(message, ERROR_MESSAGE_CHARS)  # whatever client text it quotes, a bounded answer
+        param = None if param is None else echo(param)  # a field name the client chose
         super().__init__(message)
         self.status, self.message, self.code, self.param = status, message, code, param
         self.type = type or error_type(code, status)

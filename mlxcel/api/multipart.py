@@ -214,5 +214,6 @@ class MultipartReader:
             try:
                 self.form.fields[self.name] = self.data.decode("utf-8")
             except UnicodeDecodeError:
-                raise UploadError(f"the multipart field {echo(self.name)!r} is not UTF-8 text", param=self.name) from None
+                raise UploadError(f"the multipart field {echo(self.name)!r} is not UTF-8 text",
+                                  param=self.name) from None
         self.data = bytearray()

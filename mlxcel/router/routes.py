@@ -35,7 +35,8 @@ TYPES = {400: "invalid_request_error", 404: "not_found_error", 500: "server_erro
 
 
 def error_response(status: int, message: str) -> Response:
-    return Response({"error": {"code": status, "message": echo(message, ERROR_MESSAGE_CHARS), "type": TYPES.get(status, "server_error")}},
+    return Response({"error": {"code": status, "message": echo(message, ERROR_MESSAGE_CHARS),
+                               "type": TYPES.get(status, "server_error")}},
                     status_code=status)
 
 

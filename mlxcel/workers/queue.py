@@ -51,8 +51,7 @@ class JobQueue:
 
     def check(self) -> None:
         """Refuse now if a job arriving now would find no place (a stream checks before it starts)."""
-        if self.closed is not None:
-            raise QueueClosed(self.name, self.closed, started=False)
+        self.check_open()
         if self.depth >= 0 and self.waiting + self.running > self.depth:
             self.rejected_total += 1
             raise QueueFull(self.name, self.depth)
@@ -66,6 +65,7 @@ class JobQueue:
         me = asyncio.current_task()
         self._jobs.add(me)
         try:
+            self.check_open()  # closed from another thread before this job could be found
             return await self._turn(start, on_cancel)
         except asyncio.CancelledError:
             if self.closed is None:
@@ -77,6 +77,10 @@ class JobQueue:
             self._jobs.discard(me)
             if self.running_task is me:
                 self.running_task = None
+
+    def check_open(self) -> None:
+        if self.closed is not None:
+            raise QueueClosed(self.name, self.closed, started=False)
 
     def close(self, reason: str) -> None:
         """End every waiting and running job with `reason`, and refuse later ones. Any thread."""

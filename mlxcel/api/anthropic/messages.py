@@ -132,7 +132,8 @@ def _chat_request(req: MessagesRequest, *, counting: bool = False) -> ChatComple
     elif kind in ("auto", "none"):
         choice = kind
     else:
-        raise ApiError(400, f"tool_choice type '{echo(kind)}' must be auto, any, tool or none", code="invalid_parameter",
+        raise ApiError(400, f"tool_choice type '{echo(kind)}' must be auto, any, tool or none",
+                       code="invalid_parameter",
                        param="tool_choice")
     kwargs, budget = None, None
     if req.thinking is not None:

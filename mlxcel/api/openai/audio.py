@@ -87,9 +87,11 @@ def _float(form: Form, name: str, default: float) -> float:
     try:
         value = float(raw)
     except ValueError:
-        raise ApiError(400, f"'{name}' must be a number, got {echo(raw)!r}", code="invalid_parameter", param=name) from None
+        raise ApiError(400, f"'{name}' must be a number, got {echo(raw)!r}", code="invalid_parameter",
+                       param=name) from None
     if not math.isfinite(value) or value < 0:
-        raise ApiError(400, f"'{name}' must be a finite number >= 0, got {echo(raw)!r}", code="invalid_parameter", param=name)
+        raise ApiError(400, f"'{name}' must be a finite number >= 0, got {echo(raw)!r}", code="invalid_parameter",
+                       param=name)
     return value
 
 
@@ -192,7 +194,8 @@ async def translations(request: Request, app_state: AppState) -> Response:
     form = await read_form(request)
     fmt = form.text("response_format") or "json"
     if fmt not in TRANSLATION_FORMATS:
-        raise ApiError(400, f"response_format {echo(fmt)!r} is not supported; use one of {', '.join(TRANSLATION_FORMATS)}",
+        raise ApiError(400, f"response_format {echo(fmt)!r} is not supported; use one of "
+                            f"{', '.join(TRANSLATION_FORMATS)}",
                        code="invalid_parameter", param="response_format")
     if form.text("stream") == "true":
         raise ApiError(400, "/v1/audio/translations does not stream; drop `stream`", code="invalid_parameter",

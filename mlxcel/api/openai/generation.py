@@ -183,5 +183,6 @@ def now() -> int:
 
 def error_frame(ev: TokenEvent) -> bytes:
     """A mid-stream error event; its type follows the code as a non-streamed error's would."""
-    return sse({"error": {"message": echo(ev.error or "", ERROR_MESSAGE_CHARS), "type": error_type(ev.error_code), "param": None,
+    return sse({"error": {"message": echo(ev.error or "", ERROR_MESSAGE_CHARS), "type": error_type(ev.error_code),
+                          "param": None,
                           "code": ev.error_code}})

@@ -187,7 +187,8 @@ def _messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
         elif kind == "reasoning":
             continue
         else:
-            raise ApiError(400, f"input item type {echo(kind)!r} is not supported", code="invalid_parameter", param="input")
+            raise ApiError(400, f"input item type {echo(kind)!r} is not supported", code="invalid_parameter",
+                           param="input")
     return out
 
 
