@@ -4,7 +4,9 @@
     python -m scripts.hardening fuzz --scale 20                # route + parser fuzz, 20x the examples
     python -m scripts.hardening soak --minutes 30 --clients 16 # one server, mixed load, a report
 
-`fuzz` and `soak` start their own loopback server from the model store (MLXCEL_MODELS_DIR).
+`fuzz` and `soak` start their own loopback server from the model store (MLXCEL_MODELS_DIR); the
+soak serves the default model (`make default-model`) unless --model names another fixture
+(`make test`'s short soak uses qwen2-tiny). docs/hardening.md has the latest long soak's figures.
 A crash found by `atheris` is written to crash-* in the working directory; replay it with
 `python -c "from tests.hardening import targets; targets.TARGET(open('crash-...','rb').read())"`.
 """
@@ -17,6 +19,8 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from tests.fixtures import DEFAULT_MODEL
 
 REPO = Path(__file__).resolve().parent.parent
 # the parser modules each target reaches; instrumented so libFuzzer sees their branches
@@ -45,14 +49,15 @@ def run_fuzz(scale: float, seed: bool) -> int:
     if seed:
         env["MLXCEL_FUZZ_SEED"] = "1"  # a fresh random search instead of CI's fixed cases
     return subprocess.call([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                            "tests/hardening/test_fuzz_routes.py", "tests/hardening/test_parser_fuzz.py",
+                            "tests/hardening/test_fuzz_routes.py", "tests/hardening/test_fuzz_multipart.py",
+                            "tests/hardening/test_parser_fuzz.py",
                             "-k", "not atheris"], cwd=REPO, env=env)
 
 
-def run_soak(minutes: float, clients: int) -> int:
+def run_soak(minutes: float, clients: int, model: str) -> int:
     from tests.hardening.soak import soak_report
 
-    report = soak_report(seconds=minutes * 60, clients=clients)
+    report = soak_report(seconds=minutes * 60, clients=clients, model=model)
     print(report.summary())
     return 0 if report.ok() else 1
 
@@ -69,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     s = sub.add_parser("soak", help="mixed load on one server, then the report")
     s.add_argument("--minutes", type=float, default=30)
     s.add_argument("--clients", type=int, default=16)
+    s.add_argument("--model", default=DEFAULT_MODEL, help=f"the fixture to serve (default {DEFAULT_MODEL})")
     args, extra = p.parse_known_args(argv)
     if args.cmd == "atheris":
         run_atheris(args.target, args.seconds, extra)
@@ -77,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"unrecognized arguments: {' '.join(extra)}")
     if args.cmd == "fuzz":
         return run_fuzz(args.scale, args.random)
-    return run_soak(args.minutes, args.clients)
+    return run_soak(args.minutes, args.clients, args.model)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,8 @@ from litestar import Request, Response
 from litestar.exceptions import HTTPException
 
 from mlxcel.steering.requests import RequestRefused
-from mlxcel.workers.queue import QueueFull
+from mlxcel.config.limits import ERROR_MESSAGE_CHARS, echo
+from mlxcel.workers.queue import QueueClosed, QueueFull
 
 log = logging.getLogger("mlxcel.api")
 
@@ -59,6 +60,8 @@ class ApiError(Exception):
     def __init__(self, status: int, message: str, *, code: str | None = None,
                  type: str | None = None, param: str | None = None,
                  headers: dict[str, str] | None = None) -> None:
+        message = echo(message, ERROR_MESSAGE_CHARS)  # whatever client text it quotes, a bounded answer
+        param = None if param is None else echo(param)  # a field name the client chose
         super().__init__(message)
         self.status, self.message, self.code, self.param = status, message, code, param
         self.type = type or error_type(code, status)
@@ -130,3 +133,8 @@ def engine_error(message: str, code: str | None, status: int = 500) -> ApiError:
 def queue_full_error(e: QueueFull) -> ApiError:
     """A side worker's full queue: the same 503 `queue_full` as the engine's."""
     return ApiError(503, str(e), code="queue_full")
+
+
+def queue_closed_error(e: QueueClosed) -> ApiError:
+    """A side worker's job ended by the shutdown drain: the engine's shutdown error (503 `model_busy`)."""
+    return ApiError(503, str(e), code="model_busy")

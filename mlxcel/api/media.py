@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from mlxcel.api.errors import ApiError
-from mlxcel.config.limits import MAX_IMAGE_BYTES, MAX_IMAGE_PIXELS, MAX_IMAGES, MAX_REQUEST_IMAGE_PIXELS
+from mlxcel.config.limits import MAX_IMAGES, MAX_IMAGE_BYTES, MAX_IMAGE_PIXELS, MAX_REQUEST_IMAGE_PIXELS, echo
 
 IMAGE_PARTS = ("image_url", "input_image")
 OTHER_MEDIA = {"input_audio": "audio", "audio": "audio", "video_url": "video", "input_video": "video"}
@@ -248,7 +248,7 @@ def from_anthropic(messages: list) -> list:
                 elif src.get("type") == "url":
                     url = src.get("url")
                 else:
-                    raise ApiError(400, f"image source type {src.get('type')!r} is not supported (base64 or url)",
+                    raise ApiError(400, f"image source type {echo(src.get('type'))!r} is not supported (base64 or url)",
                                    code="invalid_parameter", param="messages")
                 b = {"type": "image_url", "image_url": {"url": url}}
             blocks.append(b)

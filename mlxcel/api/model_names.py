@@ -15,6 +15,7 @@ from typing import Any
 
 from mlxcel.api.errors import ApiError
 from mlxcel.api.state import AppState
+from mlxcel.config.limits import echo
 
 SUBSTITUTED_HEADER = "X-miLLM-Model-Substituted"
 
@@ -23,7 +24,7 @@ _holder: ContextVar[dict[str, str] | None] = ContextVar("mlxcel_model_substitute
 
 
 def not_found(name: Any) -> ApiError:
-    return ApiError(404, f"The model '{name}' does not exist", code="model_not_found", param="model")
+    return ApiError(404, f"The model '{echo(name)}' does not exist", code="model_not_found", param="model")
 
 
 def accepts(state: AppState, answers: Callable[[str | None], bool], name: str | None, served_id: str) -> bool:

@@ -37,6 +37,7 @@ from pathlib import Path
 from mlxcel.api.errors import ApiError
 from mlxcel.api.model_names import accepts, not_found
 from mlxcel.api.state import AppState
+from mlxcel.config.limits import echo
 from mlxcel.models.registry import UnsupportedModelType, family_for
 from mlxcel.runtime.capacity import LoadRefused
 from mlxcel.runtime.host import HostBusy, LoadFailed, ModelHost
@@ -108,7 +109,7 @@ async def model_for(state: AppState, name: str | None) -> ServedModel:
     if current is None and state.switch is not None and state.switch.unloaded and name:
         path = store_checkpoint(state, name)  # unloaded through the management API: load on demand
         if path is None:
-            raise ApiError(404, f"The model '{name}' does not exist", code="model_not_found", param="model")
+            raise ApiError(404, f"The model '{echo(name)}' does not exist", code="model_not_found", param="model")
         return await _host_load(state.host, name, path)
     if current is None or current.answers_to(name) or state.switch is None:
         return served_model(state, name)
@@ -119,7 +120,7 @@ async def model_for(state: AppState, name: str | None) -> ServedModel:
             return current
         raise not_found(name)
     if steering_locked(state):
-        raise ApiError(404, f"The model '{name}' is not available: the server is locked to '{current.id}' for "
+        raise ApiError(404, f"The model '{echo(name)}' is not available: the server is locked to '{current.id}' for "
                        "steering (unlock it and detach its SAEs to switch models)",
                        code="model_not_found", param="model")
     del current  # the switch frees the loaded model's memory: no reference may outlive it here

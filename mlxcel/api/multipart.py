@@ -13,6 +13,7 @@ to its default (`Form.text` answers None for it, and `Form.duplicates` names it)
 
 from __future__ import annotations
 
+from mlxcel.config.limits import echo
 from dataclasses import dataclass, field
 
 MAX_PARTS = 32
@@ -55,7 +56,7 @@ def boundary_of(content_type: str | None) -> bytes:
         raise UploadError("the request must be multipart/form-data (no Content-Type header)")
     kind, _, params = content_type.partition(";")
     if kind.strip().lower() != "multipart/form-data":
-        raise UploadError(f"the request must be multipart/form-data, not {kind.strip()!r}")
+        raise UploadError(f"the request must be multipart/form-data, not {echo(kind.strip())!r}")
     for key, value in _params(params).items():
         if key == "boundary" and 0 < len(value) <= 70:
             return value.encode("latin-1")
@@ -213,5 +214,6 @@ class MultipartReader:
             try:
                 self.form.fields[self.name] = self.data.decode("utf-8")
             except UnicodeDecodeError:
-                raise UploadError(f"the multipart field {self.name!r} is not UTF-8 text", param=self.name) from None
+                raise UploadError(f"the multipart field {echo(self.name)!r} is not UTF-8 text",
+                                  param=self.name) from None
         self.data = bytearray()

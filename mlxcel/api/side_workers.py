@@ -6,8 +6,11 @@ that serves no such worker answers b10621's 501, naming the flag that would turn
 
 Each worker kind has one queue (workers/queue.py) with --max-queue-depth waiting places: a full
 queue is a 503 `queue_full` with Retry-After, and a client that goes away while its job waits
-takes the job out of the queue (a running Whisper job stops at its next 30-second window; an
-embedding or rerank job is a few short batches and runs to its end).
+takes the job out of the queue (a running Whisper job stops at its next 30-second window, an
+embedding or rerank job at its next batch).
+
+When a shutdown drain's --shutdown-timeout passes, `close_worker_queues` ends every queued and
+running job with a 503 saying the server is shutting down, as the engine's requests end.
 """
 
 from __future__ import annotations
@@ -18,9 +21,9 @@ from typing import Any, TypeVar
 
 from litestar import Request
 
-from mlxcel.api.errors import ApiError, queue_full_error
+from mlxcel.api.errors import ApiError, queue_closed_error, queue_full_error
 from mlxcel.api.state import AppState
-from mlxcel.workers.queue import JobQueue, QueueFull
+from mlxcel.workers.queue import JobQueue, QueueClosed, QueueFull
 
 T = TypeVar("T")
 
@@ -59,7 +62,17 @@ def worker_queue(state: AppState, kind: str) -> JobQueue:
     queue = state.worker_queues.get(kind)
     if queue is None:
         queue = state.worker_queues[kind] = JobQueue(kind, state.settings.engine.max_queue_depth)
+        if state.workers_closed is not None:
+            queue.close(state.workers_closed)
     return queue
+
+
+def close_worker_queues(state: AppState, reason: str) -> None:
+    """The end of a shutdown drain: every side worker's queued and running jobs end with `reason`,
+    and later ones are refused with it. Called from any thread."""
+    state.workers_closed = reason
+    for queue in list(state.worker_queues.values()):
+        queue.close(reason)
 
 
 def check_queue(queue: JobQueue) -> None:
@@ -68,6 +81,8 @@ def check_queue(queue: JobQueue) -> None:
         queue.check()
     except QueueFull as e:
         raise queue_full_error(e) from None
+    except QueueClosed as e:
+        raise queue_closed_error(e) from None
 
 
 async def run_queued(request: Request, queue: JobQueue, start: Callable[[], Any],
@@ -78,6 +93,8 @@ async def run_queued(request: Request, queue: JobQueue, start: Callable[[], Any]
         return await while_connected(request, queue.run(start, on_cancel))
     except QueueFull as e:
         raise queue_full_error(e) from None
+    except QueueClosed as e:
+        raise queue_closed_error(e) from None
 
 
 async def while_connected(request: Request, work: Awaitable[T]) -> T:

@@ -29,6 +29,7 @@ class AppState:
     reranker: Any = None  # workers.reranking.RerankWorker
     transcriber: Any = None  # workers.whisper.WhisperWorker (-m naming a Whisper checkpoint)
     worker_queues: dict = field(default_factory=dict)  # side worker kind -> its workers.queue.JobQueue
+    workers_closed: str | None = None  # set when a shutdown drain closed the queues: the reason
     steering_store: Any = None  # the SQLite SteeringStore (mlxcel.steering.store), opened at serve time
     store_root: Path | None = None  # where SAE store entries are looked up
     streams: StreamStore = field(default_factory=StreamStore)  # resumable SSE sessions (api/stream_sessions)

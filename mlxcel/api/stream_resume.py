@@ -30,6 +30,7 @@ from mlxcel.api.stream_runner import SSE_HEADERS
 from mlxcel.api.security import presented_key
 from mlxcel.api.state import AppState
 from mlxcel.api.stream_sessions import OffsetLost, StreamSession, StreamStore, stream_owner
+from mlxcel.config.limits import ERROR_MESSAGE_CHARS, echo
 
 log = logging.getLogger("mlxcel.api.streams")
 
@@ -165,7 +166,8 @@ def wrap_streams(app: Any, state: AppState) -> StreamRecorder:
 
 def _error(status: int, message: str) -> Response:
     kind = {400: "invalid_request_error", 404: "not_found_error"}[status]
-    return Response({"error": {"code": status, "message": message, "type": kind}}, status_code=status)
+    return Response({"error": {"code": status, "message": echo(message, ERROR_MESSAGE_CHARS), "type": kind}},
+                    status_code=status)
 
 
 def _owner(request: Request, state: AppState) -> str:

@@ -30,6 +30,7 @@ from litestar import Request, Response, post
 
 from mlxcel.api.body import decode_json
 from mlxcel.api.errors import ApiError
+from mlxcel.config.limits import ERROR_MESSAGE_CHARS, echo
 from mlxcel.config.refusal import StartupRefusal
 
 log = logging.getLogger("mlxcel.api.vertex")
@@ -39,7 +40,7 @@ MAX_CONCURRENT = 8
 
 
 def _error(code: int, message: str, kind: str = "invalid_request_error") -> dict:
-    return {"error": {"code": code, "message": message, "type": kind}}
+    return {"error": {"code": code, "message": echo(message, ERROR_MESSAGE_CHARS), "type": kind}}
 
 
 def route_alias(path: str) -> str:

@@ -21,7 +21,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from mlxcel.config.limits import MAX_GRAMMAR_DEPTH
+from mlxcel.config.limits import MAX_GRAMMAR_DEPTH, echo
 
 MAX_REPETITIONS = 2000  # llama.cpp's MAX_REPETITION_THRESHOLD
 MAX_SOURCE_BYTES = 256 * 1024  # mlxcel's own cap on GBNF source (upstream has none)
@@ -153,7 +153,7 @@ class _Reader:
         text = self.src[start:pos + 1]
         tid = self.token_id(text) if self.token_id is not None else None
         if tid is None:
-            raise GbnfError(f"invalid token '{text}': it must be exactly one token of the model's vocabulary")
+            raise GbnfError(f"invalid token '{echo(text)}': it must be exactly one token of the model's vocabulary")
         return tid, pos + 1
 
     # -- symbols -------------------------------------------------------------------
@@ -173,7 +173,7 @@ class _Reader:
         names = {v: k for k, v in self.symbols.items()}
         for sid in sorted(names):
             if sid not in self.rules:
-                raise GbnfError(f"Undefined rule identifier '{names[sid]}'")
+                raise GbnfError(f"Undefined rule identifier '{echo(names[sid])}'")
         if not self.rules:
             raise GbnfError("the grammar has no rules")
         if "root" not in self.symbols:
@@ -374,7 +374,7 @@ def _check_left_recursion(rules: dict[int, list[Alternative]], names: dict[int, 
         for sid in sorted(rules):
             if visit(sid):
                 raise GbnfError(f"unsupported grammar, left recursion detected for nonterminal "
-                                f"'{names.get(sid, sid)}'")
+                                f"'{echo(names.get(sid, sid))}'")
     finally:
         sys.setrecursionlimit(old)
 

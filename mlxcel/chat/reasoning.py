@@ -18,6 +18,7 @@ streamed and non-streamed shapes agree byte for byte by construction.
 
 from __future__ import annotations
 
+from mlxcel.config.limits import echo
 from dataclasses import dataclass
 
 OPEN, CLOSE = "<think>", "</think>"
@@ -31,7 +32,7 @@ def primed(prompt_text: str) -> bool:
 
 def resolve(fmt: str) -> str:
     if fmt not in FORMATS:
-        raise ValueError(f"unknown reasoning format {fmt!r} (expected one of {', '.join(FORMATS)})")
+        raise ValueError(f"unknown reasoning format {echo(fmt)!r} (expected one of {', '.join(FORMATS)})")
     return "deepseek" if fmt == "auto" else fmt
 
 

@@ -381,13 +381,14 @@ def uvicorn_kwargs(settings: ServerSettings) -> dict[str, Any]:
     A --host ending in .sock binds that Unix socket (host and port are then unused); TLS comes
     from --ssl-key-file / --ssl-cert-file; --timeout bounds how long a connection may sit idle
     between requests (uvicorn has no separate read/write timeout), and the request header must
-    be complete within config/limits.HEADER_TIMEOUT_S (cli/http_protocol.py).
+    be complete within config/limits.HEADER_TIMEOUT_S and its body within BODY_TIMEOUT_S (extended
+    by the bytes received; cli/http_protocol.py).
     """
-    from mlxcel.cli.http_protocol import HeaderDeadlineProtocol
+    from mlxcel.cli.http_protocol import DeadlineProtocol
 
     timeout = settings.server.timeout
     kw: dict[str, Any] = {"timeout_keep_alive": timeout if timeout > 0 else 3600, "log_config": None,
-                          "http": HeaderDeadlineProtocol}
+                          "http": DeadlineProtocol}
     if settings.server.unix_socket:
         kw["uds"] = settings.server.unix_socket
     else:

@@ -250,10 +250,15 @@ def serve(settings: ServerSettings, path: Path | None, plan=None, startup: Start
     log.info("listening on %s%s; loading the model (/health answers 503 until it is ready)", where,
              " (SO_REUSEPORT)" if settings.server.reuse_port and sock is not None else "")
     threading.Thread(target=load, name="mlxcel-load", daemon=True).start()
+    from mlxcel.api.side_workers import close_worker_queues
     from mlxcel.cli.shutdown import DrainingServer
 
+    def end_all(reason: str) -> None:  # the drain ran out: every request and side-worker job ends with `reason`
+        close_worker_queues(state, reason)
+        host.close(reason)
+
     server = DrainingServer(uvicorn.Config(app, log_level="warning", **kwargs), settings.server.shutdown_timeout,
-                            host.close)
+                            end_all)
     server.run(sockets=[sock] if sock is not None else None)
     host.close()
 

@@ -44,3 +44,25 @@ MAX_AUDIO_SECONDS = 600
 # connection is closed. Bounds half-open and slowly-trickling connections, which uvicorn's
 # keep-alive timer does not (any byte cancels it). The idle wait between requests is --timeout.
 HEADER_TIMEOUT_S = 30.0
+# Seconds a client has to send a request's body once its header is complete, extended by one
+# second for every BODY_MIN_RATE bytes received: a 25 MiB upload at 64 kbit/s still arrives,
+# a body trickled a few bytes at a time does not hold the connection (cli/http_protocol.py).
+# Past it the client gets a 408 and the connection closes.
+BODY_TIMEOUT_S = 30.0
+BODY_MIN_RATE = 8192  # bytes per second
+
+# Client text quoted in an error message (a model or field name, a value, a pattern, a tool
+# name): at most ECHO_CHARS characters of it, the rest elided (`echo`), so an error never
+# repeats a large request back. A whole error message is cut at ERROR_MESSAGE_CHARS wherever it
+# is rendered, for any quote that did not go through `echo`.
+ECHO_CHARS = 200
+ERROR_MESSAGE_CHARS = 1000
+
+
+def echo(value: object, limit: int = ECHO_CHARS) -> str:
+    """`value` (a string as it is, anything else as its repr) cut to `limit` characters, ending in
+    an ellipsis and the count of characters left out when cut."""
+    text = value if isinstance(value, str) else repr(value)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… ({len(text) - limit} more characters)"

@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from mlxcel.config.limits import echo
 from mlxcel.config.sampling import B10621_SAMPLING
 
 UINT32_MAX = 0xFFFFFFFF
@@ -56,7 +57,7 @@ def fold_seed(seed: int | float | None) -> int | None:
         raise ValueError("seed must be an integer, not a boolean")
     if isinstance(seed, float):
         if not seed.is_integer():
-            raise ValueError(f"seed must be an integer, got {seed!r}")
+            raise ValueError(f"seed must be an integer, got {echo(seed)}")
         seed = int(seed)
     if not isinstance(seed, int):
         raise ValueError(f"seed must be an integer, got {type(seed).__name__}")
@@ -71,11 +72,11 @@ def samplers_from_names(names: Sequence[str], *, allow_alt_names: bool = False) 
     out = []
     for name in names:
         if not isinstance(name, str):
-            raise ValueError(f"sampler names must be strings, got {name!r}")
+            raise ValueError(f"sampler names must be strings, got {echo(name)}")
         canonical = name if name in SAMPLER_NAMES else (
             SAMPLER_ALT_NAMES.get(name) if allow_alt_names else None)
         if canonical is None:
-            raise ValueError(f"unknown sampler name {name!r}")
+            raise ValueError(f"unknown sampler name {echo(name)!r}")
         out.append(canonical)
     return _check_samplers(tuple(out))
 
@@ -93,7 +94,7 @@ def samplers_from_chars(chars: str) -> tuple[str, ...]:
 def _check_samplers(samplers: tuple[str, ...]) -> tuple[str, ...]:
     for name in samplers:
         if name not in SAMPLER_NAMES:
-            raise ValueError(f"unknown sampler name {name!r}")
+            raise ValueError(f"unknown sampler name {echo(name)!r}")
         if name in UNSUPPORTED_SAMPLERS:
             raise ValueError(UNSUPPORTED_SAMPLERS[name])
     return samplers

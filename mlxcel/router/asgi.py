@@ -16,6 +16,7 @@ import time
 from typing import Any
 from urllib.parse import parse_qs
 
+from mlxcel.config.limits import ERROR_MESSAGE_CHARS, echo
 from mlxcel.router.pool import RouterError, RouterPool
 from mlxcel.router.routes import TYPES, build_router_litestar
 
@@ -46,7 +47,7 @@ class RouterApp:
             if not name:
                 raise RouterError(400, "model name is missing from the request")
             if slot is None:
-                raise RouterError(400, f"model '{name}' not found")
+                raise RouterError(400, f"model '{echo(name)}' not found")
             autoload = (query["autoload"] in ("true", "1") if "autoload" in query
                         else self.pool.settings.router.models_autoload)
             child = await self.pool.ready(slot, autoload)
@@ -75,7 +76,7 @@ def _target(method: str, query: dict, body: bytes) -> tuple[str, bool]:
 
 
 async def _send_error(send: Any, e: RouterError) -> None:
-    body = json.dumps({"error": {"code": e.status, "message": e.message,
+    body = json.dumps({"error": {"code": e.status, "message": echo(e.message, ERROR_MESSAGE_CHARS),
                                  "type": TYPES.get(e.status, "server_error")}}).encode()
     await send({"type": "http.response.start", "status": e.status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})

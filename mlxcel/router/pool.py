@@ -27,6 +27,7 @@ from mlxcel.api.app import build_litestar
 from mlxcel.api.state import AppState
 from mlxcel.api.stream_resume import wrap_streams
 from mlxcel.api.stream_sessions import StreamStore
+from mlxcel.config.limits import echo
 from mlxcel.config.refusal import StartupRefusal
 from mlxcel.config.settings import ServerSettings
 from mlxcel.router.preset import Configure, Preset, effective_args
@@ -281,9 +282,9 @@ class RouterPool:
     async def remove(self, name: str) -> None:
         slot = self.slots.get(name)
         if slot is None:
-            raise RouterError(500, f"model name={name} is not found")
+            raise RouterError(500, f"model name={echo(name)} is not found")
         if slot.entry.source != CACHE:
-            raise RouterError(500, f"model name={name} is not removable (not from cache)")
+            raise RouterError(500, f"model name={echo(name)} is not removable (not from cache)")
         await self.unload(slot)
         await asyncio.to_thread(_remove_files, self.store_root, slot.entry.repo_id or name)
         self.slots.pop(name, None)

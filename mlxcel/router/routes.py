@@ -25,6 +25,7 @@ from mlxcel import __version__
 from mlxcel.api.openai.models import model_entries
 from mlxcel.api.state import AppState
 from mlxcel.api.stream_resume import STREAM_ROUTES
+from mlxcel.config.limits import ERROR_MESSAGE_CHARS, echo
 from mlxcel.config.settings import ServerSettings
 from mlxcel.router.pool import RouterError, RouterPool, Slot
 from mlxcel.store.repo_id import InvalidRepoId, expand, parse_repo_id
@@ -34,7 +35,8 @@ TYPES = {400: "invalid_request_error", 404: "not_found_error", 500: "server_erro
 
 
 def error_response(status: int, message: str) -> Response:
-    return Response({"error": {"code": status, "message": message, "type": TYPES.get(status, "server_error")}},
+    return Response({"error": {"code": status, "message": echo(message, ERROR_MESSAGE_CHARS),
+                               "type": TYPES.get(status, "server_error")}},
                     status_code=status)
 
 

@@ -8,6 +8,7 @@ call (`embd_normalize`). An input longer than the model's context is refused, ne
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,6 +23,18 @@ BATCH = 32  # inputs per forward; bounds padding waste and peak memory
 
 class InputTooLong(ValueError):
     pass
+
+
+class Stopped(Exception):
+    """The job was asked to stop (its client left, or the server is shutting down)."""
+
+
+def batches(n: int, cancelled: Callable[[], bool]) -> Iterator[int]:
+    """Start offsets of BATCH-sized batches over `n` inputs; polls `cancelled` before each."""
+    for start in range(0, n, BATCH):
+        if cancelled():
+            raise Stopped
+        yield start
 
 
 @dataclass
@@ -46,15 +59,17 @@ class EmbeddingWorker:
     def tokenize(self, text: str) -> list[int]:
         return self.tokenizer.encode(text).ids
 
-    def embed(self, inputs: list[list[int]], embd_normalize: int | None = None) -> list[np.ndarray]:
-        """Token lists (already carrying the model's special tokens) -> one vector each."""
+    def embed(self, inputs: list[list[int]], embd_normalize: int | None = None,
+              cancelled: Callable[[], bool] = lambda: False) -> list[np.ndarray]:
+        """Token lists (already carrying the model's special tokens) -> one vector each; `cancelled`
+        is polled between batches (Stopped)."""
         mode = self.normalize if embd_normalize is None else embd_normalize
         for i, ids in enumerate(inputs):
             if len(ids) > self.n_ctx:
                 raise InputTooLong(f"input {i} has {len(ids)} tokens, more than the embedding model's context "
                                    f"of {self.n_ctx} tokens")
         out: list[np.ndarray] = []
-        for start in range(0, len(inputs), BATCH):
+        for start in batches(len(inputs), cancelled):
             chunk = inputs[start : start + BATCH]
             ids, types, mask = pad([(row, [0] * len(row)) for row in chunk])
             pooled = pool(self.encoder.hidden(ids, types, mask), mask, self.pooling)

@@ -9,11 +9,12 @@ refused, never truncated.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from mlxcel.workers import checkpoint as ck
-from mlxcel.workers.embedding import BATCH, InputTooLong
+from mlxcel.workers.embedding import BATCH, InputTooLong, batches
 from mlxcel.workers.encoder import Encoder, pad
 
 
@@ -33,8 +34,10 @@ class RerankWorker:
         return cls(model_id, path, ck.context_length(path), Encoder(path, backend, classifier=True),
                    ck.load_tokenizer(path))
 
-    def score(self, query: str, documents: list[str]) -> tuple[list[float], list[int]]:
-        """One score per document, plus the tokens each pair took."""
+    def score(self, query: str, documents: list[str],
+              cancelled: Callable[[], bool] = lambda: False) -> tuple[list[float], list[int]]:
+        """One score per document, plus the tokens each pair took; `cancelled` is polled between
+        batches (embedding.Stopped)."""
         pairs = []
         for i, doc in enumerate(documents):
             enc = self.tokenizer.encode(query, doc)
@@ -43,7 +46,7 @@ class RerankWorker:
                                    f"reranker's context of {self.n_ctx} tokens")
             pairs.append((enc.ids, enc.type_ids))
         scores: list[float] = []
-        for start in range(0, len(pairs), BATCH):
+        for start in batches(len(pairs), cancelled):
             ids, types, mask = pad(pairs[start : start + BATCH])
             scores.extend(float(x) for x in self.encoder.logits(ids, types, mask)[:, 0])
         return scores, [len(p[0]) for p in pairs]

@@ -41,11 +41,11 @@ class StandIn:
         self.calls += 1
         assert self.gate.wait(60)
 
-    def embed(self, prompts, mode=None):
+    def embed(self, prompts, mode=None, cancelled=None):
         self._wait()
         return [np.full(4, 0.5, dtype=np.float32) for _ in prompts]
 
-    def score(self, query, docs):
+    def score(self, query, docs, cancelled=None):
         self._wait()
         return [1.0] * len(docs), [3] * len(docs)
 

@@ -10,6 +10,7 @@ tokens whatever else it asks for.
 from __future__ import annotations
 
 import json
+import struct
 from typing import Any
 
 import msgspec
@@ -19,6 +20,7 @@ from mlxcel.api.anthropic.messages import MessagesRequest
 from mlxcel.api.llamacpp.schemas import NativeCompletionRequest
 from mlxcel.api.openai.responses import ResponsesRequest
 from mlxcel.api.openai.schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
+from tests.hardening import targets
 
 # --- GBNF: text assembled from the grammar's own tokens, so most cases parse past the start ---
 _GBNF_TOKENS = st.sampled_from([
@@ -225,3 +227,88 @@ ROUTES: dict[str, st.SearchStrategy] = {
 # headers a generation route reads besides the body (stream resumption, strict field checks)
 HEADERS = st.fixed_dictionaries({}, optional={"X-Conversation-Id": st.sampled_from(["c1", "", "a" * 300, "é", "c 1"]),
                                               "X-miLLM-Strict": st.sampled_from(["1", "0", "true", "bogus", ""])})
+
+
+# --- multipart: delimiter lines, headers and bodies in any order, some fields well formed ---
+def _part(name: str, body: bytes, filename: bool) -> bytes:
+    disp = f'form-data; name="{name}"' + ('; filename="a.wav"' if filename else "")
+    return b"--" + targets.BOUNDARY + b"\r\nContent-Disposition: " + disp.encode() + b"\r\n\r\n" + body + b"\r\n"
+
+
+_mp_pieces = st.one_of(
+    st.builds(_part, st.sampled_from(["file", "model", "prompt", "x", ""]), st.binary(max_size=40), st.booleans()),
+    st.sampled_from([b"--" + targets.BOUNDARY + b"--\r\n", b"--" + targets.BOUNDARY + b"\r\n", b"\r\n", b"\r\n\r\n",
+                     b"Content-Type: audio/wav\r\n", b":", b"\xff\xfe", b"--" + targets.BOUNDARY + b"  \r\n"]),
+    st.binary(max_size=30),
+)
+multipart_bodies = st.lists(_mp_pieces, max_size=10).map(b"".join)
+
+
+# --- audio: container headers with fuzzed fields, then arbitrary sample bytes ---
+def _wav(tag, channels, rate, bits, align, size, tail) -> bytes:
+    fmt = struct.pack("<HHIIHH", tag, channels, rate, rate * align, align, bits)
+    return (b"RIFF" + struct.pack("<I", 36 + len(tail)) + b"WAVE" + b"fmt " + struct.pack("<I", len(fmt)) + fmt
+            + b"data" + struct.pack("<I", size) + tail)
+
+
+def _flac(min_block, max_block, rate, channels, bits, total, tail) -> bytes:
+    info = struct.pack(">HH", min_block, max_block) + b"\x00" * 6
+    packed = (rate << 44) | ((channels - 1) << 41) | ((bits - 1) << 36) | total
+    return b"fLaC" + b"\x80\x00\x00\x22" + info + packed.to_bytes(8, "big") + b"\x00" * 16 + tail
+
+
+_u16, _u32 = st.integers(0, 0xFFFF), st.integers(0, 0xFFFFFFFF)
+audio_files = st.one_of(
+    st.builds(_wav, st.sampled_from([1, 3, 6, 7, 0xFFFE, 2]), st.integers(0, 9), st.integers(0, 200_000),
+              st.sampled_from([0, 8, 16, 24, 32, 64, 12]), st.integers(0, 16), _u32, st.binary(max_size=200)),
+    st.builds(_flac, _u16, _u16, st.integers(0, (1 << 20) - 1), st.integers(1, 8), st.integers(1, 32),
+              st.integers(0, (1 << 36) - 1), st.binary(max_size=60)),
+    st.builds(lambda head, tail: b"ID3" + head + tail, st.binary(min_size=7, max_size=7), st.binary(max_size=60)),
+    st.builds(lambda h, tail: h + tail, st.sampled_from([b"\xff\xfb\x90\x64", b"\xff\xf3\x48\xc4", b"\xff\xe2"]),
+              st.binary(max_size=400)),
+)
+
+
+# --- multipart forms for the audio routes over HTTP: the fields the routes read (odd values among
+# them), a file part holding a fuzzed audio file, parts in any order, sometimes broken pieces
+# spliced in or the closing delimiter missing; `max_tokens` is mostly small so a clip that does
+# decode costs one short Whisper window ---
+def _field(name: str, value: bytes, extra: bytes = b"") -> bytes:
+    return (b"--" + targets.BOUNDARY + b'\r\nContent-Disposition: form-data; name="' + name.encode() + b'"'
+            + extra + b"\r\n\r\n" + value + b"\r\n")
+
+
+_FORM_FIELDS = {
+    "model": text, "prompt": text,
+    "language": st.sampled_from(["en", "EN", "english", "fr", "", "xx", "a" * 300]),
+    "temperature": st.sampled_from(["0", "0.5", "1", "-1", "nan", "inf", "1e400", "x", ""]),
+    "response_format": st.sampled_from(["json", "text", "srt", "verbose_json", "vtt", "bogus", ""]),
+    "stream": st.sampled_from(["true", "false", "1", ""]),
+    "timestamp_granularities[]": st.sampled_from(["word", "segment", "x"]),
+}
+# a clip the decoder accepts (a quarter second of a 440 Hz tone, 16 kHz PCM16), so some cases reach Whisper
+_TONE = struct.pack("<4000h", *(int(8000 * ((i * 440 * 2 // 16000) % 2 * 2 - 1)) for i in range(4000)))
+VALID_WAV = _wav(1, 1, 16000, 16, 2, len(_TONE), _TONE)
+_file_part = st.builds(
+    lambda name, ctype, data: _field("file", data, b'; filename="' + name.encode("utf-8", "replace") + b'"' + ctype),
+    st.sampled_from(["a.wav", "a.mp3", "a.flac", "", "../../etc/passwd", "é" * 3, "a" * 300]),
+    st.sampled_from([b"", b"\r\nContent-Type: audio/wav", b"\r\nContent-Type: application/octet-stream",
+                     b"\r\nContent-Type: ", b"\r\nX: " + b"y" * 200]),
+    # one file in 25 decodes: each of those runs a Whisper window (seconds), the rest stop in the parsers
+    st.integers(0, 24).flatmap(lambda k: st.just(VALID_WAV) if k == 0 else st.one_of(audio_files,
+                                                                                      st.binary(max_size=200))),
+)
+_form_parts = st.lists(st.one_of(
+    *[st.builds(_field, st.just(name), values.map(lambda v: v.encode("utf-8", "replace")))
+      for name, values in _FORM_FIELDS.items()],
+    _file_part, _mp_pieces), max_size=4)
+audio_forms = st.builds(
+    lambda file, parts, tokens, close: b"".join([file, *parts, _field("max_tokens", tokens),
+                                                 b"--" + targets.BOUNDARY + b"--\r\n" if close else b""]),
+    _file_part, _form_parts, st.sampled_from([b"1", b"1", b"2", b"0", b"-1", b"99999999999999999999", b"x"]),
+    st.sampled_from([True, True, True, True, False]))
+FORM_CONTENT_TYPES = st.sampled_from(
+    ["multipart/form-data; boundary=" + targets.BOUNDARY.decode()] * 12
+    + ['multipart/form-data; boundary="' + targets.BOUNDARY.decode() + '"', "multipart/form-data",
+       "multipart/form-data; boundary=", "multipart/form-data; boundary=" + "b" * 100, "application/json",
+       "text/plain", "multipart/mixed; boundary=" + targets.BOUNDARY.decode()])

@@ -52,3 +52,13 @@ def test_a_parser_target_lets_an_undocumented_error_out(monkeypatch):
     monkeypatch.setattr(targets, "gbnf_to_lark", broken)
     with pytest.raises(IndexError):
         targets.gbnf(b"root ::= x")
+
+
+def test_growth_the_prompt_cache_may_make_is_allowed_and_no_more():
+    r = _clean()
+    r.rss_end_mb = 800
+    assert not r.ok()
+    r.rss_allowed_mb = 256  # the soak server's --cache-ram, filling after the warm-up
+    assert r.ok(), r.problems()
+    r.rss_end_mb = 1000
+    assert not r.ok()

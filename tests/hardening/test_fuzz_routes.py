@@ -16,6 +16,7 @@ import httpx
 import pytest
 from hypothesis import given
 
+from mlxcel.config.limits import ERROR_MESSAGE_CHARS
 from tests.conftest import ServerProcess, fixture_path
 from tests.fixtures import MINILM, QWEN2_TINY, RERANKER_TINY
 from tests.hardening.bodies import HEADERS, ROUTES, raw_bodies
@@ -94,6 +95,39 @@ def test_a_logit_bias_past_float32_is_a_400(client, path, bias):
     body = {"prompt": "hi", "input_prefix": "a", "input_suffix": "b", "n_predict": 2, "logit_bias": bias}
     r = client.post(path, json=body)
     assert r.status_code == 400 and "logit_bias for token 5" in r.json()["error"]["message"], r.text
+
+
+BIG = "x" * (1 << 20)  # 1 MiB of client text where an error message would quote it
+HI = [{"role": "user", "content": "hi"}]
+STRICT = {"X-miLLM-Strict": "1"}
+
+
+@pytest.mark.parametrize("method, path, body, headers", [
+    ("POST", "/v1/chat/completions", {"model": BIG, "messages": HI}, {}),
+    ("POST", "/v1/chat/completions", {BIG: 1, "messages": HI}, STRICT),
+    ("POST", "/v1/chat/completions", {"messages": HI, "response_format": {"type": BIG}}, {}),
+    ("POST", "/v1/chat/completions", {"messages": HI, "logit_bias": {BIG: 1}}, {}),
+    ("POST", "/v1/completions", {"model": BIG, "prompt": "hi"}, {}),
+    ("POST", "/completion", {"prompt": "hi", "samplers": [BIG]}, {}),
+    ("POST", "/completion", {"prompt": "hi", "json_schema": {"type": BIG}}, {}),
+    ("POST", "/completion", {"prompt": "hi", "grammar": "root ::= " + BIG}, {}),
+    ("POST", "/v1/messages", {"model": BIG, "messages": HI, "max_tokens": 2}, {}),
+    ("POST", "/v1/messages", {"model": "m", "messages": HI, "max_tokens": 2, "tool_choice": {"type": BIG}}, {}),
+    ("POST", "/v1/messages", {"model": "m", "max_tokens": 2,
+                              "messages": [{"role": "user", "content": [{"type": BIG}]}]}, {}),
+    ("POST", "/v1/responses", {"input": [{"type": BIG}]}, {}),
+    ("POST", "/v1/responses", {"input": "hi", "tools": [{"type": BIG}]}, {}),
+    ("POST", "/v1/chat/completions/control", {"id": "c", "action": BIG}, {}),
+    ("GET", "/v1/models/" + "m" * 8000, None, {}),  # a URL stops at the header limit (16 KiB)
+    ("POST", "/api/models/" + "m" * 8000 + "/load", {}, {}),
+])
+def test_an_error_quotes_a_bounded_part_of_the_client_text(client, method, path, body, headers):
+    """Found by the hostile-client pass: model names, field names and values were quoted whole, so
+    a 1 MiB name came back as a 1 MiB error. Each is cut (config/limits.echo), and any message is
+    cut at ERROR_MESSAGE_CHARS wherever it is rendered."""
+    r = client.request(method, path, json=body, headers=headers)
+    assert 400 <= r.status_code < 500, (r.status_code, r.text[:300])
+    assert len(r.content) < 2 * ERROR_MESSAGE_CHARS, (len(r.content), r.text[:300])
 
 
 def test_server_logged_no_unhandled_exception(server, client):

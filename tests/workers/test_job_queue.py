@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from mlxcel.workers.queue import JobQueue, QueueFull
+from mlxcel.workers.queue import JobQueue, QueueClosed, QueueFull
 
 
 async def _until(check) -> None:
@@ -89,5 +89,29 @@ def test_a_cancelled_running_job_is_stopped_and_keeps_its_turn_until_it_returns(
         stop.set()
         await nxt
         assert log == ["asked", "stopped", "next"] and (q.waiting, q.running) == (0, 0)
+
+    asyncio.run(main())
+
+
+def test_close_ends_waiting_and_running_jobs_with_the_reason_and_refuses_later_ones():
+    """What the shutdown drain does when --shutdown-timeout passes (api/side_workers.close_worker_queues):
+    the running job is asked to stop and ends at once, the waiting one without running."""
+    async def main():
+        q, gate, log = JobQueue("embedding", depth=4), threading.Event(), []
+        running = asyncio.ensure_future(q.run(_blocking(gate, log, "a"), on_cancel=lambda: log.append("asked")))
+        await _until(lambda: q.running == 1)
+        waiting = asyncio.ensure_future(q.run(_blocking(gate, log, "b")))
+        await _until(lambda: q.waiting == 1)
+        await asyncio.to_thread(q.close, "shutting down")  # from another thread, as the drain's deadline calls it
+        with pytest.raises(QueueClosed, match="^shutting down before this request finished$"):
+            await running
+        with pytest.raises(QueueClosed, match="^shutting down before this request started$"):
+            await waiting
+        with pytest.raises(QueueClosed, match="before this request started"):
+            await q.run(lambda: log.append("late"))
+        assert log == ["asked"] and q.cancelled_total == 0
+        gate.set()
+        await _until(lambda: q.running == 0)
+        assert log == ["asked", "a"]  # the stopped job's thread returned; "b" and "late" never ran
 
     asyncio.run(main())

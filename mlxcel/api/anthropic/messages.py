@@ -30,6 +30,7 @@ from mlxcel.api.openai import generation as g
 from mlxcel.api.openai.fields import settle_unused, strict_mode
 from mlxcel.api.openai.schemas import ChatCompletionRequest
 from mlxcel.api.state import AppState
+from mlxcel.config.limits import ERROR_MESSAGE_CHARS, echo
 from mlxcel.runtime.served import ServedModel
 from mlxcel.api.stream_runner import Encoder, Job, Run
 from mlxcel.engine.types import TokenEvent
@@ -102,7 +103,7 @@ def _chat_messages(req: MessagesRequest) -> list[dict[str, Any]]:
                                "hint: the loaded model has no media tower", code="not_supported",
                                type="not_supported_error")
             else:
-                raise ApiError(400, f"messages[{i}].content[{j}]: unsupported block type {kind!r}",
+                raise ApiError(400, f"messages[{i}].content[{j}]: unsupported block type {echo(kind)!r}",
                                code="invalid_parameter")
         if role == "assistant":
             msg: dict[str, Any] = {"role": "assistant", "content": "".join(text)}
@@ -131,7 +132,8 @@ def _chat_request(req: MessagesRequest, *, counting: bool = False) -> ChatComple
     elif kind in ("auto", "none"):
         choice = kind
     else:
-        raise ApiError(400, f"tool_choice type '{kind}' must be auto, any, tool or none", code="invalid_parameter",
+        raise ApiError(400, f"tool_choice type '{echo(kind)}' must be auto, any, tool or none",
+                       code="invalid_parameter",
                        param="tool_choice")
     kwargs, budget = None, None
     if req.thinking is not None:
@@ -204,7 +206,7 @@ class MessagesEncoder(Encoder):
             "usage": {"input_tokens": len(self.prep.prompt), "output_tokens": 0}}})]
 
     def error(self, ev: TokenEvent) -> bytes:
-        return _event("error", {"error": {"type": "api_error", "message": ev.error}})
+        return _event("error", {"error": {"type": "api_error", "message": echo(ev.error or "", ERROR_MESSAGE_CHARS)}})
 
     def frames(self, index: int, ev: TokenEvent) -> list[bytes]:
         frames: list[bytes] = []

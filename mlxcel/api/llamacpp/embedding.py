@@ -11,6 +11,7 @@ normalization for this request.
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Callable
 
 import numpy as np
@@ -84,7 +85,9 @@ async def embed(request: Request, state: AppState, worker: EmbeddingWorker, prom
                 mode: int | None) -> list[np.ndarray]:
     """The worker's vectors, in the embedding queue's turn (api/side_workers.py)."""
     try:
-        vectors = await run_queued(request, worker_queue(state, EMBEDDING), lambda: worker.embed(prompts, mode))
+        stop = threading.Event()
+        vectors = await run_queued(request, worker_queue(state, EMBEDDING),
+                                   lambda: worker.embed(prompts, mode, cancelled=stop.is_set), stop.set)
     except InputTooLong as e:
         raise ApiError(400, str(e), code="context_length_exceeded") from None
     if not all(np.isfinite(v).all() for v in vectors):

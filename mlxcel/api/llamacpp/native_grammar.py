@@ -20,7 +20,7 @@ from typing import Any
 import regex as rx
 
 from mlxcel.api.errors import ApiError
-from mlxcel.config.limits import MAX_GRAMMAR_TRIGGERS
+from mlxcel.config.limits import MAX_GRAMMAR_TRIGGERS, echo
 from mlxcel.engine.grammar import GrammarError
 from mlxcel.engine.lazy_grammar import LazyGrammar, PATTERN, PATTERN_FULL, TOKEN, WORD
 from mlxcel.runtime.served import ServedModel
@@ -92,13 +92,13 @@ def _trigger(t: Any, model: ServedModel, preserved: frozenset[int]) -> tuple[str
     if kind == TOKEN:
         token = t.get("token")
         if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < model.tokenizer.vocab_size:
-            raise bad(f"a token trigger needs \"token\", an id in the vocabulary (got {token!r})")
+            raise bad(f"a token trigger needs \"token\", an id in the vocabulary (got {echo(token)})")
         return "token", token, {"type": TOKEN, "value": value, "token": token}
     if kind == WORD:
         ids = model.tokenizer.encode(value, add_special_tokens=False)
         if len(ids) == 1:  # a one-token word is a token trigger, and must be preserved
             if ids[0] not in preserved:
-                raise ApiError(400, f"Grammar trigger word should be marked as preserved token: {value}",
+                raise ApiError(400, f"Grammar trigger word should be marked as preserved token: {echo(value)}",
                                code="invalid_request", param="grammar_triggers")
             return "token", ids[0], {"type": TOKEN, "value": value, "token": ids[0]}
         return "pattern", (rx.compile(rx.escape(value)), False), {"type": WORD, "value": value}
@@ -107,7 +107,7 @@ def _trigger(t: Any, model: ServedModel, preserved: frozenset[int]) -> tuple[str
         try:
             regex = rx.compile(value)
         except rx.error as e:
-            raise bad(f"the pattern {value!r} does not compile: {e}") from None
+            raise bad(f"the pattern {echo(value)!r} does not compile: {echo(str(e))}") from None
         return "pattern", (regex, full), {"type": kind, "value": value}
     raise bad(f"unknown trigger type {kind} (0 token, 1 word, 2 pattern, 3 pattern_full)")
 

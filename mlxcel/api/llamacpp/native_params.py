@@ -24,6 +24,7 @@ from mlxcel.api.errors import ApiError
 from mlxcel.api.llamacpp import native_grammar
 from mlxcel.api.llamacpp.schemas import NativeCompletionRequest, declared_names
 from mlxcel.chat.reasoning import CLOSE, OPEN
+from mlxcel.config.limits import echo
 from mlxcel.engine.sampling_params import resolve_logit_bias, samplers_from_chars, samplers_from_names
 from mlxcel.engine.reasoning_budget import ReasoningBudget
 from mlxcel.engine.types import GenerationRequest
@@ -200,7 +201,7 @@ def _check_routing(req: NativeCompletionRequest, accepts_name: Callable[[str | N
                        code="field_not_honoured", param="n_cmpl")
     check_slot(req.id_slot, n_parallel)
     if req.model is not None and not accepts_name(req.model):
-        raise ApiError(404, f"model '{req.model}' not found", code="model_not_found", param="model")
+        raise ApiError(404, f"model '{echo(req.model)}' not found", code="model_not_found", param="model")
 
 
 def check_slot(id_slot: int | None, n_parallel: int) -> None:

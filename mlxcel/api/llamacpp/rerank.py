@@ -12,6 +12,7 @@ highest first, and cut to `top_n` (default: all). Scores are the cross-encoder's
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from litestar import Request, Response, post
@@ -62,7 +63,9 @@ async def rerank(request: Request, app_state: AppState) -> Response:
     query, docs, tei, top_n = parse(body)
     echo = _bool(body, "return_text" if tei else "return_documents")
     try:
-        scores, tokens = await run_queued(request, worker_queue(app_state, RERANKER), lambda: worker.score(query, docs))
+        stop = threading.Event()
+        scores, tokens = await run_queued(request, worker_queue(app_state, RERANKER),
+                                          lambda: worker.score(query, docs, cancelled=stop.is_set), stop.set)
     except InputTooLong as e:
         raise ApiError(400, str(e), code="context_length_exceeded") from None
     order = sorted(range(len(docs)), key=lambda i: -scores[i])[:top_n]  # stable on ties

@@ -14,6 +14,7 @@ from litestar import Request, Response, delete, get, post, put
 
 from mlxcel.api.management.envelope import Refusal, fail, need_store, read_body, run
 from mlxcel.api.state import AppState
+from mlxcel.config.limits import echo
 from mlxcel.steering import circuits as circ
 from mlxcel.steering.store import CircuitRow
 
@@ -60,7 +61,7 @@ def view(row: CircuitRow, state: AppState) -> dict:
 def _need(state: AppState, ref: str) -> CircuitRow:
     row = need_store(state).circuit(ref)
     if row is None:
-        raise Refusal(404, "circuit_not_found", f"circuit {ref!r} not found")
+        raise Refusal(404, "circuit_not_found", f"circuit {echo(ref)!r} not found")
     return row
 
 
@@ -182,7 +183,7 @@ async def delete_circuit(ref: str, app_state: AppState) -> Response:
 async def export_circuit(ref: str, app_state: AppState) -> Response:
     row = app_state.steering_store.circuit(ref) if app_state.steering_store is not None else None
     if row is None:
-        return fail(404, "circuit_not_found", f"circuit {ref!r} not found")
+        return fail(404, "circuit_not_found", f"circuit {echo(ref)!r} not found")
     return Response(row.document, media_type="application/json")
 
 

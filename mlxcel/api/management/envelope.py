@@ -10,6 +10,7 @@ from litestar import Request, Response
 
 from mlxcel.api.body import decode_json
 from mlxcel.api.errors import ApiError
+from mlxcel.config.limits import ERROR_MESSAGE_CHARS, echo
 from mlxcel.steering.circuits import CircuitError
 from mlxcel.steering.intensity import IntensityError
 from mlxcel.steering.manager import SteeringError
@@ -30,7 +31,8 @@ def ok(data: Any, status: int = 200) -> Response:
 def fail(status: int, code: str, message: str, details: Any = None,
          headers: dict[str, str] | None = None) -> Response:
     return Response({"success": False, "data": None,
-                     "error": {"code": code, "message": message, "details": details}}, status_code=status,
+                     "error": {"code": code, "message": echo(message, ERROR_MESSAGE_CHARS), "details": details}},
+                    status_code=status,
                     headers=headers)
 
 

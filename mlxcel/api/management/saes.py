@@ -21,6 +21,7 @@ from litestar import Request, Response, delete, get, post, put
 
 from mlxcel.api.management.envelope import Refusal, fail, need_manager, read_body, run, values_of
 from mlxcel.api.state import AppState
+from mlxcel.config.limits import echo
 from mlxcel.steering.sae import SAEError, check_compatible, load_sae
 from mlxcel.steering.manager import SteeringError
 
@@ -169,7 +170,7 @@ async def batch_any(request: Request, app_state: AppState) -> Response:
 @post(f"{BASE}/steering/{{action:str}}")
 async def enable_all(action: str, app_state: AppState) -> Response:
     if action not in ("enable", "disable"):
-        return fail(404, "not_found", f"unknown action {action!r}")
+        return fail(404, "not_found", f"unknown action {echo(action)!r}")
 
     def go():
         manager = need_manager(app_state)
@@ -263,7 +264,7 @@ async def clear_steering(sae_id: str, app_state: AppState) -> Response:
 @post(f"{BASE}/{{sae_id:str}}/{{action:str}}")
 async def enable_sae(sae_id: str, action: str, app_state: AppState) -> Response:
     if action not in ("enable", "disable"):
-        return fail(404, "not_found", f"unknown action {action!r}")
+        return fail(404, "not_found", f"unknown action {echo(action)!r}")
     return run(lambda: _answer(app_state, need_manager(app_state).set_enabled(sae_id, action == "enable")))
 
 

@@ -17,6 +17,7 @@ from mlxcel.api.management.monitoring import ROUTES as MONITORING_ROUTES
 from mlxcel.api.management.saes import ROUTES as SAE_ROUTES
 from mlxcel.api.management.envelope import Refusal, fail, need_manager, need_store, read_body, run, values_of
 from mlxcel.api.state import AppState
+from mlxcel.config.limits import echo
 from mlxcel.steering import intensity as dial
 from mlxcel.steering.store import Profile
 
@@ -199,7 +200,7 @@ async def set_cluster_intensity(name: str, request: Request, app_state: AppState
 async def export_cluster(name: str, app_state: AppState) -> Response:
     p = need_store(app_state).get(name) if app_state.steering_store is not None else None
     if p is None or p.kind != "cluster" or p.document is None:
-        return fail(404, "cluster_not_found", f"cluster {name!r} not found")
+        return fail(404, "cluster_not_found", f"cluster {echo(name)!r} not found")
     return Response(p.document, media_type="application/json")
 
 

@@ -34,10 +34,12 @@ from litestar.response import Stream
 
 from mlxcel.api.audio_upload import decode, inspect
 from mlxcel.api.openai import audio_formats
-from mlxcel.api.errors import ApiError
+from mlxcel.api.errors import ApiError, error_type
 from mlxcel.api.multipart import MAX_BODY_BYTES, Form, MultipartReader, UploadError, boundary_of
 from mlxcel.api.side_workers import check_queue, generation_refusal, run_queued, worker_queue
 from mlxcel.api.state import AppState
+from mlxcel.config.limits import echo
+from mlxcel.workers.queue import QueueClosed
 from mlxcel.workers.whisper import TRANSCRIPTION, WhisperError
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -88,9 +90,11 @@ def _float(form: Form, name: str, default: float) -> float:
     try:
         value = float(raw)
     except ValueError:
-        raise ApiError(400, f"'{name}' must be a number, got {raw!r}", code="invalid_parameter", param=name) from None
+        raise ApiError(400, f"'{name}' must be a number, got {echo(raw)!r}", code="invalid_parameter",
+                       param=name) from None
     if not math.isfinite(value) or value < 0:
-        raise ApiError(400, f"'{name}' must be a finite number >= 0, got {raw!r}", code="invalid_parameter", param=name)
+        raise ApiError(400, f"'{name}' must be a finite number >= 0, got {echo(raw)!r}", code="invalid_parameter",
+                       param=name)
     return value
 
 
@@ -99,7 +103,7 @@ def _count(form: Form, name: str) -> int | None:
     if raw is None:
         return None
     if not raw.strip().isdigit():
-        raise ApiError(400, f"'{name}' must be a non-negative integer, got {raw!r}", code="invalid_parameter",
+        raise ApiError(400, f"'{name}' must be a non-negative integer, got {echo(raw)!r}", code="invalid_parameter",
                        param=name)
     return int(raw)
 
@@ -137,10 +141,10 @@ async def _transcribe(request: Request, state: AppState, worker, form: Form, tas
 def _format(form: Form, streamed: bool) -> str:
     fmt = form.text("response_format") or "json"
     if fmt not in audio_formats.FORMATS:
-        raise ApiError(400, f"response_format {fmt!r} is not supported; use one of {', '.join(audio_formats.FORMATS)}",
+        raise ApiError(400, f"response_format {echo(fmt)!r} is not supported; use one of {', '.join(audio_formats.FORMATS)}",
                        code="invalid_parameter", param="response_format")
     if streamed and fmt not in audio_formats.STREAMED:
-        raise ApiError(400, f"response_format {fmt!r} needs the whole clip and does not stream; use json or text "
+        raise ApiError(400, f"response_format {echo(fmt)!r} needs the whole clip and does not stream; use json or text "
                        "with `stream`", code="invalid_parameter", param="response_format")
     return fmt
 
@@ -185,6 +189,9 @@ async def _frames(queue, worker, audio, options):
             yield _sse({"type": "transcript.text.delta", "delta": delta})
         try:
             t = job.result()
+        except QueueClosed as e:  # the shutdown drain ran out
+            yield _sse({"error": {"message": str(e), "type": error_type("model_busy"), "code": "model_busy"}})
+            return
         except Exception as e:  # the stream has started: the error goes out as a frame
             yield _sse({"error": {"message": f"transcription failed: {e}", "type": "server_error"}})
             return

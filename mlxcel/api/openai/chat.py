@@ -34,7 +34,7 @@ from mlxcel.api.state import AppState
 from mlxcel.api.stream_runner import Job
 from mlxcel.chat.chat_template import TemplateError, render_chat, render_plain
 from mlxcel.chat.reasoning import primed
-from mlxcel.config.limits import MAX_PROMPTS
+from mlxcel.config.limits import MAX_PROMPTS, echo
 from mlxcel.engine.requests import RequestHandle
 from mlxcel.engine.types import GenerationRequest
 from mlxcel.runtime.served import ServedModel
@@ -190,7 +190,7 @@ async def _with_model(app_state: AppState, model: ServedModel, ask: ChatAsk) -> 
     steering = ask.steering
     if ask.spec is not None and (steering.profile is not None or steering.intensity is not None):
         field = "profile" if steering.profile is not None else "steering_intensity"
-        raise ApiError(400, f"'{field}' is not honoured on a scoring request: scoring is never steered",
+        raise ApiError(400, f"'{echo(field)}' is not honoured on a scoring request: scoring is never steered",
                        code="field_not_honoured", param=field)
     if steering.activations is not None and (ask.n > 1 or req.extra_messages):
         raise ApiError(400, "return_sae_activations reads one position axis: it is refused with n above 1 and "

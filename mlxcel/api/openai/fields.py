@@ -19,6 +19,7 @@ import msgspec
 
 from mlxcel.api.errors import ApiError
 from mlxcel.api.llamacpp.native_params import OPENAI_SHARED
+from mlxcel.config.limits import ERROR_MESSAGE_CHARS, echo
 
 log = logging.getLogger("mlxcel.api")
 
@@ -109,7 +110,7 @@ def check_fields(body: Mapping[str, Any], struct: type[msgspec.Struct], endpoint
         if policy(key, endpoint) == REFUSED:
             if is_no_change(key, value):
                 continue
-            raise ApiError(400, f"'{key}' is not honoured on {endpoint} by this server",
+            raise ApiError(400, f"'{echo(key)}' is not honoured on {endpoint} by this server",
                            code="field_not_honoured", param=key)
         if key not in declared and policy(key, endpoint) != HONOURED:
             unused.append(key)
@@ -154,7 +155,7 @@ def strict_mode(headers: Mapping[str, str]) -> bool:
         return True
     if value in ("false", "0"):
         return False
-    raise ApiError(400, f"{STRICT_HEADER} must be true, 1, false or 0 (got {raw!r})",
+    raise ApiError(400, f"{STRICT_HEADER} must be true, 1, false or 0 (got {echo(raw)!r})",
                    code="invalid_parameter", param=STRICT_HEADER)
 
 
@@ -164,8 +165,10 @@ def settle_unused(locations: list[str], strict: bool, endpoint: str) -> dict[str
         return {}
     if strict:
         raise ApiError(400, f"{STRICT_HEADER} is set and these request fields are not used on {endpoint}: "
-                       + ", ".join(locations), code="unused_fields_refused", param=locations[0])
-    log.warning("request_fields_unused endpoint=%s locations=%s", endpoint, ",".join(locations))
+                       + ", ".join(echo(loc) for loc in locations), code="unused_fields_refused",
+                       param=echo(locations[0]))
+    log.warning("request_fields_unused endpoint=%s locations=%s", endpoint,
+                echo(",".join(locations), ERROR_MESSAGE_CHARS))
     return ignored_fields_header(locations)
 
 

@@ -25,6 +25,7 @@ from mlxcel.api.openai.logprobs import LogprobsAsk
 from mlxcel.api.openai.schemas import _Sampling
 from mlxcel.api.state import AppState
 from mlxcel.api.stream_runner import sse
+from mlxcel.config.limits import ERROR_MESSAGE_CHARS, echo
 from mlxcel.engine.types import GenerationRequest, TokenEvent
 from mlxcel.runtime.served import ServedModel
 
@@ -117,10 +118,10 @@ def openai_logit_bias(raw: dict[str, Any] | None, n_vocab: int) -> dict[int, flo
         except ValueError:
             tok = -1
         if not 0 <= tok < n_vocab:
-            raise ApiError(400, f"logit_bias: {key!r} is not a token id of this model (0..{n_vocab - 1})",
+            raise ApiError(400, f"logit_bias: {echo(key)!r} is not a token id of this model (0..{n_vocab - 1})",
                            code="invalid_parameter", param="logit_bias")
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not -100 <= value <= 100:
-            raise ApiError(400, f"logit_bias[{key!r}] must be a number from -100 to 100",
+            raise ApiError(400, f"logit_bias[{echo(key)!r}] must be a number from -100 to 100",
                            code="invalid_parameter", param="logit_bias")
         out[tok] = float(value)
     return out
@@ -218,5 +219,6 @@ def now() -> int:
 
 def error_frame(ev: TokenEvent) -> bytes:
     """A mid-stream error event; its type follows the code as a non-streamed error's would."""
-    return sse({"error": {"message": ev.error, "type": error_type(ev.error_code), "param": None,
+    return sse({"error": {"message": echo(ev.error or "", ERROR_MESSAGE_CHARS), "type": error_type(ev.error_code),
+                          "param": None,
                           "code": ev.error_code}})

@@ -17,6 +17,7 @@ from litestar import Request, post
 from mlxcel.api.body import read_json_object
 from mlxcel.api.errors import ApiError
 from mlxcel.api.state import AppState
+from mlxcel.config.limits import echo
 from mlxcel.engine.reasoning_budget import ReasoningControl
 
 ACTIONS = ("reasoning_end",)
@@ -43,7 +44,7 @@ async def control(request: Request, app_state: AppState) -> dict[str, Any]:
     if not isinstance(cid, str) or not cid:
         raise ApiError(400, "'id' is required", code="invalid_parameter", param="id")
     if action not in ACTIONS:
-        raise ApiError(400, f"unknown action {action!r} (expected one of: {', '.join(ACTIONS)})",
+        raise ApiError(400, f"unknown action {echo(action)!r} (expected one of: {', '.join(ACTIONS)})",
                        code="invalid_parameter", param="action")
     entry = app_state.reasoning_controls.get(cid)
     if entry is None or not _live(entry):

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mlxcel.api.errors import ApiError
+from mlxcel.config.limits import echo
 from mlxcel.engine.grammar import GrammarError
 
 HEADER = "X-miLLM-Constrained"
@@ -154,7 +155,8 @@ def parse(body: dict[str, Any]) -> Constraint | None:
     if kind == "text":
         return None
     if kind not in ("json_object", "json_schema"):
-        raise _unsupported(f"response_format type '{kind}' is not supported; use text, json_object or json_schema")
+        raise _unsupported(f"response_format type '{echo(kind)}' is not supported; use text, json_object or "
+                           "json_schema")
     for name, conflicts in _CONFLICTS.items():
         if conflicts(body.get(name)):
             raise _unsupported(f"response_format cannot be combined with '{name}'")

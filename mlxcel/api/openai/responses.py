@@ -34,6 +34,7 @@ from mlxcel.api.security import presented_key
 from mlxcel.api.state import AppState
 from mlxcel.api.stream_sessions import stream_owner
 from mlxcel.api.stream_runner import Encoder, Job, Run
+from mlxcel.config.limits import echo
 from mlxcel.engine.types import TokenEvent
 from mlxcel.steering import requests as steer
 
@@ -117,7 +118,7 @@ def check_fields(raw: dict[str, Any], strict: bool) -> dict[str, str]:
         if key in NOT_HONOURED:
             if any(_same(value, ok) for ok in NOT_HONOURED[key]):
                 continue
-            raise ApiError(400, f"'{key}' is not honoured on {RESPONSES} by this server",
+            raise ApiError(400, f"'{echo(key)}' is not honoured on {RESPONSES} by this server",
                            code="field_not_honoured", param=key)
         if key == "text":  # structured output is chat's response_format; plain text is the default
             fmt = value.get("format") if isinstance(value, dict) else value
@@ -186,7 +187,8 @@ def _messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
         elif kind == "reasoning":
             continue
         else:
-            raise ApiError(400, f"input item type {kind!r} is not supported", code="invalid_parameter", param="input")
+            raise ApiError(400, f"input item type {echo(kind)!r} is not supported", code="invalid_parameter",
+                           param="input")
     return out
 
 
@@ -213,7 +215,7 @@ def _chat_request(req: ResponsesRequest, conversation: list[dict[str, Any]]) -> 
     if req.tools:
         for t in req.tools:
             if t.get("type") != "function":
-                raise ApiError(400, f"tool type {t.get('type')!r} is not supported (function tools only)",
+                raise ApiError(400, f"tool type {echo(t.get('type'))!r} is not supported (function tools only)",
                                code="invalid_parameter", param="tools")
         tools = [{"type": "function", "function": {k: t[k] for k in ("name", "description", "parameters") if k in t}}
                  for t in req.tools]

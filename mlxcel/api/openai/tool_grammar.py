@@ -29,6 +29,7 @@ from mlxcel.api.errors import ApiError
 from mlxcel.api.openai import response_format as rf
 from mlxcel.chat.reasoning import CLOSE as THINK_CLOSE
 from mlxcel.chat.tool_calls import HERMES_CLOSE, HERMES_OPEN, MISTRAL_TAG, PYTHON_TAG
+from mlxcel.config.limits import echo
 from mlxcel.engine.grammar import JSON_OPTIONS
 from mlxcel.engine.json_schema import close_objects
 
@@ -67,7 +68,7 @@ def _parameters(tool: dict) -> Any:
     try:
         rf.check_schema(params)
     except ApiError as e:
-        raise ApiError(400, f"tool '{tool['function']['name']}': the parameters schema cannot be enforced for "
+        raise ApiError(400, f"tool '{echo(tool['function']['name'])}': the parameters schema cannot be enforced for "
                        f"tool_choice: {e.message.replace('response_format.json_schema.schema', 'it')}",
                        code="field_not_honoured", param="tool_choice") from None
     return params
