@@ -1,0 +1,192 @@
+"""MLX-quantized linears and embeddings on the torch backend, the weights kept packed.
+
+MLX's affine format (mx.quantize): a weight row is cut into groups of `group` values; each
+group has a scale s and a bias z, and a value is w = s * q + z for an unsigned `bits`-bit code
+q. A row's codes are one little-endian bit stream stored as uint32 words (held here as int32,
+the same bits). Scales and biases are kept in fp32.
+
+What runs a product, chosen by what the rows are (as row_gemv.py does for dense linears):
+decode rows, and any call of up to FEW_ROWS rows, take mlxcel's CPU kernel
+(kernels/cpu/quant_rows.cpp), which unpacks and scales inside the dot products; other rows
+(a prompt chunk, and every row on CUDA or without a compiler) dequantize CHUNK_VALUES weights'
+worth of output rows at a time into a scratch matrix in the compute dtype and multiply it in
+torch: never the whole matrix at once, and in plain torch ops, so the same path runs on CUDA
+with the stock wheel. The embedding dequantizes only the rows it looks up; a tied LM head
+shares the embedding's packed tensors.
+
+The modules keep nn.Linear's `in_features` / `out_features`, so LoRA terms (lora.py) and
+forward hooks find and wrap them as they do dense linears.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from mlxcel.backends.torch.row_gemv import FEW_ROWS, RowRouting
+
+CHUNK_VALUES = 1 << 20  # weights dequantized per scratch matrix (4 MiB in fp32)
+BITS = (2, 3, 4, 5, 6, 8)
+GROUP_SIZES = (32, 64, 128)
+
+
+def unpack_codes(words: torch.Tensor, bits: int, k: int) -> torch.Tensor:
+    """The codes [.., k] (int32) of packed rows [.., k * bits / 32] (int32 words)."""
+    if 32 % bits == 0:  # whole codes per word: a shift and a mask per code
+        per = 32 // bits
+        shifts = torch.arange(0, 32, bits, dtype=torch.int32, device=words.device)
+        codes = (words.unsqueeze(-1) >> shifts) & ((1 << bits) - 1)
+        return codes.reshape(*words.shape[:-1], words.shape[-1] * per)
+    # codes straddle bytes: each is read from the two bytes that hold its first bit
+    data = words.contiguous().view(torch.uint8).to(torch.int32)
+    nbytes = data.shape[-1]
+    bit = torch.arange(k, device=words.device) * bits
+    lo = bit // 8
+    hi = (lo + 1).clamp(max=nbytes - 1)
+    pair = data[..., lo] | (data[..., hi] << 8)
+    return (pair >> (bit % 8).to(torch.int32)) & ((1 << bits) - 1)
+
+
+def dequantize(words: torch.Tensor, scales: torch.Tensor, biases: torch.Tensor, bits: int, group: int,
+               dtype: torch.dtype) -> torch.Tensor:
+    """Dense rows [.., k] in `dtype` of packed rows (w = s * q + z, computed in fp32)."""
+    k = words.shape[-1] * 32 // bits
+    codes = unpack_codes(words, bits, k).view(*words.shape[:-1], k // group, group).float()
+    w = codes * scales.float().unsqueeze(-1) + biases.float().unsqueeze(-1)
+    return w.view(*words.shape[:-1], k).to(dtype)
+
+
+class _Packed(torch.nn.Module):
+    """Packed weight, scales and biases as buffers (they follow .to(device), never a dtype cast)."""
+
+    def __init__(self, weight: torch.Tensor, scales: torch.Tensor, biases: torch.Tensor, bits: int,
+                 group: int) -> None:
+        super().__init__()
+        if bits not in BITS or group not in GROUP_SIZES:
+            raise ValueError(f"MLX quantization with {bits} bits, group {group} is not supported "
+                             f"(bits {BITS}, group sizes {GROUP_SIZES})")
+        k = weight.shape[-1] * 32 // bits
+        if weight.shape[-1] * 32 != k * bits or scales.shape != (weight.shape[0], k // group) \
+                or biases.shape != scales.shape:
+            raise ValueError(f"packed shapes {tuple(weight.shape)}, scales {tuple(scales.shape)} do not fit "
+                             f"{bits}-bit codes in groups of {group}")
+        self.bits, self.group = bits, group
+        self.register_buffer("weight", weight.contiguous().view(torch.int32))
+        self.register_buffer("scales", scales.float().contiguous())
+        self.register_buffer("biases", biases.float().contiguous())
+
+
+class QuantizedLinear(_Packed):
+    """nn.Linear over packed weights: y = x @ W^T (+ bias), W never materialised whole."""
+
+    def __init__(self, weight, scales, biases, bits, group, bias: torch.Tensor | None = None) -> None:
+        super().__init__(weight, scales, biases, bits, group)
+        self.out_features = weight.shape[0]
+        self.in_features = weight.shape[-1] * 32 // bits
+        self.bias = None if bias is None else torch.nn.Parameter(bias, requires_grad=False)
+        self.routing: RowRouting | None = None  # set by install_routing; None: every row dequantized
+        self.op = None  # the CPU kernel (torch.ops.mlxcel_cpu.quant_rows_linear), None without one
+
+    @classmethod
+    def tied(cls, embedding: QuantizedEmbedding) -> QuantizedLinear:
+        """The LM head of a tied checkpoint: the embedding's packed tensors, shared."""
+        head = cls(embedding.weight, embedding.scales, embedding.biases, embedding.bits, embedding.group)
+        head.weight, head.scales, head.biases = embedding.weight, embedding.scales, embedding.biases
+        return head
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, out={self.out_features}, bits={self.bits}, group={self.group}"
+
+    def dequantized(self, start: int = 0, stop: int | None = None, dtype: torch.dtype = torch.float32):
+        """Output rows [start, stop) as a dense [rows, in] matrix."""
+        return dequantize(self.weight[start:stop], self.scales[start:stop], self.biases[start:stop], self.bits,
+                          self.group, dtype)
+
+    def chunked(self, x: torch.Tensor) -> torch.Tensor:
+        """Every row through scratch matrices of CHUNK_VALUES weights, one block of outputs each."""
+        step = max(64, CHUNK_VALUES // self.in_features // 64 * 64)
+        parts = []
+        for start in range(0, self.out_features, step):
+            w = self.dequantized(start, start + step, x.dtype)
+            b = None if self.bias is None else self.bias[start:start + step]
+            parts.append(F.linear(x, w, b))
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
+
+    def _kernel(self, x: torch.Tensor) -> torch.Tensor:
+        return self.op(x, self.weight, self.scales, self.biases, self.bias, self.bits, self.group)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.op is None:
+            return self.chunked(x)
+        rows = self.routing.rows if self.routing is not None else None
+        if isinstance(rows, str) or x.numel() <= FEW_ROWS * self.in_features:
+            return self._kernel(x)
+        y = self.chunked(x)
+        if rows is not None:  # decode rows keep the kernel's bits whatever shares their step
+            y.view(-1, self.out_features)[rows] = self._kernel(x.reshape(-1, self.in_features)[rows])
+        return y
+
+
+class QuantizedEmbedding(_Packed):
+    """nn.Embedding over packed rows: only the looked-up rows are dequantized."""
+
+    def __init__(self, weight, scales, biases, bits, group, dtype: torch.dtype,
+                 embed_scale: torch.Tensor | float | None = None) -> None:
+        super().__init__(weight, scales, biases, bits, group)
+        self.num_embeddings = weight.shape[0]
+        self.embedding_dim = weight.shape[-1] * 32 // bits
+        self.dtype = dtype
+        # Gemma's scaled embedding multiplies its rows by sqrt(hidden) in its own forward
+        self.embed_scale = embed_scale
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, bits={self.bits}, group={self.group}"
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        flat = ids.reshape(-1)
+        rows = dequantize(self.weight[flat], self.scales[flat], self.biases[flat], self.bits, self.group, self.dtype)
+        rows = rows.view(*ids.shape, self.embedding_dim)
+        if self.embed_scale is not None:
+            scale = self.embed_scale
+            rows = rows * (scale.to(rows.dtype) if isinstance(scale, torch.Tensor) else scale)
+        return rows
+
+
+def quantized_linears(*roots: torch.nn.Module) -> list[QuantizedLinear]:
+    seen: dict[int, QuantizedLinear] = {}
+    for root in roots:
+        for module in root.modules():
+            if isinstance(module, QuantizedLinear):
+                seen[id(module)] = module
+    return list(seen.values())
+
+
+def install_routing(routing: RowRouting, *roots: torch.nn.Module) -> int:
+    """Give every quantized linear under `roots` the routing and the kernel op (when the
+    routing's kernel is loaded and the weights are on the CPU); returns how many take the kernel."""
+    op = None
+    if routing.kernel is not None and hasattr(torch.ops.mlxcel_cpu, "quant_rows_linear"):
+        op = torch.ops.mlxcel_cpu.quant_rows_linear
+    taken = 0
+    for module in quantized_linears(*roots):
+        module.routing = routing
+        module.op = op if module.weight.device.type == "cpu" else None
+        taken += module.op is not None
+    return taken
+
+
+def label(modules: list[torch.nn.Module]) -> str | None:
+    """The checkpoint's quantization as ModelInfo says it (mlx backend's form: 4bit-g64), the
+    most common form first when layers differ."""
+    forms: dict[str, int] = {}
+    for m in modules:
+        if isinstance(m, _Packed):
+            key = f"{m.bits}bit-g{m.group}"
+            forms[key] = forms.get(key, 0) + 1
+    if not forms:
+        return None
+    return "+".join(sorted(forms, key=lambda f: -forms[f]))
+
+
+__all__ = ["QuantizedEmbedding", "QuantizedLinear", "dequantize", "install_routing", "label",
+           "quantized_linears", "unpack_codes"]
