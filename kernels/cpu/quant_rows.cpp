@@ -9,7 +9,8 @@
 //
 // A decode row's cost is reading the weights, so the codes are unpacked and scaled in registers
 // inside the dot product (fp32 accumulate) and each weight row is read once for up to eight
-// activation rows. 4-bit: a vector of L bytes widens to L 32-bit lanes; its low nibbles are the
+// activation rows; a prompt chunk's rows run here too, eight at a time over each ~32 KiB of
+// weight rows while it is in the cache (quantized.py says why). 4-bit: a vector of L bytes widens to L 32-bit lanes; its low nibbles are the
 // even codes of 2L values and its high nibbles the odd ones, so x is permuted once per call to
 // match (even then odd within each 2L block). 8-bit: L bytes are L codes in order. Other widths
 // decode a row into a scratch row first (correct, slower). Every activation row's sum runs in

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from mlxcel.backends.select import quantization_mode
 from mlxcel.backends.torch.quantized import QuantizedEmbedding, QuantizedLinear
 
 
@@ -24,8 +25,8 @@ class QuantizedLoadRefused(ValueError):
 
 
 def is_mlx_quantized(config: dict) -> bool:
-    q = config.get("quantization")
-    return isinstance(q, dict) and q.get("mode", "affine") == "affine" and "bits" in q
+    """MLX's affine quantization, the form this backend runs packed."""
+    return quantization_mode(config) == "affine"
 
 
 def layer_spec(config: dict, path: str) -> tuple[int, int]:
