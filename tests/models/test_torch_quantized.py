@@ -10,9 +10,10 @@ of s * q + z), then a plain product in fp64.
 3. Served checkpoints (SmolLM2 4- and 8-bit in groups of 64, qwen2-tiny 4-bit in groups of 32
    and with per-layer bits): logits of the packed model against the same model with every
    packed module replaced by a dense fp32 one holding mx.dequantize's weights, over a prompt
-   and 6 greedy decode steps: max |difference| <= 1e-3 of the logits' range and the same
-   greedy tokens; then a row in a batch of 4 equals its solo run, a prefix-cache hit the cold
-   run, and a LoRA-style forward hook on a packed linear still changes the output.
+   and 6 greedy decode steps: max |difference| <= 1e-5 of the logits' range (measured: under
+   1e-6; fp32 sums in another order) and the same greedy tokens; then a row in a batch of 4
+   equals its solo run, a prefix-cache hit the cold run, and a forward hook on a packed linear
+   (how LoRA terms attach) still changes the output.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ mx = pytest.importorskip("mlx.core")
 MODELS = [fixtures.SMOLLM2_4BIT, fixtures.SMOLLM2_8BIT, fixtures.QWEN2_TINY_4BIT_G32, fixtures.QWEN2_TINY_MIXED]
 PROMPT = "The quick brown fox jumps over the lazy dog because it wants to reach the river before sunset"
 KERNEL_BOUND = 1e-5  # of the largest output
-MODEL_BOUND = 1e-3  # of the logits' range
+MODEL_BOUND = 1e-5  # of the logits' range (measured: under 1e-6)
 DECODE_STEPS = 6
 
 
