@@ -19,6 +19,7 @@ of s * q + z), then a plain product in fp64.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import subprocess
@@ -239,6 +240,33 @@ def test_a_forward_hook_on_a_packed_linear_changes_the_output():
         remove.remove()
     assert np.abs(hooked - base).max() > 1e-4
     np.testing.assert_array_equal(backend.forward_all(ids, backend.new_sequence()), base)
+
+
+def test_lora_terms_on_packed_linears_match_the_dequantized_model():
+    from mlxcel.engine.backend import ForwardRow
+    from mlxcel.engine.tokenizer import Tokenizer
+    from mlxcel.models.lora import checkpoint_shapes, load_adapter
+
+    if not fixtures.lora_available(fixtures.LORA_SMOLLM2):
+        pytest.skip("run scripts/fixtures/build_all.py")
+    adapter = load_adapter(fixtures.models_dir() / fixtures.LORA_SMOLLM2)
+    ids = Tokenizer(fixture_path(fixtures.SMOLLM2_4BIT)).encode(PROMPT)
+    packed, dense = _backend(fixtures.SMOLLM2_4BIT), _densified(_backend(fixtures.SMOLLM2_4BIT))
+    plain = packed.forward_all(ids, packed.new_sequence())[-1]  # before any adapter is attached
+    rows = {}
+    for name, backend in (("packed", packed), ("dense", dense)):
+        backend.attach_lora([adapter])
+        rows[name] = [backend.forward([ForwardRow(ids, backend.new_sequence(), lora=(scale,))])[0]
+                      for scale in (0.0, 1.0)]
+    (off, on), (_, dense_on) = rows["packed"], rows["dense"]
+    assert np.abs(on - off).max() > 1e-3  # the adapter acts on the packed q and v projections
+    span = float(dense_on.max() - dense_on.min())
+    assert np.abs(on - dense_on).max() <= MODEL_BOUND * span
+    np.testing.assert_array_equal(off, plain)  # at scale 0 the base model's bits
+    # the server validates adapters against the checkpoint's headers, packed widths unpacked
+    shapes = checkpoint_shapes(fixture_path(fixtures.QWEN2_TINY_MIXED),
+                               json.loads((fixture_path(fixtures.QWEN2_TINY_MIXED) / "config.json").read_text()))
+    assert shapes["model.layers.1.mlp.down_proj"] == (64, 128) and shapes["model.layers.0.mlp.up_proj"] == (128, 64)
 
 
 @pytest.fixture(scope="module", params=[fixtures.QWEN2_TINY_MIXED, fixtures.SMOLLM2_4BIT])
