@@ -217,7 +217,11 @@ void product(const Operands& o) {
   // chunks of ~32 KiB of packed weight rows, split over the helper threads
   const int64_t chunk_rows = std::max<int64_t>(4, 32768 / std::max<int64_t>(1, o.row_bytes));
   const int64_t chunks = (o.n + chunk_rows - 1) / chunk_rows;
-  const bool generic = !permutes(o.bits) && o.bits != 8;
+#if defined(MLXCEL_QUANT_VECTOR)
+  const bool generic = o.bits != 4 && o.bits != 8;  // one_row decodes into the scratch row
+#else
+  const bool generic = true;
+#endif
   mlxcel::parallel(chunks, [&](int64_t c) {
     std::vector<float> scratch(generic ? o.k : 0);
     float out[kMaxRows];

@@ -5,10 +5,11 @@ Reference: mx.dequantize on the same packed tensors with fp32 scales and biases 
 of s * q + z), then a plain product in fp64.
 1. The kernel (every bit width and group size, 1 to 40 rows, with and without a bias, fp32 and
    bf16 activations): within 1e-5 of the largest output (fp32 sums in another order); a row's
-   bits do not depend on the other rows of the call. The same for a copy built for AVX2 only.
+   bits do not depend on the other rows of the call. The same for copies built for AVX2 without
+   AVX-512 and for no vector extension (the portable form).
 2. The chunked path (CUDA's, and the CPU's without a compiler) and the torch unpacking it uses.
-3. Served checkpoints (SmolLM2 4- and 8-bit in groups of 64, qwen2-tiny 4-bit in groups of 32
-   and with per-layer bits): logits of the packed model against the same model with every
+3. Served checkpoints (SmolLM2 4-bit in groups of 64, qwen2-tiny 4-bit in groups of 32 and
+   with per-layer bits over an 8-bit, group-64 block): logits of the packed model against the same model with every
    packed module replaced by a dense fp32 one holding mx.dequantize's weights, over a prompt
    and 6 greedy decode steps: max |difference| <= 1e-5 of the logits' range (measured: under
    1e-6; fp32 sums in another order) and the same greedy tokens; then a row in a batch of 4
@@ -21,8 +22,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
-import subprocess
 
 import numpy as np
 import pytest
@@ -39,7 +38,8 @@ from tests.models.test_engine import run
 
 mx = pytest.importorskip("mlx.core")
 
-MODELS = [fixtures.SMOLLM2_4BIT, fixtures.SMOLLM2_8BIT, fixtures.QWEN2_TINY_4BIT_G32, fixtures.QWEN2_TINY_MIXED]
+# 8 bits in groups of 64 is the per-layer fixture's block form
+MODELS = [fixtures.SMOLLM2_4BIT, fixtures.QWEN2_TINY_4BIT_G32, fixtures.QWEN2_TINY_MIXED]
 PROMPT = "The quick brown fox jumps over the lazy dog because it wants to reach the river before sunset"
 KERNEL_BOUND = 1e-5  # of the largest output
 MODEL_BOUND = 1e-5  # of the logits' range (measured: under 1e-6)
@@ -90,33 +90,47 @@ def test_kernel_matches_dequantized_reference(kernel, bits, group, rows):
     _check_op(torch.ops.mlxcel_cpu.quant_rows_linear, bits, group, rows)
 
 
-@pytest.fixture(scope="module")
-def avx2_ops(kernel, tmp_path_factory):
-    """quant_rows.cpp alone, built for AVX2 without AVX-512 as its own torch library."""
+ISA_BUILDS = {  # quant_rows.cpp alone, as its own torch library, for a narrower CPU than this one
+    "avx2": ["-mavx2", "-mfma", "-mf16c", "-mno-avx512f"],
+    "portable": ["-mno-avx", "-mno-avx2", "-mno-fma", "-mno-avx512f"],
+}
+
+
+@pytest.fixture(scope="module", params=sorted(ISA_BUILDS))
+def isa_ops(request, kernel):
+    """The quantized ops built for `request.param`'s instruction set (cached like the kernels)."""
     from torch.utils import cpp_extension
 
-    from mlxcel.backends.torch.cpu_kernels import KERNEL_DIR, cpu_flags
+    from mlxcel import native_build
+    from mlxcel.backends.torch.cpu_kernels import HEADERS, KERNEL_DIR, cpu_flags
 
-    if not {"avx2", "fma"} <= cpu_flags():
+    isa = request.param
+    if isa == "avx2" and not {"avx2", "fma"} <= cpu_flags():
         pytest.skip("this CPU has no AVX2")
-    compiler = shutil.which(os.environ.get("CXX", "c++")) or shutil.which("g++")
-    out = tmp_path_factory.mktemp("avx2") / "quant_avx2.so"
+    compiler = native_build.find_compiler(os.environ, "CXX", ("c++", "g++", "clang++"), "C++")
     lib_dir = cpp_extension.library_paths()[0]
-    cmd = [compiler, "-O2", "-mavx2", "-mfma", "-mf16c", "-mno-avx512f", "-std=c++20", "-shared", "-fPIC", "-w",
-           f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
-           "-DMLXCEL_QUANT_LIBRARY=mlxcel_quant_avx2", *(f"-I{p}" for p in cpp_extension.include_paths()),
-           str(KERNEL_DIR / "quant_rows.cpp"), "-o", str(out), f"-L{lib_dir}", "-lc10", "-ltorch_cpu"]
-    subprocess.run(cmd, check=True, timeout=600)
-    torch.ops.load_library(str(out))
-    ops = torch.ops.mlxcel_quant_avx2
-    assert ops.quant_rows_isa() == "avx2"
+    library = f"mlxcel_quant_{isa}"
+    flags = ["-O2", *ISA_BUILDS[isa], "-std=c++20", "-shared", "-fPIC", "-w",
+             f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}", f"-DMLXCEL_QUANT_LIBRARY={library}"]
+    sources = [KERNEL_DIR / "quant_rows.cpp", *(KERNEL_DIR / h for h in HEADERS)]
+
+    def command(out: str) -> list[str]:
+        return [compiler, *flags, *(f"-I{p}" for p in cpp_extension.include_paths()), str(sources[0]), "-o", out,
+                f"-L{lib_dir}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{lib_dir}"]
+
+    key = [*(f.read_bytes() for f in sources), torch.__version__.encode(), compiler.encode(), " ".join(flags).encode()]
+    path = native_build.build_cached(native_build.cache_root(os.environ) / "kernels", f"test-quant-{isa}", key, command,
+                                     f"quant_rows.cpp ({isa})", timeout=None)
+    torch.ops.load_library(str(path))
+    ops = getattr(torch.ops, library)
+    assert ops.quant_rows_isa() == isa
     return ops
 
 
 @pytest.mark.parametrize("bits,group,rows", [(4, 32, 1), (4, 64, 9), (8, 128, 3), (8, 32, 40), (3, 64, 2),
                                              (6, 32, 5)])
-def test_avx2_build_matches_dequantized_reference(avx2_ops, bits, group, rows):
-    _check_op(avx2_ops.quant_rows_linear, bits, group, rows)
+def test_narrower_isa_builds_match_dequantized_reference(isa_ops, bits, group, rows):
+    _check_op(isa_ops.quant_rows_linear, bits, group, rows)
 
 
 @pytest.mark.parametrize("bits", quantized.BITS)
