@@ -2,7 +2,7 @@
 // y[m, n] = sum_k x[m, k] * w[n, k] (+ b[n]), w never stored dense.
 //
 // MLX's affine format (mx.quantize): each weight row is cut into groups of `group` values, each
-// group has an fp32 scale s and bias z, and a value is w = s * q + z for an unsigned `bits`-bit
+// group has a scale s and bias z (fp32, or bf16 as mlx-community's checkpoints store them), and a value is w = s * q + z for an unsigned `bits`-bit
 // code q. The codes of a row are one little-endian bit stream (code j at bits [j * bits,
 // (j + 1) * bits)) stored as uint32 words, so 4-bit codes are the nibbles of consecutive bytes,
 // low nibble first, and 8-bit codes are the bytes.
@@ -80,12 +80,18 @@ constexpr int64_t L = 8;  // the portable form's block, for the x layout only
 struct Operands {
   int64_t rows, n, k, bits, group, row_bytes;
   const uint8_t* w;      // [n, row_bytes]
-  const float* scales;   // [n, k / group]
-  const float* biases;   // [n, k / group]
+  const void* scales;    // [n, k / group], fp32 or bf16 (`bf16`)
+  const void* biases;    // [n, k / group], the same dtype
+  bool bf16;
   const float* bias;     // [n] or nullptr
   const float* x;        // [rows, k], in the order the path reads (4-bit: permuted)
   float* y;              // [rows, n]
 };
+
+// Group g's scale or bias (row-major index) in fp32; bf16 widens exactly.
+inline float param(const Operands& o, const void* p, int64_t i) {
+  return o.bf16 ? mlxcel::widen(static_cast<const uint16_t*>(p)[i]) : static_cast<const float*>(p)[i];
+}
 
 // A row's code j, any width up to 8: one or two bytes of the bit stream.
 inline uint32_t code_at(const uint8_t* row, int64_t row_bytes, int64_t j, int64_t bits) {
@@ -98,11 +104,11 @@ inline uint32_t code_at(const uint8_t* row, int64_t row_bytes, int64_t j, int64_
 // Weight row r decoded to fp32 (the generic path's scratch row).
 void decode_row(const Operands& o, int64_t r, float* out) {
   const uint8_t* row = o.w + r * o.row_bytes;
-  const float* s = o.scales + r * (o.k / o.group);
-  const float* z = o.biases + r * (o.k / o.group);
-  for (int64_t j = 0; j < o.k; ++j) {
-    const int64_t g = j / o.group;
-    out[j] = s[g] * static_cast<float>(code_at(row, o.row_bytes, j, o.bits)) + z[g];
+  const int64_t base = r * (o.k / o.group);
+  for (int64_t g = 0; g < o.k / o.group; ++g) {
+    const float sg = param(o, o.scales, base + g), zg = param(o, o.biases, base + g);
+    for (int64_t j = g * o.group; j < (g + 1) * o.group; ++j)
+      out[j] = sg * static_cast<float>(code_at(row, o.row_bytes, j, o.bits)) + zg;
   }
 }
 
@@ -111,12 +117,11 @@ void decode_row(const Operands& o, int64_t r, float* out) {
 template <int M>
 void row4(const Operands& o, int64_t r, const float* xs, float* out) {
   const uint8_t* row = o.w + r * o.row_bytes;
-  const float* s = o.scales + r * (o.k / o.group);
-  const float* z = o.biases + r * (o.k / o.group);
+  const int64_t base = r * (o.k / o.group);
   V a0[M], a1[M];
   for (int i = 0; i < M; ++i) a0[i] = a1[i] = vzero();
   for (int64_t g = 0; g < o.k / o.group; ++g) {
-    const V sv = vset(s[g]), zv = vset(z[g]);
+    const V sv = vset(param(o, o.scales, base + g)), zv = vset(param(o, o.biases, base + g));
     for (int64_t j = g * o.group; j < (g + 1) * o.group; j += 2 * L) {
       const auto q = widen_bytes(row + j / 2);
       const V lo = vfma(to_float(low_nibbles(q)), sv, zv), hi = vfma(to_float(high_nibbles(q)), sv, zv);
@@ -132,12 +137,11 @@ void row4(const Operands& o, int64_t r, const float* xs, float* out) {
 template <int M>
 void row8(const Operands& o, int64_t r, const float* xs, float* out) {
   const uint8_t* row = o.w + r * o.row_bytes;
-  const float* s = o.scales + r * (o.k / o.group);
-  const float* z = o.biases + r * (o.k / o.group);
+  const int64_t base = r * (o.k / o.group);
   V a0[M], a1[M];
   for (int i = 0; i < M; ++i) a0[i] = a1[i] = vzero();
   for (int64_t g = 0; g < o.k / o.group; ++g) {
-    const V sv = vset(s[g]), zv = vset(z[g]);
+    const V sv = vset(param(o, o.scales, base + g)), zv = vset(param(o, o.biases, base + g));
     for (int64_t j = g * o.group; j < (g + 1) * o.group; j += 2 * L) {
       const V w0 = vfma(to_float(widen_bytes(row + j)), sv, zv), w1 = vfma(to_float(widen_bytes(row + j + L)), sv, zv);
       for (int i = 0; i < M; ++i) {
@@ -247,9 +251,11 @@ at::Tensor quant_rows_linear(const at::Tensor& x, const at::Tensor& weight, cons
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16, "x must be fp32 or bf16");
   const int64_t n = weight.size(0), k = x.size(-1);
   TORCH_CHECK(k % group == 0 && weight.size(1) * 32 == k * bits, "x's last dimension does not match the weight");
-  TORCH_CHECK(scales.scalar_type() == at::kFloat && biases.scalar_type() == at::kFloat && scales.is_contiguous() &&
-                  biases.is_contiguous() && scales.numel() == n * (k / group) && biases.numel() == n * (k / group),
-              "scales and biases must be contiguous fp32 [out, in / group]");
+  const auto sdtype = scales.scalar_type();
+  TORCH_CHECK((sdtype == at::kFloat || sdtype == at::kBFloat16) && biases.scalar_type() == sdtype &&
+                  scales.is_contiguous() && biases.is_contiguous() && scales.numel() == n * (k / group) &&
+                  biases.numel() == n * (k / group),
+              "scales and biases must be contiguous [out, in / group], both fp32 or both bf16");
   at::Tensor xf = x.reshape({-1, k}).to(at::kFloat).contiguous();
   const int64_t rows = xf.size(0);
   if (permutes(bits)) {  // even codes then odd within each 2L block, as the nibbles come out
@@ -264,8 +270,8 @@ at::Tensor quant_rows_linear(const at::Tensor& x, const at::Tensor& weight, cons
   shape.back() = n;
   at::Tensor y = at::empty({rows, n}, xf.options());
   const Operands o{rows, n, k, bits, group, k * bits / 8, static_cast<const uint8_t*>(weight.data_ptr()),
-                   scales.data_ptr<float>(), biases.data_ptr<float>(), bf.defined() ? bf.data_ptr<float>() : nullptr,
-                   xf.data_ptr<float>(), y.data_ptr<float>()};
+                   scales.data_ptr(), biases.data_ptr(), sdtype == at::kBFloat16,
+                   bf.defined() ? bf.data_ptr<float>() : nullptr, xf.data_ptr<float>(), y.data_ptr<float>()};
   product(o);
   return y.view(shape).to(x.scalar_type());
 }

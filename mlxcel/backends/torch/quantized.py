@@ -3,7 +3,8 @@
 MLX's affine format (mx.quantize): a weight row is cut into groups of `group` values; each
 group has a scale s and a bias z, and a value is w = s * q + z for an unsigned `bits`-bit code
 q. A row's codes are one little-endian bit stream stored as uint32 words (held here as int32,
-the same bits). Scales and biases are kept in fp32.
+the same bits). Scales and biases stay in the checkpoint's bf16 (fp16 ones become fp32, which
+the kernel also takes): 4-bit weights in groups of 64 read 4.5 bits per weight, not 5.
 
 What runs a product: on the CPU, every row takes mlxcel's kernel (kernels/cpu/quant_rows.cpp),
 which unpacks and scales the codes inside the dot products, up to eight rows per pass over a
@@ -76,8 +77,10 @@ class _Packed(torch.nn.Module):
                              f"{bits}-bit codes in groups of {group}")
         self.bits, self.group = bits, group
         self.register_buffer("weight", weight.contiguous().view(torch.int32))
-        self.register_buffer("scales", scales.float().contiguous())
-        self.register_buffer("biases", biases.float().contiguous())
+        # bf16 as checkpoints usually store them (the kernel widens them exactly), else fp32
+        keep = scales.dtype if scales.dtype in (torch.float32, torch.bfloat16) else torch.float32
+        self.register_buffer("scales", scales.to(keep).contiguous())
+        self.register_buffer("biases", biases.to(keep).contiguous())
 
 
 class QuantizedLinear(_Packed):
