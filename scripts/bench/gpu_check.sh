@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The CUDA check, in one go (a few minutes): install what is missing, then run the torch e2e
-# smoke tests on --device cuda and the decode and serving benchmarks there. Paste the output
+# smoke tests and the MLX-quantized checks on --device cuda and the decode and serving
+# benchmarks there. Paste the output
 # (also written to $OUT/gpu_check.log where $OUT is set) into docs/benchmarks.md.
 #
 # On the lent GPU machine, which reaches no package index or hub (see the device tool's README):
@@ -58,6 +59,12 @@ check() {
     tests/e2e/test_torch_smoke.py
   SMOKE=$?
 
+  step "MLX-quantized weights on $DEVICE (packed, dequantized a chunk at a time; no MLX needed)"
+  MLXCEL_TEST_DEVICE=$DEVICE timeout 240 "$PY" -m pytest -q -p no:cacheprovider -rs \
+    tests/models/test_torch_quantized_device.py
+  QUANT=$?
+  [ "$SMOKE" -ne 0 ] || SMOKE=$QUANT
+
   step "decode benchmark (SmolLM2-135M shapes, backend interface, $DEVICE)"
   for dtype in bfloat16 float16 float32; do
     timeout 90 "$PY" -m scripts.bench.decode_bench --backend torch --device "$DEVICE" --dtype "$dtype" --steps 128 \
@@ -69,7 +76,7 @@ check() {
     --mlxcel-backend torch --skip-mlx-lm --concurrency 1 8 --rounds 2 \
     --mlxcel-arg=--device --mlxcel-arg="$DEVICE" --mlxcel-arg=--ignore-eos --mlxcel-arg=-np --mlxcel-arg=8 2>&1 | tail -12
 
-  step "done: smoke tests exit $SMOKE"
+  step "done: smoke and quantized tests exit $SMOKE"
   return $SMOKE
 }
 

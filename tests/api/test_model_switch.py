@@ -33,14 +33,18 @@ def test_weights_are_estimated_at_the_compute_dtype():
     assert estimated_bytes(quant, "float32") == sum(f.stat().st_size for f in quant.glob("*.safetensors"))
 
 
-def test_refusals_before_the_unload():
+def test_refusals_before_the_unload(tmp_path):
     with pytest.raises(LoadRefused) as e:
         check_loadable(ServerSettings(engine=EngineSection(model_memory_budget_mib=100),
                                       backend=BackendSection(name="mlx")), fixture_path(DEFAULT_MODEL), None)
     assert (e.value.status, e.value.code) == (503, "insufficient_memory") and "100 MiB" in e.value.message
+    mxfp4 = tmp_path / "mxfp4"  # a quantization mode only MLX runs
+    mxfp4.mkdir()
+    (mxfp4 / "config.json").write_text('{"model_type": "llama", "quantization": {"bits": 4, "group_size": 32, '
+                                       '"mode": "mxfp4"}}')
+    (mxfp4 / "model.safetensors").write_bytes(b"")
     with pytest.raises(LoadRefused) as e:
-        check_loadable(ServerSettings(backend=BackendSection(name="torch", device="cpu")), fixture_path(SMOLLM2_4BIT),
-                       None)
+        check_loadable(ServerSettings(backend=BackendSection(name="torch", device="cpu")), mxfp4, None)
     assert (e.value.status, e.value.code) == (400, "unsupported_quantization")
     with pytest.raises(LoadRefused) as e:
         check_loadable(ServerSettings(backend=BackendSection(name="mlx")), fixture_path(MINILM), None)

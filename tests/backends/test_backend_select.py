@@ -89,13 +89,35 @@ def test_threads_flag_reaches_settings_and_each_backend(monkeypatch):
     assert "--threads 4" in str(e.value.code) and "--device cpu" in str(e.value.code)
 
 
-def test_mlx_quantized_checkpoints_stay_on_mlx():
-    auto = choose("auto", "auto", apple=False, has_torch=True, mlx_quantized=True)
-    assert (auto.backend, auto.device) == ("mlx", "cpu") and "quantized" in auto.reason
-    with pytest.raises(BackendRefused, match="MLX-quantized"):
-        choose("torch", "cpu", apple=False, has_torch=True, mlx_quantized=True)
+def test_affine_quantized_checkpoints_run_on_torch_off_apple_and_on_mlx_on_apple():
+    auto = choose("auto", "auto", apple=False, has_torch=True, quantized="affine")
+    assert (auto.backend, auto.device) == ("torch", "cpu") and "MLX-quantized" in auto.reason
+    assert choose("torch", "cpu", apple=False, has_torch=True, quantized="affine").backend == "torch"
+    mac = choose("auto", "auto", apple=True, has_torch=True, quantized="affine")
+    assert (mac.backend, mac.device) == ("mlx", "metal")
+    no_torch = choose("auto", "auto", apple=False, has_torch=False, quantized="affine")
+    assert (no_torch.backend, no_torch.device) == ("mlx", "cpu") and "torch is not installed" in no_torch.reason
+
+
+def test_other_quantization_modes_stay_on_mlx():
+    auto = choose("auto", "auto", apple=False, has_torch=True, quantized="mxfp4")
+    assert (auto.backend, auto.device) == ("mlx", "cpu") and "mxfp4-quantized" in auto.reason
+    with pytest.raises(BackendRefused, match="quantized as mxfp4.*--backend mlx"):
+        choose("torch", "cpu", apple=False, has_torch=True, quantized="mxfp4")
     with pytest.raises(BackendRefused, match="runs only on the MLX backend"):
-        choose("auto", "cuda:0", apple=False, has_torch=True, mlx_quantized=True)
+        choose("auto", "cuda:0", apple=False, has_torch=True, quantized="mxfp4")
+
+
+@pytest.mark.parametrize("config, mode", [
+    ({}, None),
+    ({"quantization": {"bits": 4, "group_size": 64}}, "affine"),
+    ({"quantization": {"bits": 4, "group_size": 32, "mode": "mxfp4"}}, "mxfp4"),
+    ({"quantization_config": {"quant_method": "gptq", "bits": 4}}, "gptq"),
+])
+def test_quantization_mode_names_the_form(config, mode):
+    from mlxcel.backends.select import quantization_mode
+
+    assert quantization_mode(config) == mode
 
 
 def test_a_family_without_a_transformers_class_runs_on_mlx_and_torch_refuses_it_by_name(tmp_path):
@@ -113,22 +135,23 @@ def test_a_family_without_a_transformers_class_runs_on_mlx_and_torch_refuses_it_
         TorchBackend(tmp_path)
 
 
-def test_torch_backend_refuses_an_mlx_quantized_checkpoint(tmp_path):
+def test_torch_backend_refuses_a_quantization_it_cannot_run(tmp_path):
     from mlxcel.backends.torch.backend import CheckpointRefused, TorchBackend
 
-    (tmp_path / "config.json").write_text('{"model_type": "llama", "quantization": {"bits": 4, "group_size": 64}}')
-    with pytest.raises(CheckpointRefused, match="4-bit, group 64.*--backend mlx"):
+    (tmp_path / "config.json").write_text(
+        '{"model_type": "llama", "quantization": {"bits": 4, "group_size": 32, "mode": "mxfp4"}}')
+    with pytest.raises(CheckpointRefused, match="quantized as mxfp4.*--backend mlx"):
         TorchBackend(tmp_path)
 
 
-def test_auto_reads_the_checkpoint_and_keeps_an_mlx_quantized_one_on_mlx():
+def test_auto_reads_the_checkpoint_and_serves_an_mlx_quantized_one_on_torch_off_apple():
     from tests.fixtures import DEFAULT_MODEL, SMOLLM2_4BIT, available, fixture_path
 
     if not (available(SMOLLM2_4BIT) and available(DEFAULT_MODEL)):
         pytest.skip("run scripts/fixtures/build_all.py")
     quantized = select_backend(ServerSettings(), fixture_path(SMOLLM2_4BIT))
-    assert (quantized.backend, quantized.device) == ("mlx", "cpu") and "quantized" in quantized.reason
     plain = select_backend(ServerSettings(), fixture_path(DEFAULT_MODEL))
-    assert plain.backend == choose("auto", "auto").backend
-    with pytest.raises(StartupRefusal, match="MLX-quantized"):
-        select_backend(on("torch", device="cpu"), fixture_path(SMOLLM2_4BIT))
+    assert quantized.backend == plain.backend == choose("auto", "auto").backend
+    if quantized.backend == "torch" and quantized.device == "cpu":
+        assert "MLX-quantized" in quantized.reason
+    assert select_backend(on("torch", device="cpu"), fixture_path(SMOLLM2_4BIT)).backend == "torch"

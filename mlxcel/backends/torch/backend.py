@@ -3,8 +3,9 @@
 transformers' model classes are the maintained reference implementations, so the forward
 pass is theirs; mlxcel owns what surrounds it: the KV memory (paged.py), per-row positions
 and masks, the last-position logits handed to the shared sampler, and the per-layer hook
-point. Checkpoints load from a local directory only (never a hub), and MLX-quantized
-checkpoints are refused: their packed weights have no transformers layout.
+point. Checkpoints load from a local directory only (never a hub). An MLX-quantized checkpoint
+(affine, 2-8 bits) keeps its weights packed: quantized_load.py builds the model around them and
+quantized.py runs its products; other quantization formats are refused.
 
 Compute dtype on the CPU: bf16 by default where the CPU has AMX-BF16 tiles, fp32 otherwise.
 In bf16, a prompt row's bits must not depend on the chunk it runs in, or a prompt-cache hit
@@ -31,9 +32,10 @@ import torch
 from mlxcel.config.rope import RopeOverrides
 from mlxcel.engine.backend import ForwardRow, KVSpec, ModelInfo, layer_windows
 from mlxcel.backends.rows import RowLayout, RowSteering
-from mlxcel.backends.torch import fused_ops, packed, recurrent
+from mlxcel.backends.torch import fused_ops, packed, quantized, recurrent
 from mlxcel.backends.torch.cpu_kernels import cpu_flags
 from mlxcel.backends.torch.packed import PackedPlan, step_plan
+from mlxcel.backends.torch.quantized_load import QuantizedLoadRefused, is_mlx_quantized, load_quantized
 from mlxcel.backends.torch.paged import WINDOW_ATTR, PagedStepCache, PagedStorage, StepPlan, expands_cache
 from mlxcel.backends.torch.row_gemv import (ALL, RowKernel, RowRouting, install_row_gemv, load_row_kernel, prompt_linears,
                                             prompt_tiles)
@@ -78,12 +80,13 @@ def context_length(config: dict) -> int:
 
 
 def refuse_quantized(path: Path, config: dict) -> None:
+    """Refuse a quantization the torch backend cannot run: anything but MLX's affine one."""
     q = config.get("quantization") or config.get("quantization_config")
-    if q:
-        label = f"{q.get('bits')}-bit, group {q.get('group_size')}" if isinstance(q, dict) else str(q)
+    if q and not is_mlx_quantized(config):
+        label = (q.get("mode") or q.get("quant_method") or "unknown") if isinstance(q, dict) else str(q)
         raise CheckpointRefused(
-            f"{path} is an MLX-quantized checkpoint ({label}); the torch backend loads unquantized SafeTensors "
-            f"only: serve it with --backend mlx, or point -m at the unquantized checkpoint")
+            f"{path} is quantized as {label}; the torch backend runs MLX's affine quantization and unquantized "
+            f"SafeTensors only: serve it with --backend mlx, or point -m at the unquantized checkpoint")
 
 
 class TorchLayerHooks(LayerHooks):
@@ -139,6 +142,7 @@ class TorchBackend(RowSteering):
         if mlx_only(config):  # a family transformers has no class for, refused by name
             raise UnsupportedModelType(f"{mlx_only(config)}; serve it with --backend mlx")
         refuse_quantized(path, config)
+        self._quantized = is_mlx_quantized(config)
         self.device = torch.device(device)
         if self.device.type == "cpu" and threads > 0:
             torch.set_num_threads(threads)
@@ -176,6 +180,7 @@ class TorchBackend(RowSteering):
         if kernel is not None:
             self.set_fused_ops(True)
         text_config = model.config.get_text_config()
+        quantization_label = quantized.label(list(self.model.modules()))
         # transforms the causal-LM classes apply after the head: Gemma 2's soft-cap, Cohere's
         # logit_scale (a product) and Granite's logits_scaling (a quotient)
         self.softcap = getattr(text_config, "final_logit_softcapping", None)
@@ -196,7 +201,7 @@ class TorchBackend(RowSteering):
             context_length=context_length({**config.get("text_config", {}), **config}),
             dtype=compute,
             checkpoint_dtype=ckpt_dtype,
-            quantization=None,
+            quantization=quantization_label,
             backend="torch",
             device=str(self.device),
             config={**config.get("text_config", {}), **config},  # a VLM keeps its geometry in text_config
@@ -250,10 +255,16 @@ class TorchBackend(RowSteering):
         """Decode rows' linears through mlxcel's kernel, or torch.mv for one row when None
         (benchmarks switch); the language model's linears only (a vision tower's stay torch's)."""
         self._routing = install_row_gemv(kernel, self.base, self.lm_head)
+        packed = quantized.install_kernel(kernel, self.base, self.lm_head)
         self.row_kernel = (f"mlxcel row kernel ({kernel.path.name}, {kernel.threads} threads)"
                            if kernel is not None else "torch.mv")
         self._prompt_tiles = prompt_tiles(kernel, self.model.dtype) is not None
         self.prompt_linears = prompt_linears(kernel, self.model.dtype)
+        if quantized.quantized_linears(self.base, self.lm_head):  # the startup log names their path too
+            how = (f"; MLX-quantized linears ({packed}): mlxcel's quantized kernel, every row" if packed
+                   else "; MLX-quantized linears: dequantized a chunk at a time, torch's products")
+            self.row_kernel += how
+            self.prompt_linears += how
 
     def set_fused_ops(self, on: bool, attention: bool = True) -> None:
         """The kernels' fused norms, RoPE and (with `attention`) row-by-row attention
@@ -288,6 +299,11 @@ class TorchBackend(RowSteering):
         transformers.utils.logging.disable_progress_bar()
 
         def load(implementation: str):
+            if self._quantized:
+                try:
+                    return load_quantized(path, read_config(path), dtype, implementation, extra.get("config")), {}
+                except QuantizedLoadRefused as e:
+                    raise CheckpointRefused(str(e)) from None
             return transformers.AutoModelForCausalLM.from_pretrained(
                 str(path), dtype=dtype, local_files_only=True, attn_implementation=implementation,
                 output_loading_info=True, **extra)

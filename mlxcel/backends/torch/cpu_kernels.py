@@ -1,7 +1,8 @@
 """mlxcel's CPU kernels for the torch backend: one library, compiled once per machine.
 
 kernels/cpu/ holds the sources: rows_linear.cpp (decode rows' bf16 / fp32 linears) and
-bf16_tiles.cpp (prompt rows' bf16 linears on AMX tiles), which row_gemv.py wires, and
+bf16_tiles.cpp (prompt rows' bf16 linears on AMX tiles), which row_gemv.py wires,
+quant_rows.cpp (few-row linears over MLX-quantized weights, quantized.py wires it), and
 decode_ops.cpp (fused norms, RoPE and row-by-row attention, fused_ops.py wires them), sharing
 helpers.h. They are built together with the system C++ compiler against the
 installed torch (mlxcel/native_build.py), registered as `torch.ops.mlxcel_cpu.*`.
@@ -18,7 +19,7 @@ import torch
 from mlxcel import native_build
 
 KERNEL_DIR = Path(__file__).resolve().parents[3] / "kernels" / "cpu"
-SOURCES = ("rows_linear.cpp", "bf16_tiles.cpp", "decode_ops.cpp")
+SOURCES = ("rows_linear.cpp", "bf16_tiles.cpp", "decode_ops.cpp", "quant_rows.cpp")
 HEADERS = ("amx.h", "helpers.h")
 
 

@@ -1,5 +1,5 @@
-"""LoRA terms on the torch backend: target nn.Linear modules of transformers' model add
-their per-row term through a forward hook.
+"""LoRA terms on the torch backend: target nn.Linear modules of transformers' model (or their
+packed MLX-quantized form, quantized.QuantizedLinear) add their per-row term through a forward hook.
 
 The hook returns the linear's output plus `((x @ A^T) @ B'^T) * s` for every adapter the
 step uses, `s` being the rows' [B, 1, 1] scale block; with no adapter in use it returns
@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 import torch
 
+from mlxcel.backends.torch.quantized import QuantizedLinear
 from mlxcel.models.lora import Adapter, by_module, scale_blocks, validate
 
 
@@ -20,7 +21,7 @@ class TorchLoraTerms:
 
     def __init__(self, model: torch.nn.Module, adapters: Sequence[Adapter], dtype: torch.dtype,
                  device: torch.device) -> None:
-        linears = {name: m for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+        linears = {name: m for name, m in model.named_modules() if isinstance(m, (torch.nn.Linear, QuantizedLinear))}
         shapes = {name: (m.out_features, m.in_features) for name, m in linears.items()}
         for adapter in adapters:
             validate(adapter, shapes)
