@@ -245,5 +245,6 @@ def test_pipe_table(page):
     assert body.locator("table tbody tr").count() == 2
     cells = body.locator("table td")
     assert [cells.nth(k).inner_text() for k in (0, 2, 3)] == ["a|b", "c", ""]  # a short row is padded
-    assert cells.nth(1).locator("math mi").text_content() == "π" and "align-right" in cells.nth(1).get_attribute("class")
+    assert cells.nth(1).locator("math mi").text_content() == "π"
+    assert "align-right" in cells.nth(1).get_attribute("class")
     assert cells.nth(0).locator("code").count() == 1

@@ -48,8 +48,8 @@ def test_page_under_api_prefix(tmp_path):
     assert (bare.status_code, bare.json()) == (404, NOT_FOUND)
     # behind a key the prefixed page and its files are public (it asks for the key itself), the
     # prefixed API and /health are not (b10621 matches its public set as sent), nor is --path's page
-    page, index, asset, health, models, bare = get(["--api-prefix", "/api", "--api-key", "k"], "/api/", "/api/index.html",
-                                                   "/api/webui/app.js", "/api/health", "/api/v1/models", "/")
+    paths = ("/api/", "/api/index.html", "/api/webui/app.js", "/api/health", "/api/v1/models", "/")
+    page, index, asset, health, models, bare = get(["--api-prefix", "/api", "--api-key", "k"], *paths)
     assert (page.status_code, index.status_code, asset.status_code) == (200, 200, 200)
     assert page.headers["content-security-policy"] == CSP and page.content == index.content
     assert (health.status_code, models.status_code, bare.status_code) == (401, 401, 404)
