@@ -19,7 +19,8 @@ This mirrors b10621's pre-routing handler, which runs before any route is matche
    The built-in page's script and style files are public too (api/webui): they hold no data, and
    a browser sends no Authorization header for a <script src>.
    Keys are compared in constant time and never logged. As in b10621 the public set is matched
-   against the path as sent, so under --api-prefix the prefixed /health needs a key.
+   against the path as sent, so under --api-prefix the prefixed /health needs a key; the
+   built-in page and its files are public under the prefix too (api/webui says why).
 4. --api-prefix. b10621 registers every route at prefix + route, so the prefix is removed here,
    once, and a path outside it answers b10621's 404 before any route is matched. The routes
    below never see the prefix (error envelopes and the /predict fan-out stay as they are).

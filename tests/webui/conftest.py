@@ -43,7 +43,9 @@ def server(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def browser(server):
+def browser():
+    if CHROMIUM is None:
+        pytest.skip("no system Chromium: apt-get install chromium (.ci/run does)")
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:

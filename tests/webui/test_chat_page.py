@@ -215,3 +215,36 @@ def test_reasoning_is_collapsed_and_tool_calls_are_shown(page):
     }""")
     assert shown["open"] is False and "because <b>x</b>" in shown["reasoning"] and shown["bold"] == 0
     assert "get_weather" in shown["tool"] and '{"city":"Oslo"}' in shown["tool"]
+
+
+def forced(page, text: str, max_tokens: str = "200"):
+    """The rendered answer to a message whose reply a grammar fixes to `text`."""
+    literal = text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    settings(page, max_tokens=max_tokens, grammar=f'root ::= "{literal}"')
+    ask(page, "Say it.")
+    return answer(page).locator(".body")
+
+
+def test_math_is_mathml_and_markup_in_it_stays_text(page):
+    body = forced(page, "Inline $\\frac{a}{b}$ and \\(x^2 \\le \\alpha\\).\n\n"
+                        "$$\\sum_{n=1}^{\\infty} \\frac{1}{n^2} = \\text{ok}$$\n\n"
+                        "$x<script>document.title=4</script>$ then $\\bogus{1}$\n")
+    assert body.locator("math").count() == 4  # \bogus is outside the subset: shown as its source
+    assert body.locator("math[display=block] munderover mo").first.text_content() == "∑"
+    assert body.locator("math mfrac").count() == 2 and body.locator("math msup").count() == 2
+    assert body.locator("math mo").all_text_contents().count("≤") == 1
+    assert body.locator("math mi").all_text_contents().count("α") == 1
+    assert body.locator("math mtext").text_content() == "ok"
+    assert body.locator("code.math").inner_text() == "\\bogus{1}"
+    assert body.locator("script").count() == 0 and page.title() == "mlxcel" and not page.errors
+
+
+def test_pipe_table(page):
+    body = forced(page, "| name | n |\n|:--|--:|\n| `a\\|b` | $\\pi$ |\n| c |\n")
+    assert body.locator("table th").all_inner_texts() == ["name", "n"]
+    assert body.locator("table tbody tr").count() == 2
+    cells = body.locator("table td")
+    assert [cells.nth(k).inner_text() for k in (0, 2, 3)] == ["a|b", "c", ""]  # a short row is padded
+    assert cells.nth(1).locator("math mi").text_content() == "π"
+    assert "align-right" in cells.nth(1).get_attribute("class")
+    assert cells.nth(0).locator("code").count() == 1

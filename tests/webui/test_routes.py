@@ -42,13 +42,20 @@ def test_page_is_served_with_its_policy():
         assert get(["--api-key", "k"], path)[0].status_code == 401, path
 
 
-def test_page_under_api_prefix():
+def test_page_under_api_prefix(tmp_path):
     page, js, bare = get(["--api-prefix", "/api"], "/api/", "/api/webui/app.js", "/")
     assert page.status_code == 200 and js.status_code == 200
     assert (bare.status_code, bare.json()) == (404, NOT_FOUND)
-    # as b10621 matches its public set as sent, the prefixed page needs the key; its files do not
-    locked, asset = get(["--api-prefix", "/api", "--api-key", "k"], "/api/", "/api/webui/app.js")
-    assert (locked.status_code, asset.status_code) == (401, 200)
+    # behind a key the prefixed page and its files are public (it asks for the key itself), the
+    # prefixed API and /health are not (b10621 matches its public set as sent), nor is --path's page
+    paths = ("/api/", "/api/index.html", "/api/webui/app.js", "/api/health", "/api/v1/models", "/")
+    page, index, asset, health, models, bare = get(["--api-prefix", "/api", "--api-key", "k"], *paths)
+    assert (page.status_code, index.status_code, asset.status_code) == (200, 200, 200)
+    assert page.headers["content-security-policy"] == CSP and page.content == index.content
+    assert (health.status_code, models.status_code, bare.status_code) == (401, 401, 404)
+    (tmp_path / "index.html").write_text("<p>site</p>")
+    site = get(["--api-prefix", "/api", "--api-key", "k", "--path", str(tmp_path)], "/api/")[0]
+    assert site.status_code == 401
 
 
 def test_no_ui_and_path_flags(tmp_path):

@@ -36,11 +36,17 @@ def builtin_assets() -> frozenset[str]:
 
 
 def public_paths(settings: Any) -> frozenset[str]:
-    """The page's files the gate lets through without a key (as sent, prefix included)."""
+    """The paths of the built-in page the gate lets through without a key, as sent.
+
+    Its files, and under --api-prefix the prefixed page itself: b10621 matches its public set
+    (/ among it) against the path as sent, so there its page under a prefix answers 401 and
+    never gets to ask for the key. This page holds no data and asks for the key itself, so it
+    stays reachable; the prefixed /health and the API keep needing the key as in b10621.
+    """
     server = settings.server
     if not server.webui or server.static_path:
         return frozenset()
-    return frozenset(server.api_prefix + p for p in builtin_assets())
+    return frozenset(server.api_prefix + p for p in (*builtin_assets(), *PAGE_PATHS))
 
 
 class WebUI:

@@ -1,11 +1,22 @@
 // A small markdown renderer for model output. It builds DOM nodes and sets only textContent
 // and safe attributes, so text from the model never becomes markup: a `<script>` or an
 // `onerror` attribute in an answer is shown as the characters it is.
-// Blocks: fenced code, headings, lists, quotes, $$ math $$ (shown as code-styled text),
-// paragraphs. Inline: `code`, **bold**, *italic*, [links](with http, https or mailto only), $math$.
+// Blocks: fenced code, headings, lists, quotes, pipe tables, display math ($$ $$ or \[ \]),
+// paragraphs. Inline: `code`, **bold**, *italic*, [links](with http, https or mailto only),
+// math ($ $, $$ $$ or \( \)). Math becomes MathML (math.js); TeX outside its subset is shown as
+// code-styled text.
+
+import { renderMath } from './math.js';
 
 const SAFE_SCHEMES = new Set(['http:', 'https:', 'mailto:']);
-const INLINE = /(`+)([\s\S]*?[^`])\1(?!`)|\*\*(?=\S)([\s\S]*?\S)\*\*|__(?=\S)([\s\S]*?\S)__|\*(?=\S)([^*]*?\S)\*|(?<![\w])_(?=\S)([^_]*?\S)_(?![\w])|\[([^\]\n]+)\]\(([^)\s]+)\)|\$(?=\S)([^$\n]*?\S)\$/g;
+// A closing `$` followed by a digit is a price, not math ("$5 and $10").
+const INLINE = new RegExp([
+  /(`+)([\s\S]*?[^`])\1(?!`)/, /\*\*(?=\S)([\s\S]*?\S)\*\*/, /__(?=\S)([\s\S]*?\S)__/, /\*(?=\S)([^*]*?\S)\*/,
+  /(?<![\w])_(?=\S)([^_]*?\S)_(?![\w])/, /\[([^\]\n]+)\]\(([^)\s]+)\)/, /\$\$([^$]+?)\$\$/, /\\\(([\s\S]+?)\\\)/,
+  /\$(?=\S)([^$\n]*?\S)\$(?!\d)/,
+].map((r) => r.source).join('|'), 'g');
+const TABLE_RULE = /^\s*\|?\s*:?-+:?\s*(\|\s*:?-+:?\s*)*\|?\s*$/;
+const MATH_BLOCKS = [['$$', '$$'], ['\\[', '\\]']];
 
 function el(tag, cls, text) {
   const node = document.createElement(tag);
@@ -21,6 +32,16 @@ export function safeHref(url) {
   } catch {
     return null;
   }
+}
+
+// MathML for `tex`, or the source as code-styled text when it is outside the subset.
+function math(tex, display) {
+  const node = renderMath(tex, display);
+  if (node) return node;
+  if (!display) return el('code', 'math', tex);
+  const pre = el('pre', 'math');
+  pre.append(el('code', 'math', tex));
+  return pre;
 }
 
 function inline(parent, text) {
@@ -39,7 +60,8 @@ function inline(parent, text) {
       a.rel = 'noopener noreferrer nofollow';
       a.target = '_blank';
       parent.append(a);
-    } else parent.append(el('code', 'math', m[9]));
+    } else if (m[9] !== undefined) parent.append(math(m[9], true));
+    else parent.append(math(m[10] ?? m[11], false));
   }
   if (last < text.length) parent.append(text.slice(last));
 }
@@ -70,6 +92,50 @@ function listItem(line) {
   return m ? { indent: m[1].length, ordered: /\d/.test(m[2]), text: m[3] } : null;
 }
 
+// Display math from lines[i] to the line holding the closing delimiter; returns the next index.
+function mathBlock(root, lines, i, [open, close]) {
+  let body = lines[i].trim().slice(open.length);
+  let end = body.indexOf(close);
+  while (end < 0 && ++i < lines.length) {
+    body += '\n' + lines[i];
+    end = body.indexOf(close, body.length - lines[i].length);
+  }
+  const tex = (end < 0 ? body : body.slice(0, end)).trim();
+  const rest = end < 0 ? '' : body.slice(end + close.length).trim();
+  const shown = math(tex, true);
+  if (shown.localName === 'pre') root.append(shown);
+  else root.appendChild(el('div', 'math-display')).append(shown);
+  if (rest) inline(root.appendChild(el('p')), rest);
+  return i + 1;
+}
+
+// The cells of one table row: outer pipes dropped, split on pipes that are not escaped.
+function cells(line) {
+  const text = line.trim().replace(/^\|/, '').replace(/(?<!\\)\|$/, '');
+  return text.split(/(?<!\\)\|/).map((c) => c.trim().replace(/\\\|/g, '|'));
+}
+
+// A GFM pipe table from its header at lines[i]: the node and the index after its last row, or
+// null when the header and the rule under it have different numbers of cells.
+function pipeTable(lines, i) {
+  const head = cells(lines[i]);
+  const rule = cells(lines[i + 1]);
+  if (head.length !== rule.length) return null;
+  const align = rule.map((r) => (r.endsWith(':') ? (r.startsWith(':') ? 'center' : 'right') : r.startsWith(':') ? 'left' : ''));
+  const table = el('table');
+  const fill = (tr, tag, values) => align.forEach((a, k) => {
+    const cell = tr.appendChild(el(tag, a ? `align-${a}` : null));
+    inline(cell, values[k] ?? '');
+  });
+  fill(table.appendChild(el('thead')).appendChild(el('tr')), 'th', head);
+  const body = table.appendChild(el('tbody'));
+  let j = i + 2;
+  for (; j < lines.length && lines[j].trim() && lines[j].includes('|'); j++) fill(body.appendChild(el('tr')), 'td', cells(lines[j]));
+  const wrap = el('div', 'table-wrap');
+  wrap.append(table);
+  return { node: wrap, end: j };
+}
+
 // Renders `source` into a fresh <div> and returns it.
 export function renderMarkdown(source) {
   const root = el('div', 'md');
@@ -91,16 +157,20 @@ export function renderMarkdown(source) {
       root.appendChild(el('pre')).append(highlight(body.join('\n'), fence[2]));
       continue;
     }
-    if (line.trim().startsWith('$$')) {
+    const mathOpen = MATH_BLOCKS.find(([open]) => line.trim().startsWith(open));
+    if (mathOpen) {
       flush();
-      const body = [line.trim().slice(2)];
-      if (!(body[0].endsWith('$$') && body[0].length >= 2)) {
-        for (i++; i < lines.length && !lines[i].includes('$$'); i++) body.push(lines[i]);
-        if (i < lines.length) body.push(lines[i].replace('$$', ''));
-      } else body[0] = body[0].slice(0, -2);
-      i++;
-      root.appendChild(el('pre', 'math')).append(el('code', 'math', body.join('\n').trim()));
+      i = mathBlock(root, lines, i, mathOpen);
       continue;
+    }
+    if (line.includes('|') && i + 1 < lines.length && TABLE_RULE.test(lines[i + 1])) {
+      const table = pipeTable(lines, i);
+      if (table) {
+        flush();
+        root.append(table.node);
+        i = table.end;
+        continue;
+      }
     }
     const heading = /^(#{1,6})\s+(.*)$/.exec(line);
     if (heading) {
