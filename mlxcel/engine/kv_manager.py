@@ -230,8 +230,9 @@ class KVManager:
         self.prefix_cache.trim()
 
     def usage(self) -> dict[str, int]:
-        """Block pool occupancy, for /metrics and /props (all zero while unbound); and with
-        recurrent layers, the state slots in use of those the pool holds."""
+        """Block pool occupancy, for /metrics and /props (all zero while unbound); with
+        recurrent layers, the state slots in use of those the pool holds; where the sliding layers
+        keep a block group of their own, its blocks in use and free."""
         if self.backend is None:
             return {"block_size": self.block_size, "total_blocks": 0, "used_blocks": 0, "cached_blocks": 0,
                     "free_blocks": 0}
@@ -241,4 +242,6 @@ class KVManager:
         if a.states is not None:
             out.update(state_slots_total=a.states.capacity, state_slots_used=a.states.used,
                        state_bytes_per_slot=self.backend.kv_spec.state_bytes)
+        if a.sliding is not None:
+            out.update(sliding_used_blocks=a.sliding.used_blocks, sliding_free_blocks=a.sliding.free_blocks)
         return out

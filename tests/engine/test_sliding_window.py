@@ -142,6 +142,10 @@ def test_the_sliding_group_follows_the_spec():
     kv.bind(backend)
     assert kv.allocator.window is None and kv.allocator.sliding.window == WINDOW
     assert kv.allocator.sliding.num_blocks == kv.allocator.num_blocks and kv.window_policy["free_behind_window"]
+    seq = kv.new_sequence()
+    seq.reserve(3 * BLOCK_SIZE)
+    usage = kv.usage()  # /props kv_cache shows the sliding group's occupancy beside the pool's
+    assert usage["used_blocks"] == usage["sliding_used_blocks"] == 3
     kept = KVManager(n_ctx_slot=64, parallel=1, budget_bytes=0, keep_window=WINDOW_KEPT_SHIFT)
     kept.bind(FakeBackend(window=WINDOW, interleaved=True))
     assert kept.allocator.sliding is None and kept.window_policy["free_behind_window_off_reason"] == WINDOW_KEPT_SHIFT
