@@ -127,10 +127,11 @@ class PrefixCache:
         held = [x.block if a.window is not None else x.sliding for x in nodes[max(0, h - window + 1) // a.block_size:]]
         return NULL_BLOCK not in held
 
-    def adopt(self, seq: SequenceKV, prompt: list[int], copy_slots: Callable[[np.ndarray, np.ndarray], None]) -> int:
+    def adopt(self, seq: SequenceKV, prompt: list[int], copy_slots: Callable[..., None]) -> int:
         """Start the empty `seq` from `prompt`'s cached prefix: the shared full blocks, then the
-        partial match copied slot for slot by the backend's `copy_slots(src, dst)`. Returns
-        how many prompt tokens the cache supplied."""
+        partial match copied slot for slot by the backend's `copy_slots(src, dst)` (and
+        `copy_slots(src, dst, 1)` for the sliding group's, where it has one). Returns how many
+        prompt tokens the cache supplied."""
         found = self.match(prompt)
         seq.adopt(found.blocks, prompt[:found.tokens], found.sliding)
         if not found.tail_tokens:
@@ -148,8 +149,9 @@ class PrefixCache:
         finally:
             for allocator, tail in tails:
                 allocator.unref(tail)
-        for group, (_, tail) in enumerate(tails):
-            copy_slots(tail * bs + np.arange(k), seq.slots(n, n + k, group), group)
+        copy_slots(found.tail_block * bs + np.arange(k), seq.slots(n, n + k))
+        if found.sliding is not None:  # the sliding layers' copy, in their own group
+            copy_slots(found.tail_sliding * bs + np.arange(k), seq.slots(n, n + k, 1), 1)
         seq.tokens.extend(prompt[n:n + k])
         return n + k
 
