@@ -145,8 +145,8 @@ class MLXBackend(RowSteering):
     def bind_kv(self, allocator: BlockAllocator) -> None:
         """(Re)build KV storage for the pool `allocator` hands out; only while no sequence is live."""
         self.allocator = allocator
-        self.groups = layer_groups(allocator, self.windows)  # sliding layers may keep their own blocks
-        self.storage = PagedStorage(self.allocator, self.info.num_layers, _DTYPES[self.info.dtype], self.groups)
+        self.kv_groups = layer_groups(allocator, self.windows)  # sliding layers may keep their own blocks
+        self.storage = PagedStorage(self.allocator, self.info.num_layers, _DTYPES[self.info.dtype], self.kv_groups)
         if self.recurrent:
             if allocator.states is None:  # a direct driver's pool: a state slot for every sequence it makes
                 allocator.states = StateSlots()
@@ -181,7 +181,7 @@ class MLXBackend(RowSteering):
             plans = [PackedPlan(group_rows(kv, g), layout) for g in range(self.allocator.groups)]
             ids = mx.array(np.concatenate([r.tokens for r in rows]).astype(np.int32))[None]
             views = [PackedBatchView(self.storage, li, plans[g], w)
-                     for li, (w, g) in enumerate(zip(self.windows, self.groups))]
+                     for li, (w, g) in enumerate(zip(self.windows, self.kv_groups))]
         else:
             layout = RowLayout(layout.n, False)
             plans = [StepPlan(group_rows(kv, g)) for g in range(self.allocator.groups)]
@@ -194,7 +194,7 @@ class MLXBackend(RowSteering):
             else:
                 ids = ids.reshape(plan.batch, 1)
             views = [PagedBatchView(self.storage, li, plans[g], w)
-                     for li, (w, g) in enumerate(zip(self.windows, self.groups))]
+                     for li, (w, g) in enumerate(zip(self.windows, self.kv_groups))]
         states = recurrent.StateStep(kv) if self.recurrent else None
         if states is not None:
             views = [recurrent.RecurrentBatchView(self.states, li, states) if li in self.recurrent else v

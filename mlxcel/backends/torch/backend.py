@@ -324,9 +324,9 @@ class TorchBackend(RowSteering):
     def bind_kv(self, allocator: BlockAllocator) -> None:
         """(Re)build KV storage for the pool `allocator` hands out; only while no sequence is live."""
         self.allocator = allocator
-        self.groups = layer_groups(allocator, self.windows)  # sliding layers may keep their own blocks
+        self.kv_groups = layer_groups(allocator, self.windows)  # sliding layers may keep their own blocks
         self.storage = PagedStorage(self.allocator, self.info.num_layers, DTYPES[self.info.dtype], self.device,
-                                    self.groups)
+                                    self.kv_groups)
         if self.recurrent:
             if allocator.states is None:  # a direct driver's pool: a state slot for every sequence it makes
                 allocator.states = StateSlots()
@@ -374,13 +374,13 @@ class TorchBackend(RowSteering):
             ids = np.concatenate([r.tokens for r in rows]).astype(np.int64)[None]
         else:
             plans = [StepPlan(group_rows(kv, g), self.device, self.storage, decode, prompts) for g in groups]
-            for plan in plans:
-                if self._base_forward is not self.base:
-                    plan.read_start = None  # compiled: one KV read path, so block order cannot force a recompile
+            if self._base_forward is not self.base:
+                for plan in plans:  # compiled: one KV read path, so block order cannot force a recompile
+                    plan.read_start = None
             ids = np.zeros((plans[0].batch, plans[0].nmax), dtype=np.int64)
             for i, r in enumerate(rows):
                 ids[i, : len(r.tokens)] = r.tokens
-        plan = plans[0] if len(plans) == 1 else GroupPlans(plans, self.groups)
+        plan = plans[0] if len(plans) == 1 else GroupPlans(plans, self.kv_groups)
         self._prepare_step(rows, layout)
         if self.lora is not None:
             self.lora.begin([r.lora for r in rows], layout)
