@@ -114,7 +114,7 @@ _COMMON: tuple[Option, ...] = (
       apply=a.stored("engine.keep", a.as_int),
       help="tokens of the prompt kept on a context shift (-1 = the whole prompt)"),
     C("--swa-full", env="LLAMA_ARG_SWA_FULL", default="false", state=SUPPORTED, apply=a.flag_to("kv.swa_full"),
-      help="keep every KV block of a model whose attention layers all slide (default: blocks behind the window "
+      help="keep every KV block of a model's sliding-window layers (default: blocks behind the window "
            "go back to the pool)"),
     ggml("-fa, --flash-attn", mv="[on|off|auto]", env="LLAMA_ARG_FLASH_ATTN", default="auto",
          why="mlxcel always uses MLX's fused attention and cannot switch it off; accepted: on, auto", inert=eq("on", "auto")),

@@ -129,7 +129,10 @@ class Backend(Protocol):
 
     def bind_kv(self, allocator: BlockAllocator) -> None:
         """(Re)build KV storage for the pool `allocator` hands blocks of; only while no
-        sequence is live. Storage grows with the allocator's high-water mark. A backend with
+        sequence is live. Storage grows with the allocator's high-water mark. Where the
+        allocator has a sliding group (`allocator.sliding`), each sliding layer's storage is over
+        that group's pool and reads each row's sliding table (kv_block_pool.layer_groups,
+        group_rows); every other layer's, over the allocator's own. A backend with
         recurrent layers keeps their states at each row's `cache.state` slot (allocator.states);
         a row whose sequence is empty starts from a zero state."""
 
@@ -142,8 +145,9 @@ class Backend(Protocol):
         """Like forward for one row (with `lora` as a ForwardRow's), but return logits for every
         position: [n, vocab]."""
 
-    def copy_slots(self, src: np.ndarray, dst: np.ndarray) -> None:
-        """Copy the keys and values of pool slots `src` to slots `dst` in every layer."""
+    def copy_slots(self, src: np.ndarray, dst: np.ndarray, group: int = 0) -> None:
+        """Copy the keys and values of pool slots `src` to slots `dst` in every layer of block
+        group `group` (every layer when the pool has one group)."""
 
     def hidden_states(self, tokens: list[int], cache: SequenceKV) -> np.ndarray:
         """Like forward_all, but the final hidden states (after the model's final norm) of every

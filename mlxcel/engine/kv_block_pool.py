@@ -21,6 +21,14 @@ becomes NULL_BLOCK, which reads as zeros behind the mask. Blocks covering the wi
 (`truncate`) can no longer reach are freed: a rewind never goes behind the length of the last
 `reserve`, and one that would is refused.
 
+Where only some layers slide (Gemma 2/3, gpt-oss: local layers interleaved with global ones),
+the sliding layers' storage is a block group of its own: a second allocator (the allocator's
+`sliding`, whose `window` is set) and a second table per sequence (`SequenceKV.sliding`), entry
+for entry beside the global layers' table. The global table keeps every block; the sliding one
+frees behind the window as above. A backend gives each layer its group's table (`group_rows`,
+`layer_groups`); both tables grow together, so the sliding pool never holds more blocks than the
+global one.
+
 The backend owns the storage behind the ids; this module owns only the bookkeeping.
 """
 
@@ -86,6 +94,15 @@ class BlockAllocator:
         self._high = SCRATCH_BLOCK
         self.states: StateSlots | None = None  # set for a model with recurrent layers
         self.window: int | None = None  # set where sequences free blocks behind a sliding window
+        self.sliding: BlockAllocator | None = None  # the sliding layers' own group (interleaved models)
+
+    @property
+    def groups(self) -> int:
+        """Block groups: 2 where the sliding layers keep their own blocks, else 1."""
+        return 1 if self.sliding is None else 2
+
+    def group(self, g: int) -> BlockAllocator:
+        return self.sliding if g else self
 
     @property
     def free_blocks(self) -> int:
@@ -147,6 +164,7 @@ class SequenceKV:
     state_ahead: bool = False
     prompt_end: int = 0  # the prefix cache may resume here: the window before it is kept
     freed: int = 0  # leading table entries already checked for freeing
+    sliding: list[int] = field(default_factory=list)  # the sliding layers' table (allocator.sliding)
 
     def claim_state(self) -> None:
         """Take a recurrent state slot, where the model has recurrent layers and none is held."""
@@ -162,11 +180,14 @@ class SequenceKV:
         """The RoPE position of the next token."""
         return len(self.tokens) + self.shift
 
-    def adopt(self, blocks: list[int], tokens: list[int]) -> None:
-        """Start from shared full blocks (already referenced for us by the caller); a partial
-        block's copy comes after them (PrefixCache.adopt)."""
+    def adopt(self, blocks: list[int], tokens: list[int], sliding: list[int] | None = None) -> None:
+        """Start from shared full blocks (already referenced for us by the caller), and the
+        sliding group's beside them where it has one; a partial block's copy comes after them
+        (PrefixCache.adopt)."""
         assert not self.blocks and len(tokens) == len(blocks) * self.allocator.block_size
+        assert (self.allocator.sliding is None) == (sliding is None) and len(sliding or blocks) == len(blocks)
         self.blocks = list(blocks)
+        self.sliding = list(sliding or [])
         self.tokens = list(tokens)
 
     def reserve(self, n: int) -> None:
@@ -174,37 +195,53 @@ class SequenceKV:
         self.claim_state()
         self.free_behind_window()
         bs = self.allocator.block_size
-        need = (self.length + n + bs - 1) // bs - len(self.blocks)
-        self.allocator.make_room(need)
-        for _ in range(need):
-            self.blocks.append(self.allocator.allocate())
+        total = (self.length + n + bs - 1) // bs
+        for table, allocator in self._tables():
+            need = total - len(table)
+            allocator.make_room(need)
+            for _ in range(need):
+                table.append(allocator.allocate())
+
+    def _tables(self) -> list[tuple[list[int], BlockAllocator]]:
+        """Each block group's table and allocator: the global one, then the sliding one if any."""
+        a = self.allocator
+        return [(self.blocks, a)] if a.sliding is None else [(self.blocks, a), (self.sliding, a.sliding)]
+
+    def _windowed(self) -> tuple[list[int], BlockAllocator] | None:
+        """The table that frees behind a window and its allocator (which holds the window)."""
+        a = self.allocator
+        return (self.blocks, a) if a.window is not None else (self.sliding, a.sliding) if a.sliding else None
 
     def free_behind_window(self) -> None:
-        """Release the blocks no query from the current length on can read (allocator.window),
-        except those the window before `prompt_end` covers."""
-        window, bs = self.allocator.window, self.allocator.block_size
-        if window is None:
+        """Release the blocks no query from the current length on can read (the windowed
+        table's allocator.window), except those the window before `prompt_end` covers."""
+        windowed = self._windowed()
+        if windowed is None:
             return
-        cut = min(max(0, (self.length - window + 1) // bs), len(self.blocks))
+        table, allocator = windowed
+        window, bs = allocator.window, allocator.block_size
+        cut = min(max(0, (self.length - window + 1) // bs), len(table))
         keep = range(max(0, self.prompt_end - window) // bs, -(-self.prompt_end // bs))
         for i in range(self.freed, cut):
-            if i not in keep and self.blocks[i] != NULL_BLOCK:
-                self.allocator.unref(self.blocks[i])
-                self.blocks[i] = NULL_BLOCK
+            if i not in keep and table[i] != NULL_BLOCK:
+                allocator.unref(table[i])
+                table[i] = NULL_BLOCK
         self.freed = max(self.freed, cut)
 
     def holds_window(self, n: int) -> bool:
         """Whether a query at position n finds every key its window reads (always, without one)."""
-        window, bs = self.allocator.window, self.allocator.block_size
-        if window is None or n == 0:
+        windowed = self._windowed()
+        if windowed is None or n == 0:
             return True
-        return NULL_BLOCK not in self.blocks[max(0, n - window + 1) // bs:(n - 1) // bs + 1]
+        table, allocator = windowed
+        window, bs = allocator.window, allocator.block_size
+        return NULL_BLOCK not in table[max(0, n - window + 1) // bs:(n - 1) // bs + 1]
 
-    def slots(self, start: int, stop: int) -> np.ndarray:
-        """Pool slot index of each token position in [start, stop)."""
+    def slots(self, start: int, stop: int, group: int = 0) -> np.ndarray:
+        """Pool slot index of each token position in [start, stop), in block group `group`'s pool."""
         bs = self.allocator.block_size
         pos = np.arange(start, stop)
-        return np.asarray(self.blocks, dtype=np.int64)[pos // bs] * bs + pos % bs
+        return np.asarray(self.sliding if group else self.blocks, dtype=np.int64)[pos // bs] * bs + pos % bs
 
     def truncate(self, n: int) -> None:
         """Forget positions n onward (a rejected speculative draft): whole blocks past the new
@@ -217,20 +254,53 @@ class SequenceKV:
         if self.state is not None:
             self.state_ahead = True  # its tokens can be trimmed, the state they produced cannot
         keep_blocks = -(-n // self.allocator.block_size)
-        for b in self.blocks[keep_blocks:]:
-            self.allocator.unref(b)
-        del self.blocks[keep_blocks:]
+        for table, allocator in self._tables():
+            for b in table[keep_blocks:]:
+                allocator.unref(b)
+            del table[keep_blocks:]
         del self.tokens[n:]
         self.freed = min(self.freed, keep_blocks)
 
     def release(self) -> None:
-        for b in self.blocks:
-            self.allocator.unref(b)
+        for table, allocator in self._tables():
+            for b in table:
+                allocator.unref(b)
         if self.state is not None:
             self.allocator.states.free(self.state)
-        self.blocks, self.tokens, self.shift = [], [], 0
+        self.blocks, self.sliding, self.tokens, self.shift = [], [], [], 0
         self.state, self.state_ahead = None, False
         self.prompt_end, self.freed = 0, 0
+
+
+class GroupView:
+    """A sequence as one block group's layers read it (a backend's step plan): the same tokens
+    and positions, that group's table and allocator."""
+
+    def __init__(self, seq: SequenceKV, group: int) -> None:
+        self.seq, self.group = seq, group
+        self.allocator = seq.allocator.group(group)
+
+    @property
+    def length(self) -> int:
+        return self.seq.length
+
+    @property
+    def position(self) -> int:
+        return self.seq.position
+
+    def slots(self, start: int, stop: int) -> np.ndarray:
+        return self.seq.slots(start, stop, self.group)
+
+
+def group_rows(rows: list[tuple[SequenceKV, int]], group: int) -> list[tuple[SequenceKV | GroupView, int]]:
+    """A step's (sequence, new tokens) rows as block group `group` reads them."""
+    return rows if group == 0 else [(GroupView(seq, group), n) for seq, n in rows]
+
+
+def layer_groups(allocator: BlockAllocator, windows: list[int | None]) -> list[int]:
+    """Each layer's block group: 1 for a sliding layer where the sliding layers keep their own
+    blocks (allocator.sliding), else 0."""
+    return [1 if allocator.sliding is not None and w else 0 for w in windows]
 
 
 def grown_slots(allocator: "BlockAllocator", have: int) -> int | None:

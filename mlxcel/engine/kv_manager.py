@@ -17,14 +17,16 @@ before it and cannot be shared, rewound or cut, so for such a model the prefix c
 (`prefix_cache_off`) and a context shift is refused; the engine disables it
 (`RECURRENT_NO_SHIFT`).
 
-Sliding windows: one block table serves every layer, so a block can go back to the pool only
-when no layer reads it. Where every attention layer slides (Mistral's `sliding_window`), each
-sequence frees the blocks wholly behind the widest window as it grows (kv_block_pool), keeping
-those the window before its prompt's end reads, so the prefix cache can still resume that
-prompt; a cached chain whose window was freed is resumed only where its window is held
-(kv_prefix_cache). Interleaved local/global models (Gemma 2/3, gpt-oss, Cohere 2, EXAONE 4,
-OLMo 3) keep every block: their global layers read them all, and a table per layer group is not held yet. A
-context shift brings kept early tokens back into the window, so with --context-shift on every
+Sliding windows: a block goes back to the pool only when no layer of its table reads it. Where
+every attention layer slides (Mistral's `sliding_window`), each sequence frees the blocks wholly
+behind the widest window as it grows (kv_block_pool), keeping those the window before its
+prompt's end reads, so the prefix cache can still resume that prompt; a cached chain whose
+window was freed is resumed only where its window is held (kv_prefix_cache). Interleaved
+local/global models (Gemma 2/3, gpt-oss, Cohere 2, EXAONE 4, OLMo 3) give their sliding layers a
+block group of their own (a second allocator, the same size as the global one, and a second
+table per sequence) that frees the same way, while the global layers' table keeps every block;
+storage grows with each group's high-water mark, so the sliding group's stays near its windows.
+A context shift brings kept early tokens back into the window, so with --context-shift on every
 block is kept, as with --swa-full. `window_policy` says which, for /props.
 Quantized blocks need a storage format the backend reads (`LayerKV.quant`), not held yet either.
 A backend whose spec names such a layer is refused at bind time, naming it.
@@ -55,7 +57,6 @@ RECURRENT_NO_SHIFT = ("its recurrent layers' state summarises every token so far
                       "them, so a full context ends the request instead")
 # why a model with sliding-window layers keeps the blocks behind its windows
 WINDOW_NONE = "no layer of this model has a sliding window"
-WINDOW_KEPT_GLOBAL = "some attention layers read the whole context, and every layer shares one block table"
 WINDOW_KEPT_SHIFT = "--context-shift is on: a shift brings kept early tokens back into the window"
 WINDOW_KEPT_FULL = "--swa-full is on"
 WINDOW_KEPT_DRAFT = "a draft model's sequence rewinds over its rejected drafts"
@@ -82,6 +83,15 @@ def shared_window(spec: KVSpec) -> int | None:
     if not attn or any(layer.kind != "sliding" or not layer.window for layer in attn):
         return None
     return max(layer.window for layer in attn)
+
+
+def sliding_group_window(spec: KVSpec) -> int | None:
+    """The widest window of the sliding layers when they sit beside layers that read every
+    token (they then keep a block group of their own); None otherwise."""
+    sliding = [layer.window for layer in spec.layers if layer.kind == "sliding" and layer.window]
+    if not sliding or shared_window(spec) is not None:
+        return None
+    return max(sliding)
 
 
 def compacted(seq: SequenceKV, keep: int, discard: int,
@@ -161,12 +171,15 @@ class KVManager:
 
     def _bind_window(self, spec: KVSpec) -> None:
         """Whether sequences free blocks behind the model's window, and why not (window_policy)."""
-        window = shared_window(spec)
-        reason = (WINDOW_NONE if "sliding" not in spec.kinds else WINDOW_KEPT_GLOBAL if window is None
-                  else self.keep_window)
-        if reason is None:
+        window, group_window = shared_window(spec), sliding_group_window(spec)
+        reason = WINDOW_NONE if window is None and group_window is None else self.keep_window
+        if reason is None and window is not None:
             self.allocator.window = window
             log.info("sliding window %d on every attention layer: blocks behind it go back to the pool", window)
+        elif reason is None:
+            self.allocator.sliding = BlockAllocator(self.allocator.num_blocks, self.block_size)
+            self.allocator.sliding.window = group_window
+            log.info("sliding window %d on some layers: their own block group frees behind it", group_window)
         elif reason is not WINDOW_NONE:
             log.info("sliding-window layers keep every block: %s", reason)
         self.window_policy = {"free_behind_window": reason is None, "free_behind_window_off_reason": reason}
@@ -190,8 +203,12 @@ class KVManager:
         cached = self.prefix_cache.adopt(seq, prompt, self.copy_slots) if use_cache else 0
         return seq, cached
 
-    def copy_slots(self, src: np.ndarray, dst: np.ndarray) -> None:
-        self.backend.copy_slots(src, dst)
+    def copy_slots(self, src: np.ndarray, dst: np.ndarray, group: int = 0) -> None:
+        """Copy pool slots in the layers of block group `group` (every layer without groups)."""
+        if group:
+            self.backend.copy_slots(src, dst, group)
+        else:
+            self.backend.copy_slots(src, dst)
 
     def compact(self, seq: SequenceKV, keep: int, discard: int) -> SequenceKV:
         """A context shift: seq without [keep, keep + discard), continuing at its logical
@@ -199,7 +216,7 @@ class KVManager:
         token positions)."""
         if self.recurrent:
             raise KVLayoutUnsupported(f"no context shift for this model: {RECURRENT_NO_SHIFT}")
-        if self.allocator.window is not None:  # the engine keeps every block when it may shift
+        if self.allocator.window is not None or self.allocator.sliding is not None:  # kept when it may shift
             raise KVLayoutUnsupported("no context shift over a sequence that frees blocks behind its window")
         out = compacted(seq, keep, discard, self.copy_slots)
         seq.release()
@@ -208,13 +225,14 @@ class KVManager:
     def release(self, seq: SequenceKV, donate: bool) -> None:
         """Give a sequence's blocks back, offering them to the prefix cache first when `donate`."""
         if donate:
-            self.prefix_cache.insert(seq.tokens, seq.blocks)
+            self.prefix_cache.insert(seq.tokens, seq.blocks, seq.sliding if self.allocator.sliding else None)
         seq.release()
         self.prefix_cache.trim()
 
     def usage(self) -> dict[str, int]:
-        """Block pool occupancy, for /metrics and /props (all zero while unbound); and with
-        recurrent layers, the state slots in use of those the pool holds."""
+        """Block pool occupancy, for /metrics and /props (all zero while unbound); with
+        recurrent layers, the state slots in use of those the pool holds; where the sliding layers
+        keep a block group of their own, its blocks in use and free."""
         if self.backend is None:
             return {"block_size": self.block_size, "total_blocks": 0, "used_blocks": 0, "cached_blocks": 0,
                     "free_blocks": 0}
@@ -224,4 +242,6 @@ class KVManager:
         if a.states is not None:
             out.update(state_slots_total=a.states.capacity, state_slots_used=a.states.used,
                        state_bytes_per_slot=self.backend.kv_spec.state_bytes)
+        if a.sliding is not None:
+            out.update(sliding_used_blocks=a.sliding.used_blocks, sliding_free_blocks=a.sliding.free_blocks)
         return out

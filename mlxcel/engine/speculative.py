@@ -182,8 +182,8 @@ class _At:
     def position(self) -> int:
         return self.length + self.seq.shift
 
-    def slots(self, start: int, stop: int):
-        return self.seq.slots(start, stop)
+    def slots(self, start: int, stop: int, group: int = 0):
+        return self.seq.slots(start, stop, group)
 
     def reserve(self, n: int) -> None:
         pass

@@ -90,9 +90,9 @@ _NOTES = """
   behind its window back to the pool, keeping those its prompt's last window covers so the
   prompt cache can resume that prompt; a cached prefix is resumed only where the window before
   the resume point is still held. Interleaved local/global families (Gemma 2/3, gpt-oss,
-  Cohere 2, EXAONE 4, OLMo 3) keep every block, since their global layers read the whole
-  context through the same block table; so does any model under `--swa-full`, or under
-  `--context-shift`, which brings kept early tokens back into the window. `/props` says which
+  Cohere 2, EXAONE 4, OLMo 3) do the same for their sliding layers, whose blocks are a group of
+  their own beside the global layers' (which keep every block). Every block is kept under
+  `--swa-full`, or under `--context-shift`, which brings kept early tokens back into the window. `/props` says which
   (`kv_cache.free_behind_window`, `kv_cache.free_behind_window_off_reason`). `latent`: multi-head latent
   attention (DeepSeek V2/V3, a config with `kv_lora_rank`), whose paged KV blocks hold each
   token's compressed latent and shared rotary key (`kv_lora_rank + qk_rope_head_dim` values per

@@ -18,7 +18,10 @@ rows sharing a slot, or a row reading another's, serve wrong tokens.
 
 With `window=w` it is a sliding-window model: the hash covers only the last w tokens, read back
 through the block table as a sliding layer reads them, so a block freed too early (its table
-entry reads the null block) serves wrong tokens.
+entry reads the null block) serves wrong tokens. With `interleaved=True` as well it has a
+sliding layer and a full-attention one: the hash covers the whole history and then its last w
+tokens again, the first read through the global layers' table, the second through the sliding
+layers' (their own block group where the pool has one, kept in storage of its own).
 """
 
 from __future__ import annotations
@@ -61,14 +64,15 @@ def _pick(h: int) -> int:
 
 
 def reference(prompt: list[int], n: int, *, n_ctx_slot: int | None = None, keep: int = 0,
-              discard: int = 0, window: int | None = None) -> list[int]:
+              discard: int = 0, window: int | None = None, interleaved: bool = False) -> list[int]:
     """What a correct engine serves for `prompt` under greedy sampling: `n` tokens, each the
     model's pick given the history before it. With `n_ctx_slot`, a full context drops
     [keep, keep + discard) before the next token is appended (a context shift; discard 0:
-    half of what follows the kept tokens). With `window`, each pick sees only the last `window`."""
+    half of what follows the kept tokens). With `window`, each pick sees only the last `window`;
+    `interleaved` as well, the whole history and then the last `window`."""
     kv, out = list(prompt), []
     while True:
-        t = next_token(kv[-window:] if window else kv)
+        t = next_token(kv + kv[-window:] if interleaved else kv[-window:] if window else kv)
         out.append(t)
         if len(out) == n:
             return out
@@ -121,7 +125,8 @@ class FakeBackend:
     hidden_states, copy_slots. No `decode_greedy`: the engine takes its plain (unpipelined)
     decode path."""
 
-    def __init__(self, context_length: int = 4096, recurrent: bool = False, window: int | None = None) -> None:
+    def __init__(self, context_length: int = 4096, recurrent: bool = False, window: int | None = None,
+                 interleaved: bool = False) -> None:
         self.info = ModelInfo(path=Path("/nonexistent/fake-model"), model_type="fake", num_layers=1,
                               vocab_size=VOCAB, context_length=context_length, dtype="float32",
                               checkpoint_dtype="float32", quantization=None, backend="fake", device="cpu")
@@ -129,6 +134,12 @@ class FakeBackend:
         self.kv_spec = KVSpec((LayerKV("recurrent", 0, state_bytes=STATE_BYTES) if recurrent
                                else LayerKV("sliding", KV_BYTES_PER_TOKEN, window) if window
                                else LayerKV("full", KV_BYTES_PER_TOKEN),))
+        self.interleaved = interleaved
+        if interleaved:
+            half = KV_BYTES_PER_TOKEN // 2
+            self.kv_spec = KVSpec((LayerKV("sliding", half, window), LayerKV("full", half)))
+        self.sliding_used: list[int] = []  # the sliding group's blocks in use as each forward starts
+        self.sliding_storage = np.zeros(0, dtype=np.int64)  # the sliding group's slots, where it has one
         self.used_blocks: list[int] = []  # the pool's blocks in use as each forward starts
         self.states: dict[int, int] = {}  # state slot -> its state (recurrent); POISON until written
         self.state_rows: list[tuple[int, int]] = []  # (forwards so far, state slot) of every recurrent row run
@@ -155,6 +166,16 @@ class FakeBackend:
 
         allocator.allocate = poisoned
         self.storage = np.zeros(0, dtype=np.int64)
+        self.sliding_storage = np.zeros(0, dtype=np.int64)
+        if allocator.sliding is not None:
+            allocate_sliding = allocator.sliding.allocate
+
+            def poisoned_sliding() -> int:
+                block = allocate_sliding()
+                self._poison(block, 1)
+                return block
+
+            allocator.sliding.allocate = poisoned_sliding
         if self.recurrent:
             self.states = {}
             if allocator.states is None:  # a direct driver's pool, as the real backends do
@@ -174,6 +195,8 @@ class FakeBackend:
         self._maybe_hold(step)
         self.steps.append(step)
         self.used_blocks.append(self.allocator.used_blocks)
+        if self.allocator.sliding is not None:
+            self.sliding_used.append(self.allocator.sliding.used_blocks)
         if self.recurrent:
             return np.stack([logits_for(_pick(self._advance(row.cache, row.tokens))) for row in rows])
         # a speculative verify row (a view of its sequence at a fixed length) reads up to its own end
@@ -199,9 +222,10 @@ class FakeBackend:
         return np.asarray([[float(np.argmax(row)), float(start + i + 1), 0.0, 1.0] for i, row in enumerate(logits)],
                           dtype=np.float32)
 
-    def copy_slots(self, src: np.ndarray, dst: np.ndarray) -> None:
+    def copy_slots(self, src: np.ndarray, dst: np.ndarray, group: int = 0) -> None:
         self._grow()
-        self.storage[np.asarray(dst)] = self.storage[np.asarray(src)]
+        storage = self.sliding_storage if group else self.storage
+        storage[np.asarray(dst)] = storage[np.asarray(src)]
 
     # -- test controls ----------------------------------------------------------------
     def hold_when(self, predicate: Callable[[list[StepRow]], bool]) -> "Hold":
@@ -256,17 +280,25 @@ class FakeBackend:
             grown = np.full(size, POISON, dtype=np.int64)
             grown[: len(self.storage)] = self.storage
             self.storage = grown
+        if self.allocator.sliding is not None:
+            size = grown_slots(self.allocator.sliding, len(self.sliding_storage))
+            if size is not None:
+                grown = np.full(size, POISON, dtype=np.int64)
+                grown[: len(self.sliding_storage)] = self.sliding_storage
+                self.sliding_storage = grown
 
-    def _poison(self, block: int) -> None:
+    def _poison(self, block: int, group: int = 0) -> None:
         self._grow()
         bs = self.allocator.block_size
-        self.storage[block * bs:(block + 1) * bs] = POISON
+        (self.sliding_storage if group else self.storage)[block * bs:(block + 1) * bs] = POISON
 
     def _write(self, seq: SequenceKV, tokens: list[int]) -> None:
         start = seq.length
         seq.reserve(len(tokens))
         self._grow()
         self.storage[seq.slots(start, start + len(tokens))] = tokens
+        if self.allocator.sliding is not None:
+            self.sliding_storage[seq.slots(start, start + len(tokens), 1)] = tokens
         seq.tokens.extend(tokens)
 
     def _advance(self, seq: SequenceKV, tokens: list[int]) -> int:
@@ -283,8 +315,15 @@ class FakeBackend:
         return h
 
     def _read(self, seq: SequenceKV, stop: int) -> np.ndarray:
-        """The history a query after position stop - 1 attends: all of it, or its window."""
-        history = self.storage[seq.slots(max(0, stop - self.window) if self.window else 0, stop)]
+        """The history a query after position stop - 1 attends: all of it, or its window; both
+        when interleaved, the window through the sliding group's table where there is one."""
+        if self.interleaved:
+            start = max(0, stop - self.window)
+            group = 1 if self.allocator.sliding is not None else 0
+            local = (self.sliding_storage if group else self.storage)[seq.slots(start, stop, group)]
+            history = np.concatenate([self.storage[seq.slots(0, stop)], local])
+        else:
+            history = self.storage[seq.slots(max(0, stop - self.window) if self.window else 0, stop)]
         self.poison_reads += int(np.count_nonzero(history == POISON))
         return history
 

@@ -2,7 +2,9 @@
 model (each token a hash of the last WINDOW tokens, read back through the block table), a long
 generation holds a bounded number of blocks where a full-attention model's grow, every row's
 tokens stay the windowed reference's, and the prefix cache resumes a prompt only where the
-window before the resume point is still held."""
+window before the resume point is still held. The same holds for a model whose sliding layers
+sit beside full-attention ones (`interleaved`): its sliding layers' own block group stays bounded
+while the global layers' table keeps every block."""
 
 from __future__ import annotations
 
@@ -21,23 +23,37 @@ WINDOW = 16  # one block: a query's window spans at most two blocks
 GENERATE = 200
 
 
+INTERLEAVED = pytest.mark.parametrize("interleaved", [False, True], ids=["all-sliding", "interleaved"])
+
+
+def sliding_blocks(backend: FakeBackend) -> list[int]:
+    """The blocks the sliding layers held as each forward started: the whole pool's where every
+    layer slides, their own group's where they sit beside global layers."""
+    return backend.sliding_used if backend.interleaved else backend.used_blocks
+
+
+@INTERLEAVED
 @pytest.mark.parametrize("cache_prompt", [False, True])
-def test_a_long_generation_holds_its_window_not_its_history(cache_prompt):
+def test_a_long_generation_holds_its_window_not_its_history(cache_prompt, interleaved):
     p = prompt(100, 20)
-    sliding, full = FakeBackend(window=WINDOW), FakeBackend()
+    sliding, full = FakeBackend(window=WINDOW, interleaved=interleaved), FakeBackend()
     for backend in (sliding, full):
         with engine_on(backend) as engine:
             got = asyncio.run(run(engine, p, GENERATE, cache_prompt=cache_prompt))
-        assert got.tokens == reference(p, GENERATE, window=backend.window)
+        assert got.tokens == reference(p, GENERATE, window=backend.window, interleaved=backend.interleaved)
         assert backend.poison_reads == 0
     # the window's two blocks, and with the prompt cache the two the prompt's own window
     # reads (kept so a re-sent prompt resumes from the cache)
-    assert max(sliding.used_blocks) <= (4 if cache_prompt else 2)
-    assert max(full.used_blocks) == -(-(len(p) + GENERATE - 2) // BLOCK_SIZE)
+    assert max(sliding_blocks(sliding)) <= (4 if cache_prompt else 2)
+    history = -(-(len(p) + GENERATE - 2) // BLOCK_SIZE)
+    assert max(full.used_blocks) == history
+    if interleaved:  # the global layers' table keeps every block
+        assert max(sliding.used_blocks) == history and len(sliding.sliding_used) == len(sliding.used_blocks)
 
 
-def test_rows_in_one_batch_each_free_behind_their_own_window():
-    backend = FakeBackend(window=WINDOW)
+@INTERLEAVED
+def test_rows_in_one_batch_each_free_behind_their_own_window(interleaved):
+    backend = FakeBackend(window=WINDOW, interleaved=interleaved)
     prompts = [prompt(100 + 20 * i, n) for i, n in enumerate((5, 20, 47, 90))]
 
     async def scenario(engine):
@@ -47,14 +63,16 @@ def test_rows_in_one_batch_each_free_behind_their_own_window():
         engine.start()
         results = asyncio.run(scenario(engine))
     for i, (p, got) in enumerate(zip(prompts, results)):
-        assert got.tokens == reference(p, 60 + 10 * i, window=WINDOW), f"row {i}"
+        # each row's tokens are its solo run's: the reference is one sequence alone
+        assert got.tokens == reference(p, 60 + 10 * i, window=WINDOW, interleaved=interleaved), f"row {i}"
     assert backend.poison_reads == 0
-    assert max(backend.used_blocks) <= 4 * 4 + 4  # per row: its window and its prompt's; some chunks wider
+    assert max(sliding_blocks(backend)) <= 4 * 4 + 4  # per row: its window and its prompt's; some chunks wider
 
 
-def test_the_prefix_cache_resumes_only_where_the_window_is_held():
+@INTERLEAVED
+def test_the_prefix_cache_resumes_only_where_the_window_is_held(interleaved):
     p = prompt(100, 20)
-    backend = FakeBackend(window=WINDOW)
+    backend = FakeBackend(window=WINDOW, interleaved=interleaved)
     with engine_on(backend) as engine:
         cold = asyncio.run(run(engine, p, GENERATE))
         stored = p + cold.tokens[:-1]  # what the donated sequence's KV covered
@@ -67,16 +85,19 @@ def test_the_prefix_cache_resumes_only_where_the_window_is_held():
         mid = asyncio.run(run(engine, parted, 8))
     assert resent.last.timings.cache_n == len(p) - 1 and resent.tokens == cold.tokens[:8]
     assert turn.last.timings.cache_n == len(stored)
-    assert turn.tokens == reference(follow, 8, window=WINDOW)
+    assert turn.tokens == reference(follow, 8, window=WINDOW, interleaved=interleaved)
     # back to the end of the blocks kept for the prompt's own window: 2 blocks
     assert mid.last.timings.cache_n == 2 * BLOCK_SIZE
-    assert mid.tokens == reference(parted, 8, window=WINDOW)
+    assert mid.tokens == reference(parted, 8, window=WINDOW, interleaved=interleaved)
     assert backend.poison_reads == 0
 
 
 def test_props_policy_says_whether_blocks_are_freed_and_why_not():
     with engine_on(FakeBackend(window=WINDOW)) as engine:
         assert engine.kv_policy()["free_behind_window"] is True
+    with engine_on(FakeBackend(window=WINDOW, interleaved=True)) as engine:
+        assert engine.kv_policy()["free_behind_window"] is True
+        assert engine.kv.allocator.window is None and engine.kv.allocator.sliding.window == WINDOW
     with engine_on(FakeBackend()) as engine:
         policy = engine.kv_policy()
         assert not policy["free_behind_window"] and policy["free_behind_window_off_reason"] == WINDOW_NONE
@@ -89,47 +110,61 @@ def test_props_policy_says_whether_blocks_are_freed_and_why_not():
     assert max(backend.used_blocks) == -(-(20 + 100 - 2) // BLOCK_SIZE)  # every block kept
 
 
-def test_a_rewind_behind_the_freed_blocks_is_refused():
+@INTERLEAVED
+def test_a_rewind_behind_the_freed_blocks_is_refused(interleaved):
     allocator = BlockAllocator(64, BLOCK_SIZE)
-    allocator.window = WINDOW
+    windowed = allocator
+    if interleaved:  # the sliding layers' own group frees; the global table keeps every block
+        windowed = allocator.sliding = BlockAllocator(64, BLOCK_SIZE)
+    windowed.window = WINDOW
     seq = SequenceKV(allocator)
     for _ in range(5):  # five blocks' worth, one block at a time
         seq.reserve(BLOCK_SIZE)
         seq.tokens += [7] * BLOCK_SIZE
     seq.reserve(6)  # at 80 tokens: a query from 80 on reads 65 onward
     seq.tokens += [7] * 6
-    assert seq.blocks[:4] == [NULL_BLOCK] * 4 and allocator.used_blocks == 2
+    table = seq.sliding if interleaved else seq.blocks
+    assert table[:4] == [NULL_BLOCK] * 4 and windowed.used_blocks == 2
+    if interleaved:
+        assert NULL_BLOCK not in seq.blocks and allocator.used_blocks == 6
     seq.truncate(81)  # a rejected draft: back to where the last reserve was, no further
     with pytest.raises(RuntimeError, match="freed behind the sliding window"):
         seq.truncate(2 * BLOCK_SIZE)
     seq.release()
-    assert allocator.used_blocks == 0
+    assert allocator.used_blocks == 0 and windowed.used_blocks == 0
 
 
-def test_interleaved_global_layers_keep_every_block():
-    from mlxcel.engine.backend import KVSpec, LayerKV
-
-    backend = FakeBackend()
-    backend.kv_spec = KVSpec((LayerKV("sliding", 32, WINDOW), LayerKV("full", 32)))
+def test_the_sliding_group_follows_the_spec():
+    """Sliding layers beside global ones get a block group of their own; a context shift keeps
+    every block in one table, as for an all-sliding model."""
+    backend = FakeBackend(window=WINDOW, interleaved=True)
     kv = KVManager(n_ctx_slot=64, parallel=1, budget_bytes=0)
     kv.bind(backend)
-    assert kv.allocator.window is None and kv.window_policy["free_behind_window"] is False
-    assert "whole context" in kv.window_policy["free_behind_window_off_reason"]
+    assert kv.allocator.window is None and kv.allocator.sliding.window == WINDOW
+    assert kv.allocator.sliding.num_blocks == kv.allocator.num_blocks and kv.window_policy["free_behind_window"]
+    seq = kv.new_sequence()
+    seq.reserve(3 * BLOCK_SIZE)
+    usage = kv.usage()  # /props kv_cache shows the sliding group's occupancy beside the pool's
+    assert usage["used_blocks"] == usage["sliding_used_blocks"] == 3
+    kept = KVManager(n_ctx_slot=64, parallel=1, budget_bytes=0, keep_window=WINDOW_KEPT_SHIFT)
+    kept.bind(FakeBackend(window=WINDOW, interleaved=True))
+    assert kept.allocator.sliding is None and kept.window_policy["free_behind_window_off_reason"] == WINDOW_KEPT_SHIFT
 
 
-def test_speculated_rows_rewind_within_the_window_they_hold():
+@INTERLEAVED
+def test_speculated_rows_rewind_within_the_window_they_hold(interleaved):
     """Verification rows write a draft's positions and the rejected ones are trimmed: never
     behind what the row's window still holds, so its tokens stay the plain reference's."""
     from mlxcel.engine.speculative import NGRAM_SIMPLE, NgramDrafter, SpecConfig, Speculator
 
     config = SpecConfig(NGRAM_SIMPLE, ngram_size_n=1, ngram_size_m=6)
     p = prompt(100, 64)  # a one-token n-gram: most tokens recur in it, so drafts are proposed
-    backend = FakeBackend(window=WINDOW)
+    backend = FakeBackend(window=WINDOW, interleaved=interleaved)
     with engine_on(backend, speculator=Speculator(config, NgramDrafter(config))) as engine:
         got = asyncio.run(run(engine, p, 120))
-    assert got.tokens == reference(p, 120, window=WINDOW)
+    assert got.tokens == reference(p, 120, window=WINDOW, interleaved=interleaved)
     assert got.last.timings.draft_n > 0  # it did speculate
-    assert backend.poison_reads == 0 and max(backend.used_blocks) <= 6
+    assert backend.poison_reads == 0 and max(sliding_blocks(backend)) <= 6
 
 
 @pytest.mark.parametrize("argv,environ", [(["--swa-full"], {}), ([], {"LLAMA_ARG_SWA_FULL": "1"})])
@@ -148,14 +183,15 @@ def test_swa_full_keeps_every_block(argv, environ):
     assert max(backend.used_blocks) == -(-(len(p) + 100 - 2) // BLOCK_SIZE)
 
 
-def test_prompts_cut_from_earlier_conversations_anywhere_serve_the_reference():
+@INTERLEAVED
+def test_prompts_cut_from_earlier_conversations_anywhere_serve_the_reference(interleaved):
     """Prompts that share a prefix of an earlier stream cut at random points (in freed parts, in
     kept parts, inside blocks), some at once: every row serves the windowed reference, and once
     all end the pool holds only what the prefix cache keeps."""
     import random
 
     rng = random.Random(7)
-    backend = FakeBackend(window=WINDOW)
+    backend = FakeBackend(window=WINDOW, interleaved=interleaved)
     streams = [prompt(100, 30)]
 
     async def one(engine, p, n):
@@ -174,7 +210,11 @@ def test_prompts_cut_from_earlier_conversations_anywhere_serve_the_reference():
     with engine_on(backend, n_ctx=1024, parallel=3) as engine:
         results = [r for _ in range(5) for r in asyncio.run(wave(engine))]
         usage = engine.kv_usage()
+        sliding = engine.kv.allocator.sliding
+        held = sum(x.sliding != NULL_BLOCK for x in engine.kv.prefix_cache._nodes())
     for p, n, got in results:
-        assert got.tokens == reference(p, n, window=WINDOW)
+        assert got.tokens == reference(p, n, window=WINDOW, interleaved=interleaved)
     assert any(got.last.timings.cache_n > 0 for _, _, got in results)  # the cache did serve some
     assert backend.poison_reads == 0 and usage["used_blocks"] == usage["cached_blocks"]
+    if interleaved:  # the sliding group too holds only what the cache keeps
+        assert sliding.used_blocks == held

@@ -20,7 +20,7 @@ from mlxcel.backends.rows import RowLayout, RowSteering
 from mlxcel.backends.mlx import cpu_ops, hf_layout, latent, packed, recurrent, split_products
 from mlxcel.backends.mlx.packed import PackedBatchView, PackedPlan
 from mlxcel.backends.mlx.paged import PagedBatchView, PagedStorage, StepPlan
-from mlxcel.engine.kv_block_pool import BlockAllocator, SequenceKV, StateSlots
+from mlxcel.engine.kv_block_pool import BlockAllocator, SequenceKV, StateSlots, group_rows, layer_groups
 from mlxcel.models.checkpoint_config import mlx_overrides, normalize_config
 from mlxcel.models.hooks import install_hooks
 from mlxcel.models.registry import DOCS_PAGE, UnsupportedModelType, decoder_stack, family_for, mlx_module
@@ -145,7 +145,8 @@ class MLXBackend(RowSteering):
     def bind_kv(self, allocator: BlockAllocator) -> None:
         """(Re)build KV storage for the pool `allocator` hands out; only while no sequence is live."""
         self.allocator = allocator
-        self.storage = PagedStorage(self.allocator, self.info.num_layers, _DTYPES[self.info.dtype])
+        self.kv_groups = layer_groups(allocator, self.windows)  # sliding layers may keep their own blocks
+        self.storage = PagedStorage(self.allocator, self.info.num_layers, _DTYPES[self.info.dtype], self.kv_groups)
         if self.recurrent:
             if allocator.states is None:  # a direct driver's pool: a state slot for every sequence it makes
                 allocator.states = StateSlots()
@@ -182,8 +183,8 @@ class MLXBackend(RowSteering):
         """A sequence over the bound pool, for callers that drive the backend directly."""
         return SequenceKV(self.allocator)
 
-    def copy_slots(self, src: np.ndarray, dst: np.ndarray) -> None:
-        self.storage.copy_slots(src, dst)
+    def copy_slots(self, src: np.ndarray, dst: np.ndarray, group: int = 0) -> None:
+        self.storage.copy_slots(src, dst, group)
 
     def _run(self, rows: list[ForwardRow], fn=None, ids: mx.array | None = None) -> tuple[mx.array, RowLayout]:
         """One forward of `fn` (default: the whole model, giving logits) over the rows, packed
@@ -194,12 +195,14 @@ class MLXBackend(RowSteering):
         layout = RowLayout.of([len(r.tokens) for r in rows])
         kv = [(r.cache, len(r.tokens)) for r in rows]
         if layout.packed and self.packs_rows:
-            plan = PackedPlan(kv, layout)
+            plans = [PackedPlan(group_rows(kv, g), layout) for g in range(self.allocator.groups)]
             ids = mx.array(np.concatenate([r.tokens for r in rows]).astype(np.int32))[None]
-            views = [PackedBatchView(self.storage, li, plan, w) for li, w in enumerate(self.windows)]
+            views = [PackedBatchView(self.storage, li, plans[g], w)
+                     for li, (w, g) in enumerate(zip(self.windows, self.kv_groups))]
         else:
             layout = RowLayout(layout.n, False)
-            plan = StepPlan(kv)
+            plans = [StepPlan(group_rows(kv, g)) for g in range(self.allocator.groups)]
+            plan = plans[0]
             if ids is None:
                 host = np.zeros((plan.batch, plan.nmax), dtype=np.int32)
                 for i, r in enumerate(rows):
@@ -207,7 +210,8 @@ class MLXBackend(RowSteering):
                 ids = mx.array(host)
             else:
                 ids = ids.reshape(plan.batch, 1)
-            views = [PagedBatchView(self.storage, li, plan, w) for li, w in enumerate(self.windows)]
+            views = [PagedBatchView(self.storage, li, plans[g], w)
+                     for li, (w, g) in enumerate(zip(self.windows, self.kv_groups))]
         states = recurrent.StateStep(kv) if self.recurrent else None
         if states is not None:
             views = [recurrent.RecurrentBatchView(self.states, li, states) if li in self.recurrent else v

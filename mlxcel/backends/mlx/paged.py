@@ -20,8 +20,9 @@ from mlxcel.engine.kv_block_pool import NULL_BLOCK, SCRATCH_BLOCK, BlockAllocato
 class PagedStorage:
     """The per-layer key/value arrays behind a BlockAllocator; grows by doubling."""
 
-    def __init__(self, allocator: BlockAllocator, num_layers: int, dtype) -> None:
+    def __init__(self, allocator: BlockAllocator, num_layers: int, dtype, groups: list[int] | None = None) -> None:
         self.allocator = allocator
+        self.groups = groups or [0] * num_layers  # each layer's block group (kv_block_pool.layer_groups)
         self.num_layers = num_layers
         self.dtype = dtype
         self.keys: list[mx.array | None] = [None] * num_layers
@@ -30,7 +31,7 @@ class PagedStorage:
 
     def ensure(self, layer: int, kv_heads: int, k_dim: int, v_dim: int) -> None:
         have = 0 if self.keys[layer] is None else self.keys[layer].shape[0]
-        new = grown_slots(self.allocator, have)
+        new = grown_slots(self.allocator.group(self.groups[layer]), have)
         if new is None:
             return
         grow_k = mx.zeros((new - have, kv_heads, k_dim), self.dtype)
@@ -45,10 +46,11 @@ class PagedStorage:
     def nbytes(self) -> int:
         return sum(a.nbytes for a in self.keys + self.values if a is not None)
 
-    def copy_slots(self, src: np.ndarray, dst: np.ndarray) -> None:
-        """keys/values[dst] = keys/values[src] in every layer (a context shift's compaction, a partial prefix's copy)."""
+    def copy_slots(self, src: np.ndarray, dst: np.ndarray, group: int = 0) -> None:
+        """keys/values[dst] = keys/values[src] in every layer of block group `group` (a context
+        shift's compaction, a partial prefix's copy)."""
         s, d = mx.array(src), mx.array(dst)
-        layers = [li for li in range(self.num_layers) if self.keys[li] is not None]
+        layers = [li for li in range(self.num_layers) if self.keys[li] is not None and self.groups[li] == group]
         for li in layers:
             _, h, dk = self.keys[li].shape
             self.ensure(li, h, dk, self.values[li].shape[-1])  # dst blocks may be new

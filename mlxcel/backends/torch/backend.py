@@ -34,12 +34,12 @@ from mlxcel.engine.backend import ForwardRow, KVSpec, ModelInfo, layer_windows
 from mlxcel.backends.rows import RowLayout, RowSteering
 from mlxcel.backends.torch import fused_ops, packed, quantized, recurrent
 from mlxcel.backends.torch.cpu_kernels import cpu_flags
-from mlxcel.backends.torch.packed import PackedPlan, step_plan
+from mlxcel.backends.torch.packed import GroupPlans, PackedPlan, step_plan
 from mlxcel.backends.torch.quantized_load import QuantizedLoadRefused, is_mlx_quantized, load_quantized
 from mlxcel.backends.torch.paged import WINDOW_ATTR, PagedStepCache, PagedStorage, StepPlan, expands_cache
 from mlxcel.backends.torch.row_gemv import (ALL, RowKernel, RowRouting, install_row_gemv, load_row_kernel, prompt_linears,
                                             prompt_tiles)
-from mlxcel.engine.kv_block_pool import BlockAllocator, SequenceKV, StateSlots
+from mlxcel.engine.kv_block_pool import BlockAllocator, SequenceKV, StateSlots, group_rows, layer_groups
 from mlxcel.models.checkpoint_config import read_config
 from mlxcel.models.hooks import LayerHooks
 from mlxcel.models.registry import UnsupportedModelType, family_for, mlx_only
@@ -340,7 +340,9 @@ class TorchBackend(RowSteering):
     def bind_kv(self, allocator: BlockAllocator) -> None:
         """(Re)build KV storage for the pool `allocator` hands out; only while no sequence is live."""
         self.allocator = allocator
-        self.storage = PagedStorage(self.allocator, self.info.num_layers, DTYPES[self.info.dtype], self.device)
+        self.kv_groups = layer_groups(allocator, self.windows)  # sliding layers may keep their own blocks
+        self.storage = PagedStorage(self.allocator, self.info.num_layers, DTYPES[self.info.dtype], self.device,
+                                    self.kv_groups)
         if self.recurrent:
             if allocator.states is None:  # a direct driver's pool: a state slot for every sequence it makes
                 allocator.states = StateSlots()
@@ -378,8 +380,8 @@ class TorchBackend(RowSteering):
         return SequenceKV(self.allocator)
 
     @torch.inference_mode()  # the pool's tensors are made in a forward: inference tensors
-    def copy_slots(self, src: np.ndarray, dst: np.ndarray) -> None:
-        self.storage.copy_slots(src, dst)
+    def copy_slots(self, src: np.ndarray, dst: np.ndarray, group: int = 0) -> None:
+        self.storage.copy_slots(src, dst, group)
 
     def _masks(self, plan: StepPlan):
         """A 4-D mask for uniform families; one per layer type where the config names them."""
@@ -403,16 +405,19 @@ class TorchBackend(RowSteering):
         # decode rows attend through the kernel (fused_ops.py), chosen by what a row is
         decode = decoding if self._fused_attention != "off" else None
         prompts = self._fused_attention == "all"  # prompt tokens too, else SDPA
+        groups = range(self.allocator.groups)  # each block group's rows (kv_block_pool.group_rows)
         if layout.packed:
-            plan = PackedPlan(kv, layout, self.storage, self.device, decode, prompts)
+            plans = [PackedPlan(group_rows(kv, g), layout, self.storage, self.device, decode, prompts) for g in groups]
             ids = np.concatenate([r.tokens for r in rows]).astype(np.int64)[None]
         else:
-            plan = StepPlan(kv, self.device, self.storage, decode, prompts)
+            plans = [StepPlan(group_rows(kv, g), self.device, self.storage, decode, prompts) for g in groups]
             if self._base_forward is not self.base:
-                plan.read_start = None  # compiled: one KV read path, so block order cannot force a recompile
-            ids = np.zeros((plan.batch, plan.nmax), dtype=np.int64)
+                for plan in plans:  # compiled: one KV read path, so block order cannot force a recompile
+                    plan.read_start = None
+            ids = np.zeros((plans[0].batch, plans[0].nmax), dtype=np.int64)
             for i, r in enumerate(rows):
                 ids[i, : len(r.tokens)] = r.tokens
+        plan = plans[0] if len(plans) == 1 else GroupPlans(plans, self.kv_groups)
         self._prepare_step(rows, layout)
         if self.lora is not None:
             self.lora.begin([r.lora for r in rows], layout)

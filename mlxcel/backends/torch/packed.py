@@ -52,6 +52,24 @@ def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=N
     return plan.attend(module, query, key, value, attention_mask, scaling, dropout=dropout, **kwargs)
 
 
+class GroupPlans:
+    """A step's plans, one per block group (kv_block_pool.group_rows): each layer stores and
+    attends through its group's (`of`). Masks and positions are the same in every group (the
+    rows' tokens and positions are), so everything else is the first plan's."""
+
+    def __init__(self, plans: list, groups: list[int]) -> None:
+        self.plans, self.groups = plans, groups
+
+    def __getattr__(self, name: str):
+        return getattr(self.plans[0], name)
+
+    def of(self, layer: int):
+        return self.plans[self.groups[layer]]
+
+    def attend(self, module, *args, **kwargs):
+        return self.of(module.layer_idx).attend(module, *args, **kwargs)
+
+
 AttentionInterface.register(IMPLEMENTATION, _attention)
 AttentionMaskInterface.register(IMPLEMENTATION, sdpa_mask)
 
@@ -120,6 +138,9 @@ class PackedPlan:
                               dec if isinstance(g.tokens, list) else None) for g in groups]
         # the groups' outputs come out in `order`; this puts them back in token order
         self.unperm = None if order == sorted(order) else _to_device(np.argsort(order).astype(np.int64), device)
+
+    def of(self, layer: int) -> PackedPlan:
+        return self  # one block group (GroupPlans routes several)
 
     def mask(self, window: int | None = None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """What the model is handed as its mask: a placeholder (attention builds its own per group)."""

@@ -26,15 +26,17 @@ from mlxcel.engine.kv_block_pool import NULL_BLOCK, SCRATCH_BLOCK, BlockAllocato
 class PagedStorage:
     """The per-layer key/value tensors behind a BlockAllocator; grows by doubling."""
 
-    def __init__(self, allocator: BlockAllocator, num_layers: int, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(self, allocator: BlockAllocator, num_layers: int, dtype: torch.dtype, device: torch.device,
+                 groups: list[int] | None = None) -> None:
         self.allocator = allocator
+        self.groups = groups or [0] * num_layers  # each layer's block group (kv_block_pool.layer_groups)
         self.dtype, self.device = dtype, device
         self.keys: list[torch.Tensor | None] = [None] * num_layers
         self.values: list[torch.Tensor | None] = [None] * num_layers
 
     def ensure(self, layer: int, kv_heads: int, k_dim: int, v_dim: int) -> None:
         have = 0 if self.keys[layer] is None else self.keys[layer].shape[0]
-        new = grown_slots(self.allocator, have)
+        new = grown_slots(self.allocator.group(self.groups[layer]), have)
         if new is None:
             return
         k = torch.zeros((new, kv_heads, k_dim), dtype=self.dtype, device=self.device)
@@ -48,11 +50,12 @@ class PagedStorage:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.keys + self.values if t is not None)
 
-    def copy_slots(self, src: np.ndarray, dst: np.ndarray) -> None:
-        """keys/values[dst] = keys/values[src] in every layer (a context shift's compaction, a partial prefix's copy)."""
+    def copy_slots(self, src: np.ndarray, dst: np.ndarray, group: int = 0) -> None:
+        """keys/values[dst] = keys/values[src] in every layer of block group `group` (a context
+        shift's compaction, a partial prefix's copy)."""
         s, d = _to_device(np.asarray(src, np.int64), self.device), _to_device(np.asarray(dst, np.int64), self.device)
         for li, keys in enumerate(self.keys):
-            if keys is not None:
+            if keys is not None and self.groups[li] == group:
                 _, h, dk = keys.shape
                 self.ensure(li, h, dk, self.values[li].shape[-1])  # dst blocks may be new
                 # index_select copies first, so overlapping src/dst ranges read the old values
@@ -125,6 +128,9 @@ class StepPlan:
             if dec and not self.decode_all:
                 rest = sorted(set(range(b)) - set(dec))
                 self.split = tuple(_to_device(np.asarray(x, np.int64), device) for x in (dec, rest))
+
+    def of(self, layer: int) -> StepPlan:
+        return self  # one block group (packed.GroupPlans routes several)
 
     def mask(self, window: int | None = None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """[B, 1, nmax, lmax] additive: 0 where a query may attend a key, dtype's minimum where
@@ -211,7 +217,7 @@ class PagedStepCache(Cache):
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
         _, h, _, dk = key_states.shape
         dv = value_states.shape[-1]
-        st, plan = self.storage, self.plan
+        st, plan = self.storage, self.plan.of(layer_idx)
         st.ensure(layer_idx, h, dk, dv)
         if plan.decode_all:  # the decode kernel stores them as it attends (StepPlan.attend)
             return key_states, value_states
