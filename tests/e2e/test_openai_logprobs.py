@@ -107,6 +107,31 @@ def test_completion_logprobs_equal_native(default_server, openai_client, stream)
     assert offsets == [len(PROMPT) + sum(len(t) for t in tokens[:i]) for i in range(len(tokens))]
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_completion_n_choices_per_prompt_each_equal_native_with_its_seed(default_server, openai_client, stream):
+    prompts = [PROMPT, "Hello"]
+    args = dict(model=DEFAULT_MODEL, prompt=prompts, max_tokens=4, n=2, seed=3, temperature=1.0, logprobs=1,
+                echo=True)
+    texts, tokens, lps = {}, {}, {}
+    for r in (openai_client.completions.create(stream=True, **args) if stream
+              else [openai_client.completions.create(**args)]):
+        for ch in r.choices:
+            texts[ch.index] = texts.get(ch.index, "") + ch.text
+            if ch.logprobs is not None:
+                tokens.setdefault(ch.index, []).extend(ch.logprobs.tokens)
+                lps.setdefault(ch.index, []).extend(ch.logprobs.token_logprobs)
+    assert sorted(texts) == [0, 1, 2, 3]
+    tolerance = TOLERANCE[default_server.dtype]
+    for index in range(4):
+        prompt, j = prompts[index // 2], index % 2  # choice index = prompt_index * n + j
+        assert texts[index].startswith(prompt)
+        want = native(default_server, prompt, 4, row_seed(3, j), 1.0)
+        n_prompt = len(tokens[index]) - len(want)
+        assert "".join(tokens[index][:n_prompt]) == prompt and lps[index][0] is None
+        assert tokens[index][n_prompt:] == [e["token"] for e in want]
+        assert all(abs(a - e["logprob"]) <= tolerance for a, e in zip(lps[index][n_prompt:], want))
+
+
 def test_echo_prepends_the_prompt_and_its_logprobs(default_server, openai_client):
     plain = openai_client.completions.create(model=DEFAULT_MODEL, prompt=PROMPT, max_tokens=3, logprobs=2,
                                              temperature=0)
