@@ -227,3 +227,69 @@ def test_sdk_refuses_too_many_alternatives(openai_client):
         openai_client.chat.completions.create(model=DEFAULT_MODEL, messages=CHAT, max_tokens=2, logprobs=True,
                                               top_logprobs=21)
     assert e.value.param == "top_logprobs"
+
+
+def _post(server, route: str, body: dict) -> httpx.Response:
+    path, base = (("/v1/chat/completions", {"messages": CHAT}) if route == "chat"
+                  else ("/v1/completions", {"prompt": PROMPT}))
+    r = httpx.post(server.base_url + path, json={"model": DEFAULT_MODEL, "temperature": 0, **base, **body},
+                   timeout=120)
+    assert r.status_code == 200, r.text
+    return r
+
+
+def _entries(route: str, choice: dict) -> list:
+    """(token, logprob, top tokens) per generated token, in either route's shape."""
+    lp = choice["logprobs"]
+    if route == "chat":
+        return [(c["token"], c["logprob"], [t["token"] for t in c["top_logprobs"]]) for c in lp["content"]]
+    return [(t, v, list(top)) for t, v, top in zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"])]
+
+
+@pytest.mark.parametrize("route", ["chat", "completions"])
+def test_native_n_probs_asks_for_the_routes_logprobs(default_server, route):
+    """b10621's OpenAI routes read n_probs: on chat as logprobs: true with that many
+    top_logprobs, on text completions as the integer logprobs (its alias there, which it wins over)."""
+    openai_spelling = {"logprobs": True, "top_logprobs": 3} if route == "chat" else {"logprobs": 3}
+    want = _entries(route, _post(default_server, route, {"max_tokens": 4, **openai_spelling}).json()["choices"][0])
+    extra = {} if route == "chat" else {"logprobs": 5}
+    got = _post(default_server, route, {"max_tokens": 4, "n_probs": 3, **extra})
+    assert "x-millm-ignored-fields" not in got.headers
+    entries = _entries(route, got.json()["choices"][0])
+    assert [(t, top) for t, _, top in entries] == [(t, top) for t, _, top in want] and len(want[0][2]) == 3
+    tolerance = TOLERANCE[default_server.dtype]
+    assert all(abs(a[1] - b[1]) <= tolerance for a, b in zip(entries, want))
+    assert _post(default_server, route, {"max_tokens": 2, "n_probs": 0}).json()["choices"][0]["logprobs"] is None
+    r = httpx.post(default_server.base_url + ("/v1/chat/completions" if route == "chat" else "/v1/completions"),
+                   json={"model": DEFAULT_MODEL, "max_tokens": 2, "n_probs": -1,
+                         **({"messages": CHAT} if route == "chat" else {"prompt": PROMPT})}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "n_probs", r.text
+
+
+def test_n_probs_beside_logprobs_true_is_reported_on_chat(default_server):
+    r = _post(default_server, "chat", {"max_tokens": 2, "logprobs": True, "top_logprobs": 1, "n_probs": 4})
+    assert r.headers["x-millm-ignored-fields"] == '"n_probs"'
+    assert len(r.json()["choices"][0]["logprobs"]["content"][0]["top_logprobs"]) == 1
+
+
+def _sse(r: httpx.Response) -> list[dict]:
+    import json
+
+    return [json.loads(line[6:]) for line in r.text.splitlines()
+            if line.startswith("data: ") and line != "data: [DONE]"]
+
+
+@pytest.mark.parametrize("route", ["chat", "completions"])
+def test_timings_per_token_puts_timings_on_every_chunk(default_server, route):
+    body = {"max_tokens": 5, "stream": True, "ignore_eos": True}
+    chunks = [c for c in _sse(_post(default_server, route, {**body, "timings_per_token": True}))
+              if c["choices"] and (route == "completions" or c["choices"][0]["delta"].get("role") is None)]
+    assert chunks and all("timings" in c for c in chunks)
+    predicted = [c["timings"]["predicted_n"] for c in chunks]
+    assert predicted == sorted(predicted) and predicted[-1] == 5
+    assert all(c["timings"]["prompt_n"] + c["timings"]["cache_n"] > 0 for c in chunks)
+    plain = _sse(_post(default_server, route, body))
+    assert not any("timings" in c for c in plain)
+    whole = _post(default_server, route, {"max_tokens": 3, "timings_per_token": True}).json()
+    assert whole["timings"]["predicted_n"] == whole["usage"]["completion_tokens"] == 3
+    assert "timings" not in _post(default_server, route, {"max_tokens": 3}).json()

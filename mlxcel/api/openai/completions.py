@@ -111,7 +111,8 @@ async def _ask(request: Request) -> CompletionAsk:
     if req.add_special_tokens is not None and not _is_text_prompt(req.prompt):
         unused.append("add_special_tokens")
     headers = settle_unused(unused, strict, COMPLETIONS)
-    logprobs = lp.ask_of(req, chat=False) if spec is None else None
+    n_probs = shared.n_probs if shared is not None else None
+    logprobs = lp.ask_of(req, chat=False, n_probs=n_probs) if spec is None else None
     return CompletionAsk(req=req, activations=activations, spec=spec, logprobs=logprobs,
                          sampling=g.validate_sampling(req, logprobs, shared), headers=headers)
 
@@ -153,7 +154,8 @@ async def completions(request: Request, app_state: AppState) -> Any:
             greq.grammar = grammar
     echo, logprobs = await _openings(model, ask, prompts)
     encoder = CompletionEncoder(base, g.fingerprint(model), reader=reader, echo=echo, logprobs=logprobs,
-                                include_usage=bool(req.stream_options and req.stream_options.include_usage))
+                                include_usage=bool(req.stream_options and req.stream_options.include_usage),
+                                timings=ask.sampling.timings_per_token)
     if req.echo and ask.sampling.max_tokens == 0:
         return _echo_only(ask, encoder, prompts)
     job = Job(model=model, requests=greqs, headers=ask.headers, stream=req.stream)
