@@ -243,6 +243,7 @@ class ChatOutput:
         self._markers = tuple(prep.markers)
         self._echo = prep.prefill if echo else ""
         self.n_calls = 0
+        self.cut_calls: set[str] = set()  # ids of calls cut off by the token limit
 
     def feed(self, text: str) -> list[dict[str, Any]]:
         if self._echo:
@@ -279,6 +280,8 @@ class ChatOutput:
                     deltas.append({"content": text})
             elif self._parallel or p.index == 0:
                 self.n_calls += 1
+                if p.call.truncated:
+                    self.cut_calls.add(p.call.id)
                 deltas.append({"tool_calls": [{"index": p.index, "id": p.call.id, "type": "function",
                                                "function": {"name": p.call.name, "arguments": ""}}]})
                 deltas.append({"tool_calls": [{"index": p.index, "function": {"arguments": p.call.arguments}}]})

@@ -226,7 +226,9 @@ def _chat_request(req: ResponsesRequest, conversation: list[dict[str, Any]]) -> 
         reasoning_effort=(req.reasoning or {}).get("effort"))
 
 
-def _items(deltas: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _items(deltas: list[dict[str, Any]], cut: set[str] = frozenset()) -> list[dict[str, Any]]:
+    """Output items of these deltas; a call in `cut` was cut off by the token limit: its
+    arguments are the text written so far and its status is incomplete."""
     msg = chat_surface.message(deltas)
     items: list[dict[str, Any]] = []
     if msg.get("reasoning_content"):
@@ -238,7 +240,8 @@ def _items(deltas: list[dict[str, Any]]) -> list[dict[str, Any]]:
                       "content": [{"type": "output_text", "text": msg["content"], "annotations": []}]})
     for c in msg.get("tool_calls", ()):
         items.append({"type": "function_call", "id": _item_id("fc_"), "call_id": c["id"],
-                      "name": c["function"]["name"], "arguments": c["function"]["arguments"], "status": "completed"})
+                      "name": c["function"]["name"], "arguments": c["function"]["arguments"],
+                      "status": "incomplete" if c["id"] in cut else "completed"})
     return items
 
 
@@ -304,13 +307,14 @@ class ResponsesEncoder(Encoder):
         self.live.settled.set()  # a cancel waiting on an error answers what is stored
 
     def body(self, runs: list[Run]) -> dict[str, Any]:
-        self.deltas = self.out.feed(runs[0].text) + self.out.finish()
+        self.deltas = self.out.feed(runs[0].text) + self.out.finish(runs[0].final.finish_reason)
         return self._finished(runs[0].final)
 
     def _finished(self, ev: TokenEvent | None) -> dict[str, Any]:
         # ev None: the rows ended without a last event, i.e. POST .../cancel stopped them
         status = "cancelled" if ev is None else "incomplete" if ev.finish_reason == "length" else "completed"
-        resp = _response(self.rid, self.req, self.model_id, status, self._arrange(_items(self.deltas)), ev)
+        resp = _response(self.rid, self.req, self.model_id, status,
+                         self._arrange(_items(self.deltas, self.out.cut_calls)), ev)
         if self.req.store:
             self.store.put(resp, _after(self.conversation, resp["output"]), self.owner)
         self.live.settle(resp)
@@ -343,7 +347,7 @@ class ResponsesEncoder(Encoder):
         return self._event("error", code=ev.error_code, message=ev.error, param=None)
 
     def frames(self, index: int, ev: TokenEvent) -> list[bytes]:
-        new = self.out.feed(ev.text) + (self.out.finish() if ev.done else [])
+        new = self.out.feed(ev.text) + (self.out.finish(ev.finish_reason) if ev.done else [])
         self.deltas += new
         frames = [frame for d in new for frame in self._delta(d)]
         if ev.done:
