@@ -293,3 +293,36 @@ def test_timings_per_token_puts_timings_on_every_chunk(default_server, route):
     whole = _post(default_server, route, {"max_tokens": 3, "timings_per_token": True}).json()
     assert whole["timings"]["predicted_n"] == whole["usage"]["completion_tokens"] == 3
     assert "timings" not in _post(default_server, route, {"max_tokens": 3}).json()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_responses_output_text_logprobs_equal_native(default_server, tok, stream):
+    body = {"model": DEFAULT_MODEL, "input": CHAT, "max_output_tokens": 6, "temperature": 0,
+            "include": ["message.output_text.logprobs"], "top_logprobs": TOP, "stream": stream}
+    r = httpx.post(default_server.base_url + "/v1/responses", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    if stream:
+        events = _sse(r)
+        entries = [e for ev in events if ev["type"] == "response.output_text.delta" for e in ev["logprobs"]]
+        [item] = events[-1]["response"]["output"]
+        assert item["content"][0]["logprobs"][:len(entries)] == entries
+    else:
+        [item] = r.json()["output"]
+        entries = item["content"][0]["logprobs"]
+    want = native(default_server, chat_prompt(default_server, tok), 6, 0, 0)
+    tolerance = TOLERANCE[default_server.dtype]
+    close_entries([(bytes(e["bytes"]), e["logprob"]) for e in entries], want, tolerance)
+    for e, w in zip(entries, want):
+        close_entries([(bytes(t["bytes"]), t["logprob"]) for t in e["top_logprobs"]], w["top_logprobs"], tolerance)
+
+
+@pytest.mark.parametrize("body,param,code", [
+    ({"top_logprobs": 2}, "top_logprobs", "invalid_parameter"),
+    ({"include": ["message.output_text.logprobs"], "top_logprobs": 21}, "top_logprobs", "invalid_parameter"),
+    ({"include": ["reasoning.encrypted_content"]}, "include", "field_not_honoured"),
+])
+def test_responses_logprobs_refusals(default_server, body, param, code):
+    r = httpx.post(default_server.base_url + "/v1/responses", timeout=60,
+                   json={"model": DEFAULT_MODEL, "input": "Hi", "max_output_tokens": 2, **body})
+    assert r.status_code == 400, r.text
+    assert (r.json()["error"]["param"], r.json()["error"]["code"]) == (param, code)

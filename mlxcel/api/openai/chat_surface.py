@@ -204,7 +204,7 @@ class ChatJob:
 
 
 async def job(state: AppState, model: ServedModel, req: Any, field_headers: dict[str, str],
-              images: list | None = None, param: str = "messages") -> ChatJob:
+              images: list | None = None, param: str = "messages", logprobs: Any = None) -> ChatJob:
     """Render, validate the sampling and build the engine request (any forced tool-call grammar
     and the reasoning budget from the rendering), and apply the server's steering. `images`:
     decoded pictures whose placeholders `req` already carries (api/media.py)."""
@@ -212,7 +212,7 @@ async def job(state: AppState, model: ServedModel, req: Any, field_headers: dict
     from mlxcel.api.openai import generation as g
 
     prep = prepare(state, model, req)
-    greq = g.build_request(g.validate_sampling(req), model, prep.prompt)
+    greq = g.build_request(g.validate_sampling(req, logprobs), model, prep.prompt)  # logprobs: a LogprobsAsk
     greq.grammar = await tool_grammar(prep, model)
     greq.keep_tokens = prep.keep_tokens
     greq.reasoning = prep.budget
