@@ -2,7 +2,8 @@
 
 The marker pair is `<think>` / `</think>` (Qwen3, DeepSeek-R1 and their derivatives), or
 Command R7B's `<|START_THINKING|>` / `<|END_THINKING|>` where the chat template names that
-pair (`markers_for`, as b10621 picks its Command R7B format from the template). A block opens either in the output itself (the open marker first, after whitespace) or in the
+pair (`markers_for`, as b10621 picks its Command R7B format from the template). A block
+opens either in the output itself (the open marker first, after whitespace) or in the
 prompt: a generation prompt that ends inside an open block "primes" it, and the model then
 only ever writes the close marker.
 

@@ -2,8 +2,9 @@
 
 Each prompt of a list has `n` choices, each its own engine row with its own seed (the seed
 of choice j is row j's, as on chat, so a prompt's choices reproduce alone or in a list);
-choice `prompt_index * n + j` answers prompt `prompt_index`. `logprobs` (an int) reports each generated token's log-probability and that many alternatives, and
-`echo` opens each choice with its prompt (with logprobs, the prompt tokens' too; logprobs.py).
+choice `prompt_index * n + j` answers prompt `prompt_index`. `logprobs` (an int) reports
+each generated token's log-probability and that many alternatives, and `echo` opens each
+choice with its prompt (with logprobs, the prompt tokens' too; logprobs.py).
 With `allowed_token_ids` the request is a scoring request instead: one forward per prompt,
 nothing generated (scoring.py).
 """
