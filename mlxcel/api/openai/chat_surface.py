@@ -231,7 +231,7 @@ async def tool_grammar(prep: Prepared, model: ServedModel) -> Any:
     hf = model.tokenizer.hf
     thinking_open = prep.reasoning_format != "none" and primed(prep.prompt_text, prep.think)
     text = tg.lark(prep.forced, tg.family_format(model.tokenizer.chat_template),
-                   lambda s: hf.encode(s, add_special_tokens=False), thinking_open)
+                   lambda s: hf.encode(s, add_special_tokens=False), thinking_open, prep.think.close)
     try:
         return await asyncio.to_thread(model.grammars.compile, "lark", text)
     except GrammarError as e:
