@@ -8,7 +8,7 @@ named format goes through the one renderer (chat_template.py) like any checkpoin
 Upstream's formatters write no BOS: the rendered prompt is tokenized with special tokens
 added, so BOS comes from the vocabulary's own add-BOS rule. `with_bos` reproduces that
 for a tokenizer that adds BOS (mlxcel tokenizes rendered prompts without special tokens).
-Names upstream knows that are not written here are refused by name at startup.
+Every name upstream knows is written here (tests check the two lists agree).
 """
 
 from __future__ import annotations
@@ -71,6 +71,15 @@ def _by_role(system: str, user: str, other: str, gen: str = "", assistant_only: 
             + ("{%- if add_generation_prompt %}{{ " + gen + " }}{% endif %}" if gen else ""))
 
 
+def _roles(turns: dict[str, str], gen: str = "", other: str = "") -> str:
+    """One turn expression per named role; any other role writes `other` (nothing when empty)."""
+    arms = "".join(("{%- if " if i == 0 else "{%- elif ") + f"m['role'] == '{role}' %}}{{{{ {expr} }}}}"
+                   for i, (role, expr) in enumerate(turns.items()))
+    rest = "{%- else %}{{ " + other + " }}" if other else ""
+    tail = "{%- if add_generation_prompt %}{{ " + gen + " }}{% endif %}" if gen else ""
+    return "{%- for m in messages %}" + arms + rest + "{% endif %}{%- endfor %}" + tail
+
+
 # system text is folded into the next user turn (the format has no system role)
 _GEMMA = ("{%- set ns = namespace(system='') %}"
           "{%- for m in messages %}"
@@ -98,6 +107,62 @@ _BAILING = _simple("'<role>' + ('HUMAN' if m['role'] == 'user' else m['role']|up
 
 _DS_END = "<｜end▁of▁sentence｜>"
 
+_GRANITE_ROLE = ("('<|start_of_role|>assistant<|end_of_role|><|tool_call|>' if m['role'] == 'assistant_tool_call' "
+                 "else '<|start_of_role|>' + m['role'] + '<|end_of_role|>')")
+
+# a first system turn is written without a role header
+_GIGACHAT = ("{{ '<s>' }}"
+             "{%- for m in messages %}"
+             "{%- if loop.first and m['role'] == 'system' %}{{ m['content'] + '<|message_sep|>' }}"
+             "{%- elif m['role'] == 'user' %}{{ 'user<|role_sep|>' + m['content'] + '<|message_sep|>"
+             "available functions<|role_sep|>[]<|message_sep|>' }}"
+             "{%- elif m['role'] == 'assistant' %}{{ 'assistant<|role_sep|>' + m['content'] + '<|message_sep|>' }}"
+             "{% endif %}{%- endfor %}"
+             "{%- if add_generation_prompt %}{{ 'assistant<|role_sep|>' }}{% endif %}")
+
+# "Assistant:" follows a last user turn whatever add_generation_prompt says
+_RWKV = _roles({"system": "'System: ' + " + CT + " + '\\n\\n'",
+                "user": "'User: ' + " + CT + " + '\\n\\n' + ('Assistant:' if loop.last else '')",
+                "assistant": "'Assistant: ' + " + CT + " + '\\n\\n'"})
+
+_BAILING2 = ("{%- if not (messages and messages[0]['role'] == 'system') %}"
+             "{{ '<role>SYSTEM</role>detailed thinking off<|role_end|>' }}{% endif %}"
+             + _simple("'<role>' + ('HUMAN' if m['role'] == 'user' else m['role']|upper) + '</role>' + " + C
+                       + " + '<|role_end|>'", "'<role>ASSISTANT</role>'"))
+
+_HY = {"a": "<｜hy_Assistant｜>", "u": "<｜hy_User｜>", "sys": "<｜hy_place▁holder▁no▁3｜>",
+       "end": "<｜hy_place▁holder▁no▁2｜>", "bos": "<｜hy_begin▁of▁sentence｜>"}
+# a system turn counts only as the first message
+_HUNYUAN_DENSE = ("{%- for m in messages %}"
+                  "{%- if loop.first and m['role'] == 'system' %}{{ " + C + " + '" + _HY["sys"] + "' }}{% endif %}"
+                  "{%- if m['role'] == 'assistant' %}{{ '" + _HY["a"] + "' + " + C + " + '" + _HY["end"] + "' }}"
+                  "{%- elif m['role'] == 'user' %}{{ '" + _HY["u"] + "' + " + C + " + '" + _HY["a"] + "' }}"
+                  "{% endif %}{%- endfor %}")
+# the role marker follows the text it closes
+_HUNYUAN_VL = ("{{ '" + _HY["bos"] + "' }}{%- for m in messages %}"
+               "{%- if loop.first and m['role'] == 'system' %}{{ " + C + " + '" + _HY["sys"] + "' }}"
+               "{%- elif m['role'] == 'user' %}{{ " + C + " + '" + _HY["u"] + "' }}"
+               "{%- elif m['role'] == 'assistant' %}{{ " + C + " + '" + _HY["a"] + "' }}"
+               "{% endif %}{%- endfor %}")
+
+_KIMI_HEAD = {"system": "<|im_system|>system", "user": "<|im_user|>user",
+              "assistant": "<|im_assistant|>assistant", "tool": "<|im_system|>tool"}
+_KIMI = _roles({role: f"'{head}<|im_middle|>' + {C} + '<|im_end|>'" for role, head in _KIMI_HEAD.items()},
+               "'<|im_assistant|>assistant<|im_middle|>'", other=C + " + '<|im_end|>'")
+
+_PANGU_ROLE = {"system": "系统", "user": "用户", "assistant": "助手", "tool": "工具", "function": "方法"}
+# an empty system turn opens a conversation that does not start with one
+_PANGU = ("{%- if messages and messages[0]['role'] != 'system' %}{{ '[unused9]系统：[unused10]' }}{% endif %}"
+          + _roles({role: f"'[unused9]{name}：' + {C} + '[unused10]'" for role, name in _PANGU_ROLE.items()},
+                   "'[unused9]助手：'"))
+
+_EXAONE4 = _roles({"system": "'[|system|]' + " + CT + " + '[|endofturn|]\\n'",
+                   "user": "'[|user|]' + " + CT + " + '\\n'",
+                   "assistant": "'[|assistant|]' + " + CT + " + '[|endofturn|]\\n'",
+                   "tool": "'[|tool|]' + " + CT + " + '[|endofturn|]\\n'"}, "'[|assistant|]'")
+_EXAONE_MOE = _roles({role: f"'<|{role}|>\\n' + {CT} + '<|endofturn|>\\n'"
+                      for role in ("system", "user", "assistant", "tool")}, "'<|assistant|>\\n'")
+
 BUILTIN: dict[str, str] = {
     "chatml": _simple("'<|im_start|>' + " + R + " + '\\n' + " + C + " + '<|im_end|>\\n'", "'<|im_start|>assistant\\n'"),
     "llama2": _llama2(system=False, bos_inside=False, strip=False),
@@ -118,8 +183,13 @@ BUILTIN: dict[str, str] = {
                     "'<|im_start|>assistant<|im_sep|>'"),
     "zephyr": _simple("'<|' + " + R + " + '|>\\n' + " + C + " + '<|endoftext|>\\n'", "'<|assistant|>\\n'"),
     "falcon3": _simple("'<|' + " + R + " + '|>\\n' + " + C + " + '\\n'", "'<|assistant|>\\n'"),
-    "granite": _simple("'<|start_of_role|>' + " + R + " + '<|end_of_role|>' + " + C + " + '<|end_of_text|>\\n'",
+    "granite": _simple("'<|start_of_role|>' + " + R + " + '<|end_of_role|>' + ('<|tool_call|>' if m['role'] == "
+                       "'assistant_tool_call' else '') + " + C + " + '<|end_of_text|>\\n'",
                        "'<|start_of_role|>assistant<|end_of_role|>'"),
+    "granite-4.0": _simple(_GRANITE_ROLE + " + " + C + " + '<|end_of_text|>\\n'",
+                           "'<|start_of_role|>assistant<|end_of_role|>'"),
+    "granite-4.1": _simple(_GRANITE_ROLE + " + " + C + " + '<|end_of_text|>\\n'",
+                           "'<|start_of_role|>assistant<|end_of_role|>'"),
     "megrez": _simple("'<|role_start|>' + " + R + " + '<|role_end|>' + " + C + " + '<|turn_end|>'",
                       "'<|role_start|>assistant<|role_end|>'"),
     "gpt-oss": _simple("'<|start|>' + " + R + " + '<|message|>' + " + C
@@ -149,16 +219,40 @@ BUILTIN: dict[str, str] = {
     "exaone3": _by_role("'[|system|]' + " + CT + " + '[|endofturn|]\\n'", "'[|user|]' + " + CT + " + '\\n'",
                         "'[|assistant|]' + " + CT + " + '[|endofturn|]\\n'", "'[|assistant|]'", assistant_only=True),
     "minicpm": _by_role(CT, "'<用户>' + " + CT + " + '<AI>'", CT),
+    "deepseek-ocr": _simple(C),
+    "chatglm3": "{{ '[gMASK]sop' }}" + _simple("'<|' + " + R + " + '|>\\n ' + " + C, "'<|assistant|>'"),
+    "chatglm4": "{{ '[gMASK]<sop>' }}" + _simple("'<|' + " + R + " + '|>\\n' + " + C, "'<|assistant|>\\n'"),
+    "glmedge": _simple("'<|' + " + R + " + '|>\\n' + " + C, "'<|assistant|>'"),
+    "exaone4": _EXAONE4,
+    "exaone-moe": _EXAONE_MOE,
+    "rwkv-world": _RWKV,
+    "gigachat": _GIGACHAT,
+    "yandex": _roles({"user": "' Пользователь: ' + " + C + " + '\\n\\n'",
+                      "assistant": "' Ассистент: ' + " + C + " + '\\n\\n'"}, "' Ассистент:[SEP]'"),
+    "bailing-think": _simple("'<role>' + ('HUMAN' if m['role'] == 'user' else m['role']|upper) + '</role>' + " + C,
+                             "'<role>ASSISTANT</role><think>'"),
+    "bailing2": _BAILING2,
+    "hunyuan-moe": _roles({"system": "'<|startoftext|>' + " + C + " + '<|extra_4|>'",
+                           "assistant": C + " + '<|eos|>'"}, other="'<|startoftext|>' + " + C + " + '<|extra_0|>'"),
+    "hunyuan-dense": _HUNYUAN_DENSE,
+    "hunyuan-vl": _HUNYUAN_VL,
+    "kimi-k2": _KIMI,
+    "seed_oss": _simple("'<seed:bos>' + " + R + " + '\\n' + (" + CT + " if m['role'] == 'assistant' else " + C
+                        + ") + '<seed:eos>'", "'<seed:bos>assistant\\n'"),
+    "grok-2": _roles({"system": "'System: ' + " + CT + " + '<|separator|>\\n\\n'",
+                      "user": "'Human: ' + " + CT + " + '<|separator|>\\n\\n'",
+                      "assistant": "'Assistant: ' + " + C + " + '<|separator|>\\n\\n'"}, "'Assistant:'"),
+    "pangu-embedded": _PANGU,
+    "solar-open": _simple("'<|begin|>' + " + R + " + '<|content|>' + " + C + " + '<|end|>'", "'<|begin|>assistant'"),
     "smolvlm": "{{ '<|im_start|>' }}" + _by_role(C + " + '\\n\\n'", "'User: ' + " + C + " + '<end_of_utterance>\\n'",
                                                   "'Assistant: ' + " + C + " + '<end_of_utterance>\\n'",
                                                   "'Assistant:'"),
 }
 
 
-def template(name: str) -> str | None:
-    """The Jinja text of a built-in format, marked as one (None: not shipped)."""
-    text = BUILTIN.get(name)
-    return None if text is None else f"{MARKER}{name} #}}" + text
+def template(name: str) -> str:
+    """The Jinja text of a built-in format, marked as one."""
+    return f"{MARKER}{name} #}}" + BUILTIN[name]
 
 
 def with_bos(text: str, adds_bos: bool) -> str:

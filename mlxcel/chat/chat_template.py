@@ -23,7 +23,7 @@ from typing import Any
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from mlxcel.chat.reasoning import primed
+from mlxcel.chat.reasoning import markers_for, primed
 
 
 class TemplateError(ValueError):
@@ -103,7 +103,7 @@ def thinking_by_default(template: str, bos_token: str | None = None, eos_token: 
                                extra={"enable_thinking": flag}) for flag in (True, False))
     except TemplateError:
         return False
-    return on != off or primed(on)
+    return on != off or primed(on, markers_for(template))
 
 
 def render_plain(messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:

@@ -1,7 +1,9 @@
 """Thinking blocks out of generated text, placed as `--reasoning-format` says.
 
-The marker pair is `<think>` / `</think>` (Qwen3, DeepSeek-R1 and their derivatives). A
-block opens either in the output itself (the open marker first, after whitespace) or in the
+The marker pair is `<think>` / `</think>` (Qwen3, DeepSeek-R1 and their derivatives), or
+Command R7B's `<|START_THINKING|>` / `<|END_THINKING|>` where the chat template names that
+pair (`markers_for`, as b10621 picks its Command R7B format from the template). A block
+opens either in the output itself (the open marker first, after whitespace) or in the
 prompt: a generation prompt that ends inside an open block "primes" it, and the model then
 only ever writes the close marker.
 
@@ -21,13 +23,31 @@ from __future__ import annotations
 from mlxcel.config.limits import echo
 from dataclasses import dataclass
 
-OPEN, CLOSE = "<think>", "</think>"
 FORMATS = ("none", "deepseek", "deepseek-legacy", "auto")
 
 
-def primed(prompt_text: str) -> bool:
+@dataclass(frozen=True)
+class ThinkMarkers:
+    open: str
+    close: str
+
+
+THINK = ThinkMarkers("<think>", "</think>")
+COMMAND_R7B = ThinkMarkers("<|START_THINKING|>", "<|END_THINKING|>")
+OPEN, CLOSE = THINK.open, THINK.close
+
+
+def markers_for(template: str | None) -> ThinkMarkers:
+    """The thinking markers the model of this chat template writes: Command R7B's pair where
+    the template writes both of its markers, else `<think>`."""
+    if template and COMMAND_R7B.open in template and COMMAND_R7B.close in template:
+        return COMMAND_R7B
+    return THINK
+
+
+def primed(prompt_text: str, markers: ThinkMarkers = THINK) -> bool:
     """Does the rendered prompt end inside an open thinking block?"""
-    return prompt_text.rfind(OPEN) > prompt_text.rfind(CLOSE)
+    return prompt_text.rfind(markers.open) > prompt_text.rfind(markers.close)
 
 
 def resolve(fmt: str) -> str:
@@ -50,14 +70,15 @@ def _partial(text: str, marker: str) -> int:
 
 
 class ReasoningStream:
-    def __init__(self, fmt: str, primed_open: bool = False) -> None:
+    def __init__(self, fmt: str, primed_open: bool = False, markers: ThinkMarkers = THINK) -> None:
         self.fmt = resolve(fmt)
+        self.open, self.close = markers.open, markers.close
         self._state = "think" if primed_open else "start"  # start | think | answer
         self._buf = ""
         self._ws = ""  # trailing reasoning whitespace, held until more thought arrives
         self._lead = True  # still trimming the leading whitespace of the current part
         if primed_open and self.fmt == "deepseek-legacy":
-            self._pending_content = OPEN
+            self._pending_content = self.open
         else:
             self._pending_content = ""
 
@@ -83,19 +104,19 @@ class ReasoningStream:
         while True:
             if self._state == "start":
                 stripped = self._buf.lstrip()
-                if stripped.startswith(OPEN):
+                if stripped.startswith(self.open):
                     if legacy:
-                        out.content += self._buf[: len(self._buf) - len(stripped) + len(OPEN)]
-                    self._buf = stripped[len(OPEN):]
+                        out.content += self._buf[: len(self._buf) - len(stripped) + len(self.open)]
+                    self._buf = stripped[len(self.open):]
                     self._state, self._lead = "think", True
                     continue
-                if not final and (not stripped or OPEN.startswith(stripped)):
+                if not final and (not stripped or self.open.startswith(stripped)):
                     return out
                 self._state, self._lead = "answer", False
                 continue
             if self._state == "think":
-                pos = self._buf.find(CLOSE)
-                upto = pos if pos >= 0 else len(self._buf) - (0 if final else _partial(self._buf, CLOSE))
+                pos = self._buf.find(self.close)
+                upto = pos if pos >= 0 else len(self._buf) - (0 if final else _partial(self._buf, self.close))
                 piece = self._buf[:upto]
                 if legacy:
                     out.content += piece
@@ -104,8 +125,8 @@ class ReasoningStream:
                 if pos < 0:
                     return out
                 if legacy:
-                    out.content += CLOSE
-                self._buf = self._buf[len(CLOSE):]
+                    out.content += self.close
+                self._buf = self._buf[len(self.close):]
                 self._ws, self._state, self._lead = "", "answer", not legacy
                 continue
             # answer
@@ -133,7 +154,7 @@ class ReasoningStream:
             self._ws += piece
 
 
-def split_reasoning(text: str, fmt: str, primed_open: bool = False) -> Split:
-    s = ReasoningStream(fmt, primed_open)
+def split_reasoning(text: str, fmt: str, primed_open: bool = False, markers: ThinkMarkers = THINK) -> Split:
+    s = ReasoningStream(fmt, primed_open, markers)
     a, b = s.feed(text), s.finish()
     return Split(content=a.content + b.content, reasoning=a.reasoning + b.reasoning)

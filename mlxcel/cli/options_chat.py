@@ -25,11 +25,6 @@ def chat_template(from_file: bool):
         name = text.strip()
         if name in CHAT_TEMPLATE_NAMES:
             text = builtin_templates.template(name)
-            if text is None:
-                raise StartupRefusal(
-                    f"{spelling} {value}: the built-in format {name!r} is not shipped by mlxcel; built-in names it "
-                    f"ships: {', '.join(sorted(builtin_templates.BUILTIN))}; or pass the Jinja text itself (an MLX "
-                    f"checkpoint's own template, in tokenizer_config.json, is used by default)")
         if not text.strip():
             raise StartupRefusal(f"{spelling}: the chat template is empty")
         import jinja2

@@ -568,10 +568,10 @@ _SERVER: tuple[Option, ...] = (
       apply=a.setter("chat.reasoning_budget_message"), help="text forced before the close tag when the budget runs out"),
     X("--reasoning-preserve, --no-reasoning-preserve", PAIR, env="LLAMA_ARG_REASONING_PRESERVE", state=SUPPORTED,
       apply=a.apply_reasoning_preserve, help="preserve_reasoning for the chat template"),
-    X("--chat-template", VALUE, mv="JINJA_TEMPLATE", env="LLAMA_ARG_CHAT_TEMPLATE", state=BY_DESIGN,
+    X("--chat-template", VALUE, mv="JINJA_TEMPLATE", env="LLAMA_ARG_CHAT_TEMPLATE", state=SUPPORTED,
       apply=ch.chat_template(False), help="Jinja chat template, or a built-in template name, used instead of "
       "the checkpoint's (wins over --chat-template-file)"),
-    X("--chat-template-file", VALUE, mv="JINJA_TEMPLATE_FILE", env="LLAMA_ARG_CHAT_TEMPLATE_FILE", state=BY_DESIGN,
+    X("--chat-template-file", VALUE, mv="JINJA_TEMPLATE_FILE", env="LLAMA_ARG_CHAT_TEMPLATE_FILE", state=SUPPORTED,
       apply=ch.chat_template(True), path_value=True, help="file holding a Jinja chat template used instead of "
       "the checkpoint's"),
     X("--skip-chat-parsing, --no-skip-chat-parsing", PAIR, env="LLAMA_ARG_SKIP_CHAT_PARSING",

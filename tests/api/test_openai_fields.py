@@ -9,7 +9,7 @@ import pytest
 
 from mlxcel.api.errors import ApiError
 from mlxcel.api.openai import fields as f
-from mlxcel.api.openai.schemas import ChatCompletionRequest, CompletionRequest
+from mlxcel.api.openai.schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 
 
 def test_every_row_has_every_endpoint_and_a_known_policy():
@@ -33,7 +33,7 @@ def test_table_matches_the_request_structs():
             declared = name in struct.__struct_fields__ or name in taken[endpoint]
             if row[endpoint] == f.HONOURED:
                 assert declared, (name, endpoint)
-            elif name not in ("n",):  # n: 1 reaches the shared struct on completions as a no-change
+            else:
                 assert not declared, (name, endpoint)
 
 
@@ -49,7 +49,7 @@ def test_check_fields_refuses_reports_and_accepts_no_change():
     body = {"messages": [], "user": "u", "foo": 1, "n": 1, "tools": [], "logit_bias": {}, "response_format": None}
     assert f.check_fields(body, ChatCompletionRequest, f.CHAT) == ["user", "foo"]
     with pytest.raises(ApiError) as e:
-        f.check_fields({"prompt": "x", "n": 2}, CompletionRequest, f.COMPLETIONS)
+        f.check_fields({"input": "x", "n": 2}, EmbeddingRequest, f.EMBEDDINGS)
     assert (e.value.status, e.value.code, e.value.param) == (400, "field_not_honoured", "n")
     with pytest.raises(ApiError) as e:
         f.check_fields({"prompt": "x", "top_logprobs": 2}, CompletionRequest, f.COMPLETIONS)
@@ -58,7 +58,6 @@ def test_check_fields_refuses_reports_and_accepts_no_change():
 
 def test_native_fields_are_read_on_generation_and_reported_in_scoring():
     from mlxcel.api.openai.generation import read_shared
-    from mlxcel.api.openai.schemas import EmbeddingRequest
 
     body = {"messages": [], "repeat_penalty": 1.3, "grammar": "root ::= \"a\"", "mirostat": 2, "foo": 1}
     assert f.check_fields(body, ChatCompletionRequest, f.CHAT) == ["foo"]

@@ -20,14 +20,36 @@ def test_declared_fields_and_no_change_values_pass_silently():
 
 
 @pytest.mark.parametrize("field,value", [
-    ("background", True), ("conversation", "conv_1"), ("top_logprobs", 2), ("include", ["message.output_text.logprobs"]),
+    ("background", True), ("conversation", "conv_1"),
     ("truncation", "auto"), ("prompt", {"id": "p"}), ("max_tool_calls", 1),
-    ("text", {"format": {"type": "json_schema", "name": "x", "schema": {}}}), ("top_logprobs", False),
+    ("text", {"format": {"type": "json_schema", "name": "x", "schema": {}}}),
 ])
 def test_output_changing_fields_are_refused_naming_the_field(field, value):
     with pytest.raises(ApiError) as e:
         check_fields({**BASE, field: value}, False)
     assert (e.value.status, e.value.code, e.value.param) == (400, "field_not_honoured", field)
+
+
+@pytest.mark.parametrize("include,top,expected", [
+    (None, None, None), ([], 0, None), (["message.output_text.logprobs"], None, 0),
+    (["message.output_text.logprobs"], 5, 5),
+    (None, 2, "invalid_parameter"), (["message.output_text.logprobs"], 21, "invalid_parameter"),
+    (["message.output_text.logprobs"], False, "invalid_parameter"),
+    (["message.output_text.logprobs", "reasoning.encrypted_content"], 1, "field_not_honoured"),
+])
+def test_logprobs_are_asked_by_include(include, top, expected):
+    import msgspec
+
+    from mlxcel.api.openai.responses import ResponsesRequest, _logprobs_ask
+
+    req = msgspec.convert({**BASE, "include": include, "top_logprobs": top}, ResponsesRequest)
+    if isinstance(expected, str):
+        with pytest.raises(ApiError) as e:
+            _logprobs_ask(req)
+        assert e.value.code == expected
+    else:
+        ask = _logprobs_ask(req)
+        assert (ask.top if ask is not None else None) == expected
 
 
 def test_unused_fields_are_reported_or_refused_when_strict():

@@ -124,6 +124,28 @@ def test_an_open_thought_is_closed_before_the_call(compiler, tok):
     check_calls(split.content, None, single=True)
 
 
+def test_an_open_command_r7b_thought_is_closed_by_its_own_marker(compiler, tok):
+    """Command R7B's close marker, here not one token of the vocabulary: the thought runs
+    until that text."""
+    from mlxcel.chat.reasoning import COMMAND_R7B
+
+    rng = random.Random(5)
+    text = tg.lark(tg.ToolChoice(tuple(TOOLS), None, False), "hermes", encode(tok), thinking_open=True,
+                   think_close=COMMAND_R7B.close)
+    m = compiler.compile("lark", text).matcher()
+    for t in tok.hf.encode("a thought" + COMMAND_R7B.close, add_special_tokens=False):
+        assert m.accept(t)
+    rest = []
+    while not m.is_terminated():
+        allowed = [int(t) for t in np.flatnonzero(m.allowed_mask(tok.vocab_size)) if int(t) not in tok.eos_token_ids]
+        rest.append(rng.choice(allowed))
+        assert m.accept(rest[-1])
+    split = split_reasoning("a thought" + COMMAND_R7B.close + tok.decode(rest, skip_special_tokens=False),
+                            "deepseek", primed_open=True, markers=COMMAND_R7B)
+    assert split.reasoning == "a thought"
+    check_calls(split.content, None, single=True)
+
+
 def test_family_format_from_the_template():
     assert tg.family_format("{{ '<tool_call>' }}") == "hermes"
     assert tg.family_format("[TOOL_CALLS]") == "mistral"

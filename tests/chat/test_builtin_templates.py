@@ -77,11 +77,46 @@ EXPECTED = {
     "minicpm": "S<用户>Hi<AI>Yo<用户>Q<AI>",
     "smolvlm": "<|im_start|>S\n\nUser: Hi<end_of_utterance>\nAssistant: Yo<end_of_utterance>\nUser: Q"
                "<end_of_utterance>\nAssistant:",
+    "deepseek-ocr": "SHiYoQ",  # the texts alone, no markers and no generation prompt
+    # chatglm3 puts a space after each role line's newline; chatglm4 a newline after the generation prompt
+    "chatglm3": "[gMASK]sop<|system|>\n S<|user|>\n Hi<|assistant|>\n Yo<|user|>\n Q<|assistant|>",
+    "chatglm4": "[gMASK]<sop><|system|>\nS<|user|>\nHi<|assistant|>\nYo<|user|>\nQ<|assistant|>\n",
+    "glmedge": "<|system|>\nS<|user|>\nHi<|assistant|>\nYo<|user|>\nQ<|assistant|>",
+    "exaone4": "[|system|]S[|endofturn|]\n[|user|]Hi\n[|assistant|]Yo[|endofturn|]\n[|user|]Q\n[|assistant|]",
+    "exaone-moe": "<|system|>\nS<|endofturn|>\n<|user|>\nHi<|endofturn|>\n<|assistant|>\nYo<|endofturn|>\n"
+                  "<|user|>\nQ<|endofturn|>\n<|assistant|>\n",
+    "rwkv-world": "System: S\n\nUser: Hi\n\nAssistant: Yo\n\nUser: Q\n\nAssistant:",
+    "gigachat": "<s>S<|message_sep|>user<|role_sep|>Hi<|message_sep|>available functions<|role_sep|>[]<|message_sep|>"
+                "assistant<|role_sep|>Yo<|message_sep|>user<|role_sep|>Q<|message_sep|>available functions"
+                "<|role_sep|>[]<|message_sep|>assistant<|role_sep|>",
+    # no system turn at all
+    "yandex": " Пользователь: Hi\n\n Ассистент: Yo\n\n Пользователь: Q\n\n Ассистент:[SEP]",
+    "bailing-think": "<role>SYSTEM</role>S<role>HUMAN</role>Hi<role>ASSISTANT</role>Yo<role>HUMAN</role>Q"
+                     "<role>ASSISTANT</role><think>",
+    "bailing2": "<role>SYSTEM</role>S<|role_end|><role>HUMAN</role>Hi<|role_end|><role>ASSISTANT</role>Yo<|role_end|>"
+                "<role>HUMAN</role>Q<|role_end|><role>ASSISTANT</role>",
+    # the hunyuan formats have no generation prompt
+    "hunyuan-moe": "<|startoftext|>S<|extra_4|><|startoftext|>Hi<|extra_0|>Yo<|eos|><|startoftext|>Q<|extra_0|>",
+    "hunyuan-dense": "S<｜hy_place▁holder▁no▁3｜><｜hy_User｜>Hi<｜hy_Assistant｜><｜hy_Assistant｜>Yo"
+                     "<｜hy_place▁holder▁no▁2｜><｜hy_User｜>Q<｜hy_Assistant｜>",
+    "hunyuan-vl": "<｜hy_begin▁of▁sentence｜>S<｜hy_place▁holder▁no▁3｜>Hi<｜hy_User｜>Yo<｜hy_Assistant｜>Q<｜hy_User｜>",
+    "kimi-k2": "<|im_system|>system<|im_middle|>S<|im_end|><|im_user|>user<|im_middle|>Hi<|im_end|>"
+               "<|im_assistant|>assistant<|im_middle|>Yo<|im_end|><|im_user|>user<|im_middle|>Q<|im_end|>"
+               "<|im_assistant|>assistant<|im_middle|>",
+    "seed_oss": "<seed:bos>system\nS<seed:eos><seed:bos>user\nHi<seed:eos><seed:bos>assistant\nYo<seed:eos>"
+                "<seed:bos>user\nQ<seed:eos><seed:bos>assistant\n",
+    "grok-2": "System: S<|separator|>\n\nHuman: Hi<|separator|>\n\nAssistant: Yo<|separator|>\n\nHuman: Q<|separator|>"
+              "\n\nAssistant:",
+    "pangu-embedded": "[unused9]系统：S[unused10][unused9]用户：Hi[unused10][unused9]助手：Yo[unused10]"
+                      "[unused9]用户：Q[unused10][unused9]助手：",
+    "solar-open": "<|begin|>system<|content|>S<|end|><|begin|>user<|content|>Hi<|end|><|begin|>assistant<|content|>Yo"
+                  "<|end|><|begin|>user<|content|>Q<|end|><|begin|>assistant",
 }
+EXPECTED["granite-4.0"] = EXPECTED["granite-4.1"] = EXPECTED["granite"]
 
 
-def test_every_shipped_format_is_an_upstream_name_and_has_an_expectation():
-    assert set(BUILTIN) <= CHAT_TEMPLATE_NAMES
+def test_every_upstream_name_is_shipped_and_has_an_expectation():
+    assert set(BUILTIN) == CHAT_TEMPLATE_NAMES
     assert set(EXPECTED) == set(BUILTIN)
 
 
@@ -102,6 +137,45 @@ def test_format_renders_the_conversation(name):
 def test_trimming_follows_the_format(name, expected):
     msgs = [{"role": "user", "content": " Hi \n"}]
     assert render_chat(template(name), msgs, add_generation_prompt=False) == expected
+
+
+@pytest.mark.parametrize("name,msgs,expected", [
+    # a default system turn when the conversation does not open with one
+    ("bailing2", [{"role": "user", "content": "Hi"}],
+     "<role>SYSTEM</role>detailed thinking off<|role_end|><role>HUMAN</role>Hi<|role_end|><role>ASSISTANT</role>"),
+    ("pangu-embedded", [{"role": "user", "content": "Hi"}],
+     "[unused9]系统：[unused10][unused9]用户：Hi[unused10][unused9]助手："),
+    ("gigachat", [{"role": "user", "content": "Hi"}],
+     "<s>user<|role_sep|>Hi<|message_sep|>available functions<|role_sep|>[]<|message_sep|>assistant<|role_sep|>"),
+    # a system turn counts only as the first message; tool turns where the format has them
+    ("hunyuan-dense", [{"role": "user", "content": "Hi"}, {"role": "system", "content": "S"}],
+     "<｜hy_User｜>Hi<｜hy_Assistant｜>"),
+    ("hunyuan-vl", [{"role": "user", "content": "Hi"}, {"role": "system", "content": "S"}],
+     "<｜hy_begin▁of▁sentence｜>Hi<｜hy_User｜>"),
+    ("kimi-k2", [{"role": "tool", "content": "42"}],
+     "<|im_system|>tool<|im_middle|>42<|im_end|><|im_assistant|>assistant<|im_middle|>"),
+    ("exaone4", [{"role": "tool", "content": " 42 "}], "[|tool|]42[|endofturn|]\n[|assistant|]"),
+    ("granite-4.0", [{"role": "assistant_tool_call", "content": "[]"}],
+     "<|start_of_role|>assistant<|end_of_role|><|tool_call|>[]<|end_of_text|>\n"
+     "<|start_of_role|>assistant<|end_of_role|>"),
+    ("granite", [{"role": "assistant_tool_call", "content": "[]"}],
+     "<|start_of_role|>assistant_tool_call<|end_of_role|><|tool_call|>[]<|end_of_text|>\n"
+     "<|start_of_role|>assistant<|end_of_role|>"),
+    # seed_oss trims replies only; grok-2 trims all but replies
+    ("seed_oss", [{"role": "user", "content": " Hi "}, {"role": "assistant", "content": " Yo "}],
+     "<seed:bos>user\n Hi <seed:eos><seed:bos>assistant\nYo<seed:eos><seed:bos>assistant\n"),
+    ("grok-2", [{"role": "user", "content": " Hi "}, {"role": "assistant", "content": " Yo "}],
+     "Human: Hi<|separator|>\n\nAssistant:  Yo <|separator|>\n\nAssistant:"),
+])
+def test_format_edges(name, msgs, expected):
+    assert render_chat(template(name), msgs) == expected
+
+
+def test_rwkv_world_prompts_the_reply_after_a_last_user_turn_only():
+    user = [{"role": "user", "content": "Hi"}]
+    assert render_chat(template("rwkv-world"), user, add_generation_prompt=False) == "User: Hi\n\nAssistant:"
+    reply = [*user, {"role": "assistant", "content": "Yo"}]
+    assert render_chat(template("rwkv-world"), reply) == "User: Hi\n\nAssistant: Yo\n\n"
 
 
 def test_mistral_v3_trims_replies_only():

@@ -6,7 +6,9 @@ import random
 
 import pytest
 
-from mlxcel.chat.reasoning import ReasoningStream, primed, split_reasoning
+from pathlib import Path
+
+from mlxcel.chat.reasoning import COMMAND_R7B, THINK, ReasoningStream, markers_for, primed, split_reasoning
 
 QWEN3 = "<think>\nThe user asks 2+2. That is 4.\n</think>\n\n2 plus 2 equals 4."
 R1_PRIMED = "Okay, simple arithmetic: 2 + 2 = 4.\n</think>\n\n2 plus 2 equals 4."  # prompt ended in <think>\n
@@ -28,13 +30,32 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("label,text,is_primed,fmt,content,reasoning", CASES, ids=[c[0] for c in CASES])
-def test_split_and_stream_agree(label, text, is_primed, fmt, content, reasoning):
-    whole = split_reasoning(text, fmt, is_primed)
+# Command R7B writes its plan between its own pair of markers
+R7B = "<|START_THINKING|>The user wants 2+2. It is 4.<|END_THINKING|>2 plus 2 equals 4."
+
+
+def _r7b(text: str) -> str:
+    return text.replace("<think>", COMMAND_R7B.open).replace("</think>", COMMAND_R7B.close)
+
+
+# the same outputs written with Command R7B's markers split the same way under its pair
+CASES = [(*c, THINK) for c in CASES] + [
+    (f"{label} r7b", _r7b(text), is_primed, fmt, _r7b(content), reasoning, COMMAND_R7B)
+    for label, text, is_primed, fmt, content, reasoning in CASES] + [
+    ("r7b deepseek", R7B, False, "deepseek", "2 plus 2 equals 4.", "The user wants 2+2. It is 4.", COMMAND_R7B),
+    ("r7b legacy", R7B, False, "deepseek-legacy", R7B, "The user wants 2+2. It is 4.", COMMAND_R7B),
+    # the other family's markers are text
+    ("think under r7b", QWEN3, False, "deepseek", QWEN3.strip(), "", COMMAND_R7B),
+]
+
+
+@pytest.mark.parametrize("label,text,is_primed,fmt,content,reasoning,markers", CASES, ids=[c[0] for c in CASES])
+def test_split_and_stream_agree(label, text, is_primed, fmt, content, reasoning, markers):
+    whole = split_reasoning(text, fmt, is_primed, markers)
     assert (whole.content, whole.reasoning) == (content, reasoning)
     rng = random.Random(label)
     for _ in range(20):
-        s = ReasoningStream(fmt, is_primed)
+        s = ReasoningStream(fmt, is_primed, markers)
         c = r = ""
         i = 0
         while i < len(text):
@@ -43,6 +64,16 @@ def test_split_and_stream_agree(label, text, is_primed, fmt, content, reasoning)
             c, r, i = c + part.content, r + part.reasoning, j
         part = s.finish()
         assert (c + part.content, r + part.reasoning) == (content, reasoning)
+
+
+def test_template_picks_the_markers():
+    templates = Path(__file__).parent / "templates"
+    assert markers_for((templates / "CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja").read_text()) is COMMAND_R7B
+    assert markers_for((templates / "Qwen-Qwen3-0.6B.jinja").read_text()) is THINK
+    assert markers_for(None) is THINK
+    assert primed("<|CHATBOT_TOKEN|><|START_THINKING|>", COMMAND_R7B)
+    assert not primed("<|CHATBOT_TOKEN|><|START_THINKING|>")  # <think> by default
+    assert not primed("<|START_THINKING|>plan<|END_THINKING|>", COMMAND_R7B)
 
 
 def test_primed_detection():

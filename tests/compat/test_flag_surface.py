@@ -186,11 +186,10 @@ REFUSALS = [
     (["-ag"], "--agent"),
     (["--ui-mcp-proxy"], "--ui-mcp-proxy"),
     (["--path", "/nonexistent/www"], "not a directory"),
-    # control vectors, prompt logging, chat-template names
+    # control vectors, prompt logging
     (["--control-vector", "v.gguf"], "logit_bias"),
     (["--control-vector-scaled", "v.gguf:0"], "--control-vector-scaled"),
     (["--log-prompts-dir", "/tmp/prompts"], "--verbosity 4"),
-    (["--chat-template", "yandex"], "not shipped by mlxcel"),
     # cache knobs with no mlxcel counterpart
     (["--cache-reuse", "256"], "--cache-reuse 256"),
     (["-ctk", "q8_0"], "--cache-type-k q8_0"),

@@ -56,7 +56,7 @@ NATIVE_VALUES = {"top_n_sigma": 1.5, "xtc_probability": 0.5, "xtc_threshold": 0.
                  "mirostat": 2, "mirostat_tau": 4.0, "mirostat_eta": 0.2, "adaptive_target": 0.5,
                  "adaptive_decay": 0.5, "min_keep": 2, "dry_sequence_breakers": ["\n"],
                  "samplers": ["top_k", "temperature"], "ignore_eos": True, "grammar": 'root ::= "Paris"',
-                 "json_schema": {"type": "string"}, "id_slot": 0}
+                 "json_schema": {"type": "string"}, "id_slot": 0, "n_probs": 2, "timings_per_token": True}
 CHANGING.update({name: (value, {}) for name, value in NATIVE_VALUES.items()})
 # Honoured fields whose success needs server state (an attached SAE, a stored profile):
 # here they must be read (answered with their own error), never refused as unhonoured.

@@ -107,6 +107,31 @@ def test_completion_logprobs_equal_native(default_server, openai_client, stream)
     assert offsets == [len(PROMPT) + sum(len(t) for t in tokens[:i]) for i in range(len(tokens))]
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_completion_n_choices_per_prompt_each_equal_native_with_its_seed(default_server, openai_client, stream):
+    prompts = [PROMPT, "Hello"]
+    args = dict(model=DEFAULT_MODEL, prompt=prompts, max_tokens=4, n=2, seed=3, temperature=1.0, logprobs=1,
+                echo=True)
+    texts, tokens, lps = {}, {}, {}
+    for r in (openai_client.completions.create(stream=True, **args) if stream
+              else [openai_client.completions.create(**args)]):
+        for ch in r.choices:
+            texts[ch.index] = texts.get(ch.index, "") + ch.text
+            if ch.logprobs is not None:
+                tokens.setdefault(ch.index, []).extend(ch.logprobs.tokens)
+                lps.setdefault(ch.index, []).extend(ch.logprobs.token_logprobs)
+    assert sorted(texts) == [0, 1, 2, 3]
+    tolerance = TOLERANCE[default_server.dtype]
+    for index in range(4):
+        prompt, j = prompts[index // 2], index % 2  # choice index = prompt_index * n + j
+        assert texts[index].startswith(prompt)
+        want = native(default_server, prompt, 4, row_seed(3, j), 1.0)
+        n_prompt = len(tokens[index]) - len(want)
+        assert "".join(tokens[index][:n_prompt]) == prompt and lps[index][0] is None
+        assert tokens[index][n_prompt:] == [e["token"] for e in want]
+        assert all(abs(a - e["logprob"]) <= tolerance for a, e in zip(lps[index][n_prompt:], want))
+
+
 def test_echo_prepends_the_prompt_and_its_logprobs(default_server, openai_client):
     plain = openai_client.completions.create(model=DEFAULT_MODEL, prompt=PROMPT, max_tokens=3, logprobs=2,
                                              temperature=0)
@@ -202,3 +227,102 @@ def test_sdk_refuses_too_many_alternatives(openai_client):
         openai_client.chat.completions.create(model=DEFAULT_MODEL, messages=CHAT, max_tokens=2, logprobs=True,
                                               top_logprobs=21)
     assert e.value.param == "top_logprobs"
+
+
+def _post(server, route: str, body: dict) -> httpx.Response:
+    path, base = (("/v1/chat/completions", {"messages": CHAT}) if route == "chat"
+                  else ("/v1/completions", {"prompt": PROMPT}))
+    r = httpx.post(server.base_url + path, json={"model": DEFAULT_MODEL, "temperature": 0, **base, **body},
+                   timeout=120)
+    assert r.status_code == 200, r.text
+    return r
+
+
+def _entries(route: str, choice: dict) -> list:
+    """(token, logprob, top tokens) per generated token, in either route's shape."""
+    lp = choice["logprobs"]
+    if route == "chat":
+        return [(c["token"], c["logprob"], [t["token"] for t in c["top_logprobs"]]) for c in lp["content"]]
+    return [(t, v, list(top)) for t, v, top in zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"])]
+
+
+@pytest.mark.parametrize("route", ["chat", "completions"])
+def test_native_n_probs_asks_for_the_routes_logprobs(default_server, route):
+    """b10621's OpenAI routes read n_probs: on chat as logprobs: true with that many
+    top_logprobs, on text completions as the integer logprobs (its alias there, which it wins over)."""
+    openai_spelling = {"logprobs": True, "top_logprobs": 3} if route == "chat" else {"logprobs": 3}
+    want = _entries(route, _post(default_server, route, {"max_tokens": 4, **openai_spelling}).json()["choices"][0])
+    extra = {} if route == "chat" else {"logprobs": 5}
+    got = _post(default_server, route, {"max_tokens": 4, "n_probs": 3, **extra})
+    assert "x-millm-ignored-fields" not in got.headers
+    entries = _entries(route, got.json()["choices"][0])
+    assert [(t, top) for t, _, top in entries] == [(t, top) for t, _, top in want] and len(want[0][2]) == 3
+    tolerance = TOLERANCE[default_server.dtype]
+    assert all(abs(a[1] - b[1]) <= tolerance for a, b in zip(entries, want))
+    assert _post(default_server, route, {"max_tokens": 2, "n_probs": 0}).json()["choices"][0]["logprobs"] is None
+    r = httpx.post(default_server.base_url + ("/v1/chat/completions" if route == "chat" else "/v1/completions"),
+                   json={"model": DEFAULT_MODEL, "max_tokens": 2, "n_probs": -1,
+                         **({"messages": CHAT} if route == "chat" else {"prompt": PROMPT})}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "n_probs", r.text
+
+
+def test_n_probs_beside_logprobs_true_is_reported_on_chat(default_server):
+    r = _post(default_server, "chat", {"max_tokens": 2, "logprobs": True, "top_logprobs": 1, "n_probs": 4})
+    assert r.headers["x-millm-ignored-fields"] == '"n_probs"'
+    assert len(r.json()["choices"][0]["logprobs"]["content"][0]["top_logprobs"]) == 1
+
+
+def _sse(r: httpx.Response) -> list[dict]:
+    import json
+
+    return [json.loads(line[6:]) for line in r.text.splitlines()
+            if line.startswith("data: ") and line != "data: [DONE]"]
+
+
+@pytest.mark.parametrize("route", ["chat", "completions"])
+def test_timings_per_token_puts_timings_on_every_chunk(default_server, route):
+    body = {"max_tokens": 5, "stream": True, "ignore_eos": True}
+    chunks = [c for c in _sse(_post(default_server, route, {**body, "timings_per_token": True}))
+              if c["choices"] and (route == "completions" or c["choices"][0]["delta"].get("role") is None)]
+    assert chunks and all("timings" in c for c in chunks)
+    predicted = [c["timings"]["predicted_n"] for c in chunks]
+    assert predicted == sorted(predicted) and predicted[-1] == 5
+    assert all(c["timings"]["prompt_n"] + c["timings"]["cache_n"] > 0 for c in chunks)
+    plain = _sse(_post(default_server, route, body))
+    assert not any("timings" in c for c in plain)
+    whole = _post(default_server, route, {"max_tokens": 3, "timings_per_token": True}).json()
+    assert whole["timings"]["predicted_n"] == whole["usage"]["completion_tokens"] == 3
+    assert "timings" not in _post(default_server, route, {"max_tokens": 3}).json()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_responses_output_text_logprobs_equal_native(default_server, tok, stream):
+    body = {"model": DEFAULT_MODEL, "input": CHAT, "max_output_tokens": 6, "temperature": 0,
+            "include": ["message.output_text.logprobs"], "top_logprobs": TOP, "stream": stream}
+    r = httpx.post(default_server.base_url + "/v1/responses", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    if stream:
+        events = _sse(r)
+        entries = [e for ev in events if ev["type"] == "response.output_text.delta" for e in ev["logprobs"]]
+        [item] = events[-1]["response"]["output"]
+        assert item["content"][0]["logprobs"][:len(entries)] == entries
+    else:
+        [item] = r.json()["output"]
+        entries = item["content"][0]["logprobs"]
+    want = native(default_server, chat_prompt(default_server, tok), 6, 0, 0)
+    tolerance = TOLERANCE[default_server.dtype]
+    close_entries([(bytes(e["bytes"]), e["logprob"]) for e in entries], want, tolerance)
+    for e, w in zip(entries, want):
+        close_entries([(bytes(t["bytes"]), t["logprob"]) for t in e["top_logprobs"]], w["top_logprobs"], tolerance)
+
+
+@pytest.mark.parametrize("body,param,code", [
+    ({"top_logprobs": 2}, "top_logprobs", "invalid_parameter"),
+    ({"include": ["message.output_text.logprobs"], "top_logprobs": 21}, "top_logprobs", "invalid_parameter"),
+    ({"include": ["reasoning.encrypted_content"]}, "include", "field_not_honoured"),
+])
+def test_responses_logprobs_refusals(default_server, body, param, code):
+    r = httpx.post(default_server.base_url + "/v1/responses", timeout=60,
+                   json={"model": DEFAULT_MODEL, "input": "Hi", "max_output_tokens": 2, **body})
+    assert r.status_code == 400, r.text
+    assert (r.json()["error"]["param"], r.json()["error"]["code"]) == (param, code)

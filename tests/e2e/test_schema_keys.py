@@ -92,3 +92,62 @@ def test_native_json_schema_object_holds_only_listed_keys(default_server):
     body = r.json()
     assert body["stop_type"] == "eos", body
     assert set(json.loads(body["content"])) <= {"a"}
+
+
+@pytest.fixture(scope="module")
+def cut_budget(openai_client) -> int:
+    """A token budget that cuts the forced call inside its arguments, found on chat."""
+    full = forced_call(openai_client, 64)
+    for budget in range(full.usage.completion_tokens - 1, 0, -1):
+        names, args, _, _ = _cut_call(openai_client, budget, stream=False)
+        try:
+            json.loads(args)
+        except ValueError:
+            assert names == ["get_weather"] and args.strip().startswith("{"), (budget, names, args)
+            return budget
+    pytest.fail("no budget cut the call inside its arguments")
+
+
+def _sse_events(r: httpx.Response) -> list[dict]:
+    return [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: ")]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_responses_return_a_cut_call_as_an_incomplete_function_call(default_server, cut_budget, stream):
+    fn = WEATHER[0]["function"]
+    r = httpx.post(default_server.base_url + "/v1/responses", timeout=120, json={
+        "input": ASK, "tools": [{"type": "function", **fn}], "tool_choice": "required",
+        "max_output_tokens": cut_budget, "temperature": 0, "stream": stream})
+    assert r.status_code == 200, r.text
+    resp = _sse_events(r)[-1]["response"] if stream else r.json()
+    assert resp["status"] == "incomplete" and resp["incomplete_details"] == {"reason": "max_output_tokens"}
+    [item] = resp["output"]
+    assert item["type"] == "function_call" and item["name"] == "get_weather" and item["status"] == "incomplete"
+    assert item["arguments"].strip().startswith("{")
+    if stream:
+        kinds = [e["type"] for e in _sse_events(r)]
+        assert "response.function_call_arguments.done" in kinds and kinds[-1] == "response.incomplete"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_messages_return_a_cut_call_as_tool_use_under_max_tokens(default_server, cut_budget, stream):
+    fn = WEATHER[0]["function"]
+    r = httpx.post(default_server.base_url + "/v1/messages", timeout=120, json={
+        "messages": ASK, "tools": [{"name": fn["name"], "description": fn["description"],
+                                    "input_schema": fn["parameters"]}],
+        "tool_choice": {"type": "any"}, "max_tokens": cut_budget, "temperature": 0, "stream": stream})
+    assert r.status_code == 200, r.text
+    if not stream:
+        body = r.json()
+        assert body["stop_reason"] == "max_tokens"
+        [block] = body["content"]
+        assert block["type"] == "tool_use" and block["name"] == "get_weather"
+        assert isinstance(block["input"], dict) and set(block["input"]) <= {"city"}  # as far as it got
+        return
+    events = _sse_events(r)
+    starts = [e["content_block"] for e in events if e["type"] == "content_block_start"]
+    assert [(b["type"], b["name"]) for b in starts] == [("tool_use", "get_weather")]
+    partial = "".join(e["delta"]["partial_json"] for e in events if e["type"] == "content_block_delta")
+    assert partial.strip().startswith("{")
+    [delta] = [e for e in events if e["type"] == "message_delta"]
+    assert delta["delta"]["stop_reason"] == "max_tokens"

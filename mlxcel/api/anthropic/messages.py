@@ -33,6 +33,7 @@ from mlxcel.api.state import AppState
 from mlxcel.config.limits import ERROR_MESSAGE_CHARS, echo
 from mlxcel.runtime.served import ServedModel
 from mlxcel.api.stream_runner import Encoder, Job, Run
+from mlxcel.chat.json_prefix import object_of_prefix
 from mlxcel.engine.types import TokenEvent
 from mlxcel.steering import requests as steer
 
@@ -151,8 +152,9 @@ def _chat_request(req: MessagesRequest, *, counting: bool = False) -> ChatComple
     )
 
 
-def _blocks(deltas: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Content blocks, merging consecutive deltas of one kind."""
+def _blocks(deltas: list[dict[str, Any]], cut: set[str] = frozenset()) -> list[dict[str, Any]]:
+    """Content blocks, merging consecutive deltas of one kind; a call in `cut` was cut off by
+    the token limit, so its input is the object its arguments had reached."""
     blocks: list[dict[str, Any]] = []
     for d in deltas:
         if "reasoning_content" in d:
@@ -173,7 +175,7 @@ def _blocks(deltas: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 blocks[-1]["input"] += tc["function"]["arguments"]
     for b in blocks:
         if b["type"] == "tool_use":
-            b["input"] = json.loads(b["input"] or "{}")
+            b["input"] = object_of_prefix(b["input"]) if b["id"] in cut else json.loads(b["input"] or "{}")
     return blocks
 
 
@@ -210,7 +212,7 @@ class MessagesEncoder(Encoder):
 
     def frames(self, index: int, ev: TokenEvent) -> list[bytes]:
         frames: list[bytes] = []
-        for d in self.out.feed(ev.text) + (self.out.finish() if ev.done else []):
+        for d in self.out.feed(ev.text) + (self.out.finish(ev.finish_reason) if ev.done else []):
             frames += self._block(d)
         if ev.done:
             if self.open_kind is not None:
@@ -243,7 +245,7 @@ class MessagesEncoder(Encoder):
 
     def body(self, runs: list[Run]) -> dict[str, Any]:
         ev = runs[0].final
-        blocks = _blocks(self.out.feed(runs[0].text) + self.out.finish())
+        blocks = _blocks(self.out.feed(runs[0].text) + self.out.finish(ev.finish_reason), self.out.cut_calls)
         reason, seq = _stop(self.out, ev)  # after the parse: it counts the tool calls
         return {**self.head, "content": blocks, "stop_reason": reason, "stop_sequence": seq,
                 "usage": {"input_tokens": ev.prompt_tokens, "output_tokens": ev.completion_tokens}}

@@ -65,7 +65,7 @@ SAMPLING_FIELDS = (
 OPENAI_SAMPLERS = tuple(f for f in SAMPLING_FIELDS if f not in (
     "temperature", "top_p", "top_k", "min_p", "frequency_penalty", "presence_penalty"))
 OPENAI_SHARED = (*OPENAI_SAMPLERS, "dry_sequence_breakers", "samplers", "ignore_eos", "grammar", "json_schema",
-                 "id_slot")
+                 "id_slot", "n_probs", "timings_per_token")
 # Fields for behaviour this server does not have yet, with the values that ask for nothing.
 # (json_schema, grammar, grammar_lazy, grammar_triggers and preserved_tokens are resolved by
 # native_grammar.py, in the route.)
@@ -266,6 +266,8 @@ class SharedFields:
     ignore_eos: bool | None  # None: the server's --ignore-eos
     grammar: dict[str, Any]  # the body's grammar / json_schema keys, as sent (native_grammar.resolve)
     id_slot: int | None = None  # the slot the rows are pinned to (checked against the model's slots per row)
+    n_probs: int | None = None  # per-token alternatives (the route maps it onto its logprobs shape)
+    timings_per_token: bool = False  # a `timings` object on every streamed chunk
 
     @property
     def asks_grammar(self) -> bool:
@@ -279,8 +281,11 @@ def parse_shared(body: dict[str, Any]) -> SharedFields:
     sub = _clean({k: body[k] for k in OPENAI_SHARED if k in body})
     req = convert(sub, NativeCompletionRequest)
     _check_limits(sub, 1)
+    if req.n_probs is not None and req.n_probs < 0:
+        raise ApiError(400, "n_probs must be >= 0", code="invalid_parameter", param="n_probs")
     return SharedFields(overrides=_sampler_overrides(req, OPENAI_SAMPLERS), ignore_eos=req.ignore_eos,
-                        grammar={k: body[k] for k in ("grammar", "json_schema") if k in body}, id_slot=req.id_slot)
+                        grammar={k: body[k] for k in ("grammar", "json_schema") if k in body}, id_slot=req.id_slot,
+                        n_probs=req.n_probs, timings_per_token=bool(req.timings_per_token))
 
 
 def _samplers(value: Any) -> tuple[str, ...]:

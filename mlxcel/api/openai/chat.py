@@ -167,10 +167,12 @@ async def _ask(request: Request) -> ChatAsk:
         unused += message_locations(conv, f"extra_messages[{k}]")
     unused += object_locations(body.get("stream_options"), ["include_usage"], "stream_options")
     _, spec, mode_unused = sc.resolve(req, body, chat=True)
-    logprobs = lp.ask_of(req, chat=True) if spec is None else None
     shared, shared_unused = g.read_shared(body, scoring=spec is not None)
+    n_probs = shared.n_probs if shared is not None else None
+    logprobs = lp.ask_of(req, chat=True, n_probs=n_probs) if spec is None else None
     _check_shape(req)
-    headers = settle_unused(unused + mode_unused + shared_unused, strict, CHAT)
+    unused += mode_unused + shared_unused + lp.n_probs_unused(req, n_probs, chat=True)
+    headers = settle_unused(unused, strict, CHAT)
     return ChatAsk(req=req, steering=steering, constraint=constraint, spec=spec, logprobs=logprobs,
                    sampling=g.validate_sampling(req, logprobs, shared), headers=headers)
 
@@ -265,7 +267,8 @@ async def chat_completions(request: Request, app_state: AppState) -> Any:
     encoder = ChatEncoder(base, g.fingerprint(model), outputs, alias=app_state.settings.chat.reasoning_alias_field,
                           include_usage=bool(req.stream_options and req.stream_options.include_usage),
                           reader=reader, constraint=ask.constraint, on_begin=_armer(app_state, cid, prep),
-                          logprobs=lp.ChatLogprobs(model, ask.logprobs) if ask.logprobs is not None else None)
+                          logprobs=lp.ChatLogprobs(model, ask.logprobs) if ask.logprobs is not None else None,
+                          timings=ask.sampling.timings_per_token)
     job = Job(model=model, requests=greqs, headers={**ask.headers, **steer_headers}, stream=req.stream)
     return await runner.run(request, job, encoder)
 

@@ -18,7 +18,7 @@ from mlxcel.api.errors import ApiError
 from mlxcel.api.openai import tool_grammar as tg
 from mlxcel.api.state import AppState
 from mlxcel.chat.chat_template import thinking_by_default
-from mlxcel.chat.reasoning import CLOSE, FORMATS, OPEN, ReasoningStream, primed
+from mlxcel.chat.reasoning import FORMATS, THINK, ReasoningStream, ThinkMarkers, markers_for, primed
 from mlxcel.chat.tool_calls import MARKERS, ToolCallStream
 from mlxcel.engine.grammar import GrammarError
 from mlxcel.engine.reasoning_budget import ReasoningBudget, ReasoningControl
@@ -40,10 +40,13 @@ class Prepared:
     # never shown to a client as content
     markers: dict[str, int] = field(default_factory=dict)
     budget: ReasoningBudget | None = None  # the thinking budget / run-time control, when asked for
+    think: ThinkMarkers = THINK  # the thinking markers the template's model writes
+    # thinking markers that are special tokens: kept in the engine's text for the reasoning parser
+    think_ids: frozenset[int] = frozenset()
 
     @property
     def keep_tokens(self) -> frozenset[int]:
-        return frozenset(self.markers.values())
+        return frozenset(self.markers.values()) | self.think_ids
 
 
 def check_tools(tools: Any) -> list[dict]:
@@ -147,13 +150,18 @@ def prepare(state: AppState, model: ServedModel, req: Any) -> Prepared:
     text = render_prompt_text(model, messages, tools=tools, extra=kwargs,
                               prefill_assistant=settings.chat.prefill_assistant)
     prompt = model.tokenizer.encode(text, add_special_tokens=False)
-    budget = _budget(settings, model, req)
+    think = markers_for(model.tokenizer.chat_template)
+    budget = _budget(settings, model, req, think)
     parse = not settings.chat.skip_parsing and settings.chat.jinja
     markers = {}
     if parse and tools:
         markers = {m: i for m in MARKERS if (i := model.tokenizer.single_special(m)) is not None}
+    think_ids = frozenset()
+    if parse and fmt != "none":
+        think_ids = frozenset(i for m in (think.open, think.close)
+                              if (i := model.tokenizer.single_special(m)) is not None)
     return Prepared(prompt=prompt, prompt_text=text, prefill=prefill, tools=tools, reasoning_format=fmt,
-                    parse=parse, forced=forced, markers=markers, budget=budget)
+                    parse=parse, forced=forced, markers=markers, budget=budget, think=think, think_ids=think_ids)
 
 
 def _refuse_without_jinja(req: Any) -> None:
@@ -167,8 +175,9 @@ def _refuse_without_jinja(req: Any) -> None:
 INT32_MAX = 2**31 - 1
 
 
-def _budget(settings: Any, model: ServedModel, req: Any) -> ReasoningBudget | None:
-    """The thinking budget of a request: its own fields over --reasoning-budget(-message)."""
+def _budget(settings: Any, model: ServedModel, req: Any, think: ThinkMarkers = THINK) -> ReasoningBudget | None:
+    """The thinking budget of a request: its own fields over --reasoning-budget(-message); its
+    tags default to the thinking markers of the template's model."""
     n = req.reasoning_budget_tokens if req.reasoning_budget_tokens is not None else settings.chat.reasoning_budget
     if isinstance(n, bool) or not isinstance(n, int) or not -1 <= n <= INT32_MAX:
         raise ApiError(400, f"Field 'reasoning_budget_tokens': Value must be between -1 <= value <= {INT32_MAX}, "
@@ -177,7 +186,7 @@ def _budget(settings: Any, model: ServedModel, req: Any) -> ReasoningBudget | No
     if n < 0 and control is None:
         return None
     ends = req.reasoning_budget_end_tags or ([req.reasoning_budget_end_tag] if req.reasoning_budget_end_tag else [])
-    start, end = req.reasoning_budget_start_tag or OPEN, (ends[0] if ends else CLOSE)
+    start, end = req.reasoning_budget_start_tag or think.open, (ends[0] if ends else think.close)
     message = req.reasoning_budget_message
     message = settings.chat.reasoning_budget_message if message is None else message
     if not isinstance(end, str) or not end:
@@ -195,7 +204,7 @@ class ChatJob:
 
 
 async def job(state: AppState, model: ServedModel, req: Any, field_headers: dict[str, str],
-              images: list | None = None, param: str = "messages") -> ChatJob:
+              images: list | None = None, param: str = "messages", logprobs: Any = None) -> ChatJob:
     """Render, validate the sampling and build the engine request (any forced tool-call grammar
     and the reasoning budget from the rendering), and apply the server's steering. `images`:
     decoded pictures whose placeholders `req` already carries (api/media.py)."""
@@ -203,7 +212,7 @@ async def job(state: AppState, model: ServedModel, req: Any, field_headers: dict
     from mlxcel.api.openai import generation as g
 
     prep = prepare(state, model, req)
-    greq = g.build_request(g.validate_sampling(req), model, prep.prompt)
+    greq = g.build_request(g.validate_sampling(req, logprobs), model, prep.prompt)  # logprobs: a LogprobsAsk
     greq.grammar = await tool_grammar(prep, model)
     greq.keep_tokens = prep.keep_tokens
     greq.reasoning = prep.budget
@@ -220,9 +229,9 @@ async def tool_grammar(prep: Prepared, model: ServedModel) -> Any:
     import asyncio
 
     hf = model.tokenizer.hf
-    thinking_open = prep.reasoning_format != "none" and primed(prep.prompt_text)
+    thinking_open = prep.reasoning_format != "none" and primed(prep.prompt_text, prep.think)
     text = tg.lark(prep.forced, tg.family_format(model.tokenizer.chat_template),
-                   lambda s: hf.encode(s, add_special_tokens=False), thinking_open)
+                   lambda s: hf.encode(s, add_special_tokens=False), thinking_open, prep.think.close)
     try:
         return await asyncio.to_thread(model.grammars.compile, "lark", text)
     except GrammarError as e:
@@ -237,12 +246,14 @@ class ChatOutput:
         self._parse = prep.parse
         # echoed, the prefill is parsed as output, so the thinking state is the prompt's without it
         context = prep.prompt_text[: len(prep.prompt_text) - len(prep.prefill)] if echo else prep.prompt_text
-        self._reason = ReasoningStream(prep.reasoning_format if prep.parse else "none", primed(context))
+        self._reason = ReasoningStream(prep.reasoning_format if prep.parse else "none", primed(context, prep.think),
+                                       prep.think)
         self._tools = ToolCallStream() if prep.parse and prep.tools else None
         self._parallel = parallel_tool_calls
         self._markers = tuple(prep.markers)
         self._echo = prep.prefill if echo else ""
         self.n_calls = 0
+        self.cut_calls: set[str] = set()  # ids of calls cut off by the token limit
 
     def feed(self, text: str) -> list[dict[str, Any]]:
         if self._echo:
@@ -279,6 +290,8 @@ class ChatOutput:
                     deltas.append({"content": text})
             elif self._parallel or p.index == 0:
                 self.n_calls += 1
+                if p.call.truncated:
+                    self.cut_calls.add(p.call.id)
                 deltas.append({"tool_calls": [{"index": p.index, "id": p.call.id, "type": "function",
                                                "function": {"name": p.call.name, "arguments": ""}}]})
                 deltas.append({"tool_calls": [{"index": p.index, "function": {"arguments": p.call.arguments}}]})

@@ -1,8 +1,10 @@
 """POST /v1/completions: raw prompts (no chat template) -> engine -> OpenAI text shapes.
 
-Each prompt of a list is its own engine row and its own choice, in input order. `logprobs`
-(an int) reports each generated token's log-probability and that many alternatives, and
-`echo` opens each choice with its prompt (with logprobs, the prompt tokens' too; logprobs.py).
+Each prompt of a list has `n` choices, each its own engine row with its own seed (the seed
+of choice j is row j's, as on chat, so a prompt's choices reproduce alone or in a list);
+choice `prompt_index * n + j` answers prompt `prompt_index`. `logprobs` (an int) reports
+each generated token's log-probability and that many alternatives, and `echo` opens each
+choice with its prompt (with logprobs, the prompt tokens' too; logprobs.py).
 With `allowed_token_ids` the request is a scoring request instead: one forward per prompt,
 nothing generated (scoring.py).
 """
@@ -10,6 +12,7 @@ nothing generated (scoring.py).
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+import copy
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,6 +87,11 @@ class CompletionAsk:
     sampling: g.SamplingAsk
     headers: dict[str, str]
 
+    def owners(self, n_prompts: int) -> list[int]:
+        """The prompt each choice answers, in choice order."""
+        n = self.req.n or 1
+        return [i for i in range(n_prompts) for _ in range(n)]
+
 
 async def _ask(request: Request) -> CompletionAsk:
     """Read and check the body: the field contract, scoring mode, the sampling ranges."""
@@ -104,15 +112,18 @@ async def _ask(request: Request) -> CompletionAsk:
     if req.add_special_tokens is not None and not _is_text_prompt(req.prompt):
         unused.append("add_special_tokens")
     headers = settle_unused(unused, strict, COMPLETIONS)
-    logprobs = lp.ask_of(req, chat=False) if spec is None else None
+    n_probs = shared.n_probs if shared is not None else None
+    logprobs = lp.ask_of(req, chat=False, n_probs=n_probs) if spec is None else None
     return CompletionAsk(req=req, activations=activations, spec=spec, logprobs=logprobs,
                          sampling=g.validate_sampling(req, logprobs, shared), headers=headers)
 
 
 def _rows(app_state: AppState, model: ServedModel, ask: CompletionAsk,
           prompts: list[list[int]]) -> tuple[list[GenerationRequest], steer.ActivationReader | None]:
-    """One engine row per prompt, each with the server's steering; the activation reader."""
-    greqs = [g.build_request(ask.sampling, model, p, param="prompt") for p in prompts]
+    """One engine row per choice, each with its seed and the server's steering; the activation reader."""
+    n = ask.req.n or 1
+    greqs = [g.build_request(ask.sampling, model, prompts[i], row=k % n, param="prompt")
+             for k, i in enumerate(ask.owners(len(prompts)))]
     reader = None
     for greq in greqs:
         if not greq.prompt:
@@ -144,7 +155,8 @@ async def completions(request: Request, app_state: AppState) -> Any:
             greq.grammar = grammar
     echo, logprobs = await _openings(model, ask, prompts)
     encoder = CompletionEncoder(base, g.fingerprint(model), reader=reader, echo=echo, logprobs=logprobs,
-                                include_usage=bool(req.stream_options and req.stream_options.include_usage))
+                                include_usage=bool(req.stream_options and req.stream_options.include_usage),
+                                timings=ask.sampling.timings_per_token)
     if req.echo and ask.sampling.max_tokens == 0:
         return _echo_only(ask, encoder, prompts)
     job = Job(model=model, requests=greqs, headers=ask.headers, stream=req.stream)
@@ -157,7 +169,8 @@ def _echo_only(ask: CompletionAsk, encoder: CompletionEncoder, prompts: list[lis
     if ask.activations is not None:
         raise ApiError(400, "return_sae_activations reads a forward, and max_tokens 0 with echo runs none",
                        code="invalid_parameter", param="return_sae_activations")
-    finals = [TokenEvent(finish_reason="length", stop_type="limit", prompt_tokens=len(p)) for p in prompts]
+    finals = [TokenEvent(finish_reason="length", stop_type="limit", prompt_tokens=len(prompts[i]))
+              for i in ask.owners(len(prompts))]
     if not ask.req.stream:
         return Response(encoder.body([Run(final=ev) for ev in finals]), headers=ask.headers)
 
@@ -178,17 +191,18 @@ async def _openings(model: ServedModel, ask: CompletionAsk,
                     prompts: list[list[int]]) -> tuple[list[str] | None, lp.TextLogprobs | None]:
     """With echo, each choice's prompt text; with logprobs, each choice's accumulator: the
     echoed prompt's entries first, the generated tokens' offsets from the prompt text's end."""
-    req = ask.req
+    req, owners = ask.req, ask.owners(len(prompts))
     texts = _prompt_texts(model, req.prompt, prompts)
-    echo = texts if req.echo else None
+    echo = [texts[i] for i in owners] if req.echo else None
     if ask.logprobs is None:
         return echo, None
-    choices = []
+    per_prompt = []
     for p, text in zip(prompts, texts):
         acc = await lp.echo_logprobs(model, ask.logprobs, p) if req.echo else lp.CompletionLogprobs(offset=0)
         acc.offset = len(text)
-        choices.append(acc)
-    return echo, lp.TextLogprobs(model, ask.logprobs, choices)
+        per_prompt.append(acc)
+    # the prompt is read once; each of its choices builds on its own copy
+    return echo, lp.TextLogprobs(model, ask.logprobs, [copy.deepcopy(per_prompt[i]) for i in owners])
 
 
 async def _score(model: ServedModel, req: CompletionRequest, spec: sc.ScoringSpec, prompts: list[list[int]],

@@ -24,8 +24,17 @@ DONE = b"data: [DONE]\n\n"
 
 def drafted(ev: TokenEvent) -> bool:
     """A speculated request carries b10621's top-level `timings` object (with the draft counters);
-    upstream puts it on every chat completion, mlxcel only where a verify round ran."""
+    upstream puts it on every chat completion, mlxcel only where a verify round ran (or where
+    `timings_per_token` asks for it)."""
     return ev.timings is not None and ev.timings.draft_n is not None
+
+
+def with_timings(chunk: dict[str, Any], ev: TokenEvent, asked: bool) -> dict[str, Any]:
+    """b10621's `timings` on a chunk (or body): where the request sent `timings_per_token`, on
+    every event that carries figures; else only on a speculated request's last."""
+    if ev.timings is not None and (asked or (ev.done and drafted(ev))):
+        chunk["timings"] = timings_json(ev.timings, ev.prompt_tokens)
+    return chunk
 
 
 class ChatEncoder(Encoder):
@@ -37,8 +46,9 @@ class ChatEncoder(Encoder):
                  include_usage: bool = False, reader: ActivationReader | None = None,
                  constraint: rf.Constraint | None = None,
                  on_begin: Callable[[list[RequestHandle]], None] | None = None,
-                 logprobs: ChatLogprobs | None = None) -> None:
+                 logprobs: ChatLogprobs | None = None, timings: bool = False) -> None:
         self.base, self.fingerprint, self.outputs, self.alias = base, fingerprint, outputs, alias
+        self.timings = timings  # timings_per_token
         self.include_usage, self.reader, self.constraint = include_usage, reader, constraint
         self.logprobs = logprobs
         self.on_begin = on_begin  # arms reasoning_control under the completion id
@@ -72,8 +82,8 @@ class ChatEncoder(Encoder):
             chunk = self._chunk(system_fingerprint=self.fingerprint, choices=[choice])
             if last:
                 chunk["usage"] = usage([ev])
-                if drafted(ev):
-                    chunk["timings"] = timings_json(ev.timings, ev.prompt_tokens)
+            if last or self.timings:
+                with_timings(chunk, ev, self.timings)
             frames.append(sse(chunk))
         if ev.done and self.include_usage:
             frames.append(sse(self._chunk(choices=[], usage=usage([ev]))))
@@ -93,8 +103,7 @@ class ChatEncoder(Encoder):
                    for i, (r, o) in enumerate(zip(runs, self.outputs))]
         body = {**self.base, "object": "chat.completion", "system_fingerprint": self.fingerprint,
                 "choices": choices, "usage": usage(finals)}
-        if drafted(finals[0]):
-            body["timings"] = timings_json(finals[0].timings, finals[0].prompt_tokens)
+        with_timings(body, finals[0], self.timings)
         if self.reader is not None:
             body["millm"] = {"sae_activations": self.reader.render()}
         return body
@@ -108,8 +117,8 @@ class CompletionEncoder(Encoder):
 
     def __init__(self, base: dict[str, Any], fingerprint: str, *, include_usage: bool = False,
                  reader: ActivationReader | None = None, echo: list[str] | None = None,
-                 logprobs: TextLogprobs | None = None) -> None:
-        self.base, self.fingerprint = base, fingerprint
+                 logprobs: TextLogprobs | None = None, timings: bool = False) -> None:
+        self.base, self.fingerprint, self.timings = base, fingerprint, timings
         self.include_usage, self.reader, self.echo, self.logprobs = include_usage, reader, echo, logprobs
         self.finals: list[TokenEvent] = []
 
@@ -131,8 +140,9 @@ class CompletionEncoder(Encoder):
         logprobs = self.logprobs.event(index, ev, emit) if self.logprobs is not None else None
         if not emit:
             return []
-        return [sse({**self.base, "system_fingerprint": self.fingerprint,
-                     "choices": [self._choice(index, ev.text, logprobs, ev.finish_reason)]})]
+        return [sse(with_timings({**self.base, "system_fingerprint": self.fingerprint,
+                                  "choices": [self._choice(index, ev.text, logprobs, ev.finish_reason)]},
+                                 ev, self.timings))]
 
     def closing(self, finished: bool) -> list[bytes]:
         frames = []
@@ -148,6 +158,7 @@ class CompletionEncoder(Encoder):
                                         self.logprobs.whole(i, r) if self.logprobs is not None else None,
                                         r.final.finish_reason) for i, r in enumerate(runs)],
                "usage": usage([r.final for r in runs])}
+        with_timings(out, runs[0].final, self.timings)
         if self.reader is not None:
             out["millm"] = {"sae_activations": self.reader.render()}
         return out

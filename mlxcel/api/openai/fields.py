@@ -46,7 +46,7 @@ FIELD_TABLE: dict[str, dict[str, str]] = {
     "top_logprobs":          {CHAT: H, COMPLETIONS: R, EMBEDDINGS: R},  # completions: logprobs is the count
     "response_format":       {CHAT: H, COMPLETIONS: R, EMBEDDINGS: R},  # chat: openai/response_format.py
     "seed":                  {CHAT: H, COMPLETIONS: H, EMBEDDINGS: R},
-    "n":                     {CHAT: H, COMPLETIONS: R, EMBEDDINGS: R},  # chat: not streaming
+    "n":                     {CHAT: H, COMPLETIONS: H, EMBEDDINGS: R},  # chat: not streaming
     "max_completion_tokens": {CHAT: H, COMPLETIONS: H, EMBEDDINGS: R},
     "profile":               {CHAT: H, COMPLETIONS: R, EMBEDDINGS: R},  # chat: mlxcel/steering
     "steering_intensity":    {CHAT: H, COMPLETIONS: R, EMBEDDINGS: R},

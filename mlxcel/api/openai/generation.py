@@ -66,6 +66,10 @@ class SamplingAsk:
     cache_prompt: bool
     shared: SharedFields | None = None  # b10621's native sampler / grammar fields, as /completion reads them
 
+    @property
+    def timings_per_token(self) -> bool:
+        return self.shared is not None and self.shared.timings_per_token
+
 
 def read_shared(body: dict[str, Any], scoring: bool) -> tuple[SharedFields | None, list[str]]:
     """The native fields a /v1 body carries, parsed by the /completion parser (None: it sends

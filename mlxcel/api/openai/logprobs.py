@@ -42,21 +42,33 @@ def _refuse(message: str, param: str) -> ApiError:
     return ApiError(400, message, code="invalid_parameter", param=param)
 
 
-def ask_of(req: Any, *, chat: bool) -> LogprobsAsk | None:
-    """What a generation request asks (None: no logprobs), its bounds checked."""
+def ask_of(req: Any, *, chat: bool, n_probs: int | None = None) -> LogprobsAsk | None:
+    """What a generation request asks (None: no logprobs), its bounds checked. `n_probs` is
+    b10621's native spelling, read on its OpenAI routes too: on chat it asks what `logprobs:
+    true` with that many `top_logprobs` asks, unless `logprobs: true` is sent (then it is unused,
+    see `n_probs_unused`); on text completions it is the integer `logprobs` and wins over it (its
+    alias upstream). 0 asks for nothing, as natively; it has the native bounds (>= 0), not 20."""
+    as_ids = bool(req.return_tokens_as_token_ids)
     if chat:
         if req.top_logprobs is not None and req.logprobs is not True:
             raise _refuse("top_logprobs needs logprobs: true", "top_logprobs")
         if req.logprobs is not True:
-            return None
+            return LogprobsAsk(n_probs, as_ids) if n_probs else None
         top, param = req.top_logprobs or 0, "top_logprobs"
     else:
+        if n_probs is not None:
+            return LogprobsAsk(n_probs, as_ids) if n_probs else None
         if type(req.logprobs) is not int:
             return None
         top, param = req.logprobs, "logprobs"
     if not 0 <= top <= MAX_TOP:
         raise _refuse(f"{param} must be between 0 and {MAX_TOP}", param)
-    return LogprobsAsk(top, bool(req.return_tokens_as_token_ids))
+    return LogprobsAsk(top, as_ids)
+
+
+def n_probs_unused(req: Any, n_probs: int | None, *, chat: bool) -> list[str]:
+    """`n_probs` beside chat's `logprobs: true` changes nothing (upstream takes top_logprobs)."""
+    return ["n_probs"] if chat and n_probs is not None and req.logprobs is True else []
 
 
 def _piece(model: ServedModel, token: int) -> bytes:

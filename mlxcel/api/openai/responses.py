@@ -28,6 +28,7 @@ from mlxcel.api.errors import ApiError
 from mlxcel.api.model_switch import model_for
 from mlxcel.api.openai import chat_surface
 from mlxcel.api.openai import generation as g
+from mlxcel.api.openai import logprobs as lp
 from mlxcel.api.openai.fields import object_locations, settle_unused, strict_mode
 from mlxcel.api.openai.schemas import ChatCompletionRequest
 from mlxcel.api.security import presented_key
@@ -44,9 +45,10 @@ RESPONSES = "/v1/responses"
 # Output-changing Responses fields this server does not have, with the values that ask for
 # nothing; anything else is refused with field_not_honoured (never silently dropped).
 NOT_HONOURED: dict[str, tuple[Any, ...]] = {
-    "background": (False,), "conversation": (), "top_logprobs": (0,), "include": ([],),
-    "truncation": ("disabled",), "prompt": (), "max_tool_calls": (),
+    "background": (False,), "conversation": (), "truncation": ("disabled",), "prompt": (), "max_tool_calls": (),
 }
+# the one `include` value this route produces: per-token logprobs on the output text
+LOGPROBS_INCLUDE = "message.output_text.logprobs"
 
 
 class ResponsesRequest(msgspec.Struct, kw_only=True):
@@ -64,6 +66,8 @@ class ResponsesRequest(msgspec.Struct, kw_only=True):
     parallel_tool_calls: bool | None = None
     reasoning: dict[str, Any] | None = None
     metadata: dict[str, Any] | None = None
+    include: list[Any] | None = None
+    top_logprobs: Any = None  # 0-20, checked by `_logprobs_ask`
 
 
 class Live:
@@ -131,6 +135,26 @@ def check_fields(raw: dict[str, Any], strict: bool) -> dict[str, str]:
         elif key not in ResponsesRequest.__struct_fields__:
             unused.append(key)
     return settle_unused(unused, strict, RESPONSES)
+
+
+def _logprobs_ask(req: ResponsesRequest) -> lp.LogprobsAsk | None:
+    """`include: ["message.output_text.logprobs"]` asks for each generated token's logprob on the
+    output text, with `top_logprobs` (0-20) alternatives; any other `include` value is refused."""
+    include = req.include or []
+    for value in include:
+        if value != LOGPROBS_INCLUDE:
+            raise ApiError(400, f"include {value!r} is not honoured on {RESPONSES} by this server (only "
+                           f"{LOGPROBS_INCLUDE!r})", code="field_not_honoured", param="include")
+    top = req.top_logprobs
+    if top is not None and (type(top) is not int or not 0 <= top <= lp.MAX_TOP):
+        raise ApiError(400, f"top_logprobs must be an integer between 0 and {lp.MAX_TOP}", code="invalid_parameter",
+                       param="top_logprobs")
+    if LOGPROBS_INCLUDE not in include:
+        if top:  # 0 asks for nothing
+            raise ApiError(400, f"top_logprobs needs include: [{LOGPROBS_INCLUDE!r}]", code="invalid_parameter",
+                           param="top_logprobs")
+        return None
+    return lp.LogprobsAsk(top or 0, as_token_ids=False)
 
 
 def _store(state: AppState) -> ResponseStore:
@@ -228,7 +252,9 @@ def _chat_request(req: ResponsesRequest, conversation: list[dict[str, Any]]) -> 
         reasoning_effort=(req.reasoning or {}).get("effort"))
 
 
-def _items(deltas: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _items(deltas: list[dict[str, Any]], cut: set[str] = frozenset()) -> list[dict[str, Any]]:
+    """Output items of these deltas; a call in `cut` was cut off by the token limit: its
+    arguments are the text written so far and its status is incomplete."""
     msg = chat_surface.message(deltas)
     items: list[dict[str, Any]] = []
     if msg.get("reasoning_content"):
@@ -240,7 +266,8 @@ def _items(deltas: list[dict[str, Any]]) -> list[dict[str, Any]]:
                       "content": [{"type": "output_text", "text": msg["content"], "annotations": []}]})
     for c in msg.get("tool_calls", ()):
         items.append({"type": "function_call", "id": _item_id("fc_"), "call_id": c["id"],
-                      "name": c["function"]["name"], "arguments": c["function"]["arguments"], "status": "completed"})
+                      "name": c["function"]["name"], "arguments": c["function"]["arguments"],
+                      "status": "incomplete" if c["id"] in cut else "completed"})
     return items
 
 
@@ -284,9 +311,12 @@ class ResponsesEncoder(Encoder):
     so added/delta/done events and the stored response agree."""
 
     def __init__(self, rid: str, req: ResponsesRequest, model_id: str, conversation: list[dict],
-                 store: ResponseStore, out: chat_surface.ChatOutput, owner: str = "") -> None:
+                 store: ResponseStore, out: chat_surface.ChatOutput, owner: str = "",
+                 logprobs: lp.ChatLogprobs | None = None) -> None:
         self.rid, self.req, self.model_id, self.conversation = rid, req, model_id, conversation
         self.store, self.out, self.owner = store, out, owner
+        self.logprobs = logprobs  # include: message.output_text.logprobs
+        self.entries: list[dict[str, Any]] = []  # the output text's logprobs so far
         self.live = Live(None)  # registered in store.live while the rows run
         self.live.owner = owner
         self.seq = 0
@@ -306,13 +336,19 @@ class ResponsesEncoder(Encoder):
         self.live.settled.set()  # a cancel waiting on an error answers what is stored
 
     def body(self, runs: list[Run]) -> dict[str, Any]:
-        self.deltas = self.out.feed(runs[0].text) + self.out.finish()
+        self.deltas = self.out.feed(runs[0].text) + self.out.finish(runs[0].final.finish_reason)
+        if self.logprobs is not None:
+            self.entries = self.logprobs.whole(runs[0])["content"]
         return self._finished(runs[0].final)
 
     def _finished(self, ev: TokenEvent | None) -> dict[str, Any]:
         # ev None: the rows ended without a last event, i.e. POST .../cancel stopped them
         status = "cancelled" if ev is None else "incomplete" if ev.finish_reason == "length" else "completed"
-        resp = _response(self.rid, self.req, self.model_id, status, self._arrange(_items(self.deltas)), ev)
+        output = _items(self.deltas, self.out.cut_calls)
+        for item in output:
+            if item["type"] == "message" and self.logprobs is not None:
+                item["content"][0]["logprobs"] = self.entries
+        resp = _response(self.rid, self.req, self.model_id, status, self._arrange(output), ev)
         if self.req.store:
             self.store.put(resp, _after(self.conversation, resp["output"]), self.owner)
         self.live.settle(resp)
@@ -345,9 +381,17 @@ class ResponsesEncoder(Encoder):
         return self._event("error", code=ev.error_code, message=ev.error, param=None)
 
     def frames(self, index: int, ev: TokenEvent) -> list[bytes]:
-        new = self.out.feed(ev.text) + (self.out.finish() if ev.done else [])
+        new = self.out.feed(ev.text) + (self.out.finish(ev.finish_reason) if ev.done else [])
         self.deltas += new
-        frames = [frame for d in new for frame in self._delta(d)]
+        entries = None  # the tokens' logprobs ride on the first text delta that goes out with (or after) them
+        if self.logprobs is not None:
+            due = self.logprobs.event(ev, any("content" in d for d in new) or ev.done)
+            entries = due["content"] if due is not None else None
+            self.entries += entries or []
+        frames = []
+        for d in new:
+            frames += self._delta(d, entries if "content" in d else None)
+            entries = [] if "content" in d and entries is not None else entries
         if ev.done:
             frames += self._done(self._finished(ev))
         return frames
@@ -357,7 +401,7 @@ class ResponsesEncoder(Encoder):
             self._finished(None)
         return []
 
-    def _delta(self, d: dict[str, Any]) -> list[bytes]:
+    def _delta(self, d: dict[str, Any], logprobs: list[dict[str, Any]] | None = None) -> list[bytes]:
         frames: list[bytes] = []
         if "reasoning_content" in d:
             if "reasoning" not in self.opened:
@@ -375,8 +419,9 @@ class ResponsesEncoder(Encoder):
                                           content_index=0, part={"type": "output_text", "text": "",
                                                                  "annotations": []}))
             i, item_id = self.opened["message"]
+            extra = {"logprobs": logprobs} if logprobs is not None else {}
             frames.append(self._event("response.output_text.delta", item_id=item_id, output_index=i,
-                                      content_index=0, delta=d["content"]))
+                                      content_index=0, delta=d["content"], **extra))
         elif "tool_calls" in d:
             tc = d["tool_calls"][0]
             if "id" in tc:
@@ -417,15 +462,18 @@ async def create_response(request: Request, app_state: AppState) -> Any:
     steer.refuse_fields(raw, "/v1/responses")  # per-request steering is chat's; the server's applies below
     req = convert(raw, ResponsesRequest)
     field_headers = check_fields(raw, strict)
+    ask = _logprobs_ask(req)
     model = await model_for(app_state, req.model)  # may switch models (api/model_switch.py)
     owner = response_owner(request, app_state)
     conversation = _conversation(app_state, req, owner)
     rendered, images = conversation, []
     if media.has_media(conversation):  # image parts stay in the stored conversation; a later turn reads them again
         rendered, images = await media.gather(model, media.policy(app_state.settings), conversation)
-    chat = await chat_surface.job(app_state, model, _chat_request(req, rendered), field_headers, images, "input")
+    chat = await chat_surface.job(app_state, model, _chat_request(req, rendered), field_headers, images, "input",
+                                  logprobs=ask)
     out = chat_surface.ChatOutput(chat.prep, parallel_tool_calls=req.parallel_tool_calls is not False)
-    encoder = ResponsesEncoder(_item_id("resp_"), req, model.id, conversation, _store(app_state), out, owner)
+    encoder = ResponsesEncoder(_item_id("resp_"), req, model.id, conversation, _store(app_state), out, owner,
+                               logprobs=lp.ChatLogprobs(model, ask) if ask is not None else None)
     job = Job(model=model, requests=[chat.request], headers=chat.headers, stream=req.stream)
     return await runner.run(request, job, encoder)
 

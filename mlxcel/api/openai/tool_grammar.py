@@ -22,6 +22,7 @@ the model first finishes its thought and closes the block, then calls.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -97,7 +98,7 @@ def _json(schema: dict) -> str:
     return "%json " + json.dumps({**close_objects(schema), "x-guidance": JSON_OPTIONS})
 
 
-def lark(choice: ToolChoice, fmt: str, encode, thinking_open: bool) -> str:
+def lark(choice: ToolChoice, fmt: str, encode, thinking_open: bool, think_close: str = THINK_CLOSE) -> str:
     """The grammar text. `encode` maps text to token ids (special tokens parsed)."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown tool-call format {fmt!r}")
@@ -122,10 +123,15 @@ def lark(choice: ToolChoice, fmt: str, encode, thinking_open: bool) -> str:
         body = "obj"
     if thinking_open:
         # the rest of the thought (any text; the close marker cannot occur inside it), then the calls
-        close = _marker(THINK_CLOSE, encode)
-        thought = "/(?s:.*)/" if close.startswith("<[") else r"/(?s:.*)/ & ~/(?s:.*<\/think>.*)/"
-        rules.append(f"THOUGHT: {thought}")
-        body = f'THOUGHT {close} /[ \\n]*/ {body}'
+        close = _marker(think_close, encode)
+        if close.startswith("<["):  # one token: the thought is any text, then that token
+            rules.append("THOUGHT: /(?s:.*)/")
+            body = f'THOUGHT {close} /[ \\n]*/ {body}'
+        else:  # text: one lexeme that ends at the first close marker (a lexeme ending before it
+            # could not be continued by the marker's own characters)
+            literal = re.escape(think_close).replace("/", "\\/")
+            rules.append(f"THOUGHT: /(?s:.*){literal}/ & ~/(?s:.*{literal}.+)/")
+            body = f'THOUGHT /[ \\n]*/ {body}'
     return "\n".join([f"start: {body}", *rules]) + "\n"
 
 
