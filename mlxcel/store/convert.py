@@ -71,21 +71,24 @@ def hf_to_mlx(
     q_bits: int = 4,
     q_group_size: int = 64,
     progress: Progress | None = None,
+    packed_source: bool = False,
 ) -> dict:
     """Write an MLX checkpoint for the HF checkpoint directory `src` into `out`; return its config.
-    `progress` advances one step per stage (n_stages(quantize) of them)."""
+    `progress` advances one step per stage (n_stages(quantize) of them). `packed_source`: `src`
+    is a GGUF's conversion whose quantized weights are already in MLX's affine layout; they are
+    kept as they are, scales and biases in the dtype that holds them exactly."""
     _check_options(dtype, quantize, q_bits, q_group_size)
     if not (src / "config.json").is_file():
         raise ConversionError(f"{src} is not a checkpoint directory: it has no config.json")
     raw = json.loads((src / "config.json").read_text())
-    if raw.get("quantization") or raw.get("quantization_config"):
+    if (raw.get("quantization") and not packed_source) or raw.get("quantization_config"):
         raise ConversionError(f"{src} is already quantized; convert from an unquantized checkpoint")
     family_for(raw)  # refuses an unsupported model_type with the supported list
     config = checked_config(raw)
     step = _stepper(progress)
     step(f"reading {raw.get('model_type')} weights")  # before the imports: they alone take seconds
     import mlx.core as mx
-    from mlx.utils import tree_map
+    from mlx.utils import tree_map_with_path
     from mlx_lm.utils import load_model, quantize_model, save_config, save_model
 
     def classes(config: dict):
@@ -95,11 +98,13 @@ def hf_to_mlx(
     model, config = load_model(src, lazy=True, model_config=config, get_model_classes=classes)
     step(f"casting to {dtype}")
     target = getattr(mx, dtype)
-    model.update(
-        tree_map(lambda v: v.astype(target) if mx.issubdtype(v.dtype, mx.floating) else v, model.parameters())
-    )
+    model.update(tree_map_with_path(
+        lambda path, v: v.astype(target) if mx.issubdtype(v.dtype, mx.floating) and not _packed_param(path) else v,
+        model.parameters()))
     config["torch_dtype"] = dtype
     config.pop("dtype", None)
+    if packed_source:
+        config["quantization"] = _per_layer_quantization(model, config["quantization"])
     if quantize:
         step(f"quantizing to {q_bits} bits")
         model, config = quantize_model(model, config, q_group_size, q_bits)
@@ -109,6 +114,22 @@ def hf_to_mlx(
     _copy_side_files(src, out)
     save_config(config, out / "config.json")
     return config
+
+
+def _packed_param(path: str) -> bool:
+    # an affine-quantized module's scales and biases (a plain bias is `bias`)
+    return path.endswith((".scales", ".biases"))
+
+
+def _per_layer_quantization(model, default: dict) -> dict:
+    """The `quantization` block as mlx-lm writes it for mixed precision: the default form, and an
+    entry for each quantized module packed in another one."""
+    out = {"group_size": default["group_size"], "bits": default["bits"], "mode": "affine"}
+    for path, module in model.named_modules():
+        bits, group = getattr(module, "bits", None), getattr(module, "group_size", None)
+        if bits is not None and (bits, group) != (out["bits"], out["group_size"]):
+            out[path] = {"group_size": group, "bits": bits, "mode": "affine"}
+    return dict(sorted(out.items(), key=lambda kv: isinstance(kv[1], dict)))
 
 
 def n_stages(quantize: bool, gguf: bool = False) -> int:
@@ -164,11 +185,12 @@ def convert(
             if is_gguf:
                 hf_dir = staging / "hf"
                 bar.stage("reading the GGUF file")
-                gguf_to_hf(src, hf_dir)
+                # quantized tensors stay as the file has them unless a requantization was asked for
+                config = gguf_to_hf(src, hf_dir, keep_quantized=not quantize)
                 bar.update()
             built = staging / "mlx"
             hf_to_mlx(hf_dir, built, dtype=dtype, quantize=quantize, q_bits=q_bits, q_group_size=q_group_size,
-                      progress=bar)
+                      progress=bar, packed_source=is_gguf and "quantization" in config)
             bar.update()
         target.parent.mkdir(parents=True, exist_ok=True)
         if target.exists():
