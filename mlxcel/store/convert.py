@@ -2,7 +2,9 @@
 
 The output is what an mlx-community snapshot looks like: config.json (with the top-level
 rope keys mlx-lm reads), model.safetensors in the requested dtype, optionally affine-quantized
-with a `"quantization": {"group_size", "bits"}` block, and the source's tokenizer files. It is
+with a `"quantization": {"group_size", "bits"}` block, and the source's tokenizer files. A GGUF's
+quantized tensors keep their bits (store/gguf_quant.py): per-module entries in that block name
+the ones packed in another form than its default, as mlx-lm writes mixed precision. It is
 built in a staging directory under the store root and renamed into `<root>/<owner>/<name>` in
 one step, so a half-written conversion never shows up as a model.
 """
@@ -161,8 +163,11 @@ def convert(
     q_bits: int = 4,
     q_group_size: int = 64,
     force: bool = False,
+    dequantize: bool = False,
 ) -> Path:
-    """Convert `src` (a .gguf file or an HF checkpoint dir) into `<root>/<repo_id>`; return that path."""
+    """Convert `src` (a .gguf file or an HF checkpoint dir) into `<root>/<repo_id>`; return that path.
+    A GGUF's quantized tensors stay packed where MLX's affine format holds them exactly, unless
+    `dequantize` or `quantize` (a requantization) asks for dense weights first."""
     from mlxcel.store.gguf_source import gguf_to_hf
 
     owner, name = parse_repo_id(repo_id)
@@ -186,7 +191,7 @@ def convert(
                 hf_dir = staging / "hf"
                 bar.stage("reading the GGUF file")
                 # quantized tensors stay as the file has them unless a requantization was asked for
-                config = gguf_to_hf(src, hf_dir, keep_quantized=not quantize)
+                config = gguf_to_hf(src, hf_dir, keep_quantized=not (quantize or dequantize))
                 bar.update()
             built = staging / "mlx"
             hf_to_mlx(hf_dir, built, dtype=dtype, quantize=quantize, q_bits=q_bits, q_group_size=q_group_size,

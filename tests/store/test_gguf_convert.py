@@ -412,6 +412,8 @@ def test_quantized_gguf_converts_to_the_weights_it_stores(tmp_path, arch, ref, q
     path = tmp_path / "q.gguf"
     write_gguf(src, arch, path, "smollm", whole_vocab=False, quant=qtype)
     out = convert(path, tmp_path / "store", "local/q", dtype="float32")
+    # kept packed, as the file stores them (tests/store/test_gguf_lossless.py checks the bits)
+    assert json.loads((out / "config.json").read_text())["quantization"]["bits"] == int(quant[1])
     ids = Tokenizer(src).encode(TEXT)
     got, want, full = (MLXBackend(p, dtype="float32") for p in (out, dequantized(tmp_path, src, qtype), src))
     logits = [b.forward_all(ids, b.new_sequence()) for b in (got, want, full)]
