@@ -12,6 +12,7 @@ one step, so a half-written conversion never shows up as a model.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -21,6 +22,8 @@ from mlxcel.config.progress import Progress
 from mlxcel.models.checkpoint_config import ConfigRefused, mlx_overrides, normalize_config
 from mlxcel.models.registry import family_for, mlx_module
 from mlxcel.store.repo_id import parse_repo_id
+
+log = logging.getLogger("mlxcel.store")
 
 DTYPES = ("bfloat16", "float16", "float32")
 Q_BITS = (4, 8)
@@ -97,6 +100,9 @@ def hf_to_mlx(
         module = mlx_module(config)
         return module.Model, module.ModelArgs
 
+    if packed_source and not _keep_what_mlx_takes(src, config):
+        packed_source = False
+        config.pop("quantization", None)
     model, config = load_model(src, lazy=True, model_config=config, get_model_classes=classes)
     step(f"casting to {dtype}")
     target = getattr(mx, dtype)
@@ -118,6 +124,46 @@ def hf_to_mlx(
     return config
 
 
+def _keep_what_mlx_takes(src: Path, config: dict) -> bool:
+    """Dequantize, in the staged GGUF conversion `src`, each packed weight the mlx-lm model cannot
+    take packed (its `sanitize` reshapes or renames it away from a quantizable layer, as Granite
+    MoE's fused experts); say which. Returns whether any stays packed."""
+    import mlx.core as mx
+
+    files = sorted(src.glob("*.safetensors"))
+    weights = {k: v for f in files for k, v in mx.load(str(f)).items()}
+    stems = {k.removesuffix(".scales") for k in weights if k.endswith(".scales")}
+    module = mlx_module(config)
+    model = module.Model(module.ModelArgs.from_dict(config))
+    sanitized = model.sanitize(dict(weights)) if hasattr(model, "sanitize") else weights
+    modules = dict(model.named_modules())
+    refused = set()
+    for stem in (k.removesuffix(".scales") for k in sanitized if k.endswith(".scales")):
+        m, w, s = modules.get(stem), sanitized.get(f"{stem}.weight"), sanitized[f"{stem}.scales"]
+        dense = getattr(m, "weight", None)
+        fits = (hasattr(m, "to_quantized") and w is not None and dense is not None
+                and w.shape[:-1] == dense.shape[:-1] == s.shape[:-1]
+                and dense.shape[-1] == 32 * s.shape[-1] and (w.shape[-1] * 32) % dense.shape[-1] == 0)
+        if not fits:
+            refused.add(stem)
+    if not refused:
+        return True
+    # a refused name the sanitizer made up has no source tensor to dequantize: dequantize them all
+    undo = refused if refused <= stems else stems
+    for stem in sorted(undo):
+        w, s, b = weights.pop(f"{stem}.weight"), weights.pop(f"{stem}.scales"), weights.pop(f"{stem}.biases")
+        weights[f"{stem}.weight"] = mx.dequantize(w, s.astype(mx.float32), b.astype(mx.float32), group_size=32,
+                                                  bits=w.shape[-1] * 32 // (32 * s.shape[-1]))
+    shown = ", ".join(sorted(undo)[:4]) + (f", ... ({len(undo) - 4} more)" if len(undo) > 4 else "")
+    log.warning("GGUF: dequantized %d packed tensor(s): mlx-lm's %s model does not load them as quantized "
+                "layers (%s)", len(undo), config.get("model_type"), shown)
+    mx.eval(list(weights.values()))  # read in full before the file they come from is replaced
+    for f in files:
+        f.unlink()
+    mx.save_safetensors(str(src / "model.safetensors"), weights, metadata={"format": "pt"})
+    return undo != stems
+
+
 def _packed_param(path: str) -> bool:
     # an affine-quantized module's scales and biases (a plain bias is `bias`)
     return path.endswith((".scales", ".biases"))
@@ -131,7 +177,8 @@ def _per_layer_quantization(model, default: dict) -> dict:
         bits, group = getattr(module, "bits", None), getattr(module, "group_size", None)
         if bits is not None and (bits, group) != (out["bits"], out["group_size"]):
             out[path] = {"group_size": group, "bits": bits, "mode": "affine"}
-    return dict(sorted(out.items(), key=lambda kv: isinstance(kv[1], dict)))
+    default = {k: v for k, v in out.items() if not isinstance(v, dict)}
+    return {**default, **{k: out[k] for k in sorted(out) if k not in default}}
 
 
 def n_stages(quantize: bool, gguf: bool = False) -> int:

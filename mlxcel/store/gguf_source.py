@@ -1,7 +1,8 @@
 """Reading a GGUF file into a HuggingFace-layout checkpoint (config, tensors, tokenizer).
 
 mlxcel never serves GGUF; this module exists only so `mlxcel convert` can turn one into a
-SafeTensors checkpoint. It is torch-free: tensors are dequantized with the `gguf` package in
+SafeTensors checkpoint. It is torch-free: a quantized tensor MLX's affine format holds exactly
+is repacked into it (store/gguf_quant.py), any other is dequantized with the `gguf` package in
 numpy, renamed through the explicit per-architecture tables of store/gguf_layouts.py, and undone
 where llama.cpp's converter changed them (the rotary permutation of a Llama's q/k, Gemma's
 `1 + w` norm weights, stacked experts). An architecture missing from the tables is refused with
@@ -100,8 +101,8 @@ def _join(layout: Layout, tensors: dict, layers: int) -> None:
             keys = [prefix + p for p in parts]
             if all(k in tensors for k in keys):
                 ws = [tensors.pop(k) for k in keys]
-                if all(isinstance(w, Packed) and (w.bits, w.scales.dtype) == (ws[0].bits, ws[0].scales.dtype)
-                       for w in ws):
+                # packed parts of one form join as they are (fp16 scales widen to fp32 exactly)
+                if all(isinstance(w, Packed) and w.bits == ws[0].bits for w in ws):
                     tensors[prefix + name] = Packed(*(np.concatenate([getattr(w, a) for w in ws], axis=1)
                                                       for a in ("weight", "scales", "biases")), ws[0].bits)
                 else:

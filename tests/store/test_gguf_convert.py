@@ -398,6 +398,8 @@ def dequantized(tmp: Path, src: Path, quant) -> Path:
 @pytest.mark.parametrize(("arch", "ref", "quant", "overrides"), [
     ("llama", Z("mistral"), "Q4_0", {"sliding_window": None}),
     ("qwen2moe", Z("qwen2_moe"), "Q8_0", {}),
+    ("granitemoe", Z("granitemoe"), "Q4_1", {}),  # packed experts, joined after reading
+    ("phi2", Z("phi"), "Q5_0", {}),  # a packed fused q/k/v, split by rows
 ])
 def test_quantized_gguf_converts_to_the_weights_it_stores(tmp_path, arch, ref, quant, overrides):
     """A GGUF as llama.cpp's quantizer leaves it: the conversion serves the dequantized weights."""
