@@ -136,6 +136,7 @@ def cmd_convert(args) -> int:
             q_bits=args.q_bits,
             q_group_size=args.q_group_size,
             force=args.force,
+            dequantize=args.dequantize,
         )
     except (ConversionError, GGUFUnsupported, InvalidRepoId, UnsupportedModelType) as e:
         return _fail("convert", str(e))
@@ -173,5 +174,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--q-group-size", type=int, default=64, choices=(32, 64, 128))
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
     p.add_argument("--force", action="store_true", help="replace an existing store entry")
+    p.add_argument("--dequantize", action="store_true",
+                   help="a GGUF's quantized tensors written dense in --dtype (by default each one MLX's affine "
+                        "format holds exactly stays quantized, losslessly)")
     _common(p)
     p.set_defaults(func=cmd_convert)

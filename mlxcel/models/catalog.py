@@ -137,7 +137,12 @@ Llama class at load.
 ## Conversion
 
 `mlxcel convert` turns an HF checkpoint of any type above into an MLX checkpoint (optionally
-quantized), and a GGUF file into one (dequantized to the requested dtype). The **from GGUF**
+quantized), and a GGUF file into one. A GGUF's quantized tensors stay quantized where MLX's affine
+format holds them exactly (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and the K-quants Q4_K and Q5_K, whose
+32-value sub-blocks have a scale and a minimum each): the same bits llama.cpp serves, with a
+per-module `quantization` entry where they differ. The others (Q6_K, Q2_K and Q3_K with their
+16-value sub-blocks, codebook formats) are dequantized to the requested dtype and named in a
+warning; `--dequantize` writes every weight dense. The **from GGUF**
 column names the llama.cpp architectures (`general.architecture`) that convert into each family:
 Mistral's GGUFs are llama.cpp's `llama` and become a `llama` checkpoint (llama.cpp runs them
 without a sliding window too), and a `llama` file with experts becomes a `mixtral` one. What a
@@ -147,7 +152,7 @@ Phi-3's RoPE factors and Llama 3.1's RoPE scaling, which llama.cpp stores as ten
 their `longrope` and `llama3` settings; linear and YaRN scaling come from the metadata. A GGUF
 of another architecture, a tensor no table maps or another RoPE scaling is refused in one line
 that names it, and for an unknown architecture the ones that convert. Quantized tensors
-(llama.cpp's K-quants, gpt-oss's MXFP4 experts, ...) are dequantized with the `gguf` package.
+that are not kept quantized are dequantized with the `gguf` package.
 
 ## Config normalisation
 

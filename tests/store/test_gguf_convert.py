@@ -398,6 +398,8 @@ def dequantized(tmp: Path, src: Path, quant) -> Path:
 @pytest.mark.parametrize(("arch", "ref", "quant", "overrides"), [
     ("llama", Z("mistral"), "Q4_0", {"sliding_window": None}),
     ("qwen2moe", Z("qwen2_moe"), "Q8_0", {}),
+    ("granitemoe", Z("granitemoe"), "Q4_1", {}),  # packed experts, joined after reading
+    ("phi2", Z("phi"), "Q5_0", {}),  # a packed fused q/k/v, split by rows
 ])
 def test_quantized_gguf_converts_to_the_weights_it_stores(tmp_path, arch, ref, quant, overrides):
     """A GGUF as llama.cpp's quantizer leaves it: the conversion serves the dequantized weights."""
@@ -412,6 +414,8 @@ def test_quantized_gguf_converts_to_the_weights_it_stores(tmp_path, arch, ref, q
     path = tmp_path / "q.gguf"
     write_gguf(src, arch, path, "smollm", whole_vocab=False, quant=qtype)
     out = convert(path, tmp_path / "store", "local/q", dtype="float32")
+    # kept packed, as the file stores them (tests/store/test_gguf_lossless.py checks the bits)
+    assert json.loads((out / "config.json").read_text())["quantization"]["bits"] == int(quant[1])
     ids = Tokenizer(src).encode(TEXT)
     got, want, full = (MLXBackend(p, dtype="float32") for p in (out, dequantized(tmp_path, src, qtype), src))
     logits = [b.forward_all(ids, b.new_sequence()) for b in (got, want, full)]
