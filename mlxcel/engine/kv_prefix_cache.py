@@ -247,6 +247,8 @@ class PrefixCache:
         for node in list(self._nodes()):
             if node.block != NULL_BLOCK:
                 self.allocator.unref(node.block)
+            if node.sliding != NULL_BLOCK:
+                self.allocator.sliding.unref(node.sliding)
             node.parent = None
         self.root.children.clear()
         self.cached_blocks = 0

@@ -218,3 +218,18 @@ def test_prompts_cut_from_earlier_conversations_anywhere_serve_the_reference(int
     assert backend.poison_reads == 0 and usage["used_blocks"] == usage["cached_blocks"]
     if interleaved:  # the sliding group too holds only what the cache keeps
         assert sliding.used_blocks == held
+
+
+def test_a_prefix_cache_reset_gives_the_sliding_group_back():
+    """POST /v1/cache/reset drops every cached node: the sliding group's blocks go back with the
+    global table's."""
+    kv = KVManager(n_ctx_slot=64, parallel=1, budget_bytes=None)
+    kv.bind(FakeBackend(window=WINDOW, interleaved=True))
+    seq, _ = kv.start(list(range(3 * BLOCK_SIZE)), use_cache=True)
+    seq.reserve(3 * BLOCK_SIZE)
+    seq.tokens = list(range(3 * BLOCK_SIZE))
+    kv.release(seq, donate=True)
+    assert kv.usage()["sliding_used_blocks"] > 0 and kv.prefix_cache.cached_blocks > 0
+    kv.prefix_cache.reset()
+    usage = kv.usage()
+    assert usage["used_blocks"] == usage["sliding_used_blocks"] == 0, usage
