@@ -7,6 +7,10 @@ from __future__ import annotations
 # change with the server's shape; a request whose rows cannot all be slotted or queued is
 # refused separately (engine admission).
 MAX_CHOICES = 128
+# Alternatives reported per token (`n_probs`, natively and on /v1): each is a (token, logprob)
+# pair for every generated token, or every prompt token with `echo`; a vocabulary's worth would
+# cost memory and engine time for all.
+MAX_N_PROBS = 100
 # Prompts or conversations of one generation request (`prompt` arrays, `extra_messages`):
 # each becomes an engine row, so the same bound as `n`.
 MAX_PROMPTS = 128

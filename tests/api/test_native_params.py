@@ -200,3 +200,9 @@ def test_message_delimiters_are_shape_checked_and_change_nothing(model):
     assert with_d.ignored == []
     for bad in ("user", [1], [{"role": 3}], [{"delimiter": ["x"]}]):
         assert refused(model, message_delimiters=bad).code == "invalid_parameter"
+
+
+def test_n_probs_is_bounded(model):
+    assert parse(model, n_probs=100).n_probs == 100
+    for value in (101, 10**6, -1):
+        assert refused(model, n_probs=value).param == "n_probs"

@@ -127,3 +127,15 @@ def test_a_management_body_that_is_not_json_is_a_400_in_the_envelope():
     r = _post("/api/monitoring/configure", content=b"{")
     assert r.status_code == 400, r.text
     assert r.json()["success"] is False and r.json()["error"]["code"] == "invalid_json"
+
+
+def test_prompts_times_n_and_n_probs_are_bounded():
+    """Prompts x n engine rows are bounded as n is; n_probs has a bound on every route."""
+    from mlxcel.api.openai.completions import _check_rows
+    from mlxcel.config.limits import MAX_CHOICES
+
+    _check_rows({"prompt": ["a"] * 8, "n": MAX_CHOICES // 8})
+    _check_rows({"prompt": [1, 2, 3], "n": MAX_CHOICES})  # token ids: one prompt
+    with pytest.raises(ApiError) as e:
+        _check_rows({"prompt": ["a"] * 8, "n": MAX_CHOICES // 8 + 1})
+    assert e.value.status == 400 and e.value.param == "n"

@@ -24,7 +24,7 @@ from mlxcel.api.errors import ApiError
 from mlxcel.api.llamacpp import native_grammar
 from mlxcel.api.llamacpp.schemas import NativeCompletionRequest, declared_names
 from mlxcel.chat.reasoning import CLOSE, OPEN
-from mlxcel.config.limits import echo
+from mlxcel.config.limits import MAX_N_PROBS, echo
 from mlxcel.engine.sampling_params import resolve_logit_bias, samplers_from_chars, samplers_from_names
 from mlxcel.engine.reasoning_budget import ReasoningBudget
 from mlxcel.engine.types import GenerationRequest
@@ -239,8 +239,9 @@ def _sampling(req: NativeCompletionRequest, model: ServedModel) -> tuple[Samplin
     """The sampler fields with upstream's clamps and refusals; also n_probs."""
     over = _sampler_overrides(req, SAMPLING_FIELDS)
     n_probs = req.n_probs if req.n_probs is not None else (req.logprobs if req.logprobs is not None else 0)
-    if n_probs < 0:
-        raise ApiError(400, "n_probs must be >= 0", code="invalid_parameter", param="n_probs")
+    if not 0 <= n_probs <= MAX_N_PROBS:
+        raise ApiError(400, f"n_probs must be between 0 and {MAX_N_PROBS}", code="invalid_parameter",
+                       param="n_probs")
     over["n_probs"] = n_probs
     over["post_sampling_probs"] = bool(req.post_sampling_probs)
     bias = None  # absent: the server's -l set
@@ -281,8 +282,9 @@ def parse_shared(body: dict[str, Any]) -> SharedFields:
     sub = _clean({k: body[k] for k in OPENAI_SHARED if k in body})
     req = convert(sub, NativeCompletionRequest)
     _check_limits(sub, 1)
-    if req.n_probs is not None and req.n_probs < 0:
-        raise ApiError(400, "n_probs must be >= 0", code="invalid_parameter", param="n_probs")
+    if req.n_probs is not None and not 0 <= req.n_probs <= MAX_N_PROBS:
+        raise ApiError(400, f"n_probs must be between 0 and {MAX_N_PROBS}", code="invalid_parameter",
+                       param="n_probs")
     return SharedFields(overrides=_sampler_overrides(req, OPENAI_SAMPLERS), ignore_eos=req.ignore_eos,
                         grammar={k: body[k] for k in ("grammar", "json_schema") if k in body}, id_slot=req.id_slot,
                         n_probs=req.n_probs, timings_per_token=bool(req.timings_per_token))

@@ -32,7 +32,7 @@ from mlxcel.api.openai.schemas import CompletionRequest
 from mlxcel.api.state import AppState
 from mlxcel.api.openai import response_format as rf
 from mlxcel.api.stream_runner import Job, Run
-from mlxcel.config.limits import MAX_PROMPTS
+from mlxcel.config.limits import MAX_CHOICES, MAX_PROMPTS
 from mlxcel.engine.types import GenerationRequest, TokenEvent
 from mlxcel.runtime.served import ServedModel
 from mlxcel.steering import requests as steer
@@ -93,11 +93,21 @@ class CompletionAsk:
         return [i for i in range(n_prompts) for _ in range(n)]
 
 
+def _check_rows(body: dict) -> None:
+    """Prompts x n engine rows, bounded as `n` alone is, before any prompt is tokenized."""
+    prompt, n = body.get("prompt"), body.get("n")
+    many = isinstance(prompt, list) and prompt and not isinstance(prompt[0], int)
+    if many and isinstance(n, int) and not isinstance(n, bool) and len(prompt) * n > MAX_CHOICES:
+        raise ApiError(400, f"{len(prompt)} prompts x n {n} is {len(prompt) * n} completions; at most {MAX_CHOICES} "
+                       "are accepted per request", code="invalid_parameter", param="n")
+
+
 async def _ask(request: Request) -> CompletionAsk:
     """Read and check the body: the field contract, scoring mode, the sampling ranges."""
     strict = strict_mode(request.headers)
     body = await read_json_object(request)
     check_count(body, "prompt", MAX_PROMPTS, "prompts")
+    _check_rows(body)
     activations = steer.take_activations(body)  # honoured here; profile / steering_intensity are refused
     req = convert(body, CompletionRequest)
     rf.refuse(body, "/v1/completions")

@@ -47,7 +47,8 @@ def ask_of(req: Any, *, chat: bool, n_probs: int | None = None) -> LogprobsAsk |
     b10621's native spelling, read on its OpenAI routes too: on chat it asks what `logprobs:
     true` with that many `top_logprobs` asks, unless `logprobs: true` is sent (then it is unused,
     see `n_probs_unused`); on text completions it is the integer `logprobs` and wins over it (its
-    alias upstream). 0 asks for nothing, as natively; it has the native bounds (>= 0), not 20."""
+    alias upstream). 0 asks for nothing, as natively; it has the native bounds (0..MAX_N_PROBS),
+    not 20."""
     as_ids = bool(req.return_tokens_as_token_ids)
     if chat:
         if req.top_logprobs is not None and req.logprobs is not True:
