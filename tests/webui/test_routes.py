@@ -40,6 +40,8 @@ def test_page_is_served_with_its_policy():
     # the page's files are public, nothing else is
     for path in ("/webui/missing.js", "/webui/../v1/models", "/v1/models", "/webui/"):
         assert get(["--api-key", "k"], path)[0].status_code == 401, path
+    # a name too long for the filesystem names no file: the app's 404, never a 500
+    assert [r.status_code for r in get([], "/webui/" + "a" * 300, "/" + "b" * 5000)] == [404, 404]
 
 
 def test_page_under_api_prefix(tmp_path):

@@ -64,9 +64,12 @@ class WebUI:
             path = "/" + path[len(ASSET_PREFIX):]
         if "\x00" in path:
             return None
-        target = (self.root / path.lstrip("/")).resolve()
-        # the page's directory only: a `..` or a symlink leading out of it serves nothing
-        if not target.is_relative_to(self.root) or not target.is_file():
+        try:
+            target = (self.root / path.lstrip("/")).resolve()
+            # the page's directory only: a `..` or a symlink leading out of it serves nothing
+            if not target.is_relative_to(self.root) or not target.is_file():
+                return None
+        except OSError:  # a name the filesystem refuses (too long, say) names no file of the page
             return None
         return target
 
