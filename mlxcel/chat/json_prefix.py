@@ -48,10 +48,16 @@ def _closed(text: str) -> Any:
         return None
 
 
+MAX_TRIES = 64  # each try re-reads the prefix: a bound keeps a long cut call linear
+
+
 def object_of_prefix(text: str) -> dict[str, Any]:
-    """The longest prefix of `text` that closes into a JSON object, closed ({} when none does)."""
+    """The longest prefix of `text` that closes into a JSON object, closed ({} when none does):
+    the whole text, else the text before one of its last separators (a member ends there)."""
     text = text.strip()
-    for end in range(len(text), 0, -1):
+    # before a comma (the member ends there), or just after an opening bracket (it closes empty)
+    ends = [len(text)] + [i + (text[i] != ",") for i in range(len(text) - 1, 0, -1) if text[i] in ",{["]
+    for end in ends[:MAX_TRIES]:
         value = _closed(text[:end])
         if isinstance(value, dict):
             return value

@@ -25,3 +25,13 @@ from mlxcel.chat.json_prefix import object_of_prefix
 ])
 def test_object_of_prefix(text, expected):
     assert object_of_prefix(text) == expected
+
+
+def test_a_long_cut_call_is_read_a_bounded_number_of_times(monkeypatch):
+    from mlxcel.chat import json_prefix
+
+    calls = []
+    closed = json_prefix._closed
+    monkeypatch.setattr(json_prefix, "_closed", lambda text: calls.append(len(text)) or closed(text))
+    assert json_prefix.object_of_prefix("[" + "1, " * 5000) == {}  # no prefix is an object
+    assert len(calls) <= json_prefix.MAX_TRIES
