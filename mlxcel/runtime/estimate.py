@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import math
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +26,7 @@ from mlxcel.config.settings import ServerSettings
 from mlxcel.engine.kv_manager import KVManager
 from mlxcel.engine.kv_memory import KVBytes, pool_bytes, slot_share, spec_from_config
 from mlxcel.models.checkpoint_config import read_config
+from mlxcel.store.tensor_scan import entries
 
 ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 _FLOATING = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1}
@@ -52,27 +52,15 @@ class MemoryEstimate:
         return self.weight_bytes + self.kv.capacity_bytes + self.draft_bytes
 
 
-def header_tensors(path: Path) -> dict[str, dict]:
-    """name -> {dtype, shape, data_offsets} from every *.safetensors header under `path`."""
-    out: dict[str, dict] = {}
-    for f in sorted(Path(path).glob("*.safetensors")):
-        with f.open("rb") as fh:
-            (n,) = struct.unpack("<Q", fh.read(8))
-            header = json.loads(fh.read(n))
-        out.update((k, v) for k, v in header.items() if k != "__metadata__")
-    return out
-
-
 def weight_bytes(path: Path, compute_dtype: str) -> int:
     """The weights once loaded: floating tensors cast to `compute_dtype`, packed ones as stored."""
     size = ITEMSIZE[compute_dtype]
     total = 0
-    for t in header_tensors(path).values():
-        if t["dtype"] in _FLOATING:
-            total += math.prod(t["shape"]) * size
-        else:
-            start, end = t["data_offsets"]
-            total += end - start
+    try:
+        for t in entries(path):
+            total += math.prod(t.shape) * size if t.dtype in _FLOATING else t.end - t.start
+    except (ValueError, KeyError, OSError) as e:
+        raise StartupRefusal(f"{path}: cannot read the safetensors headers: {e}") from None
     return total
 
 

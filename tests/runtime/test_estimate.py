@@ -10,7 +10,9 @@ import pytest
 from mlxcel.backends.select import Choice
 from mlxcel.config.refusal import StartupRefusal
 from mlxcel.engine.kv_memory import KVBytes
-from mlxcel.runtime.estimate import MemoryEstimate, check_fits, header_tensors, weight_bytes
+from mlxcel.config.refusal import StartupRefusal
+from mlxcel.runtime.estimate import MemoryEstimate, check_fits, weight_bytes
+from mlxcel.store.tensor_scan import entries
 from tests.conftest import fixture_path
 from tests.fixtures import DEFAULT_MODEL, SMOLLM2_4BIT
 
@@ -48,10 +50,16 @@ def test_the_default_cache_budget_only_warns_and_a_fit_passes():
 
 def test_weight_bytes_scale_floats_and_keep_packed_tensors():
     plain = fixture_path(DEFAULT_MODEL)
-    n = sum(math.prod(t["shape"]) for t in header_tensors(plain).values())
+    n = sum(math.prod(t.shape) for t in entries(plain))
     assert weight_bytes(plain, "float32") == 4 * n and weight_bytes(plain, "bfloat16") == 2 * n
     packed = fixture_path(SMOLLM2_4BIT)
-    tensors = header_tensors(packed).values()
-    stored = sum(t["data_offsets"][1] - t["data_offsets"][0] for t in tensors if t["dtype"] == "U32")
-    floats = sum(math.prod(t["shape"]) for t in tensors if t["dtype"] != "U32")
+    tensors = list(entries(packed))
+    stored = sum(t.end - t.start for t in tensors if t.dtype == "U32")
+    floats = sum(math.prod(t.shape) for t in tensors if t.dtype != "U32")
     assert stored > 0 and weight_bytes(packed, "float32") == stored + 4 * floats
+
+
+def test_a_truncated_checkpoint_is_refused_in_one_line(tmp_path):
+    (tmp_path / "model.safetensors").write_bytes(b"\x10\x00")
+    with pytest.raises(StartupRefusal, match="cannot read the safetensors headers"):
+        weight_bytes(tmp_path, "float32")
