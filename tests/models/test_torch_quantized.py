@@ -36,7 +36,7 @@ from tests import fixtures
 from tests.conftest import fixture_path
 from tests.models.test_engine import run
 
-mx = pytest.importorskip("mlx.core")
+import mlx.core as mx  # noqa: E402  (the reference: MLX is a dependency wherever the suite runs)
 
 # 8 bits in groups of 64 is the per-layer fixture's block form
 MODELS = [fixtures.SMOLLM2_4BIT, fixtures.QWEN2_TINY_4BIT_G32, fixtures.QWEN2_TINY_MIXED]
@@ -177,8 +177,6 @@ def test_mismatched_packing_is_refused():
 def _backend(repo_id: str):
     from mlxcel.backends.torch.backend import TorchBackend
 
-    if not fixtures.available(repo_id):
-        pytest.skip("run scripts/fixtures/build_all.py")
     return TorchBackend(fixture_path(repo_id), dtype="float32", build_env=os.environ)
 
 
@@ -277,7 +275,7 @@ def test_lora_terms_on_packed_linears_match_the_dequantized_model():
     from mlxcel.models.lora import checkpoint_shapes, load_adapter
 
     if not fixtures.lora_available(fixtures.LORA_SMOLLM2):
-        pytest.skip("run scripts/fixtures/build_all.py")
+        pytest.fail("the LoRA fixture is missing: run `make fixtures`")
     adapter = load_adapter(fixtures.models_dir() / fixtures.LORA_SMOLLM2)
     ids = Tokenizer(fixture_path(fixtures.SMOLLM2_4BIT)).encode(PROMPT)
     packed, dense = _backend(fixtures.SMOLLM2_4BIT), _densified(_backend(fixtures.SMOLLM2_4BIT))
@@ -302,8 +300,7 @@ def test_lora_terms_on_packed_linears_match_the_dequantized_model():
 def served(request):
     from mlxcel.runtime.load import load_served_model
 
-    if not fixtures.available(request.param):
-        pytest.skip("run scripts/fixtures/build_all.py")
+    fixture_path(request.param)  # a missing fixture fails loudly
     settings = ServerSettings(source=SourceSection(model=request.param),
                               engine=EngineSection(ctx_size=2048, parallel=4, warmup=False),
                               backend=BackendSection(name="torch", device="cpu",
