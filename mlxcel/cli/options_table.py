@@ -415,7 +415,8 @@ _SERVER: tuple[Option, ...] = (
       help=f"prompt cache budget in MiB (-1 = no limit, 0 = disable; mlxcel default {own('kv.cache_ram_mib')})"),
     X("-kvu, --kv-unified, -no-kvu, --no-kv-unified", PAIR, env="LLAMA_ARG_KV_UNIFIED",
       default=own("engine.kv_unified"), state=BY_DESIGN, apply=a.flag_to("engine.kv_unified"),
-      help="every slot may fill the whole context from the one paged KV pool (default: ctx-size / parallel each)"),
+      help="every slot may fill the whole context from the one paged KV pool, which can then grow to parallel "
+           "x ctx-size tokens (--estimate-memory and --fit count that; default: ctx-size / parallel each)"),
     X("--cache-idle-slots, --no-cache-idle-slots", PAIR, env="LLAMA_ARG_CACHE_IDLE_SLOTS", default="true",
       state=NOT_APPLICABLE, inert=always, why=NO_SLOT_STATE),
     X("--context-shift, --no-context-shift", PAIR, env="LLAMA_ARG_CONTEXT_SHIFT", default=own("engine.context_shift"),
