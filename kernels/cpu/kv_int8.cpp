@@ -1,0 +1,206 @@
+// Row-by-row attention over a paged KV cache whose keys, values or both are stored int8 (the KV
+// cache's int8 mode: int8 records [slots, kv_heads, dim] and an fp32 absmax scale per slot and
+// head), for the torch backend on the CPU. Nothing is dequantized ahead: a key's scale multiplies
+// its dot product with the query, a value's scale its softmax weight, so the only fp32 copies are
+// the one query and one output row in flight. A side stored in the compute dtype is read as it is.
+//   attention_int8  one query per row (a decode row, or a prompt token over its own prefix of a
+//                   shared table), each over its row's visible slots: fp32 scores, softmax and
+//                   weighted sum; a (row, kv head) unit's arithmetic never depends on the others,
+//                   so a row's result does not depend on what shares its step.
+// Reference: the same attention over the dequantized rows (tests/models/test_kv_int8.py).
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "helpers.h"
+
+namespace {
+
+using mlxcel::narrow;
+using mlxcel::widen;
+
+inline float value_of(const uint16_t* p, int64_t i) { return widen(p[i]); }
+inline float value_of(const float* p, int64_t i) { return p[i]; }
+inline float value_of(const int8_t* p, int64_t i) { return static_cast<float>(p[i]); }
+inline void put(uint16_t* p, int64_t i, float v) { p[i] = narrow(v); }
+inline void put(float* p, int64_t i, float v) { p[i] = v; }
+
+// One side of the cache: its records, and their scales where stored int8 (else a scale of 1).
+template <typename E>
+struct Side {
+  const E* data;
+  const float* scales;
+  int64_t kv_heads, dim;
+  const E* row(int64_t slot, int64_t g) const { return data + (slot * kv_heads + g) * dim; }
+  float scale(int64_t slot, int64_t g) const { return scales ? scales[slot * kv_heads + g] : 1.0f; }
+};
+
+// q . r over n values: sixteen partial sums, so compilers vectorise without reassociating
+template <typename E>
+float dot_row(const float* q, const E* r, int64_t n) {
+  float part[16] = {0};
+  for (int64_t j = 0; j < n; ++j) part[j & 15] += q[j] * value_of(r, j);
+  float s = 0;
+  for (float v : part) s += v;
+  return s;
+}
+
+#if defined(__AVX512F__)
+inline float dot_row(const float* q, const int8_t* r, int64_t n) {
+  if (n % 16 != 0) {
+    float part[16] = {0};
+    for (int64_t j = 0; j < n; ++j) part[j & 15] += q[j] * static_cast<float>(r[j]);
+    float s = 0;
+    for (float v : part) s += v;
+    return s;
+  }
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t j = 0; j < n; j += 16) {
+    const __m512 k = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(r + j))));
+    acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + j), k, acc);
+  }
+  return _mm512_reduce_add_ps(acc);
+}
+#endif
+
+// o += w * r over n values
+template <typename E>
+inline void add_row(float* o, float w, const E* r, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) o[j] += w * value_of(r, j);
+}
+
+// The query heads of kv head g in row `q` over slots[first, last): out row written per head.
+template <typename T, typename K, typename V>
+void attend_unit(const T* q, const Side<K>& keys, const Side<V>& values, T* out, const int64_t* slots, int64_t first,
+                 int64_t last, int64_t g, int64_t group, float scale, std::vector<float>& work) {
+  const int64_t span = last - first, dk = keys.dim, dv = values.dim;
+  work.resize(span + dk + dv);
+  float* p = work.data();
+  float* qf = p + span;
+  float* o = qf + dk;
+  for (int64_t head = g * group; head < (g + 1) * group; ++head) {
+    for (int64_t j = 0; j < dk; ++j) qf[j] = value_of(q + head * dk, j);
+    float top = -INFINITY;
+    for (int64_t t = 0; t < span; ++t) {
+      const int64_t slot = slots[first + t];
+      p[t] = dot_row(qf, keys.row(slot, g), dk) * keys.scale(slot, g) * scale;
+      top = std::max(top, p[t]);
+    }
+    const float total = mlxcel::exp_shifted(p, span, top);
+    std::fill(o, o + dv, 0.0f);
+    for (int64_t t = 0; t < span; ++t) {
+      const int64_t slot = slots[first + t];
+      add_row(o, p[t] * values.scale(slot, g), values.row(slot, g), dv);
+    }
+    for (int64_t j = 0; j < dv; ++j) put(out + head * dv, j, o[j] / total);
+  }
+}
+
+// ~32 Ki multiply-adds: below it, a step's units stay on the calling thread
+constexpr int64_t kShareFrom = 1 << 15;
+
+template <typename T, typename K, typename V>
+void attend_rows(const T* q, const Side<K>& keys, const Side<V>& values, T* out, const int64_t* tab,
+                 int64_t row_stride, const int64_t* len, int64_t rows, int64_t heads, int64_t window, float scale) {
+  const int64_t kv_heads = keys.kv_heads, group = heads / kv_heads, units = rows * kv_heads;
+  const auto first_of = [&](int64_t i) { return window > 0 ? std::max<int64_t>(0, len[i] - window) : 0; };
+  int64_t work = 0;
+  for (int64_t i = 0; i < rows; ++i) work += (len[i] - first_of(i)) * heads * (keys.dim + values.dim);
+  const int64_t chunks = work < kShareFrom ? 1 : units;
+  const int64_t per = (units + chunks - 1) / chunks;
+  mlxcel::parallel(chunks, [&](int64_t c) {
+    std::vector<float> scratch;
+    for (int64_t u = c * per, end = std::min(units, u + per); u < end; ++u) {
+      const int64_t i = u / kv_heads, g = u % kv_heads;
+      attend_unit(q + i * heads * keys.dim, keys, values, out + i * heads * values.dim, tab + i * row_stride,
+                  first_of(i), len[i], g, group, scale, scratch);
+    }
+  }, rows > mlxcel::kPromptRows);
+}
+
+void check_side(const at::Tensor& data, const std::optional<at::Tensor>& scales, at::ScalarType dtype,
+                const char* what) {
+  TORCH_CHECK(data.device().is_cpu() && data.dim() == 3 && data.is_contiguous(), "attention_int8: ", what,
+              " must be contiguous [slots, kv_heads, dim] on the CPU");
+  if (scales.has_value() && scales->defined()) {
+    TORCH_CHECK(data.scalar_type() == at::kChar, "attention_int8: ", what, " with scales must be int8");
+    TORCH_CHECK(scales->scalar_type() == at::kFloat && scales->is_contiguous() && scales->dim() == 2 &&
+                    scales->size(0) == data.size(0) && scales->size(1) == data.size(1),
+                "attention_int8: ", what, " scales must be contiguous fp32 [slots, kv_heads]");
+  } else {
+    TORCH_CHECK(data.scalar_type() == dtype, "attention_int8: ", what, " without scales must be the query's dtype");
+  }
+}
+
+template <typename E>
+Side<E> side(const at::Tensor& data, const std::optional<at::Tensor>& scales) {
+  const bool q = scales.has_value() && scales->defined();
+  return {reinterpret_cast<const E*>(data.data_ptr()), q ? scales->data_ptr<float>() : nullptr, data.size(1),
+          data.size(2)};
+}
+
+at::Tensor attention_int8(const at::Tensor& q, const at::Tensor& keys, const std::optional<at::Tensor>& key_scales,
+                          const at::Tensor& values, const std::optional<at::Tensor>& value_scales,
+                          const at::Tensor& table, const at::Tensor& lengths, int64_t window, double scale) {
+  const auto dtype = q.scalar_type();
+  TORCH_CHECK(dtype == at::kBFloat16 || dtype == at::kFloat, "attention_int8 takes bf16 or fp32 queries");
+  TORCH_CHECK(q.device().is_cpu() && q.dim() == 3, "attention_int8 takes q [rows, heads, dim] on the CPU");
+  check_side(keys, key_scales, dtype, "keys");
+  check_side(values, value_scales, dtype, "values");
+  TORCH_CHECK(table.scalar_type() == at::kLong && lengths.scalar_type() == at::kLong && table.dim() == 2 &&
+                  lengths.dim() == 1 && (table.size(0) == q.size(0) || table.size(0) == 1) &&
+                  lengths.size(0) == q.size(0),
+              "attention_int8 takes an int64 slot table [rows or 1, keys] and lengths [rows]");
+  const int64_t rows = q.size(0), heads = q.size(1), dk = q.size(2);
+  const int64_t slots = keys.size(0), kv_heads = keys.size(1), dv = values.size(2);
+  TORCH_CHECK(keys.size(2) == dk && values.size(0) == slots && values.size(1) == kv_heads && kv_heads > 0 &&
+                  heads % kv_heads == 0,
+              "attention_int8: q, keys and values do not agree");
+  at::Tensor qc = q.contiguous(), tc = table.contiguous(), lc = lengths.contiguous();
+  const int64_t width = tc.size(1), row_stride = tc.size(0) == 1 ? 0 : width;
+  const int64_t* tab = tc.data_ptr<int64_t>();
+  const int64_t* len = lc.data_ptr<int64_t>();
+  std::vector<int64_t> longest(tc.size(0), 0);
+  for (int64_t i = 0; i < rows; ++i) {
+    TORCH_CHECK(len[i] >= 1 && len[i] <= width, "attention_int8: row ", i, " has length ", len[i],
+                " outside its table of ", width);
+    longest[row_stride ? i : 0] = std::max(longest[row_stride ? i : 0], len[i]);
+  }
+  for (int64_t r = 0; r < tc.size(0); ++r)
+    for (int64_t t = 0; t < longest[r]; ++t)
+      TORCH_CHECK(tab[r * width + t] >= 0 && tab[r * width + t] < slots, "attention_int8: slot out of range");
+  at::Tensor out = at::empty({rows, heads, dv}, q.options());
+  const bool k8 = keys.scalar_type() == at::kChar, v8 = values.scalar_type() == at::kChar;
+  const auto run = [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    const T* qs = reinterpret_cast<const T*>(qc.data_ptr());
+    T* os = reinterpret_cast<T*>(out.data_ptr());
+    const auto go = [&](const auto& ks, const auto& vs) {
+      attend_rows(qs, ks, vs, os, tab, row_stride, len, rows, heads, window, static_cast<float>(scale));
+    };
+    if (k8 && v8) go(side<int8_t>(keys, key_scales), side<int8_t>(values, value_scales));
+    if (k8 && !v8) go(side<int8_t>(keys, key_scales), side<T>(values, value_scales));
+    if (!k8 && v8) go(side<T>(keys, key_scales), side<int8_t>(values, value_scales));
+    if (!k8 && !v8) go(side<T>(keys, key_scales), side<T>(values, value_scales));
+  };
+  if (dtype == at::kBFloat16) {
+    run(static_cast<uint16_t*>(nullptr));
+  } else {
+    run(static_cast<float*>(nullptr));
+  }
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(mlxcel_cpu, lib) {
+  lib.def("attention_int8(Tensor q, Tensor keys, Tensor? key_scales, Tensor values, Tensor? value_scales, "
+          "Tensor table, Tensor lengths, int window, float scale) -> Tensor");
+  lib.impl("attention_int8", c10::DispatchKey::CPU, &attention_int8);
+}
