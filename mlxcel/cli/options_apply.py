@@ -270,8 +270,10 @@ def cache_type(path: str, modes: tuple[str, ...] = KV_CACHE_TYPES):
     field_path(path)
 
     def apply(settings: Any, value: str, spelling: str) -> None:
-        one_of(value, spelling, tuple(dict.fromkeys(modes + GGML_CACHE_TYPES)))
+        one_of(value, spelling, tuple(dict.fromkeys(KV_CACHE_TYPES + GGML_CACHE_TYPES)))
         have = ", ".join(modes)
+        if value in KV_CACHE_TYPES and value not in modes:
+            raise StartupRefusal(f"{spelling} {value}: this cache holds no {value} storage; the modes are {have}")
         if value in ("f32", "bf16"):
             raise StartupRefusal(
                 f"{spelling} {value}: mlxcel's KV cache stores f16 (the compute dtype) or its own quantized modes "
