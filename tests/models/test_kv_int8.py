@@ -66,6 +66,15 @@ def test_int8_bytes_per_token_come_from_the_one_sizing_function():
         KVCacheTypes("q8_0", "f16")
 
 
+def test_the_pool_holds_quantized_attention_layers_only():
+    from mlxcel.engine.backend import KVSpec, LayerKV
+    from mlxcel.engine.kv_manager import KVLayoutUnsupported, check_spec
+
+    check_spec(KVSpec((LayerKV("full", 8, quant=INT8), LayerKV("sliding", 8, 4, quant=INT8))))
+    with pytest.raises(KVLayoutUnsupported, match="not latent layers"):
+        check_spec(KVSpec((LayerKV("full", 8, quant=INT8), LayerKV("latent", 8, quant=INT8))))
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_quantizer_error_is_within_half_a_step(backend):
     x = np.random.default_rng(0).standard_normal((5, 3, 64)).astype(np.float32) * 3
