@@ -6,7 +6,10 @@
 //   attention_int8  one query per row (a decode row, or a prompt token over its own prefix of a
 //                   shared table), each over its row's visible slots: fp32 scores, softmax and
 //                   weighted sum; a (row, kv head) unit's arithmetic never depends on the others,
-//                   so a row's result does not depend on what shares its step.
+//                   so a row's result does not depend on what shares its step. Given the rows'
+//                   new keys and values and their slots, it stores them first, quantizing an
+//                   int8 side exactly as the torch ops of backends/torch/paged.quantize_int8 do
+//                   (a decode step's cache write, without a dozen small ops per layer).
 // Reference: the same attention over the dequantized rows (tests/models/test_kv_int8.py).
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -15,6 +18,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <limits>
 #include <optional>
 #include <vector>
 
@@ -102,6 +107,28 @@ void attend_unit(const T* q, const Side<K>& keys, const Side<V>& values, T* out,
   }
 }
 
+// x's n vectors of `dim` into `slot`s of one side: copied as they are, or as int8 with
+// scale = absmax / 127 and q = round-half-even(x / max(scale, FLT_MIN)), clamped to +-127.
+template <typename T>
+void write_side(const T* x, const int64_t* slot, int64_t n, int64_t kv_heads, int64_t dim, void* data, float* scales) {
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t g = 0; g < kv_heads; ++g) {
+      const T* v = x + (i * kv_heads + g) * dim;
+      const int64_t at = slot[i] * kv_heads + g;
+      if (scales == nullptr) {
+        std::memcpy(static_cast<T*>(data) + at * dim, v, dim * sizeof(T));
+        continue;
+      }
+      float top = 0.0f;
+      for (int64_t j = 0; j < dim; ++j) top = std::max(top, std::fabs(value_of(v, j)));
+      const float scale = top / 127.0f, div = std::max(scale, std::numeric_limits<float>::min());
+      int8_t* q = static_cast<int8_t*>(data) + at * dim;
+      for (int64_t j = 0; j < dim; ++j)
+        q[j] = static_cast<int8_t>(std::clamp(std::nearbyint(value_of(v, j) / div), -127.0f, 127.0f));
+      scales[at] = scale;
+    }
+}
+
 // ~32 Ki multiply-adds: below it, a step's units stay on the calling thread
 constexpr int64_t kShareFrom = 1 << 15;
 
@@ -145,9 +172,38 @@ Side<E> side(const at::Tensor& data, const std::optional<at::Tensor>& scales) {
           data.size(2)};
 }
 
+void write_rows(const at::Tensor& keys, const std::optional<at::Tensor>& key_scales, const at::Tensor& values,
+                const std::optional<at::Tensor>& value_scales, const at::Tensor& new_keys, const at::Tensor& new_values,
+                const at::Tensor& slots, at::ScalarType dtype) {
+  const int64_t rows = slots.numel(), kvh = keys.size(1), dk = keys.size(2), dv = values.size(2);
+  TORCH_CHECK(slots.scalar_type() == at::kLong && new_keys.scalar_type() == dtype && new_values.scalar_type() == dtype &&
+                  new_keys.numel() == rows * kvh * dk && new_values.numel() == rows * kvh * dv,
+              "attention_int8: the new keys and values do not match the slots and the cache");
+  at::Tensor sc = slots.contiguous(), kc = new_keys.contiguous(), vc = new_values.contiguous();
+  const int64_t* at = sc.data_ptr<int64_t>();
+  for (int64_t i = 0; i < rows; ++i)
+    TORCH_CHECK(at[i] >= 0 && at[i] < keys.size(0), "attention_int8: write slot out of range");
+  const auto scales_of = [](const std::optional<at::Tensor>& s) {
+    return s.has_value() && s->defined() ? s->data_ptr<float>() : nullptr;
+  };
+  const auto run = [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    write_side(reinterpret_cast<const T*>(kc.data_ptr()), at, rows, kvh, dk, keys.data_ptr(), scales_of(key_scales));
+    write_side(reinterpret_cast<const T*>(vc.data_ptr()), at, rows, kvh, dv, values.data_ptr(),
+               scales_of(value_scales));
+  };
+  if (dtype == at::kBFloat16) {
+    run(static_cast<uint16_t*>(nullptr));
+  } else {
+    run(static_cast<float*>(nullptr));
+  }
+}
+
 at::Tensor attention_int8(const at::Tensor& q, const at::Tensor& keys, const std::optional<at::Tensor>& key_scales,
                           const at::Tensor& values, const std::optional<at::Tensor>& value_scales,
-                          const at::Tensor& table, const at::Tensor& lengths, int64_t window, double scale) {
+                          const at::Tensor& table, const at::Tensor& lengths, int64_t window, double scale,
+                          const std::optional<at::Tensor>& new_keys, const std::optional<at::Tensor>& new_values,
+                          const std::optional<at::Tensor>& write_at) {
   const auto dtype = q.scalar_type();
   TORCH_CHECK(dtype == at::kBFloat16 || dtype == at::kFloat, "attention_int8 takes bf16 or fp32 queries");
   TORCH_CHECK(q.device().is_cpu() && q.dim() == 3, "attention_int8 takes q [rows, heads, dim] on the CPU");
@@ -162,6 +218,10 @@ at::Tensor attention_int8(const at::Tensor& q, const at::Tensor& keys, const std
   TORCH_CHECK(keys.size(2) == dk && values.size(0) == slots && values.size(1) == kv_heads && kv_heads > 0 &&
                   heads % kv_heads == 0,
               "attention_int8: q, keys and values do not agree");
+  if (write_at.has_value() && write_at->defined()) {
+    TORCH_CHECK(new_keys.has_value() && new_values.has_value(), "attention_int8: slots need new keys and values");
+    write_rows(keys, key_scales, values, value_scales, *new_keys, *new_values, *write_at, dtype);
+  }
   at::Tensor qc = q.contiguous(), tc = table.contiguous(), lc = lengths.contiguous();
   const int64_t width = tc.size(1), row_stride = tc.size(0) == 1 ? 0 : width;
   const int64_t* tab = tc.data_ptr<int64_t>();
@@ -200,7 +260,8 @@ at::Tensor attention_int8(const at::Tensor& q, const at::Tensor& keys, const std
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(mlxcel_cpu, lib) {
-  lib.def("attention_int8(Tensor q, Tensor keys, Tensor? key_scales, Tensor values, Tensor? value_scales, "
-          "Tensor table, Tensor lengths, int window, float scale) -> Tensor");
+  lib.def("attention_int8(Tensor q, Tensor(a!) keys, Tensor(b!)? key_scales, Tensor(c!) values, "
+          "Tensor(d!)? value_scales, Tensor table, Tensor lengths, int window, float scale, Tensor? new_keys=None, "
+          "Tensor? new_values=None, Tensor? slots=None) -> Tensor");
   lib.impl("attention_int8", c10::DispatchKey::CPU, &attention_int8);
 }

@@ -137,6 +137,37 @@ def test_kernel_matches_attention_over_the_dequantized_rows(dtype, types, window
         assert got.dtype == dt and err <= step * float(want.abs().max()) + 1e-6, (i, err)
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("types", MODES, ids=lambda t: f"k{t.k}-v{t.v}")
+def test_kernel_stores_new_rows_as_the_torch_quantizer_does(dtype, types):
+    """A decode step's write inside the kernel gives the records a prompt step's torch ops store."""
+    import torch
+
+    from mlxcel.backends.torch import cpu_kernels
+    from mlxcel.backends.torch.paged import quantize_int8
+
+    cpu_kernels.load(os.environ)
+    dt = getattr(torch, dtype)
+    g = torch.Generator().manual_seed(5)
+    slots, kvh, heads, d = 12, 2, 4, 64
+    pool = {}
+    for side, mode in (("k", types.k), ("v", types.v)):
+        int8 = mode == "int8"
+        pool[side] = (torch.zeros(slots, kvh, d, dtype=torch.int8 if int8 else dt),
+                      torch.zeros(slots, kvh) if int8 else None)
+    new_k, new_v = (torch.randn(2, kvh, d, generator=g).to(dt) * 5 for _ in range(2))
+    at = torch.tensor([3, 7])
+    torch.ops.mlxcel_cpu.attention_int8(torch.randn(2, heads, d, generator=g).to(dt), pool["k"][0], pool["k"][1],
+                                        pool["v"][0], pool["v"][1], torch.tensor([[3], [7]]), torch.tensor([1, 1]), 0,
+                                        d ** -0.5, new_k, new_v, at)
+    for (data, scales), new in ((pool["k"], new_k), (pool["v"], new_v)):
+        if scales is None:
+            assert torch.equal(data[at], new)
+        else:
+            q, s = quantize_int8(new)
+            assert torch.equal(data[at], q) and torch.equal(scales[at], s)
+
+
 # -- logits on the zoo fixtures ------------------------------------------------------------------
 
 # plain attention, every layer sliding (mistral), soft-capped (gemma2, SDPA's path), sinks (gpt_oss)

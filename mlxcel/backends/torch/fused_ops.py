@@ -151,13 +151,13 @@ def decode_attention(module: torch.nn.Module, query: torch.Tensor, keys: torch.T
     `lengths` slots of `table` [rows, width] (or [1, width], one table for every row: a prompt
     chunk's tokens) in the paged keys/values of the module's layer; `write`: (new keys
     [rows, kv_heads, dk], new values, slots [rows]) stored first. `key_scales` / `value_scales`:
-    that side is stored int8 with these per-slot, per-head scales (nothing is written then),
-    dequantized inside the kernel's dot products."""
+    that side is stored int8 with these per-slot, per-head scales (new keys or values quantized
+    as they are stored), dequantized inside the kernel's dot products."""
     window = getattr(module, WINDOW_ATTR, None) or 0
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     if key_scales is not None or value_scales is not None:
         return torch.ops.mlxcel_cpu.attention_int8(query.contiguous(), keys, key_scales, values, value_scales, table,
-                                                   lengths, window, scale)
+                                                   lengths, window, scale, *(write or ()))
     return torch.ops.mlxcel_cpu.decode_attention(query.contiguous(), keys, values, table, lengths, window, scale,
                                                  *(write or ()))
 

@@ -40,10 +40,6 @@ class PagedStorage:
         self.key_scales: list[torch.Tensor | None] = [None] * num_layers
         self.value_scales: list[torch.Tensor | None] = [None] * num_layers
 
-    @property
-    def quantized(self) -> bool:
-        return self.types.quantized
-
     def ensure(self, layer: int, kv_heads: int, k_dim: int, v_dim: int) -> None:
         have = 0 if self.keys[layer] is None else self.keys[layer].shape[0]
         new = grown_slots(self.allocator, have)
@@ -206,11 +202,9 @@ class StepPlan:
         if fused_ops.attention_fits(query, dropout, kwargs):
             b, h, n, d = query.shape
             q = query[:, :, 0] if n == 1 else query.transpose(1, 2).reshape(b * n, h, d)
-            if self.decode_all and not self.storage.quantized:  # the rows' new keys and values are stored by the same call
+            if self.decode_all:  # the rows' new keys and values are stored (quantized where int8) by the same call
                 out = fused_ops.decode_attention(module, q, keys, values, self.table, self.kv_lengths, scaling,
-                                                 (key[:, :, 0], value[:, :, 0], self.write))
-            elif self.decode_all:  # PagedStepCache.update stored them quantized
-                out = fused_ops.decode_attention(module, q, keys, values, self.table, self.kv_lengths, scaling, **quant)
+                                                 (key[:, :, 0], value[:, :, 0], self.write), **quant)
             elif self.split is None:  # prompt rows only
                 out = fused_ops.prompt_attention(module, q, keys, values, self.table, self.kv_lengths, scaling, **quant)
             else:
@@ -221,7 +215,7 @@ class StepPlan:
                 out[rest] = fused_ops.prompt_attention(module, q[rest], keys, values, self.table[rest],
                                                        self.kv_lengths[rest], scaling, **quant)
             return out.view(b, n, h, -1), None
-        if self.decode_all and not self.storage.quantized:  # not the kernel's kind of attention: store, then SDPA
+        if self.decode_all:  # not the kernel's kind of attention: store, then SDPA as without it
             store(self.storage, layer, self.write, key, value)
         key, value = self.gather(layer)
         if expands_cache(module):  # MLA's latent pair (the kernels are off for it; kept whole here too)
@@ -270,7 +264,7 @@ class PagedStepCache(Cache):
         dv = value_states.shape[-1]
         st, plan = self.storage, self.plan
         st.ensure(layer_idx, h, dk, dv)
-        if plan.decode_all and not st.quantized:  # the decode kernel stores them as it attends (StepPlan.attend)
+        if plan.decode_all:  # the decode kernel stores them as it attends (StepPlan.attend)
             return key_states, value_states
         store(st, layer_idx, plan.write, key_states, value_states)
         if plan.packed or plan.rowwise:
