@@ -80,11 +80,101 @@ inline void add_row(float* o, float w, const E* r, int64_t n) {
   for (int64_t j = 0; j < n; ++j) o[j] += w * value_of(r, j);
 }
 
+#if defined(__AVX512F__)
+inline __m512 lanes16(const int8_t* p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
+inline __m512 lanes16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 lanes16(const uint16_t* p) {
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+// Query heads [h0, h0 + HB) of kv head g, for dk == dv == 16 * NV: the heads' vectors stay in
+// registers and each key and value row is loaded (and widened from int8) once for all of them;
+// a head's arithmetic is the same whichever heads share its block.
+template <typename T, typename K, typename V, int NV, int HB>
+void heads_block(const T* q, const Side<K>& keys, const Side<V>& values, T* out, const int64_t* slots,
+                 int64_t span, int64_t g, int64_t h0, float scale, float* scores) {
+  constexpr int64_t D = NV * 16;
+  __m512 qv[HB][NV];
+  float top[HB], total[HB];
+  for (int r = 0; r < HB; ++r) {
+    for (int v = 0; v < NV; ++v) qv[r][v] = lanes16(q + (h0 + r) * D + v * 16);
+    top[r] = -INFINITY;
+  }
+  for (int64_t t = 0; t < span; ++t) {
+    const K* kr = keys.row(slots[t], g);
+    const float ks = keys.scale(slots[t], g) * scale;
+    __m512 kv[NV];
+    for (int v = 0; v < NV; ++v) kv[v] = lanes16(kr + v * 16);
+    for (int r = 0; r < HB; ++r) {
+      __m512 acc = _mm512_mul_ps(qv[r][0], kv[0]);
+      for (int v = 1; v < NV; ++v) acc = _mm512_fmadd_ps(qv[r][v], kv[v], acc);
+      const float s = _mm512_reduce_add_ps(acc) * ks;
+      scores[r * span + t] = s;
+      top[r] = std::max(top[r], s);
+    }
+  }
+  for (int r = 0; r < HB; ++r) total[r] = mlxcel::exp_shifted(scores + r * span, span, top[r]);
+  __m512 o[HB][NV];
+  for (int r = 0; r < HB; ++r)
+    for (int v = 0; v < NV; ++v) o[r][v] = _mm512_setzero_ps();
+  for (int64_t t = 0; t < span; ++t) {
+    const V* vr = values.row(slots[t], g);
+    const float vs = values.scale(slots[t], g);
+    __m512 vv[NV];
+    for (int v = 0; v < NV; ++v) vv[v] = lanes16(vr + v * 16);
+    for (int r = 0; r < HB; ++r) {
+      const __m512 p = _mm512_set1_ps(scores[r * span + t] * vs);
+      for (int v = 0; v < NV; ++v) o[r][v] = _mm512_fmadd_ps(p, vv[v], o[r][v]);
+    }
+  }
+  alignas(64) float row[D];
+  for (int r = 0; r < HB; ++r) {
+    const __m512 sum = _mm512_set1_ps(total[r]);
+    for (int v = 0; v < NV; ++v) _mm512_store_ps(row + v * 16, _mm512_div_ps(o[r][v], sum));
+    for (int64_t j = 0; j < D; ++j) put(out + (h0 + r) * D, j, row[j]);
+  }
+}
+
+// A kv head's group of query heads in register blocks (as many as fit beside a row).
+template <typename T, typename K, typename V, int NV>
+void group_blocks(const T* q, const Side<K>& keys, const Side<V>& values, T* out, const int64_t* slots,
+                  int64_t span, int64_t g, int64_t group, float scale, std::vector<float>& work) {
+  constexpr int kFit = NV <= 4 ? 4 : NV <= 8 ? 2 : 1;
+  int64_t block = 1;
+  for (int64_t c = std::min<int64_t>(kFit, group); c > 1; --c)
+    if (group % c == 0) {
+      block = c;
+      break;
+    }
+  work.resize(kFit * span);
+  for (int64_t h0 = g * group; h0 < (g + 1) * group; h0 += block) {
+    if constexpr (kFit >= 4) {
+      if (block == 4) { heads_block<T, K, V, NV, 4>(q, keys, values, out, slots, span, g, h0, scale, work.data()); continue; }
+      if (block == 3) { heads_block<T, K, V, NV, 3>(q, keys, values, out, slots, span, g, h0, scale, work.data()); continue; }
+    }
+    if constexpr (kFit >= 2) {
+      if (block == 2) { heads_block<T, K, V, NV, 2>(q, keys, values, out, slots, span, g, h0, scale, work.data()); continue; }
+    }
+    heads_block<T, K, V, NV, 1>(q, keys, values, out, slots, span, g, h0, scale, work.data());
+  }
+}
+#endif
+
 // The query heads of kv head g in row `q` over slots[first, last): out row written per head.
 template <typename T, typename K, typename V>
 void attend_unit(const T* q, const Side<K>& keys, const Side<V>& values, T* out, const int64_t* slots, int64_t first,
                  int64_t last, int64_t g, int64_t group, float scale, std::vector<float>& work) {
   const int64_t span = last - first, dk = keys.dim, dv = values.dim;
+#if defined(__AVX512F__)
+  if (dk == dv && (dk == 64 || dk == 128 || dk == 256)) {
+    if (dk == 64) return group_blocks<T, K, V, 4>(q, keys, values, out, slots + first, span, g, group, scale, work);
+    if (dk == 128) return group_blocks<T, K, V, 8>(q, keys, values, out, slots + first, span, g, group, scale, work);
+    return group_blocks<T, K, V, 16>(q, keys, values, out, slots + first, span, g, group, scale, work);
+  }
+#endif
   work.resize(span + dk + dv);
   float* p = work.data();
   float* qf = p + span;
