@@ -170,64 +170,7 @@ using mlxcel::load8;
 using mlxcel::reduce_add8;
 #endif
 
-// p[j] = exp(p[j] - top) for j < n; returns their sum. The AVX512 and AVX2 forms are Cephes'
-// expf polynomial (about 1 ulp), 16 or 8 scores at a time instead of one std::exp per score.
-inline float exp_shifted(float* p, int64_t n, float top) {
-#if defined(__AVX512F__)
-  const __m512 shift = _mm512_set1_ps(top);
-  __m512 sum = _mm512_setzero_ps();
-  for (int64_t j = 0; j < n; j += 16) {
-    const __mmask16 m = n - j >= 16 ? __mmask16(0xffff) : static_cast<__mmask16>((1u << (n - j)) - 1);
-    __m512 x = _mm512_sub_ps(_mm512_maskz_loadu_ps(m, p + j), shift);
-    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));  // exp(-87) ~ 1.6e-38: zero at fp32 scale beside the top's 1
-    const __m512 n2 = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    x = _mm512_fnmadd_ps(n2, _mm512_set1_ps(0.693359375f), x);
-    x = _mm512_fnmadd_ps(n2, _mm512_set1_ps(-2.12194440e-4f), x);
-    __m512 y = _mm512_set1_ps(1.9875691500e-4f);
-    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.3981999507e-3f));
-    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(8.3334519073e-3f));
-    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(4.1665795894e-2f));
-    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.6666665459e-1f));
-    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(5.0000001201e-1f));
-    y = _mm512_fmadd_ps(y, _mm512_mul_ps(x, x), _mm512_add_ps(x, _mm512_set1_ps(1.0f)));
-    y = _mm512_scalef_ps(y, n2);
-    _mm512_mask_storeu_ps(p + j, m, y);
-    sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(m, y));
-  }
-  return _mm512_reduce_add_ps(sum);
-#elif defined(MLXCEL_DECODE_AVX2)
-  // the same polynomial on eight lanes; 2^n built in the exponent bits (n >= -126 here)
-  const __m256 shift = _mm256_set1_ps(top);
-  __m256 sum = _mm256_setzero_ps();
-  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-  for (int64_t j = 0; j < n; j += 8) {
-    const __m256i m = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(std::min<int64_t>(n - j, 8))), lane);
-    __m256 x = _mm256_sub_ps(_mm256_maskload_ps(p + j, m), shift);
-    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
-    const __m256 n2 = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    x = _mm256_fnmadd_ps(n2, _mm256_set1_ps(0.693359375f), x);
-    x = _mm256_fnmadd_ps(n2, _mm256_set1_ps(-2.12194440e-4f), x);
-    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
-    y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
-    const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n2), _mm256_set1_epi32(127)), 23);
-    y = _mm256_mul_ps(y, _mm256_castsi256_ps(bits));
-    _mm256_maskstore_ps(p + j, m, y);
-    sum = _mm256_add_ps(sum, _mm256_and_ps(y, _mm256_castsi256_ps(m)));
-  }
-  return reduce_add8(sum);
-#else
-  float sum = 0;
-  for (int64_t j = 0; j < n; ++j) sum += (p[j] = std::exp(p[j] - top));
-  return sum;
-#endif
-}
+using mlxcel::exp_shifted;
 
 // q (fp32) . key over n values
 template <typename T>

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from mlxcel.config.refusal import StartupRefusal
+from mlxcel.engine.backend import KV_CACHE_TYPES
 
 # --- converters ----------------------------------------------------------------------------
 
@@ -276,24 +277,29 @@ def apply_positive_int(path: str):
     return apply
 
 
-KV_CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+# b10621's GGML KV types: none is mlxcel's storage except f16 (the same on both sides)
+GGML_CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
 
 
-def cache_type(path: str):
-    """-ctk / -ctv: f16 is the same storage on both sides; everything else is refused."""
+def cache_type(path: str, modes: tuple[str, ...] = KV_CACHE_TYPES):
+    """-ctk / -ctv: one of mlxcel's KV storage modes (`modes`); b10621's other GGML names are
+    refused, naming the modes that exist."""
     field_path(path)
 
     def apply(settings: Any, value: str, spelling: str) -> None:
-        one_of(value, spelling, KV_CACHE_TYPES)
+        one_of(value, spelling, tuple(dict.fromkeys(KV_CACHE_TYPES + GGML_CACHE_TYPES)))
+        have = ", ".join(modes)
+        if value in KV_CACHE_TYPES and value not in modes:
+            raise StartupRefusal(f"{spelling} {value}: this cache holds no {value} storage; the modes are {have}")
         if value in ("f32", "bf16"):
             raise StartupRefusal(
-                f"{spelling} {value}: mlxcel's KV cache stores f16 (or its own quantized modes) and has no "
-                f"{value} storage to select; use f16"
+                f"{spelling} {value}: mlxcel's KV cache stores f16 (the compute dtype) or its own quantized modes "
+                f"and has no {value} storage to select; the modes are {have}"
             )
-        if value != "f16":
+        if value not in modes:
             raise StartupRefusal(
                 f"{spelling} {value}: {value} is a GGML block quantizer with no equivalent in mlxcel's KV "
-                f"cache (a similar name is not the same numerics); use f16"
+                f"cache (a similar name is not the same numerics); the modes are {have}"
             )
         assign(settings, path, value)
 

@@ -230,10 +230,10 @@ _COMMON: tuple[Option, ...] = (
       default=own("logging.timestamps"), state=SUPPORTED,
       apply=a.flag_to("logging.timestamps"), help="timestamp on each log line"),
     C("--spec-draft-type-k, -ctkd, --cache-type-k-draft", VALUE, mv="TYPE", env="LLAMA_ARG_SPEC_DRAFT_CACHE_TYPE_K",
-      default=own("spec.draft_cache_type_k"), state=SUPPORTED, apply=a.cache_type("spec.draft_cache_type_k"),
+      default=own("spec.draft_cache_type_k"), state=SUPPORTED, apply=a.cache_type("spec.draft_cache_type_k", ("f16",)),
       help="draft model KV cache type for K (f16 only, as --cache-type-k)"),
     C("--spec-draft-type-v, -ctvd, --cache-type-v-draft", VALUE, mv="TYPE", env="LLAMA_ARG_SPEC_DRAFT_CACHE_TYPE_V",
-      default=own("spec.draft_cache_type_v"), state=SUPPORTED, apply=a.cache_type("spec.draft_cache_type_v"),
+      default=own("spec.draft_cache_type_v"), state=SUPPORTED, apply=a.cache_type("spec.draft_cache_type_v", ("f16",)),
       help="draft model KV cache type for V (f16 only, as --cache-type-v)"),
 )
 

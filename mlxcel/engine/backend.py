@@ -54,13 +54,13 @@ class LayerKV:
     "full" (every earlier token), "sliding" (the last `window` tokens), "latent" (every earlier
     token, through multi-head latent attention: the pool keeps each token's compressed latent and
     shared rotary key, not per-head keys and values) or "recurrent" (a fixed-size state per
-    sequence rather than per token: `state_bytes`, none per token); `quant` names a quantized
-    block format the KV manager does not hold yet (None: the compute dtype)."""
+    sequence rather than per token: `state_bytes`, none per token); `quant` names the quantized
+    storage of its keys and values (None: both in the compute dtype)."""
 
     kind: str = "full"
     bytes_per_token: int = 0
     window: int | None = None
-    quant: str | None = None
+    quant: KVCacheTypes | None = None
     state_bytes: int = 0
 
 
@@ -88,16 +88,62 @@ class KVSpec:
         return "recurrent" in self.kinds
 
     @classmethod
-    def uniform(cls, info: ModelInfo, dtype_bytes: int) -> KVSpec:
-        """Every layer stores keys and values per token at `dtype_bytes`; each layer's window
-        comes from the config (layer_types, or a sliding_window_pattern of local layers). A
-        multi-head latent attention config (kv_lora_rank) stores its latent instead."""
+    def uniform(cls, info: ModelInfo, dtype_bytes: int, types: KVCacheTypes | None = None) -> KVSpec:
+        """Every layer stores keys and values per token at `dtype_bytes`, or as `types` quantize
+        them; each layer's window comes from the config (layer_types, or a
+        sliding_window_pattern of local layers). A multi-head latent attention config
+        (kv_lora_rank) stores its latent instead."""
+        types = types or KVCacheTypes()
         latent = latent_width(info.config)
         if latent:
+            types.refuse_quantized("multi-head latent attention keeps one compressed latent per token")
             return cls(tuple(LayerKV("latent", latent * dtype_bytes) for _ in range(info.num_layers)))
-        per_layer = kv_bytes_per_token(info, dtype_bytes) // max(info.num_layers, 1)
+        per_layer = kv_bytes_per_token(info, dtype_bytes, types) // max(info.num_layers, 1)
         windows = layer_windows(info.config, info.num_layers)
-        return cls(tuple(LayerKV("full" if w is None else "sliding", per_layer, w) for w in windows))
+        return cls(tuple(LayerKV("full" if w is None else "sliding", per_layer, w, types if types.quantized else None)
+                         for w in windows))
+
+
+# The KV storage modes (--cache-type-k / --cache-type-v). "f16" keeps keys or values in the
+# compute dtype (fp16/bf16, or fp32 where the CPU computes in fp32); "int8" keeps int8 values
+# and one fp32 absmax scale per token per head, quantized as a block's slots are written and
+# dequantized inside attention.
+KV_CACHE_TYPES = ("f16", "int8")
+INT8_SCALE_BYTES = 4
+
+
+class KVCacheTypeRefused(ValueError):
+    """A KV storage mode this model's layers cannot hold (the message says why)."""
+
+
+@dataclass(frozen=True)
+class KVCacheTypes:
+    """How keys (`k`) and values (`v`) are stored, each one of KV_CACHE_TYPES."""
+
+    k: str = "f16"
+    v: str = "f16"
+
+    def __post_init__(self) -> None:
+        for side, mode in (("K", self.k), ("V", self.v)):
+            if mode not in KV_CACHE_TYPES:
+                raise KVCacheTypeRefused(f"unknown {side} cache type {mode!r}; the modes are {', '.join(KV_CACHE_TYPES)}")
+
+    @property
+    def quantized(self) -> bool:
+        return self.k != "f16" or self.v != "f16"
+
+    def refuse_quantized(self, why: str) -> None:
+        if self.quantized:
+            raise KVCacheTypeRefused(f"--cache-type-k {self.k} --cache-type-v {self.v}: quantized KV storage holds "
+                                     f"per-head keys and values of attention layers, and {why}; use f16")
+
+
+def kv_side_bytes(mode: str, kv_heads: int, head_dim: int, dtype_bytes: int) -> int:
+    """Bytes one token's keys (or values) of one layer take stored in `mode`: the one place
+    a KV storage mode's size is defined (KVSpec, the pool's sizing and /props read it)."""
+    if mode == "int8":
+        return kv_heads * (head_dim + INT8_SCALE_BYTES)
+    return kv_heads * head_dim * dtype_bytes
 
 
 def layer_windows(config: dict, num_layers: int) -> list[int | None]:
@@ -154,13 +200,17 @@ class Backend(Protocol):
         position instead of logits: [n, hidden] fp32. /v1/embeddings pools these."""
 
 
-def kv_bytes_per_token(info: ModelInfo, dtype_bytes: int) -> int:
-    """Bytes one token's keys and values take across all layers, from the checkpoint config."""
+def kv_bytes_per_token(info: ModelInfo, dtype_bytes: int, types: KVCacheTypes | None = None) -> int:
+    """Bytes one token's keys and values take across all layers, from the checkpoint config,
+    stored as `types` says (default: both in the compute dtype, `dtype_bytes` a value)."""
+    types = types or KVCacheTypes()
     c = info.config
     heads = c.get("num_attention_heads") or 1
     kv_heads = c.get("num_key_value_heads") or heads
     head_dim = c.get("head_dim") or (c.get("hidden_size", 0) // heads)
-    return 2 * info.num_layers * kv_heads * head_dim * dtype_bytes
+    per_layer = kv_side_bytes(types.k, kv_heads, head_dim, dtype_bytes) + kv_side_bytes(types.v, kv_heads, head_dim,
+                                                                                         dtype_bytes)
+    return info.num_layers * per_layer
 
 
 def latent_width(config: dict) -> int:

@@ -146,7 +146,7 @@ class Engine:
         return {"prefix_cache": self.kv.prefix_cache_off is None, "prefix_cache_off_reason": self.kv.prefix_cache_off,
                 "context_shift": shift,
                 "context_shift_off_reason": None if shift else RECURRENT_NO_SHIFT if self.kv.recurrent
-                else "--context-shift is off", **self.kv.window_policy}
+                else "--context-shift is off", **self.kv.window_policy, **self.kv.storage_mode()}
 
     def kv_usage(self) -> dict[str, int]:
         """Block pool occupancy, for /metrics and /props (all zero while asleep)."""

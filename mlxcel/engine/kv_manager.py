@@ -28,8 +28,10 @@ table per sequence) that frees the same way, while the global layers' table keep
 storage grows with each group's high-water mark, so the sliding group's stays near its windows.
 A context shift brings kept early tokens back into the window, so with --context-shift on every
 block is kept, as with --swa-full. `window_policy` says which, for /props.
-Quantized blocks need a storage format the backend reads (`LayerKV.quant`), not held yet either.
-A backend whose spec names such a layer is refused at bind time, naming it.
+Quantized storage (`LayerKV.quant`, from --cache-type-k / --cache-type-v: engine/backend.py's
+KVCacheTypes) changes only what a block's slots hold and how many bytes a token takes: the backend
+quantizes a slot as it writes it and dequantizes inside attention, and every copy here (a context
+shift's compaction, a partial prefix block's copy) moves the quantized records with their scales.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from mlxcel.engine.kv_prefix_cache import PrefixCache
 BLOCK_SIZE = 16
 
 HELD_KINDS = frozenset({"full", "sliding", "latent", "recurrent"})
+QUANT_KINDS = frozenset({"full", "sliding"})  # layers whose keys and values may be stored quantized
 
 log = logging.getLogger("mlxcel.engine")
 
@@ -71,9 +74,10 @@ def check_spec(spec: KVSpec) -> None:
     if missing:
         raise KVLayoutUnsupported(f"the paged KV pool holds {', '.join(sorted(HELD_KINDS))} attention layers; "
                                   f"this model also has {', '.join(missing)} layers")
-    quant = sorted({layer.quant for layer in spec.layers if layer.quant})
+    quant = sorted({layer.kind for layer in spec.layers if layer.quant and layer.kind not in QUANT_KINDS})
     if quant:
-        raise KVLayoutUnsupported(f"quantized KV blocks ({', '.join(quant)}) are not held by the paged pool")
+        raise KVLayoutUnsupported(f"quantized KV blocks hold {', '.join(sorted(QUANT_KINDS))} attention layers' keys "
+                                  f"and values, not {', '.join(quant)} layers")
 
 
 def shared_window(spec: KVSpec) -> int | None:
@@ -228,6 +232,13 @@ class KVManager:
             self.prefix_cache.insert(seq.tokens, seq.blocks, seq.sliding if self.allocator.sliding else None)
         seq.release()
         self.prefix_cache.trim()
+
+    def storage_mode(self) -> dict:
+        """How keys and values are stored and what a token of context costs, for /props."""
+        spec = self.backend.kv_spec if self.backend is not None else None
+        quant = next((layer.quant for layer in spec.layers if layer.quant), None) if spec else None
+        return {"cache_type_k": quant.k if quant else "f16", "cache_type_v": quant.v if quant else "f16",
+                "bytes_per_token": spec.bytes_per_token if spec else 0}
 
     def usage(self) -> dict[str, int]:
         """Block pool occupancy, for /metrics and /props (all zero while unbound); with

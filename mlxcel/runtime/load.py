@@ -21,7 +21,7 @@ from mlxcel.config.refusal import StartupRefusal
 from mlxcel.config.rope import RopeOverrides
 from mlxcel.config.sampling import B10621_SAMPLING
 from mlxcel.config.settings import ServerSettings
-from mlxcel.engine.backend import ForwardRow
+from mlxcel.engine.backend import ForwardRow, KVCacheTypeRefused, KVCacheTypes
 from mlxcel.engine.engine import Engine
 from mlxcel.engine.kv_manager import BLOCK_SIZE
 from mlxcel.engine.grammar import GrammarError, for_tokenizer
@@ -95,6 +95,14 @@ def select_backend(settings: ServerSettings, path: Path | None = None,
 
 def load_backend(settings: ServerSettings, path: Path, placed: select.Choice | None = None):
     choice = select_backend(settings, path, placed)
+    try:
+        return _load_backend(settings, path, choice)
+    except KVCacheTypeRefused as e:
+        raise StartupRefusal(str(e)) from None
+
+
+def _load_backend(settings: ServerSettings, path: Path, choice: select.Choice):
+    kv_cache = KVCacheTypes(settings.kv.cache_type_k, settings.kv.cache_type_v)
     if choice.backend == "torch":
         if is_vision_checkpoint(path):
             from mlxcel.backends.torch.vlm import TorchVLMBackend as backend_class
@@ -102,7 +110,7 @@ def load_backend(settings: ServerSettings, path: Path, placed: select.Choice | N
             from mlxcel.backends.torch.backend import TorchBackend as backend_class
         b = settings.backend
         backend = backend_class(path, dtype=b.dtype, device=choice.device, threads=b.threads, rope=b.rope,
-                                compile=b.torch_compile, build_env=b.build_env)
+                                compile=b.torch_compile, build_env=b.build_env, kv_cache=kv_cache)
         if backend.device.type == "cpu" and backend.info.dtype in ("bfloat16", "float32"):
             log.info("torch on the CPU: decoding computes its %s matrix products with %s, prompts with %s; "
                      "fused operations: %s", backend.info.dtype, backend.row_kernel, backend.prompt_linears,
@@ -115,7 +123,7 @@ def load_backend(settings: ServerSettings, path: Path, placed: select.Choice | N
     if choice.device == "cpu":
         mx.set_default_device(mx.cpu)
     b = settings.backend
-    backend = MLXBackend(path, dtype=b.dtype, rope=b.rope, threads=b.threads)
+    backend = MLXBackend(path, dtype=b.dtype, rope=b.rope, threads=b.threads, kv_cache=kv_cache)
     if backend.split_modules:
         log.info("MLX on the CPU: %d large matrix products each split over %d threads (--threads)",
                  backend.split_modules, backend.threads)

@@ -105,6 +105,13 @@ def test_short_and_multi_letter_spellings_reach_their_settings():
     assert (s.kv.cache_ram_mib, s.source.alias, s.server.timeout, s.logging.verbosity, s.sampling.seed) == (64, ["apple", "zebra"], 30, 4, 7)
 
 
+def test_kv_cache_types_are_chosen_for_keys_and_values_apart():
+    s = parse("-ctk", "int8")
+    assert (s.kv.cache_type_k, s.kv.cache_type_v) == ("int8", "f16")
+    s = parse("--cache-type-v", "int8", LLAMA_ARG_CACHE_TYPE_K="f16")
+    assert (s.kv.cache_type_k, s.kv.cache_type_v) == ("f16", "int8")
+
+
 def test_hf_repo_wins_over_model():
     s = parse("--hf-repo", "org/mlx-model", "-m", "other/model")
     assert s.source.model == "org/mlx-model"
@@ -193,7 +200,9 @@ REFUSALS = [
     # cache knobs with no mlxcel counterpart
     (["--cache-reuse", "256"], "--cache-reuse 256"),
     (["-ctk", "q8_0"], "--cache-type-k q8_0"),
+    (["-ctv", "q4_0"], "the modes are f16, int8"),
     (["-ctv", "bf16"], "no bf16 storage"),
+    (["-ctkd", "int8"], "the modes are f16"),
     (["-ctk", "q9"], "expected one of"),
     (["-sps", "1.5"], "--slot-prompt-similarity 1.5"),
     (["-t", "4", "-tb", "8"], "pass -t 8 with it"),

@@ -1,8 +1,9 @@
 """Context shift on both backends: `compact` drops a span of a sequence's KV and the sequence
 goes on at its logical position, with the kept keys' rotation untouched.
 
-Without a discard, compaction must be invisible (the next logits are byte-identical); with
-one, MLX and torch at fp32 must continue the shifted sequence the same way.
+Without a discard, compaction must be invisible (the next logits are byte-identical), in each
+KV storage mode (int8 records move with their scales); with one, MLX and torch at fp32 must
+continue the shifted sequence the same way.
 """
 
 from __future__ import annotations
@@ -10,27 +11,35 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mlxcel.engine.backend import ForwardRow
+from mlxcel.engine.backend import ForwardRow, KVCacheTypes
 from mlxcel.engine.kv_manager import compacted
 from tests.conftest import DEFAULT_MODEL, fixture_path
 
 PROMPT = "Count slowly from one to fifty, one number per line: one, two, three, four, five, six, seven, eight,"
 
 
-def load(backend: str):
+def load(backend: str, kv: str = "f16"):
     path = fixture_path(DEFAULT_MODEL)
     if backend == "mlx":
         from mlxcel.backends.mlx.backend import MLXBackend
 
-        return MLXBackend(path, dtype="float32")
+        return MLXBackend(path, dtype="float32", kv_cache=KVCacheTypes(kv, kv))
     from mlxcel.backends.torch.backend import TorchBackend
 
-    return TorchBackend(path, dtype="float32")
+    return TorchBackend(path, dtype="float32", kv_cache=KVCacheTypes(kv, kv))
 
 
 @pytest.fixture(scope="module")
 def backends():
-    return {name: load(name) for name in ("mlx", "torch")}
+    """(backend, KV storage mode) -> the loaded backend, loaded on first use."""
+    made = {}
+
+    def get(name: str, kv: str = "f16"):
+        if (name, kv) not in made:
+            made[(name, kv)] = load(name, kv)
+        return made[(name, kv)]
+
+    return get
 
 
 def prompt_ids():
@@ -57,8 +66,9 @@ def shifted_greedy(be, ids, keep, discard, steps=8):
 
 
 @pytest.mark.parametrize("backend", ["mlx", "torch"])
-def test_compaction_without_a_discard_is_invisible(backends, backend):
-    be, ids = backends[backend], prompt_ids()
+@pytest.mark.parametrize("kv", ["f16", "int8"])
+def test_compaction_without_a_discard_is_invisible(backends, backend, kv):
+    be, ids = backends(backend, kv), prompt_ids()
     assert len(ids) > 20
     plain = be.new_sequence()
     first = be.forward([ForwardRow(ids, plain)])[0]
@@ -69,8 +79,8 @@ def test_compaction_without_a_discard_is_invisible(backends, backend):
 
 def test_mlx_and_torch_continue_a_shifted_sequence_alike(backends):
     ids = prompt_ids()
-    mlx_steps = shifted_greedy(backends["mlx"], ids, keep=4, discard=len(ids) // 2)
-    torch_steps = shifted_greedy(backends["torch"], ids, keep=4, discard=len(ids) // 2)
+    mlx_steps = shifted_greedy(backends("mlx"), ids, keep=4, discard=len(ids) // 2)
+    torch_steps = shifted_greedy(backends("torch"), ids, keep=4, discard=len(ids) // 2)
     for step, (a, b) in enumerate(zip(mlx_steps, torch_steps)):
         assert int(a.argmax()) == int(b.argmax()), f"greedy differs at step {step}"
         assert float(np.abs(a - b).max()) <= 1e-3, f"step {step}: max abs diff {np.abs(a - b).max()}"

@@ -23,16 +23,18 @@ GREEDY = SamplingParams(temperature=0.0)
 LONG_TEXT = " ".join(f"Item {i}: the {['red', 'green', 'blue', 'amber'][i % 4]} box holds {i * 7 % 13} stones." for i in range(40))
 
 
-def make_model(backend: str = "mlx", *, dtype: str = "auto", cache_ram_mib: int | None = None, **engine):
+def make_model(backend: str = "mlx", *, dtype: str = "auto", cache_ram_mib: int | None = None,
+               kv: KvSection | None = None, **engine):
     """A served model as the CLI builds it (torch with mlxcel's CPU kernels, as served);
-    `engine`: EngineSection fields over this file's defaults."""
+    `engine`: EngineSection fields over this file's defaults; `kv`: the KV section (default: the
+    defaults, with `cache_ram_mib` where given)."""
     from mlxcel.runtime.load import load_served_model
 
     build_env = {k: os.environ[k] for k in BUILD_ENV if k in os.environ}
     settings = ServerSettings(source=SourceSection(model=DEFAULT_MODEL),
                               engine=EngineSection(**{"ctx_size": 8192, "parallel": 4, "warmup": False, **engine}),
                               backend=BackendSection(name=backend, dtype=dtype, build_env=build_env),
-                              kv=KvSection() if cache_ram_mib is None else KvSection(cache_ram_mib=cache_ram_mib))
+                              kv=kv or (KvSection() if cache_ram_mib is None else KvSection(cache_ram_mib=cache_ram_mib)))
     return load_served_model(settings, fixture_path(DEFAULT_MODEL))
 
 

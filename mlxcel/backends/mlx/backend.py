@@ -15,7 +15,7 @@ import numpy as np
 from mlx_lm.utils import load_model
 
 from mlxcel.config.rope import RopeOverrides
-from mlxcel.engine.backend import ForwardRow, KVSpec, ModelInfo, latent_width, layer_windows
+from mlxcel.engine.backend import ForwardRow, KVCacheTypes, KVSpec, ModelInfo, latent_width, layer_windows
 from mlxcel.backends.rows import RowLayout, RowSteering
 from mlxcel.backends.mlx import cpu_ops, hf_layout, latent, packed, recurrent, split_products
 from mlxcel.backends.mlx.packed import PackedBatchView, PackedPlan
@@ -75,8 +75,10 @@ class MLXBackend(RowSteering):
     name = "mlx"
 
     def __init__(self, path: str | Path, dtype: str = "auto", rope: RopeOverrides | None = None,
-                 threads: int = -1) -> None:
+                 threads: int = -1, kv_cache: KVCacheTypes | None = None) -> None:
+        """`kv_cache`: how the KV pool stores keys and values (--cache-type-k / -v; default f16)."""
         path = Path(path)
+        self.kv_types = kv_cache or KVCacheTypes()
         raw = json.loads((path / "config.json").read_text())
         config = normalize_config(raw)
         family = family_for(config)  # refuse an unknown model_type before reading weights
@@ -133,6 +135,9 @@ class MLXBackend(RowSteering):
         if any(self.windows) and not self.packs_rows:
             raise UnsupportedModelType(f"{config['model_type']} declares sliding-window attention, which mlxcel applies "
                                        f"at the attention seam this family's module does not expose; see {DOCS_PAGE}")
+        if self.recurrent:
+            self.kv_types.refuse_quantized("this model's recurrent layers keep one state per sequence")
+        self.kv_spec  # noqa: B018 - refuses a quantized KV mode the layers cannot hold, before any step
         # a pool of one context for direct drivers (tests, benchmarks); the engine binds its own
         self.bind_kv(BlockAllocator((self.info.context_length // 16) + 8, 16))
 
@@ -146,7 +151,8 @@ class MLXBackend(RowSteering):
         """(Re)build KV storage for the pool `allocator` hands out; only while no sequence is live."""
         self.allocator = allocator
         self.kv_groups = layer_groups(allocator, self.windows)  # sliding layers may keep their own blocks
-        self.storage = PagedStorage(self.allocator, self.info.num_layers, _DTYPES[self.info.dtype], self.kv_groups)
+        self.storage = PagedStorage(self.allocator, self.info.num_layers, _DTYPES[self.info.dtype], self.kv_groups,
+                                    self.kv_types)
         if self.recurrent:
             if allocator.states is None:  # a direct driver's pool: a state slot for every sequence it makes
                 allocator.states = StateSlots()
@@ -156,7 +162,7 @@ class MLXBackend(RowSteering):
     def kv_spec(self) -> KVSpec:
         if self.recurrent:
             return recurrent.kv_spec(self.info, _DTYPES[self.info.dtype].size, self.windows, self.recurrent)
-        return KVSpec.uniform(self.info, _DTYPES[self.info.dtype].size)
+        return KVSpec.uniform(self.info, _DTYPES[self.info.dtype].size, self.kv_types)
 
     @property
     def kv_nbytes(self) -> int:

@@ -194,8 +194,7 @@ class PackedBatchView:
         dv = values.shape[-1]
         st, li = self.storage, self.layer
         st.ensure(li, h, dk, dv)
-        st.keys[li][self.plan.write] = keys[0].transpose(1, 0, 2)
-        st.values[li][self.plan.write] = values[0].transpose(1, 0, 2)
+        st.put(li, self.plan.write, keys[0].transpose(1, 0, 2), values[0].transpose(1, 0, 2))
         return keys, values
 
     def make_mask(self, n: int, window_size: int | None = None, return_array: bool = False) -> PackedMask:
@@ -215,10 +214,10 @@ class PackedBatchView:
             else:
                 q = queries[:, :, g.tokens].transpose(2, 1, 0, 3)  # [b, H, 1, D]: one row per token
             if g.read_start is not None:
-                lo, hi = g.read_start, g.read_start + g.lmax
-                k, v = st.keys[li][lo:hi][None], st.values[li][lo:hi][None]
-            else:
-                k, v = st.keys[li][g.read], st.values[li][g.read]
+                k, v = st.take(li, slice(g.read_start, g.read_start + g.lmax))
+                k, v = k[None], v[None]
+            else:  # int8 records dequantized here, only this group's slots
+                k, v = st.take(li, g.read)
             k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
             if compose is not None:
                 k, v = compose(k, v)

@@ -14,19 +14,27 @@ import mlx.core as mx
 import numpy as np
 
 from mlxcel.backends.rows import causal_allowed, contiguous_start
+from mlxcel.engine.backend import KVCacheTypes
 from mlxcel.engine.kv_block_pool import NULL_BLOCK, SCRATCH_BLOCK, BlockAllocator, SequenceKV, grown_slots
 
 
 class PagedStorage:
-    """The per-layer key/value arrays behind a BlockAllocator; grows by doubling."""
+    """The per-layer key/value arrays behind a BlockAllocator; grows by doubling. A side stored
+    "int8" (`types`) holds int8 values [slots, kv_heads, dim] and an fp32 absmax scale per slot
+    and head (`key_scales` / `value_scales`); `put` quantizes as it writes, `take` dequantizes
+    only the slots a step reads, just before its attention."""
 
-    def __init__(self, allocator: BlockAllocator, num_layers: int, dtype, groups: list[int] | None = None) -> None:
+    def __init__(self, allocator: BlockAllocator, num_layers: int, dtype, groups: list[int] | None = None,
+                 types: KVCacheTypes | None = None) -> None:
         self.allocator = allocator
         self.groups = groups or [0] * num_layers  # each layer's block group (kv_block_pool.layer_groups)
         self.num_layers = num_layers
         self.dtype = dtype
+        self.types = types or KVCacheTypes()
         self.keys: list[mx.array | None] = [None] * num_layers
         self.values: list[mx.array | None] = [None] * num_layers
+        self.key_scales: list[mx.array | None] = [None] * num_layers
+        self.value_scales: list[mx.array | None] = [None] * num_layers
         self._slots = 0
 
     def ensure(self, layer: int, kv_heads: int, k_dim: int, v_dim: int) -> None:
@@ -34,37 +42,69 @@ class PagedStorage:
         new = grown_slots(self.allocator.group(self.groups[layer]), have)
         if new is None:
             return
-        grow_k = mx.zeros((new - have, kv_heads, k_dim), self.dtype)
-        grow_v = mx.zeros((new - have, kv_heads, v_dim), self.dtype)
-        if self.keys[layer] is None:
-            self.keys[layer], self.values[layer] = grow_k, grow_v
-        else:
-            self.keys[layer] = mx.concatenate([self.keys[layer], grow_k])
-            self.values[layer] = mx.concatenate([self.values[layer], grow_v])
+        for data, scales, mode, dim in ((self.keys, self.key_scales, self.types.k, k_dim),
+                                        (self.values, self.value_scales, self.types.v, v_dim)):
+            grow = mx.zeros((new - have, kv_heads, dim), mx.int8 if mode == "int8" else self.dtype)
+            data[layer] = grow if data[layer] is None else mx.concatenate([data[layer], grow])
+            if mode == "int8":
+                grow = mx.zeros((new - have, kv_heads), mx.float32)
+                scales[layer] = grow if scales[layer] is None else mx.concatenate([scales[layer], grow])
 
     @property
     def nbytes(self) -> int:
-        return sum(a.nbytes for a in self.keys + self.values if a is not None)
+        return sum(a.nbytes for a in self.arrays())
+
+    def put(self, layer: int, write: mx.array, keys: mx.array, values: mx.array) -> None:
+        """New keys / values [n, kv_heads, D] into slots `write`, quantized where stored so."""
+        for data, scales, x in ((self.keys, self.key_scales, keys), (self.values, self.value_scales, values)):
+            if scales[layer] is None:
+                data[layer][write] = x
+            else:
+                q, sc = quantize_int8(x)
+                data[layer][write] = q
+                scales[layer][write] = sc
+
+    def take(self, layer: int, read) -> tuple[mx.array, mx.array]:
+        """Keys and values of slots `read` (an index array or a slice), [..., kv_heads, D] in
+        the compute dtype: int8 records dequantized here, only the slots read."""
+        out = []
+        for data, scales in ((self.keys, self.key_scales), (self.values, self.value_scales)):
+            t = data[layer][read]
+            if scales[layer] is not None:
+                t = (t.astype(mx.float32) * scales[layer][read][..., None]).astype(self.dtype)
+            out.append(t)
+        return out[0], out[1]
 
     def copy_slots(self, src: np.ndarray, dst: np.ndarray, group: int = 0) -> None:
-        """keys/values[dst] = keys/values[src] in every layer of block group `group` (a context
-        shift's compaction, a partial prefix's copy)."""
+        """Every stored array's [dst] = [src] in every layer of block group `group` (a context
+        shift's compaction, a partial prefix's copy): int8 records move as they are, with their
+        scales."""
         s, d = mx.array(src), mx.array(dst)
         layers = [li for li in range(self.num_layers) if self.keys[li] is not None and self.groups[li] == group]
         for li in layers:
             _, h, dk = self.keys[li].shape
             self.ensure(li, h, dk, self.values[li].shape[-1])  # dst blocks may be new
+        held = [self.keys, self.values, self.key_scales, self.value_scales]
         # gathered and evaluated first: a scatter whose source still reads the pool cannot
         # reuse the pool's buffer and copies all of it (measured: 130 ms against 2 ms)
-        got = [(self.keys[li][s], self.values[li][s]) for li in layers]
-        mx.eval(got)
-        for li, (k, v) in zip(layers, got):
-            self.keys[li][d] = k
-            self.values[li][d] = v
+        got = [[h[li][s] if h[li] is not None else None for h in held] for li in layers]
+        mx.eval([a for row in got for a in row if a is not None])
+        for li, row in zip(layers, got):
+            for h, a in zip(held, row):
+                if a is not None:
+                    h[li][d] = a
         mx.eval(*self.arrays())
 
     def arrays(self) -> list[mx.array]:
-        return [a for a in self.keys + self.values if a is not None]
+        return [a for a in self.keys + self.values + self.key_scales + self.value_scales if a is not None]
+
+
+def quantize_int8(x: mx.array) -> tuple[mx.array, mx.array]:
+    """x [..., D] as int8 values and an fp32 scale per vector (its absmax / 127)."""
+    xf = x.astype(mx.float32)
+    scale = mx.max(mx.abs(xf), axis=-1) / 127.0
+    q = mx.clip(mx.round(xf / mx.maximum(scale, 1e-30)[..., None]), -127, 127)
+    return q.astype(mx.int8), scale
 
 
 class StepPlan:
@@ -115,13 +155,14 @@ class PagedBatchView:
         dv = values.shape[-1]
         st, li = self.storage, self.layer
         st.ensure(li, h, dk, dv)
-        st.keys[li][self.plan.write] = keys.transpose(0, 2, 1, 3).reshape(b * n, h, dk)
-        st.values[li][self.plan.write] = values.transpose(0, 2, 1, 3).reshape(b * n, h, dv)
+        st.put(li, self.plan.write, keys.transpose(0, 2, 1, 3).reshape(b * n, h, dk),
+               values.transpose(0, 2, 1, 3).reshape(b * n, h, dv))
         if self.plan.read_start is not None:
             lo, hi = self.plan.read_start, self.plan.read_start + self.plan.lmax
-            k, v = st.keys[li][lo:hi][None], st.values[li][lo:hi][None]
+            k, v = st.take(li, slice(lo, hi))
+            k, v = k[None], v[None]
         else:
-            k, v = st.keys[li][self.plan.read], st.values[li][self.plan.read]
+            k, v = st.take(li, self.plan.read)
         k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
         return k, v
 

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from mlxcel.config.rope import RopeOverrides
-from mlxcel.engine.backend import ForwardRow, KVSpec, ModelInfo, layer_windows
+from mlxcel.engine.backend import ForwardRow, KVCacheTypes, KVSpec, ModelInfo, layer_windows
 from mlxcel.backends.rows import RowLayout, RowSteering
 from mlxcel.backends.torch import fused_ops, packed, quantized, recurrent
 from mlxcel.backends.torch.cpu_kernels import cpu_flags
@@ -134,8 +134,10 @@ class TorchBackend(RowSteering):
 
     def __init__(self, path: str | Path, dtype: str = "auto", device: str = "cpu", threads: int = -1,
                  rope: RopeOverrides | None = None, compile: bool = False,
-                 build_env: Mapping[str, str] | None = None) -> None:
+                 build_env: Mapping[str, str] | None = None, kv_cache: KVCacheTypes | None = None) -> None:
+        """`kv_cache`: how the KV pool stores keys and values (--cache-type-k / -v; default f16)."""
         path = Path(path)
+        self.kv_types = kv_cache or KVCacheTypes()
         # normalised for mlxcel's own reads (RoPE overrides, geometry); transformers reads the file
         config = read_config(path)
         family = family_for(config)  # refuse an unknown model_type before reading weights
@@ -207,6 +209,9 @@ class TorchBackend(RowSteering):
             config={**config.get("text_config", {}), **config},  # a VLM keeps its geometry in text_config
         )
         self._set_windows(layers)
+        if self.recurrent:
+            self.kv_types.refuse_quantized("this model's recurrent layers keep one state per sequence")
+        self.kv_spec  # noqa: B018 - refuses a quantized KV mode the layers cannot hold, before any step
         # a pool of one context for direct drivers (tests, benchmarks); the engine binds its own
         self.bind_kv(BlockAllocator((self.info.context_length // 16) + 8, 16))
 
@@ -342,7 +347,7 @@ class TorchBackend(RowSteering):
         self.allocator = allocator
         self.kv_groups = layer_groups(allocator, self.windows)  # sliding layers may keep their own blocks
         self.storage = PagedStorage(self.allocator, self.info.num_layers, DTYPES[self.info.dtype], self.device,
-                                    self.kv_groups)
+                                    self.kv_groups, self.kv_types)
         if self.recurrent:
             if allocator.states is None:  # a direct driver's pool: a state slot for every sequence it makes
                 allocator.states = StateSlots()
@@ -352,7 +357,7 @@ class TorchBackend(RowSteering):
     def kv_spec(self) -> KVSpec:
         if self.recurrent:
             return recurrent.kv_spec(self.info, DTYPES[self.info.dtype].itemsize, self.windows, self.recurrent)
-        return KVSpec.uniform(self.info, DTYPES[self.info.dtype].itemsize)
+        return KVSpec.uniform(self.info, DTYPES[self.info.dtype].itemsize, self.kv_types)
 
     @property
     def kv_nbytes(self) -> int:

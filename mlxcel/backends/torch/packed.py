@@ -153,7 +153,8 @@ class PackedPlan:
         takes them; else through transformers' own SDPA call per group: the same call, on the same
         shapes, that a padded forward of those rows makes, so the packed step rounds alike."""
         layer, window = module.layer_idx, getattr(module, WINDOW_ATTR, None)
-        keys, values = self.storage.keys[layer], self.storage.values[layer]
+        keys, values, k_scales, v_scales = self.storage.kernel_operands(layer)
+        quant = dict(key_scales=k_scales, value_scales=v_scales)
         _, kvh, dk = keys.shape
         dv = values.shape[-1]
         fits = fused_ops.attention_fits(query, dropout, kwargs)
@@ -166,23 +167,24 @@ class PackedPlan:
             if g.kernel and fits:
                 rows = q[0].transpose(0, 1) if isinstance(g.tokens, slice) else q[:, :, 0]  # [queries, H, D]
                 if g.split is None:
-                    o = fused_ops.prompt_attention(module, rows, keys, values, g.table, g.kv_lengths, scaling)
+                    o = fused_ops.prompt_attention(module, rows, keys, values, g.table, g.kv_lengths, scaling, **quant)
                 else:
                     dec, rest = g.split
                     o = torch.empty(rows.shape[0], rows.shape[1], dv, dtype=rows.dtype, device=rows.device)
                     o[dec] = fused_ops.decode_attention(module, rows[dec], keys, values, g.table[dec],
-                                                        g.kv_lengths[dec], scaling)
+                                                        g.kv_lengths[dec], scaling, **quant)
                     if len(rest):
                         o[rest] = fused_ops.prompt_attention(module, rows[rest], keys, values, g.table[rest],
-                                                             g.kv_lengths[rest], scaling)
+                                                             g.kv_lengths[rest], scaling, **quant)
                 outs.append(o.unsqueeze(0))  # [1, queries, H, D]
                 continue
-            if g.start is not None:
-                k = keys.narrow(0, g.start, g.lmax).unsqueeze(0).transpose(1, 2)
-                v = values.narrow(0, g.start, g.lmax).unsqueeze(0).transpose(1, 2)
+            if g.start is not None:  # dequantized here where stored int8: only the rows read
+                k, v = self.storage.take(layer, start=g.start, length=g.lmax)
+                k, v = k.unsqueeze(0).transpose(1, 2), v.unsqueeze(0).transpose(1, 2)
             else:
-                k = keys.index_select(0, g.read).view(g.b, g.lmax, kvh, dk).transpose(1, 2)
-                v = values.index_select(0, g.read).view(g.b, g.lmax, kvh, dv).transpose(1, 2)
+                k, v = self.storage.take(layer, g.read)
+                k = k.view(g.b, g.lmax, kvh, dk).transpose(1, 2)
+                v = v.view(g.b, g.lmax, kvh, dv).transpose(1, 2)
             if expands_cache(module):  # the pool holds MLA's latent: the module makes keys and values of it
                 k, v = module.expand_kv(k, v)
             o, _ = scores.attention(module, q, k, v, g.mask(window, q.dtype), dropout=dropout, scaling=scaling,

@@ -20,47 +20,99 @@ from transformers.cache_utils import Cache
 from mlxcel.backends.rows import causal_allowed, contiguous_start
 from mlxcel.backends.torch import fused_ops, scores
 from mlxcel.backends.torch.fused_ops import WINDOW_ATTR
+from mlxcel.engine.backend import KVCacheTypes
 from mlxcel.engine.kv_block_pool import NULL_BLOCK, SCRATCH_BLOCK, BlockAllocator, SequenceKV, grown_slots
 
 
 class PagedStorage:
-    """The per-layer key/value tensors behind a BlockAllocator; grows by doubling."""
+    """The per-layer key/value tensors behind a BlockAllocator; grows by doubling. A side
+    stored "int8" (`types`) holds int8 values [slots, kv_heads, dim] and an fp32 absmax scale
+    per slot and head (`key_scales` / `value_scales`, [slots, kv_heads]); `put` quantizes as it
+    writes, `take` dequantizes what it reads, and the kernels read the int8 records directly."""
 
     def __init__(self, allocator: BlockAllocator, num_layers: int, dtype: torch.dtype, device: torch.device,
-                 groups: list[int] | None = None) -> None:
+                 groups: list[int] | None = None, types: KVCacheTypes | None = None) -> None:
         self.allocator = allocator
         self.groups = groups or [0] * num_layers  # each layer's block group (kv_block_pool.layer_groups)
         self.dtype, self.device = dtype, device
+        self.types = types or KVCacheTypes()
         self.keys: list[torch.Tensor | None] = [None] * num_layers
         self.values: list[torch.Tensor | None] = [None] * num_layers
+        self.key_scales: list[torch.Tensor | None] = [None] * num_layers
+        self.value_scales: list[torch.Tensor | None] = [None] * num_layers
 
     def ensure(self, layer: int, kv_heads: int, k_dim: int, v_dim: int) -> None:
         have = 0 if self.keys[layer] is None else self.keys[layer].shape[0]
         new = grown_slots(self.allocator.group(self.groups[layer]), have)
         if new is None:
             return
-        k = torch.zeros((new, kv_heads, k_dim), dtype=self.dtype, device=self.device)
-        v = torch.zeros((new, kv_heads, v_dim), dtype=self.dtype, device=self.device)
-        if have:
-            k[:have] = self.keys[layer]
-            v[:have] = self.values[layer]
-        self.keys[layer], self.values[layer] = k, v
+        for data, scales, mode, dim in ((self.keys, self.key_scales, self.types.k, k_dim),
+                                        (self.values, self.value_scales, self.types.v, v_dim)):
+            t = torch.zeros((new, kv_heads, dim), dtype=torch.int8 if mode == "int8" else self.dtype,
+                            device=self.device)
+            if have:
+                t[:have] = data[layer]
+            data[layer] = t
+            if mode == "int8":
+                sc = torch.zeros((new, kv_heads), dtype=torch.float32, device=self.device)
+                if have:
+                    sc[:have] = scales[layer]
+                scales[layer] = sc
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.keys + self.values if t is not None)
+        held = self.keys + self.values + self.key_scales + self.value_scales
+        return sum(t.numel() * t.element_size() for t in held if t is not None)
+
+    def put(self, layer: int, write: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """New keys / values [n, kv_heads, D] into slots `write` [n], quantized where stored so."""
+        for data, scales, x in ((self.keys, self.key_scales, keys), (self.values, self.value_scales, values)):
+            if scales[layer] is None:
+                data[layer].index_copy_(0, write, x.to(data[layer].dtype))
+            else:
+                q, sc = quantize_int8(x)
+                data[layer].index_copy_(0, write, q)
+                scales[layer].index_copy_(0, write, sc)
+
+    def take(self, layer: int, read: torch.Tensor | None = None, start: int = 0,
+             length: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of slots `read` (or the `length` slots from `start`), [n, kv_heads, D]
+        in the compute dtype: int8 records dequantized here, only the rows read."""
+        out = []
+        for data, scales in ((self.keys, self.key_scales), (self.values, self.value_scales)):
+            t = data[layer].index_select(0, read) if read is not None else data[layer].narrow(0, start, length)
+            if scales[layer] is not None:
+                sc = scales[layer].index_select(0, read) if read is not None else scales[layer].narrow(0, start, length)
+                t = (t.to(torch.float32) * sc.unsqueeze(-1)).to(self.dtype)
+            out.append(t)
+        return out[0], out[1]
+
+    def kernel_operands(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """(keys, values, key scales, value scales) as the kernels read them (scales None: that
+        side is stored in the compute dtype)."""
+        return self.keys[layer], self.values[layer], self.key_scales[layer], self.value_scales[layer]
 
     def copy_slots(self, src: np.ndarray, dst: np.ndarray, group: int = 0) -> None:
-        """keys/values[dst] = keys/values[src] in every layer of block group `group` (a context
-        shift's compaction, a partial prefix's copy)."""
+        """Every stored tensor's [dst] = [src] in every layer of block group `group` (a context
+        shift's compaction, a partial prefix's copy): int8 records move as they are, with their
+        scales."""
         s, d = _to_device(np.asarray(src, np.int64), self.device), _to_device(np.asarray(dst, np.int64), self.device)
         for li, keys in enumerate(self.keys):
             if keys is not None and self.groups[li] == group:
                 _, h, dk = keys.shape
                 self.ensure(li, h, dk, self.values[li].shape[-1])  # dst blocks may be new
-                # index_select copies first, so overlapping src/dst ranges read the old values
-                self.keys[li].index_copy_(0, d, self.keys[li].index_select(0, s))
-                self.values[li].index_copy_(0, d, self.values[li].index_select(0, s))
+                for held in (self.keys, self.values, self.key_scales, self.value_scales):
+                    if held[li] is not None:
+                        # index_select copies first, so overlapping src/dst ranges read the old values
+                        held[li].index_copy_(0, d, held[li].index_select(0, s))
+
+
+def quantize_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [..., D] as int8 values and an fp32 scale per vector (its absmax / 127)."""
+    xf = x.to(torch.float32)
+    scale = xf.abs().amax(dim=-1) / 127.0
+    q = torch.round(xf / scale.clamp_min(torch.finfo(torch.float32).tiny).unsqueeze(-1)).clamp_(-127, 127)
+    return q.to(torch.int8), scale
 
 
 def _to_device(a: np.ndarray, device: torch.device) -> torch.Tensor:
@@ -150,22 +202,23 @@ class StepPlan:
             return scores.attention(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                     **kwargs)
         layer = module.layer_idx
-        keys, values = self.storage.keys[layer], self.storage.values[layer]
+        keys, values, k_scales, v_scales = self.storage.kernel_operands(layer)
+        quant = dict(key_scales=k_scales, value_scales=v_scales)
         if fused_ops.attention_fits(query, dropout, kwargs):
             b, h, n, d = query.shape
             q = query[:, :, 0] if n == 1 else query.transpose(1, 2).reshape(b * n, h, d)
-            if self.decode_all:  # the rows' new keys and values are stored by the same call
+            if self.decode_all:  # the rows' new keys and values are stored (quantized where int8) by the same call
                 out = fused_ops.decode_attention(module, q, keys, values, self.table, self.kv_lengths, scaling,
-                                                 (key[:, :, 0], value[:, :, 0], self.write))
+                                                 (key[:, :, 0], value[:, :, 0], self.write), **quant)
             elif self.split is None:  # prompt rows only
-                out = fused_ops.prompt_attention(module, q, keys, values, self.table, self.kv_lengths, scaling)
+                out = fused_ops.prompt_attention(module, q, keys, values, self.table, self.kv_lengths, scaling, **quant)
             else:
                 dec, rest = self.split
                 out = torch.empty(b, h, value.shape[-1], dtype=query.dtype, device=query.device)
                 out[dec] = fused_ops.decode_attention(module, q[dec], keys, values, self.table[dec],
-                                                      self.kv_lengths[dec], scaling)
+                                                      self.kv_lengths[dec], scaling, **quant)
                 out[rest] = fused_ops.prompt_attention(module, q[rest], keys, values, self.table[rest],
-                                                       self.kv_lengths[rest], scaling)
+                                                       self.kv_lengths[rest], scaling, **quant)
             return out.view(b, n, h, -1), None
         if self.decode_all:  # not the kernel's kind of attention: store, then SDPA as without it
             store(self.storage, layer, self.write, key, value)
@@ -177,16 +230,14 @@ class StepPlan:
         return scores.attention(module, query, key, value, mask, dropout=dropout, scaling=scaling, **kwargs)
 
     def gather(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Every row's history of `layer` [B, kv_heads, lmax, D], right-padded."""
-        keys, values = self.storage.keys[layer], self.storage.values[layer]
-        _, h, dk = keys.shape
-        dv = values.shape[-1]
+        """Every row's history of `layer` [B, kv_heads, lmax, D], right-padded (dequantized
+        where stored int8)."""
         if self.read_start is not None:
-            k = keys.narrow(0, self.read_start, self.lmax).unsqueeze(0).transpose(1, 2)
-            v = values.narrow(0, self.read_start, self.lmax).unsqueeze(0).transpose(1, 2)
-            return k, v
-        k = keys.index_select(0, self.read).view(self.batch, self.lmax, h, dk).transpose(1, 2)
-        v = values.index_select(0, self.read).view(self.batch, self.lmax, h, dv).transpose(1, 2)
+            k, v = self.storage.take(layer, start=self.read_start, length=self.lmax)
+            return k.unsqueeze(0).transpose(1, 2), v.unsqueeze(0).transpose(1, 2)
+        k, v = self.storage.take(layer, self.read)
+        k = k.view(self.batch, self.lmax, *k.shape[1:]).transpose(1, 2)
+        v = v.view(self.batch, self.lmax, *v.shape[1:]).transpose(1, 2)
         return k, v
 
 
@@ -200,9 +251,8 @@ def store(storage: PagedStorage, layer: int, write: torch.Tensor, key_states: to
           value_states: torch.Tensor) -> None:
     """A step's new keys/values [B, kv_heads, n, D] into their slots `write` [B * n]."""
     b, h, n, dk = key_states.shape
-    keys, values = storage.keys[layer], storage.values[layer]
-    keys.index_copy_(0, write, key_states.transpose(1, 2).reshape(b * n, h, dk).to(keys.dtype))
-    values.index_copy_(0, write, value_states.transpose(1, 2).reshape(b * n, h, -1).to(values.dtype))
+    storage.put(layer, write, key_states.transpose(1, 2).reshape(b * n, h, dk),
+                value_states.transpose(1, 2).reshape(b * n, h, -1))
 
 
 class PagedStepCache(Cache):
