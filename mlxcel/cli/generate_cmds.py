@@ -85,12 +85,12 @@ def _load(args):
     from mlxcel.config.refusal import StartupRefusal
 
     try:
+        path = resolve_cli(args.model, store_root(args.store, os.environ), args.offline)
+        refuse_unsupported(json.loads((path / "config.json").read_text()))  # before any backend or weight
         enable_fast_blas()  # before mlx.core is imported by the runtime
         from mlxcel.runtime.load import load_served_model
 
         prepare_cpu_runtime(os.environ)
-        path = resolve_cli(args.model, store_root(args.store, os.environ), args.offline)
-        refuse_unsupported(json.loads((path / "config.json").read_text()))  # before any weight is read
         settings = ServerSettings(source=SourceSection(model=args.model),
                                   engine=EngineSection(parallel=1, warmup=False),
                                   backend=BackendSection(name=args.backend, device=args.device, dtype=args.dtype,
@@ -104,8 +104,8 @@ def _load(args):
             settings.backend.wired_limit_bytes = parse_wired_limit(os.environ["MLXCEL_WIRED_LIMIT"])
             apply_wired_limit(settings, select_backend(settings, path))
         return load_served_model(settings, path)
-    except StartupRefusal as e:
-        raise SystemExit(f"error: {e}") from None
+    except StartupRefusal as e:  # already "error: <one line>"
+        raise SystemExit(str(e)) from None
 
 
 async def stream_tokens(model, prompt: list[int], max_tokens: int, out=sys.stdout,
