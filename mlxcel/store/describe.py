@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import json
 import math
-import struct
 from dataclasses import dataclass
 from pathlib import Path
+
+from mlxcel.store.tensor_scan import entries
 
 _CONTEXT_KEYS = ("max_position_embeddings", "max_sequence_length", "n_positions", "seq_length", "max_seq_len")
 
@@ -67,25 +68,6 @@ _PACKED = {"U32", "U8", "I32"}  # the dtypes MLX packs quantized values into
 _BITS_PER_WORD = {"U32": 32, "I32": 32, "U8": 8}
 
 
-def _headers(path: Path) -> list[dict]:
-    """Every safetensors header of the directory; ValueError for a file that is not one (the
-    length is checked against the file before reading, so a bogus one never allocates)."""
-    out = []
-    for f in sorted(path.glob("*.safetensors")):
-        with f.open("rb") as fh:
-            head = fh.read(8)
-            if len(head) < 8:
-                raise ValueError(f"{f.name}: not a safetensors file")
-            (n,) = struct.unpack("<Q", head)
-            if n > f.stat().st_size - 8:
-                raise ValueError(f"{f.name}: header length past the end of the file")
-            header = json.loads(fh.read(n))
-            if not isinstance(header, dict):
-                raise ValueError(f"{f.name}: the header is not an object")
-            out.append(header)
-    return out
-
-
 def _module_bits(quant: dict, module: str) -> int | None:
     own = quant.get(module)
     if isinstance(own, dict) and "bits" in own:
@@ -97,31 +79,29 @@ def weight_counts(path: Path, config: dict) -> tuple[int | None, int | None]:
     """(n_params, size in bytes) from the safetensors headers; (None, None) without any, or when
     one is unreadable (a listing reports what it cannot know as null, it does not fail)."""
     try:
-        headers = _headers(path)
-    except (OSError, ValueError):  # json's decode error is a ValueError
+        tensors = {e.name: e for e in entries(path)}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):  # json's decode error is a ValueError
         return None, None
-    if not headers:
+    if not tensors:
         return None, None
     quant = config.get("quantization") or config.get("quantization_config") or {}
-    tensors = {name: t for h in headers for name, t in h.items() if name != "__metadata__"}
     quantized = {name.removesuffix(".weight") for name, t in tensors.items()
-                 if name.endswith(".weight") and t["dtype"] in _PACKED
+                 if name.endswith(".weight") and t.dtype in _PACKED
                  and name.removesuffix(".weight") + ".scales" in tensors}
     n_params: int | None = 0
     size = 0
     for name, t in tensors.items():
-        start, end = t["data_offsets"]
-        size += end - start
+        size += t.end - t.start
         module, _, leaf = name.rpartition(".")
         if n_params is None or (module in quantized and leaf in ("scales", "biases")):
             continue
-        count = math.prod(t["shape"])
+        count = math.prod(t.shape)
         if module in quantized and leaf == "weight":
             bits = _module_bits(quant, module)
             if bits is None:  # packed without a declared width: the count is unknowable
                 n_params = None
                 continue
-            count = count * _BITS_PER_WORD[t["dtype"]] // bits
+            count = count * _BITS_PER_WORD[t.dtype] // bits
         n_params += count
     return n_params, size
 
