@@ -17,6 +17,17 @@ import urllib.request
 from mlxcel.cli.store_cmds import _common, _default_org, _fail, _human, _root
 
 
+def summary_rows(s) -> list[tuple[str, str]]:
+    """What `show` and `inspect` both print first about a checkpoint (store.describe's summary)."""
+    return [
+        ("path", str(s.path)),
+        ("architecture", f"{s.model_type or '?'}" + (f" ({', '.join(s.architectures)})" if s.architectures else "")),
+        ("parameters", f"{_count(s.parameters)} ({s.parameters:,})" if s.parameters is not None else "?"),
+        ("quantization", s.quantization or "none"),
+        ("dtype", s.dtype or "?"),
+    ]
+
+
 def _count(n: int) -> str:
     for unit, size in (("B", 10**9), ("M", 10**6), ("K", 10**3)):
         if n >= size:
@@ -41,11 +52,7 @@ def cmd_show(args) -> int:
     template = s.chat_template
     first = next((ln.strip() for ln in (template or "").splitlines() if ln.strip()), "")
     rows = [
-        ("path", str(s.path)),
-        ("architecture", f"{s.model_type or '?'}" + (f" ({', '.join(s.architectures)})" if s.architectures else "")),
-        ("parameters", f"{_count(s.parameters)} ({s.parameters:,})" if s.parameters is not None else "?"),
-        ("quantization", s.quantization or "none"),
-        ("dtype", s.dtype or "?"),
+        *summary_rows(s),
         ("context length", str(s.context_length) if s.context_length else "?"),
         ("size on disk", _human(s.size_bytes)),
         ("chat template", f"yes, {len(template)} characters" if template else "none (prompts are sent as plain text)"),

@@ -8,7 +8,7 @@ never downloading. Exit status 1 when a check finds a problem, so a script can g
 
 from __future__ import annotations
 
-from mlxcel.cli.inspect_cmds import _count
+from mlxcel.cli.inspect_cmds import summary_rows
 from mlxcel.cli.store_cmds import _common, _default_org, _fail, _root
 
 
@@ -42,13 +42,7 @@ def cmd_inspect(args) -> int:
     from mlxcel.store.describe import describe
 
     s = describe(path)
-    rows = [
-        ("path", str(s.path)),
-        ("architecture", f"{s.model_type or '?'}" + (f" ({', '.join(s.architectures)})" if s.architectures else "")),
-        ("parameters", f"{_count(s.parameters)} ({s.parameters:,})" if s.parameters is not None else "?"),
-        ("dtype", s.dtype or "?"),
-        ("quantization", s.quantization or "none"),
-    ]
+    rows = summary_rows(s)
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         print(f"{k:<{width}}  {v}")
