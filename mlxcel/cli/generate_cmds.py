@@ -20,12 +20,12 @@ import time
 from pathlib import Path
 
 from mlxcel.chat.chat_template import render_chat, render_plain, thinking_by_default
+from mlxcel.cli.store_cmds import default_org
 from mlxcel.config.settings import BackendSection, EngineSection, SamplingSection, ServerSettings, SourceSection
 from mlxcel.engine.types import GenerationRequest, TokenEvent
 from mlxcel.store.paths import store_root
 from mlxcel.store.resolve import ModelNotAvailable, ModelSourceRefused, prefer_local, resolve_model
 
-DEFAULT_ORG = "mlx-community"
 
 
 def _common(p: argparse.ArgumentParser, positional: bool = False) -> None:
@@ -72,7 +72,7 @@ def add_parser(sub) -> None:
 def resolve_cli(ref: str, root: Path, offline: bool) -> Path:
     """-m as the server reads it, a bare name also finding a store entry under another owner
     (store.resolve.prefer_local); downloaded when missing unless offline."""
-    org = os.environ.get("MLXCEL_DEFAULT_ORG") or DEFAULT_ORG
+    org = default_org()
     try:
         return resolve_model(prefer_local(ref, root, org), root=root, default_org=org, offline=offline,
                              hf_token=os.environ.get("HF_TOKEN") or None)

@@ -14,7 +14,7 @@ import os
 import urllib.error
 import urllib.request
 
-from mlxcel.cli.store_cmds import _common, _default_org, _fail, _human, _root
+from mlxcel.cli.store_cmds import _common, default_org, _fail, _human, _root
 
 
 def summary_rows(s) -> list[tuple[str, str]]:
@@ -42,8 +42,8 @@ def cmd_show(args) -> int:
 
     root = _root(args)
     try:
-        ref = prefer_local(args.name, root, _default_org())
-        path = resolve_model(ref, root=root, default_org=_default_org(), offline=True, flag="show")
+        ref = prefer_local(args.name, root, default_org())
+        path = resolve_model(ref, root=root, default_org=default_org(), offline=True, flag="show")
     except (ModelSourceRefused, AmbiguousName) as e:
         return _fail("show", str(e))
     except ModelNotAvailable:

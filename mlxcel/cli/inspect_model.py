@@ -9,7 +9,7 @@ never downloading. Exit status 1 when a check finds a problem, so a script can g
 from __future__ import annotations
 
 from mlxcel.cli.inspect_cmds import summary_rows
-from mlxcel.cli.store_cmds import _common, _default_org, _fail, _root
+from mlxcel.cli.store_cmds import _common, default_org, _fail, _root
 
 
 def _resolve(args):
@@ -18,8 +18,8 @@ def _resolve(args):
 
     root = _root(args)
     try:
-        ref = prefer_local(args.ref, root, _default_org())
-        return resolve_model(ref, root=root, default_org=_default_org(), offline=True, flag="inspect"), None
+        ref = prefer_local(args.ref, root, default_org())
+        return resolve_model(ref, root=root, default_org=default_org(), offline=True, flag="inspect"), None
     except (ModelSourceRefused, AmbiguousName) as e:
         return None, str(e)
     except ModelNotAvailable:

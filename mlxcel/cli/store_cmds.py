@@ -35,7 +35,7 @@ def _root(args) -> Path:
     return store_root(args.models_dir, os.environ)
 
 
-def _default_org() -> str:
+def default_org() -> str:
     return os.environ.get("MLXCEL_DEFAULT_ORG") or DEFAULT_ORG
 
 
@@ -84,7 +84,7 @@ def cmd_rm(args) -> int:
     status = 0
     for ref in args.repo:
         try:
-            path = remove(ref, root, _default_org())
+            path = remove(ref, root, default_org())
         except (NotInStore, InvalidRepoId) as e:
             status = _fail("rm", str(e))
             continue
@@ -100,7 +100,7 @@ def cmd_download(args) -> int:
     why = refusal(args.repo, "download")
     if why:
         return _fail("download", why)
-    repo_id = expand(args.repo, _default_org())
+    repo_id = expand(args.repo, default_org())
     try:
         parse_repo_id(repo_id)
     except InvalidRepoId as e:
