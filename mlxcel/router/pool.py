@@ -186,7 +186,7 @@ class RouterPool:
         while limit > 0 and sum(s.running for s in self.slots.values()) >= limit:
             loaded = [s for s in self.slots.values() if s.status == "loaded" and not s.stopping]
             if not loaded:
-                raise RouterError(500, "model limit reached, try again later")
+                raise RouterError(503, "model limit reached, try again later")
             victim = min(loaded, key=lambda s: (s.active > 0, s.last_used))
             log.info("--models-max %d reached: unloading the least recently used model %s", limit,
                      victim.entry.name)
@@ -282,9 +282,9 @@ class RouterPool:
     async def remove(self, name: str) -> None:
         slot = self.slots.get(name)
         if slot is None:
-            raise RouterError(500, f"model name={echo(name)} is not found")
+            raise RouterError(404, f"model name={echo(name)} is not found")
         if slot.entry.source != CACHE:
-            raise RouterError(500, f"model name={echo(name)} is not removable (not from cache)")
+            raise RouterError(400, f"model name={echo(name)} is not removable (not from cache)")
         await self.unload(slot)
         await asyncio.to_thread(_remove_files, self.store_root, slot.entry.repo_id or name)
         self.slots.pop(name, None)
