@@ -24,6 +24,8 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from mlxcel.config.paths import xdg_cache_dir
+
 COMPILE_TIMEOUT_S = 180
 _PR_SET_PDEATHSIG = 1
 
@@ -47,8 +49,7 @@ def find_compiler(environ: Mapping[str, str], variable: str = "CC",
 
 def cache_root(environ: Mapping[str, str]) -> Path:
     """$XDG_CACHE_HOME/mlxcel, else ~/.cache/mlxcel."""
-    base = environ.get("XDG_CACHE_HOME") or str(Path(environ.get("HOME") or tempfile.gettempdir()) / ".cache")
-    return Path(base) / "mlxcel"
+    return xdg_cache_dir(environ)
 
 
 def _alive(pid: int) -> bool:
