@@ -47,6 +47,18 @@ def find_compiler(environ: Mapping[str, str], variable: str = "CC",
     raise BuildUnavailable(f"no {language} compiler found (tried {', '.join(['$' + variable, *names])})")
 
 
+def cpu_flags() -> set[str]:
+    """This CPU's feature flags (/proc/cpuinfo's `flags`, or `Features` on arm64); empty elsewhere."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        if line.startswith(("flags", "Features")):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
 def cache_root(environ: Mapping[str, str]) -> Path:
     """$XDG_CACHE_HOME/mlxcel, else ~/.cache/mlxcel."""
     return xdg_cache_dir(environ)
