@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from mlxcel.api.app import build_litestar
+from mlxcel.api.side_workers import close_worker_queues
 from mlxcel.api.state import AppState
 from mlxcel.api.stream_resume import wrap_streams
 from mlxcel.api.stream_sessions import StreamStore
@@ -238,9 +239,15 @@ class RouterPool:
                     log.error("load-on-startup %s: %s", slot.entry.name, e.message)
 
     def shutdown(self, reason: str | None = None) -> None:
-        for slot in self.slots.values():
-            if slot.child is not None:
-                slot.child.host.close(reason)
+        """Stop every loaded model; at a drain's deadline (`reason` given) their requests and any
+        side-worker jobs end with it, as a one-model server's do."""
+        for slot in list(self.slots.values()):
+            child = slot.child
+            if child is None:
+                continue
+            if reason is not None:
+                close_worker_queues(child.state, reason)
+            child.host.close(reason)
 
     # --- the store --------------------------------------------------------------------------
 
