@@ -26,7 +26,7 @@ from mlxcel.store.gguf_layouts import GGUFUnsupported, Layout, Meta
 from mlxcel.store.gguf_layouts_own import LAYOUTS_OWN
 from mlxcel.store.gguf_quant import Packed, to_packed
 
-__all__ = ["LAYOUTS", "GGUFUnsupported", "gguf_to_hf"]
+__all__ = ["LAYOUTS", "GGUFUnsupported", "Meta", "gguf_to_hf"]
 
 # every architecture models/gguf_archs.py lists -> how its tensors and metadata map
 LAYOUTS: dict[str, Layout] = {**_COMMON_LAYOUTS, **LAYOUTS_OWN}
