@@ -4,13 +4,16 @@ No such GGUF ships on PyPI, so the test writes one from a tiny fixture with the 
 the way llama.cpp's converter does: tensor names from gguf-py's own name map (not the
 converter's tables), its changes to the tensors (a Llama's q/k rows permuted into rotary pairs,
 Gemma's and Nemotron's norms stored as 1 + w, experts stacked, Phi-2's q/k/v fused as the
-original release has them, RoPE settings baked into tensors), its metadata keys, and a
+original release has them, InternLM 2's and GPT-NeoX's fused q/k/v regrouped, DeepSeek's
+kv_b_proj split per head, Mamba 2's A stored as -exp(A_log), RoPE settings baked into
+tensors), its metadata keys, and a
 byte-level BPE vocabulary; all in float32, so the round trip is exact. The conversion must then
 give the fixture's logits (both fp32 through the MLX backend: max |difference| <= 1e-5) and its
 layout keys. Where a GGUF cannot say what the fixture's config.json does, the reference is the
 fixture as llama.cpp runs it (a Mistral without its window, Gemma 2's query scale, Qwen 3 MoE's
-renormalised routing, SmolLM 3's NoPE every 4th layer). Where transformers reads the
-architecture from GGUF itself, its config agrees with the converted one.
+renormalised routing, SmolLM 3's NoPE every 4th layer, Phi-3.5-MoE without its window, Mamba 2's
+placeholder context). Where transformers reads the architecture from GGUF itself, its config
+agrees with the converted one.
 
 The architecture cases carry a trimmed vocabulary (a 49k-entry one dominates their cost); one
 case per fixture tokenizer carries the whole one and checks the tokenization.
