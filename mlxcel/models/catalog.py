@@ -145,9 +145,11 @@ per-module `quantization` entry where they differ. The others (Q6_K, Q2_K and Q3
 warning; `--dequantize` writes every weight dense. The **from GGUF**
 column names the llama.cpp architectures (`general.architecture`) that convert into each family:
 Mistral's GGUFs are llama.cpp's `llama` and become a `llama` checkpoint (llama.cpp runs them
-without a sliding window too), and a `llama` file with experts becomes a `mixtral` one. What a
-GGUF does not record is set as llama.cpp's own graph for that architecture assumes it (Gemma 2's
-query scale, Gemma 3's layer pattern, Qwen 3 MoE's renormalised routing weights); a long-context
+without a sliding window too), and a `llama` file with experts becomes a `mixtral` one; a
+`deepseek2` file becomes `deepseek_v3` when it routes by sigmoid and `deepseek_v2` otherwise. What
+a GGUF does not record is set as llama.cpp's own graph for that architecture assumes it (Gemma 2's
+query scale, Gemma 3's layer pattern, Qwen 3 MoE's renormalised routing weights, Phi-3.5-MoE
+without its sliding window, DeepSeek's YaRN `mscale` equal to its `mscale_all_dim`); a long-context
 Phi-3's RoPE factors and Llama 3.1's RoPE scaling, which llama.cpp stores as tensors, become
 their `longrope` and `llama3` settings; linear and YaRN scaling come from the metadata. A GGUF
 of another architecture, a tensor no table maps or another RoPE scaling is refused in one line
