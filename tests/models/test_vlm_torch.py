@@ -14,18 +14,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from PIL import Image
 
 from mlxcel.engine.backend import ForwardRow
 from tests.conftest import fixture_path
 from tests.fixtures import QWEN2_VL_TINY, VLM_TINY
+from tests.vlm_reference import picture, reference_inputs, reference_model
 
 ATOL = 1e-4
 STEPS = 4
-
-
-def picture(seed: int, h: int = 60, w: int = 90) -> Image.Image:
-    return Image.fromarray(np.random.default_rng(seed).integers(0, 255, (h, w, 3), dtype=np.uint8))
 
 
 @pytest.fixture(scope="module", params=sorted(VLM_TINY))
@@ -40,13 +36,6 @@ def vlm(request):
     return backend, tok, VisionInput(path, backend.info.config, tok.hf)
 
 
-def reference(backend):
-    import transformers
-
-    cls = getattr(transformers, backend.model.config.architectures[0])
-    return cls.from_pretrained(str(backend.info.path), dtype=torch.float32).eval()
-
-
 def image_prompt(tok, vision, image, question="What is in this picture?"):
     from mlxcel.backends.torch.vlm import media_for
 
@@ -54,21 +43,6 @@ def image_prompt(tok, vision, image, question="What is in this picture?"):
     enc = vision.encode([image])
     full = vision.expand(tok.hf.encode(text, add_special_tokens=False), enc)
     return full, enc, media_for(full, enc)
-
-
-def reference_inputs(vision, full, enc) -> dict:
-    """What transformers' forward takes beside the ids: the image tensors, and the token types
-    that switch on its multimodal RoPE or its bidirectional mask."""
-    ids = torch.tensor([full])
-    extra = dict(enc.inputs[0])
-    is_image = (ids == vision.image_token_id).int()
-    if vision.family.mrope:
-        extra["mm_token_type_ids"] = is_image
-    if vision.family.bidirectional == "image":
-        extra["token_type_ids"] = is_image.long()
-    elif vision.family.bidirectional == "prefix":
-        extra["token_type_ids"] = torch.zeros_like(ids)
-    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), **extra}
 
 
 def greedy(backend, rows):
@@ -101,7 +75,7 @@ def test_image_prompt_matches_transformers_generate(vlm):
     seq.media = media
     [(tokens, logits)] = greedy(backend, [([c for c in (full[:cut], full[cut:]) if c], seq)])
     with torch.no_grad():
-        ref = reference(backend).generate(**reference_inputs(vision, full, enc), max_new_tokens=STEPS,
+        ref = reference_model(backend.info.path).generate(**reference_inputs(vision, full, enc), max_new_tokens=STEPS,
                                           do_sample=False, output_logits=True, return_dict_in_generate=True)
     assert tokens == ref.sequences[0, len(full):].tolist()
     for ours, theirs in zip(logits, ref.logits):
