@@ -219,3 +219,59 @@ def test_each_family_answers_a_data_image_as_transformers_and_reads_file_urls(ro
 def answer_of(r) -> str:
     assert r.status_code == 200, r.text
     return r.json()["choices"][0]["message"]["content"]
+
+
+# ---- native multimodal_data, and hostile images in every route that takes images ---------------
+
+NATIVE_PROMPT = ("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n<__media__>"
+                 f"{QUESTION}<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_native_completion_takes_multimodal_data_as_chat_takes_the_image(server):
+    r = httpx.post(server.base_url + "/completion", timeout=120, json={
+        "prompt": {"prompt_string": NATIVE_PROMPT, "multimodal_data": [base64.b64encode(png(0)).decode()]},
+        "n_predict": MAX_TOKENS, "temperature": 0})
+    assert r.status_code == 200, r.text
+    assert r.json()["content"] == answer(server, data_url(0))
+    r = httpx.post(server.base_url + "/completion", timeout=60, json={
+        "prompt": {"prompt_string": NATIVE_PROMPT + "<__media__>", "multimodal_data": [base64.b64encode(png(0)).decode()]},
+        "n_predict": 1})
+    assert r.status_code == 400 and "2 media marker(s)" in r.json()["error"]["message"]
+
+
+def _route_request(route: str, payload: bytes) -> tuple[str, dict]:
+    b64 = base64.b64encode(payload).decode()
+    url = "data:image/png;base64," + b64
+    if route == "/v1/chat/completions":
+        return route, {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}],
+                       "max_tokens": 1}
+    if route == "/v1/responses":
+        return route, {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": url}]}],
+                       "max_output_tokens": 1}
+    if route == "/v1/messages":
+        return route, {"max_tokens": 1, "messages": [{"role": "user", "content": [
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64}}]}]}
+    return route, {"prompt": {"prompt_string": "<__media__>hi", "multimodal_data": [b64]}, "n_predict": 1}
+
+
+def _error_message(route: str, body: dict) -> str:
+    """The refusal in the route's own error shape."""
+    if route == "/v1/messages":
+        assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
+    elif route == "/completion":
+        assert body["error"]["code"] == 400 and body["error"]["type"] == "invalid_request_error"
+    else:
+        assert body["error"]["type"] == "invalid_request_error"
+    return body["error"]["message"]
+
+
+@pytest.mark.parametrize("case", ["png-bomb", "gif-frames-bomb", "truncated", "text-as-png"])
+@pytest.mark.parametrize("route", ["/v1/chat/completions", "/v1/responses", "/v1/messages", "/completion"])
+def test_a_hostile_image_is_a_typed_400_in_each_routes_format(server, route, case):
+    from tests.hostile_images import HOSTILE
+
+    build, words = HOSTILE[case]
+    path, body = _route_request(route, build())
+    r = httpx.post(server.base_url + path, json=body, timeout=60)
+    assert r.status_code == 400, r.text
+    assert words in _error_message(route, r.json())
