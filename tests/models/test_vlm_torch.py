@@ -11,6 +11,8 @@ decode exactly as it does alone.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 import torch
@@ -24,15 +26,22 @@ ATOL = 1e-4
 STEPS = 4
 
 
+@functools.cache
+def tokenizer(family: str):
+    """One tokenizer per family for the module (the Qwen vocabulary takes seconds to load)."""
+    from mlxcel.engine.tokenizer import Tokenizer
+
+    return Tokenizer(fixture_path(VLM_TINY[family]))
+
+
 @pytest.fixture(scope="module", params=sorted(VLM_TINY))
 def vlm(request):
     from mlxcel.backends.torch.vlm import TorchVLMBackend
-    from mlxcel.engine.tokenizer import Tokenizer
     from mlxcel.models.vision import VisionInput
 
     path = fixture_path(VLM_TINY[request.param])
     backend = TorchVLMBackend(path, dtype="float32")
-    tok = Tokenizer(path)
+    tok = tokenizer(request.param)
     return backend, tok, VisionInput(path, backend.info.config, tok.hf)
 
 
@@ -121,11 +130,10 @@ def _counts(family: str, budgets, image) -> dict:
     """Image tokens of `image` under each (min, max) budget, from the family's processor."""
     import json
 
-    from mlxcel.engine.tokenizer import Tokenizer
     from mlxcel.models.vision import ImageBudget, VisionInput
 
     path = fixture_path(VLM_TINY[family])
-    config, tok = json.loads((path / "config.json").read_text()), Tokenizer(path)
+    config, tok = json.loads((path / "config.json").read_text()), tokenizer(family)
     return {b: VisionInput(path, config, tok.hf, ImageBudget(*b)).encode([image]).tokens[0] for b in budgets}
 
 
