@@ -154,7 +154,7 @@ def test_a_maximum_bounds_a_longest_edge_processor(family, most):
     ("llava", (None, 8), "fixed geometry, so --image-max-tokens"),
     ("gemma3", (16, None), "fixed geometry, so --image-min-tokens"),
     ("mistral3", (16, None), "bounds only the long side"),
-    ("idefics3", (None, 3), "at least 8"),
+    ("idefics3", (None, 3), "at least 4"),
 ])
 def test_a_budget_the_processor_cannot_take_is_refused_naming_the_flag(family, budget, refusal):
     from mlxcel.models.vision import BudgetRefused
