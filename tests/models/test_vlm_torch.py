@@ -3,10 +3,11 @@
 Same fixture, same image, same prompt, fp32 on both sides, for every family in
 models/vision_layouts.VISION_FAMILIES: our paged prefill (split inside the image's token run
 where the family attends causally, so the splice and the position table are read across chunks;
-after it where image tokens attend both ways, whole for PaliGemma's bidirectional prompt) and four greedy decode steps (Qwen's positions
-shifted by the prompt's M-RoPE delta, PaliGemma's counted from 1) must give transformers' tokens,
-with every step's logits within 1e-4. A text row batched with an image row in one forward must
-decode exactly as it does alone.
+after it where image tokens attend both ways; whole for PaliGemma's bidirectional prompt) and
+four greedy decode steps (Qwen's positions shifted by the prompt's M-RoPE delta, PaliGemma's
+counted from 1) must give transformers' tokens, with every step's logits within 1e-4; so must
+the logits after two images between text. A text row batched with an image row in one forward
+must decode exactly as it does alone.
 """
 
 from __future__ import annotations
@@ -92,6 +93,38 @@ def test_image_prompt_matches_transformers_generate(vlm):
     if vision.family.mrope:
         assert seq.shift < 0  # text after the image runs at a shifted (compressed) position
     seq.release()
+
+
+def _batched(family: str, inputs: list[dict]) -> dict:
+    """Per-image processor outputs as transformers' forward takes several images: stacked, Idefics
+    3's tiles along the image axis, Pixtral's pictures zero-padded to the largest."""
+    if family == "idefics3":
+        return {k: torch.cat([x[k] for x in inputs], dim=1) for k in inputs[0]}
+    if family == "mistral3":
+        h, w = (max(x["pixel_values"].shape[d] for x in inputs) for d in (-2, -1))
+        pad = [torch.nn.functional.pad(x["pixel_values"], (0, w - x["pixel_values"].shape[-1], 0,
+                                                           h - x["pixel_values"].shape[-2])) for x in inputs]
+        return {"pixel_values": torch.cat(pad), "image_sizes": torch.cat([x["image_sizes"] for x in inputs])}
+    return {k: torch.cat([x[k] for x in inputs]) for k in inputs[0]}
+
+
+def test_two_images_between_text_match_transformers_forward(vlm):
+    from mlxcel.backends.torch.vlm import media_for
+
+    backend, tok, vision = vlm
+    text = (f"<|im_start|>user\n{vision.placeholder}beside{vision.placeholder}What differs?<|im_end|>\n"
+            "<|im_start|>assistant\n")
+    enc = vision.encode([picture(0), picture(1, 80, 50)])
+    full = vision.expand(tok.hf.encode(text, add_special_tokens=False), enc)
+    seq = backend.new_sequence()
+    seq.media = media_for(full, enc)
+    ours = backend.forward([ForwardRow(full, seq)])[0]
+    seq.release()
+    inputs = reference_inputs(vision, full, enc)
+    inputs.update(_batched(backend.info.model_type, enc.inputs))
+    with torch.no_grad():
+        theirs = reference_model(backend.info.path)(**inputs).logits[0, -1].numpy()
+    np.testing.assert_allclose(ours, theirs, atol=ATOL, rtol=0)
 
 
 def test_the_image_reaches_the_model(vlm):
