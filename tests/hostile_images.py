@@ -1,6 +1,6 @@
 """Hostile image payloads, each a few KB: what api/media.py must refuse quickly and without
 decoding (tests/api/test_media_hostile.py, the routes in tests/e2e/test_vlm_images.py, and the
-time and memory figures of scripts/measure_hostile_images.py)."""
+time and memory figures of scripts/bench/hostile_images.py)."""
 
 from __future__ import annotations
 

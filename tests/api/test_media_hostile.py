@@ -2,7 +2,7 @@
 their type, animation-frame bombs and formats outside the accepted ones, each refused with a
 400 naming why, by data: URL and by file:// under --media-path alike. Bombs and animations are
 refused from their headers, before any frame is decoded. (Their time and peak memory:
-scripts/measure_hostile_images.py, docs/benchmarks.md.)"""
+scripts/bench/hostile_images.py, docs/benchmarks.md.)"""
 
 from __future__ import annotations
 
