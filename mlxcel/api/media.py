@@ -59,12 +59,16 @@ def _not_supported(kind: str, hint: str) -> ApiError:
 
 def _no_images_hint(model: Any) -> str:
     """Why a checkpoint served without images takes none: it has no image tower, or (Gemma 3's
-    multimodal checkpoint) mlxcel serves only its text tower."""
+    multimodal checkpoint on MLX, or one without its image processor) only its text tower is served."""
+    from mlxcel.models.vision import is_vision
+
     info = getattr(model, "info", None)
     config = getattr(info, "config", None) or {}
     if isinstance(config.get("vision_config"), dict):
+        how = ("its images are served on the torch backend from a checkpoint that ships its image processor "
+               "(--backend torch)" if is_vision(config) else "see docs/models.md")
         return (f"the loaded checkpoint '{model.id}' is served for text only: mlxcel does not run its image tower "
-                f"({config.get('model_type')}); see docs/models.md")
+                f"({config.get('model_type')}) here; {how}")
     return f"the loaded checkpoint '{model.id}' has no image tower; serve a vision-language checkpoint for image input"
 
 
