@@ -30,7 +30,8 @@ from mlxcel.engine.speculative import DRAFT, ModelDrafter, NgramDrafter, SpecCon
 from mlxcel.engine.tokenizer import Tokenizer
 from mlxcel.models.lora import LoraError, LoraSet, checkpoint_shapes, load_adapter, validate
 from mlxcel.models.registry import mlx_only
-from mlxcel.models.vision import BudgetRefused, ImageBudget, VisionInput, is_vision, is_vision_checkpoint
+from mlxcel.models.vision import (BudgetRefused, ImageBudget, VisionInput, is_vision, is_vision_checkpoint,
+                                  text_on_mlx)
 from mlxcel.runtime.memory import release_memory as default_release
 from mlxcel.runtime.served import ServedModel, Startup
 from mlxcel.steering.manager import SteeringManager
@@ -81,7 +82,7 @@ def select_backend(settings: ServerSettings, path: Path | None = None,
         (settings.backend.name, settings.backend.device)
     try:
         choice = select.choose(backend, device, quantized=select.quantization_mode(config),
-                               vision=is_vision(config), mlx_only=mlx_only(config))
+                               vision=is_vision(config) and not text_on_mlx(config), mlx_only=mlx_only(config))
     except select.BackendRefused as e:
         raise StartupRefusal(str(e)) from None
     if choice.backend == "mlx" and choice.device != "cpu" and settings.backend.threads > 0:
@@ -243,7 +244,8 @@ def load_vision(settings: ServerSettings, path: Path, backend, tokenizer: Tokeni
     """A vision-language checkpoint's image side (models/vision.py), with the image-token budget
     applied; None for a text-only checkpoint. A budget it cannot honour refuses the load."""
     budget = ImageBudget(settings.media.image_min_tokens, settings.media.image_max_tokens)
-    if not is_vision(backend.info.config):
+    # a family whose text tower MLX also serves (Gemma 3) takes images on torch only
+    if backend.info.backend != "torch" or not is_vision_checkpoint(path):
         if budget.requested:  # no processor took the budget: the same refusal as a fixed-geometry one
             flag = "--image-min-tokens" if settings.media.image_min_tokens else "--image-max-tokens"
             raise StartupRefusal(f"{path.name} takes no images, so {flag} has nothing to bound; drop {flag} or "
