@@ -6,6 +6,9 @@ backend gives (driven in this process on the same token ids); so must eight requ
 and a prompt served again from the prefix cache. Last, a rank is killed: while a request runs
 (the request gets 503 and the server exits with status 3) and while the server idles (found by
 rank 0's heartbeat, same exit). The bounds waited on are the failure contract's, not speed.
+
+MLXCEL_TEST_DEVICE picks the device (default cpu); scripts/bench/dist_check.sh sets cuda, where
+each rank takes its own GPU and the tensors go over NCCL.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import pytest
 from tests.conftest import DEFAULT_MODEL, ServerProcess, fixture_path
 from tests.e2e.test_torch_smoke import PROMPTS
 
+DEVICE = os.environ.get("MLXCEL_TEST_DEVICE", "cpu")
 MAX_TOKENS = 6
 TIMEOUT_S = 10  # --dist-timeout: a silent rank fails the group after this
 EXIT_BOUND_S = 4 * TIMEOUT_S  # the group's contract: a lost rank ends the server well within this
@@ -29,7 +33,7 @@ GROUP_FAILED = 3  # rank 0's exit status for a lost rank (cli/distributed.py)
 
 def start(*extra: str) -> ServerProcess:
     fixture_path(DEFAULT_MODEL)
-    return ServerProcess(["-m", DEFAULT_MODEL, "--offline", "--backend", "torch", "--device", "cpu", "--dtype",
+    return ServerProcess(["-m", DEFAULT_MODEL, "--offline", "--backend", "torch", "--device", DEVICE, "--dtype",
                           "float32", "--threads", "1", "--dist-timeout", str(TIMEOUT_S), "--metrics", *extra],
                          env={"OMP_NUM_THREADS": "1"}, ready_timeout=300)
 
@@ -61,7 +65,7 @@ def reference(prompt_ids) -> list[list[int]]:
 
     from mlxcel.engine.tokenizer import Tokenizer
 
-    backend = TorchBackend(fixture_path(DEFAULT_MODEL), dtype="float32", threads=1)
+    backend = TorchBackend(fixture_path(DEFAULT_MODEL), dtype="float32", device=DEVICE, threads=1)
     eos = set(Tokenizer(fixture_path(DEFAULT_MODEL)).eos_token_ids)
     out = []
     for ids in prompt_ids:
