@@ -19,7 +19,7 @@ from mlxcel.engine.kv_block_pool import BlockAllocator, SequenceKV
 @pytest.mark.parametrize("plan", [
     BindPlan(64, 16, None, 64, 24),
     ForwardPlan("last", [PlanRow([5, 6], [2, 3], [], 17, 0, None, True)], [3]),
-    CopyPlan([32, 33], [48, 49], 1, [3, 4]),
+    ForwardPlan("all", [PlanRow([5], [2], [4], 0, 0, None, False)], [2, 4], [CopyPlan([32, 33], [48, 49], 1, [3, 4])]),
     PingPlan(),
     StopPlan("bye"),
 ])
