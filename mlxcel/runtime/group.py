@@ -65,7 +65,10 @@ def _shard(settings: ServerSettings, path: Path, choice: select.Choice) -> tuple
         except ImportError:
             raise StartupRefusal("--tp-size / --pp-size: the MLX backend's distributed shards are not available in "
                                  "this build; use --backend torch") from None
-    collective = runtime.connect(spec, options.device)
+    try:
+        collective = runtime.connect(spec, options.device)
+    except GroupRefused as e:
+        raise StartupRefusal(str(e)) from None
     try:
         return collective, runtime.load_shard(path, spec, collective, options)
     except GroupRefused as e:

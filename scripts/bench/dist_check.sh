@@ -28,7 +28,14 @@ check() {
   'gpus', torch.cuda.device_count(), 'nccl', d.is_nccl_available() and torch.cuda.nccl.version(), 'gloo', \
   d.is_gloo_available())" || { echo "torch does not import"; return 1; }
   GPUS=$("$PY" -c "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)")
+  if [ ! -f "$MLXCEL_MODELS_DIR/$MODEL/config.json" ] && [ -f .gpu/model/config.json ]; then
+    MODEL=mlxcel-fixtures/smollm2-random-twin  # the real weights do not travel to the lent machine
+    export MLXCEL_MODELS_DIR=/tmp/mlxcel-models
+    timeout 120 "$PY" -m scripts.fixtures.build_random_twin .gpu/model "$MLXCEL_MODELS_DIR/$MODEL" \
+      || { echo "could not build the random twin"; return 1; }
+  fi
   [ -f "$MLXCEL_MODELS_DIR/$MODEL/config.json" ] || { echo "no $MODEL in $MLXCEL_MODELS_DIR"; return 1; }
+  echo "model: $MODEL"
 
   if [ "$DEVICE" != cpu ]; then
     step "NCCL all-reduce, broadcast and send/recv over min(2, $GPUS) GPU rank(s)"
@@ -58,7 +65,7 @@ PY
   fi
 
   step "SmolLM2 served by --tp-size 2 and --pp-size 2 on $DEVICE"
-  MLXCEL_TEST_DEVICE=$DEVICE timeout 600 "$PY" -m pytest -q -p no:cacheprovider -rs tests/e2e/test_distributed_torch.py
+  MLXCEL_TEST_DEVICE=$DEVICE MLXCEL_TEST_MODEL=$MODEL timeout 600 "$PY" -m pytest -q -p no:cacheprovider -rs tests/e2e/test_distributed_torch.py
   E2E=$?
 
   step "shards against the single process on zoo families (CPU, gloo; tp 2, pp 2, tp 2 x pp 2)"

@@ -8,7 +8,9 @@ and a prompt served again from the prefix cache. Last, a rank is killed: while a
 rank 0's heartbeat, same exit). The bounds waited on are the failure contract's, not speed.
 
 MLXCEL_TEST_DEVICE picks the device (default cpu); scripts/bench/dist_check.sh sets cuda, where
-each rank takes its own GPU and the tensors go over NCCL.
+each rank takes its own GPU and the tensors go over NCCL. MLXCEL_TEST_MODEL picks the checkpoint
+(default: the default model; the check points it at SmolLM2's random twin where the weights
+cannot travel).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from tests.conftest import DEFAULT_MODEL, ServerProcess, fixture_path
 from tests.e2e.test_torch_smoke import PROMPTS
 
 DEVICE = os.environ.get("MLXCEL_TEST_DEVICE", "cpu")
+MODEL = os.environ.get("MLXCEL_TEST_MODEL", DEFAULT_MODEL)
 MAX_TOKENS = 6
 TIMEOUT_S = 10  # --dist-timeout: a silent rank fails the group after this
 EXIT_BOUND_S = 4 * TIMEOUT_S  # the group's contract: a lost rank ends the server well within this
@@ -32,8 +35,8 @@ GROUP_FAILED = 3  # rank 0's exit status for a lost rank (cli/distributed.py)
 
 
 def start(*extra: str) -> ServerProcess:
-    fixture_path(DEFAULT_MODEL)
-    return ServerProcess(["-m", DEFAULT_MODEL, "--offline", "--backend", "torch", "--device", DEVICE, "--dtype",
+    fixture_path(MODEL)
+    return ServerProcess(["-m", MODEL, "--offline", "--backend", "torch", "--device", DEVICE, "--dtype",
                           "float32", "--threads", "1", "--dist-timeout", str(TIMEOUT_S), "--metrics", *extra],
                          env={"OMP_NUM_THREADS": "1"}, ready_timeout=300)
 
@@ -65,8 +68,8 @@ def reference(prompt_ids) -> list[list[int]]:
 
     from mlxcel.engine.tokenizer import Tokenizer
 
-    backend = TorchBackend(fixture_path(DEFAULT_MODEL), dtype="float32", device=DEVICE, threads=1)
-    eos = set(Tokenizer(fixture_path(DEFAULT_MODEL)).eos_token_ids)
+    backend = TorchBackend(fixture_path(MODEL), dtype="float32", device=DEVICE, threads=1)
+    eos = set(Tokenizer(fixture_path(MODEL)).eos_token_ids)
     out = []
     for ids in prompt_ids:
         seq = backend.new_sequence()
