@@ -34,7 +34,7 @@ from mlxcel.config.settings import ServerSettings
 log = logging.getLogger("mlxcel.group")
 
 GROUP_FAILED = 3  # rank 0's exit status when its group lost a rank
-EXIT_GRACE_S = 1.0  # after a failure, time for the 503s to reach their clients before the exit
+EXIT_GRACE_S = 2.0  # after a failure, time for the 503s to reach their clients before the exit
 LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")
 
 
