@@ -186,7 +186,8 @@ def load_served_model(settings: ServerSettings, path: Path, served_id: str | Non
         n_predict=settings.engine.n_predict,
         backend_reason=startup.backend_reason or choice.reason,
         steering=SteeringManager(int(backend.info.config.get("hidden_size") or 0), backend.info.num_layers,
-                                 settings.steering.cluster_intensity_min, settings.steering.circuit_intensity_min),
+                                 settings.steering.cluster_intensity_min, settings.steering.circuit_intensity_min,
+                                 unavailable=GROUP_NO_SAE if isinstance(backend, GroupBackend) else None),
         grammars=for_tokenizer(tokenizer, backend.info.vocab_size),
         lora=lora,
         group=backend if isinstance(backend, GroupBackend) else None,
@@ -194,6 +195,10 @@ def load_served_model(settings: ServerSettings, path: Path, served_id: str | Non
     served.vision = vision
     load_default_grammar(settings, served)
     return served
+
+
+GROUP_NO_SAE = ("SAEs do not attach to a model served across a distributed group (--tp-size / --pp-size): "
+                "steering and activation capture need the whole residual stream on one process; serve it on one")
 
 
 def load_group(settings: ServerSettings, path: Path, startup: Startup):
