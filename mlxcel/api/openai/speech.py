@@ -94,10 +94,10 @@ def parse(body: dict[str, Any]) -> SpeechRequest:
     if len(text) > MAX_INPUT_CHARS:
         raise _bad(f"'input' is {len(text)} characters long; at most {MAX_INPUT_CHARS} are accepted", "input")
     fmt = body.get("response_format") or "mp3"
-    if fmt not in speech_formats.SERVED:
+    served = speech_formats.served()
+    if fmt not in served:
         what = "is not served by this server" if fmt in speech_formats.FORMATS else "is not a response format"
-        raise _bad(f"response_format {echo(repr(fmt))} {what}; use one of {', '.join(speech_formats.SERVED)}",
-                   "response_format")
+        raise _bad(f"response_format {echo(repr(fmt))} {what}; use one of {', '.join(served)}", "response_format")
     stream_format = body.get("stream_format") or "audio"
     if stream_format not in ("audio", "sse"):
         raise _bad(f"stream_format {echo(repr(stream_format))} is not supported; use audio or sse", "stream_format")

@@ -9,8 +9,10 @@ OpenAI's `response_format` values and what serves them here:
 - `opus`: Opus in an Ogg container, through libsndfile (`soundfile`), which only appends pages.
 - `wav` (16-bit PCM) and `flac` (16-bit) through libsndfile: their headers state the length, which
   libsndfile patches when the file is closed, so the file goes out whole once the speech is done.
-- `aac`: no encoder installable from PyPI without a system codec library is used, so it is
-  refused, naming the served formats.
+- `aac`: AAC-LC in ADTS frames through PyAV (FFmpeg's native encoder, bundled by the `av` wheel),
+  muxed and sent as they are encoded.
+
+A format whose encoder package is not installed is refused with a 400 naming the served ones.
 
 Samples are clipped to [-1, 1] before they are quantised to 16 bits.
 """
@@ -22,10 +24,17 @@ import io
 import numpy as np
 
 FORMATS = ("mp3", "opus", "aac", "flac", "wav", "pcm")  # OpenAI's list
-SERVED = ("mp3", "opus", "flac", "wav", "pcm")
+_PACKAGES = {"mp3": "lameenc", "aac": "av", "opus": "soundfile", "flac": "soundfile", "wav": "soundfile"}
 MEDIA_TYPES = {"mp3": "audio/mpeg", "opus": "audio/ogg", "aac": "audio/aac", "flac": "audio/flac", "wav": "audio/wav",
                "pcm": "audio/pcm"}
 MP3_KBPS = 64
+
+
+def served() -> tuple[str, ...]:
+    """The formats whose encoder is installed, in OpenAI's order."""
+    import importlib.util
+
+    return tuple(f for f in FORMATS if f not in _PACKAGES or importlib.util.find_spec(_PACKAGES[f]) is not None)
 
 
 def pcm16(audio: np.ndarray) -> np.ndarray:
@@ -118,10 +127,37 @@ class _SoundFile:
         return self._sink.take()
 
 
+class _Aac:
+    def __init__(self, rate: int) -> None:
+        import av
+
+        self._av, self._rate = av, rate
+        self._sink = _Sink()
+        self._out = av.open(self._sink, "w", format="adts")
+        self._stream = self._out.add_stream("aac", rate=rate, layout="mono")
+
+    def _mux(self, frame) -> bytes:
+        for packet in self._stream.encode(frame):
+            self._out.mux(packet)
+        return self._sink.take()
+
+    def feed(self, audio: np.ndarray) -> bytes:
+        frame = self._av.AudioFrame.from_ndarray(pcm16(audio)[None, :], format="s16", layout="mono")
+        frame.sample_rate = self._rate
+        return self._mux(frame)
+
+    def finish(self) -> bytes:
+        data = self._mux(None)
+        self._out.close()
+        return data + self._sink.take()
+
+
 def encoder(fmt: str, rate: int):
     """An encoder for one response: `feed(audio) -> bytes` per chunk, then `finish() -> bytes`."""
     if fmt == "pcm":
         return _Pcm()
     if fmt == "mp3":
         return _Mp3(rate)
+    if fmt == "aac":
+        return _Aac(rate)
     return _SoundFile(fmt, rate)
