@@ -212,3 +212,8 @@ def test_full_queue_refuses_and_a_gone_client_stops_its_job(server, client):
     sock.close()  # forty sentences, one chunk each: the job stops at its next chunk
     _until(server, queue_running=0, requests_cancelled_total=1)
     assert len(_speak(client, "pcm")) > 0
+
+
+def test_chat_server_refuses_speech(default_server):
+    r = httpx.post(default_server.base_url + "/v1/audio/speech", json={"voice": "af_heart", "input": "Hi."})
+    assert r.status_code == 501 and "Kokoro" in r.json()["error"]["message"]

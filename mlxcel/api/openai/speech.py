@@ -156,6 +156,8 @@ async def _audio(pieces, fmt: str, rate: int):
     except Exception as e:  # the body has started: a short file is all the client can be told
         log.error("speech synthesis failed mid-stream: %s", e)
         return
+    finally:
+        await pieces.aclose()  # a client gone between chunks: the job leaves the queue now, not at GC
     if data := enc.finish():
         yield data
 
@@ -182,6 +184,8 @@ async def _sse(pieces, fmt: str, rate: int):
                                                  "code": "model_busy"}})
     except Exception as e:  # the stream has started: the error goes out as an event
         yield _event({"type": "error", "error": {"message": f"speech synthesis failed: {e}", "type": "server_error"}})
+    finally:
+        await pieces.aclose()
 
 
 SPEECH_ROUTES = [speech]
