@@ -1,13 +1,12 @@
 """A real `mlxcel-server -m mlxcel-fixtures/kokoro-tiny` (random weights, Kokoro's 600 samples at
-24 kHz per duration frame, a duration head fixed at 2 frames a phoneme token at speed 1):
-the OpenAI SDK's `audio.speech.create` answers in every served format and each decodes back
-(libsndfile for wav/flac/opus, miniaudio and libsndfile for mp3, PyAV for aac, raw 16-bit LE
-for pcm) to
-24 kHz mono of the length the model produced; `speed` scales that length as Kokoro's durations
-do; `stream_format: sse` sends one delta per sentence and the done event with usage; hostile or
-unservable requests get a typed 400 in OpenAI's shape; with --max-queue-depth 0 a second
-request is refused with 503 `queue_full` while one runs, and a client that hangs up stops its job
-(read from /metrics, never timed)."""
+24 kHz per duration frame, a duration head fixed at 2 frames a phoneme token at speed 1): the
+OpenAI SDK's `audio.speech.create` and its `with_streaming_response` answer in every served format
+and each decodes back (libsndfile for wav/flac/opus, miniaudio and libsndfile for mp3, PyAV for
+aac, raw 16-bit LE for pcm) to 24 kHz mono of the length the model produced; `speed` scales that
+length as Kokoro's durations do; `stream_format: sse` sends one delta per sentence and the done
+event with usage; hostile or unservable requests get a typed 400 in OpenAI's shape; with
+--max-queue-depth 0 a second request is refused with 503 `queue_full` while one runs, and a
+client that hangs up stops its job (read from /metrics, never timed)."""
 
 from __future__ import annotations
 
@@ -58,48 +57,66 @@ def pcm_samples(client) -> int:
     return n
 
 
-def _decode_soundfile(data: bytes) -> tuple[np.ndarray, int]:
+def _decode_soundfile(data: bytes) -> tuple[int, int]:
     import soundfile as sf
 
     audio, rate = sf.read(io.BytesIO(data), dtype="float32", always_2d=True)
-    assert audio.shape[1] == 1
-    return audio[:, 0], rate
+    assert audio.shape[1] == 1 and np.abs(audio).max() > 0
+    return len(audio), rate
 
 
-@pytest.mark.parametrize("fmt", ["wav", "flac"])
-def test_lossless_formats_decode_to_the_model_output(client, pcm_samples, fmt):
-    audio, rate = _decode_soundfile(_speak(client, fmt))
-    assert rate == RATE and len(audio) == pcm_samples and np.abs(audio).max() > 0
-
-
-def test_mp3_decodes_with_two_decoders(client, pcm_samples):
+def _decode_mp3(data: bytes) -> tuple[int, int]:
+    """miniaudio (dr_mp3) and libsndfile (mpg123) must agree."""
     import miniaudio
 
-    data = _speak(client, "mp3")
     decoded = miniaudio.decode(data, output_format=miniaudio.SampleFormat.SIGNED16, nchannels=1, sample_rate=RATE)
-    assert decoded.sample_rate == RATE
-    assert pcm_samples <= decoded.num_frames <= pcm_samples + 2 * 1152  # the encoder's delay and last frame
-    audio, rate = _decode_soundfile(data)
-    assert rate == RATE and pcm_samples <= len(audio) <= pcm_samples + 2 * 1152
+    assert (decoded.num_frames, decoded.sample_rate) == _decode_soundfile(data)
+    return decoded.num_frames, decoded.sample_rate
 
 
-def test_opus_decodes(client, pcm_samples):
-    data = _speak(client, "opus")
-    assert data[:4] == b"OggS" and b"OpusHead" in data[:64]
-    audio, rate = _decode_soundfile(data)
-    assert rate == RATE and abs(len(audio) - pcm_samples) <= 960  # within one 20 ms Opus frame
-
-
-def test_aac_decodes(client, pcm_samples):
+def _decode_aac(data: bytes) -> tuple[int, int]:
     import av
 
-    data = _speak(client, "aac")
     assert data[0] == 0xFF and data[1] & 0xF0 == 0xF0  # an ADTS sync word
     with av.open(io.BytesIO(data)) as f:
         frames = list(f.decode(audio=0))
-    assert {fr.sample_rate for fr in frames} == {RATE} and {fr.layout.name for fr in frames} == {"mono"}
-    n = sum(fr.samples for fr in frames)
-    assert pcm_samples <= n <= pcm_samples + 3 * 1024  # the encoder's priming and last frame
+    assert {fr.layout.name for fr in frames} == {"mono"} and len({fr.sample_rate for fr in frames}) == 1
+    return sum(fr.samples for fr in frames), frames[0].sample_rate
+
+
+def _decode_opus(data: bytes) -> tuple[int, int]:
+    assert data[:4] == b"OggS" and b"OpusHead" in data[:64]
+    return _decode_soundfile(data)
+
+
+# format -> (decoder, extra samples a codec may add: priming and its last frame's padding; -1: +-960)
+DECODERS = {"wav": (_decode_soundfile, 0), "flac": (_decode_soundfile, 0), "mp3": (_decode_mp3, 2 * 1152),
+            "opus": (_decode_opus, -960), "aac": (_decode_aac, 3 * 1024)}
+MEDIA = {"wav": "audio/wav", "flac": "audio/flac", "mp3": "audio/mpeg", "opus": "audio/ogg", "aac": "audio/aac"}
+
+
+def _check_decodes(fmt: str, data: bytes, pcm_samples: int) -> None:
+    decode, slack = DECODERS[fmt]
+    n, rate = decode(data)
+    assert rate == RATE
+    if slack >= 0:
+        assert pcm_samples <= n <= pcm_samples + slack
+    else:  # Opus: within one 20 ms frame
+        assert abs(n - pcm_samples) <= -slack
+
+
+@pytest.mark.parametrize("fmt", list(DECODERS))
+def test_create_in_each_format_decodes_to_the_model_output(client, pcm_samples, fmt):
+    _check_decodes(fmt, _speak(client, fmt), pcm_samples)
+
+
+@pytest.mark.parametrize("fmt", list(DECODERS))
+def test_streaming_response_in_each_format(client, pcm_samples, fmt):
+    with client.audio.speech.with_streaming_response.create(model=KOKORO_TINY, voice="af_heart", input="Hi.",
+                                                            response_format=fmt) as r:
+        assert r.headers["content-type"] == MEDIA[fmt]
+        data = b"".join(r.iter_bytes())
+    _check_decodes(fmt, data, pcm_samples)
 
 
 def test_speed_scales_the_durations(client, pcm_samples):
