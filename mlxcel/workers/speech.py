@@ -32,7 +32,12 @@ MIN_SPEED, MAX_SPEED = 0.25, 4.0
 
 
 class SpeechError(ValueError):
-    """A request the checkpoint cannot serve, or a checkpoint the worker cannot load."""
+    """A request the checkpoint cannot serve (`param` names the field), or a checkpoint the worker
+    cannot load."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 def _config(path: Path) -> dict | None:
@@ -123,9 +128,10 @@ class SpeechWorker:
     def check(self, voice: str, speed: float) -> None:
         """Refusals that need no synthesis, made before a response (or a stream) starts."""
         if voice not in self.voices:
-            raise SpeechError(f"voice {voice!r} is not served by {self.id}; its voices: {', '.join(self.voices)}")
+            raise SpeechError(f"voice {voice!r} is not served by {self.id}; its voices: {', '.join(self.voices)}",
+                              "voice")
         if not MIN_SPEED <= speed <= MAX_SPEED:
-            raise SpeechError(f"speed {speed} is outside {MIN_SPEED}..{MAX_SPEED}")
+            raise SpeechError(f"speed {speed} is outside {MIN_SPEED}..{MAX_SPEED}", "speed")
 
     def synthesize(self, text: str, voice: str, speed: float = 1.0) -> tuple[np.ndarray, Speech]:
         """Blocks until this worker's thread has spoken `text`: (mono float32 audio, accounting)."""

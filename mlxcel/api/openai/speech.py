@@ -20,8 +20,11 @@ import base64
 import json
 import logging
 import threading
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from litestar import Request, Response, post
 from litestar.response import Stream
@@ -35,7 +38,7 @@ from mlxcel.api.side_workers import check_queue, worker_queue
 from mlxcel.api.state import AppState
 from mlxcel.config.limits import echo
 from mlxcel.workers.queue import QueueClosed
-from mlxcel.workers.speech import MAX_SPEED, MIN_SPEED, SPEECH, SpeechError
+from mlxcel.workers.speech import MAX_SPEED, MIN_SPEED, SPEECH, Speech, SpeechError
 
 log = logging.getLogger("mlxcel.api")
 
@@ -119,7 +122,7 @@ async def speech(request: Request, app_state: AppState) -> Response:
     try:
         worker.check(req.voice, req.speed)
     except SpeechError as e:
-        raise _bad(str(e), "voice" if str(e).startswith("voice") else "speed") from None
+        raise _bad(str(e), e.param) from None
     queue = worker_queue(app_state, SPEECH)
     check_queue(queue)  # a full queue: 503 before the response starts
     pieces = _pieces(queue, worker, req)
@@ -130,7 +133,7 @@ async def speech(request: Request, app_state: AppState) -> Response:
                   headers=headers)
 
 
-async def _pieces(queue, worker, req: SpeechRequest):
+async def _pieces(queue, worker, req: SpeechRequest) -> AsyncIterator[np.ndarray | Speech]:
     """Each chunk's audio as the worker decodes it, then the worker's Speech accounting; a client
     that goes away takes the job out of the queue, or stops the worker at its next chunk."""
     loop, chunks = asyncio.get_running_loop(), asyncio.Queue()
@@ -151,7 +154,7 @@ async def _audio(pieces, fmt: str, rate: int):
     enc = speech_formats.encoder(fmt, rate)
     try:
         async for piece in pieces:
-            if not hasattr(piece, "samples") and (data := enc.feed(piece)):
+            if not isinstance(piece, Speech) and (data := enc.feed(piece)):
                 yield data
     except Exception as e:  # the body has started: a short file is all the client can be told
         log.error("speech synthesis failed mid-stream: %s", e)
@@ -171,7 +174,7 @@ async def _sse(pieces, fmt: str, rate: int):
     delta = lambda data: _event({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode("ascii")})
     try:
         async for piece in pieces:
-            if hasattr(piece, "samples"):
+            if isinstance(piece, Speech):
                 if data := enc.finish():
                     yield delta(data)
                 usage = {"input_tokens": piece.input_tokens, "output_tokens": piece.output_tokens,
