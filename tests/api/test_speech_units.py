@@ -2,7 +2,8 @@
 samples it was given (exactly for pcm/wav/flac, within codec padding for mp3/opus/aac) and sends
 what it can before the end (pcm, mp3, opus, aac); the text is cut into sentences and phoneme
 chunks the model takes; a format whose encoder is not installed is not served (a subprocess
-without lameenc and av)."""
+without lameenc and av); any JSON body is either a checked request or a typed 400 (a property
+test of the route's field parser)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,11 @@ import sys
 import numpy as np
 import pytest
 
-from mlxcel.api.openai import speech_formats
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mlxcel.api.errors import ApiError
+from mlxcel.api.openai import speech, speech_formats
 from mlxcel.workers import speech_text
 from tests.hidden_packages import env_without
 
@@ -81,3 +86,28 @@ def test_formats_without_their_encoder_are_not_served(tmp_path):
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "opus,flac,wav,pcm"
     assert speech_formats.served() == speech_formats.FORMATS  # here every encoder is installed
+
+
+_json = st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats() | st.text(max_size=12),
+                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+                     max_leaves=6)
+_fields = {"input": st.text(max_size=20) | st.just("x" * 4097) | _json,
+           "voice": st.sampled_from(["af_heart", "", "alloy"]) | st.fixed_dictionaries({"id": st.text(max_size=8)}) | _json,
+           "response_format": st.sampled_from([*speech_formats.FORMATS, "ogg", ""]) | _json,
+           "speed": st.floats(0, 5) | st.sampled_from([0.25, 4.0, True, "1"]) | _json,
+           "stream_format": st.sampled_from(["audio", "sse", "x"]) | _json,
+           "instructions": st.sampled_from(["", "calm"]) | _json}
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.fixed_dictionaries({}, optional=_fields))
+def test_any_body_is_a_checked_request_or_a_typed_400(body):
+    try:
+        req = speech.parse(body)
+    except ApiError as e:
+        assert e.status == 400 and e.param in _fields and e.message
+        assert e.code == ("field_not_honoured" if e.param == "instructions" else "invalid_parameter")
+        return
+    assert 0 < len(req.text) <= speech.MAX_INPUT_CHARS and req.text.strip()
+    assert isinstance(req.voice, str) and req.voice and req.fmt in speech_formats.served()
+    assert 0.25 <= req.speed <= 4.0 and isinstance(req.sse, bool)
