@@ -88,11 +88,12 @@ def test_formats_without_their_encoder_are_not_served(tmp_path):
     assert speech_formats.served() == speech_formats.FORMATS  # here every encoder is installed
 
 
-_json = st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats() | st.text(max_size=12),
-                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
-                     max_leaves=6)
+_scalar = st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats() | st.text(max_size=12)
+_json = st.recursive(_scalar, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner,
+                                                                                          max_size=3), max_leaves=6)
 _fields = {"input": st.text(max_size=20) | st.just("x" * 4097) | _json,
-           "voice": st.sampled_from(["af_heart", "", "alloy"]) | st.fixed_dictionaries({"id": st.text(max_size=8)}) | _json,
+           "voice": st.sampled_from(["af_heart", "", "alloy"]) | st.fixed_dictionaries({"id": st.text(max_size=8)})
+           | _json,
            "response_format": st.sampled_from([*speech_formats.FORMATS, "ogg", ""]) | _json,
            "speed": st.floats(0, 5) | st.sampled_from([0.25, 4.0, True, "1"]) | _json,
            "stream_format": st.sampled_from(["audio", "sse", "x"]) | _json,
