@@ -94,6 +94,7 @@ FAMILIES: dict[str, Family] = {
         Family("mamba2", "mlx_lm.models.mamba2", "Mamba2ForCausalLM", attention=("recurrent",)),
         # vision-language (models/vision.py): transformers' family code on the torch backend only
         Family("qwen2_vl", None, "Qwen2VLForConditionalGeneration"),
+        Family("qwen2_5_vl", None, "Qwen2_5_VLForConditionalGeneration", attention=SLIDABLE),
     )
 }
 

@@ -29,15 +29,13 @@ class VisionFamily:
     placeholder: str  # what one image renders as in the prompt text (pad token expanded later)
     image_token: str  # the pad token, repeated once per merged patch
     processor: str  # module:class of the image processor (PIL-backed: no torchvision needed)
-    mlx_module: str | None = None  # mlx-vlm's family module, where the MLX backend serves it (backends/mlx/vlm.py)
 
 
 VISION_FAMILIES: dict[str, VisionFamily] = {
     f.model_type: f
     for f in (
         VisionFamily("qwen2_vl", "<|vision_start|><|image_pad|><|vision_end|>", "<|image_pad|>",
-                     "transformers.models.qwen2_vl.image_processing_pil_qwen2_vl:Qwen2VLImageProcessorPil",
-                     mlx_module="mlx_vlm.models.qwen2_vl"),
+                     "transformers.models.qwen2_vl.image_processing_pil_qwen2_vl:Qwen2VLImageProcessorPil"),
     )
 }
 
@@ -48,12 +46,6 @@ class BudgetRefused(ValueError):
 
 def is_vision(config: dict) -> bool:
     return config.get("model_type") in VISION_FAMILIES
-
-
-def serves_on_mlx(config: dict) -> bool:
-    """Whether the MLX backend runs this vision-language family (mlx-vlm has its module)."""
-    family = VISION_FAMILIES.get(config.get("model_type"))
-    return family is not None and family.mlx_module is not None
 
 
 def is_vision_checkpoint(path: Path) -> bool:
@@ -112,7 +104,7 @@ def _import(spec: str):
 class EncodedImages:
     """The processor's output for one request's images, in prompt order."""
 
-    pixel_values: Any  # [patches, channels * t * p * p]: a torch tensor, or numpy where asked (`tensors`)
+    pixel_values: Any  # torch tensor [patches, channels * t * p * p]
     grid_thw: Any  # torch int64 [n_images, 3]
     tokens: list[int]  # image-pad tokens each image expands to
 
@@ -128,10 +120,8 @@ class VisionInput:
     backend's image payload for a request (`media`)."""
 
     def __init__(self, path: Path, config: dict, tokenizer_hf: Any, budget: ImageBudget | None = None, *,
-                 media: MediaFactory | None = None, tensors: str = "pt") -> None:
-        """`tensors`: the processor's output type, "pt" (torch) or "np" (the MLX backend's)."""
+                 media: MediaFactory | None = None) -> None:
         self._media = media
-        self._tensors = tensors
         self.family = VISION_FAMILIES[config["model_type"]]
         self.processor = _import(self.family.processor).from_pretrained(str(path), local_files_only=True)
         budget = budget or ImageBudget()
@@ -147,7 +137,7 @@ class VisionInput:
 
     def encode(self, images: list[Any]) -> EncodedImages:
         """PIL images -> pixel patches and grids (CPU work: call it off the event loop)."""
-        out = self.processor(images=[im.convert("RGB") for im in images], return_tensors=self._tensors)
+        out = self.processor(images=[im.convert("RGB") for im in images], return_tensors="pt")
         grid = out["image_grid_thw"]
         return EncodedImages(out["pixel_values"], grid, [int(g.prod()) // (self.merge ** 2) for g in grid])
 

@@ -40,7 +40,7 @@ from mlxcel.config.rope import RopeOverrides
 from mlxcel.engine.backend import ForwardRow
 from mlxcel.models.registry import DOCS_PAGE, UnsupportedModelType
 from mlxcel.models.rope_overrides import config_overrides
-from mlxcel.models.vision import VISION_FAMILIES
+from mlxcel.models.vision_mlx import MLX_VLM_MODULES
 
 # image features kept by content hash (a few hundred KB each for real towers)
 FEATURE_CACHE_ENTRIES = 64
@@ -116,16 +116,27 @@ def image_runs(prompt: list[int], image_token_id: int, counts: list[int]) -> lis
     return out
 
 
+def per_image(encoded) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(patches, [1, 3] grid) of each image of models/vision.EncodedImages, as numpy: from its
+    per-image inputs where it keeps them, else split from the batch by each grid's patch count."""
+    inputs = getattr(encoded, "inputs", None)
+    if inputs is not None:
+        return [(np.asarray(x["pixel_values"], dtype=np.float32),
+                 np.asarray(x["image_grid_thw"], dtype=np.int64).reshape(-1, 3)) for x in inputs]
+    grids = np.asarray(encoded.grid_thw, dtype=np.int64).reshape(-1, 3)
+    pv = np.asarray(encoded.pixel_values, dtype=np.float32)
+    bounds = np.concatenate([[0], np.cumsum(grids.prod(axis=1))])
+    return [(pv[bounds[k]:bounds[k + 1]], grids[k:k + 1]) for k in range(len(grids))]
+
+
 def media_for(image_token_id: int):
     """The media factory (models/vision.MediaFactory) for a checkpoint with this pad token."""
 
     def make(prompt: list[int], encoded) -> MLXMedia:
-        grids = np.asarray(encoded.grid_thw, dtype=np.int64).reshape(-1, 3)
-        pv = np.asarray(encoded.pixel_values, dtype=np.float32)
-        bounds = np.concatenate([[0], np.cumsum(grids.prod(axis=1))])
-        per_image = [pv[bounds[k]:bounds[k + 1]] for k in range(len(grids))]
-        return MLXMedia(prompt=list(prompt), pixel_values=per_image, grids=grids,
-                        keys=[image_key(p, g) for p, g in zip(per_image, grids)],
+        images = per_image(encoded)
+        return MLXMedia(prompt=list(prompt), pixel_values=[p for p, _ in images],
+                        grids=np.concatenate([g for _, g in images]),
+                        keys=[image_key(p, g) for p, g in images],
                         runs=image_runs(prompt, image_token_id, list(encoded.tokens)))
 
     return make
@@ -151,11 +162,10 @@ def load_vlm(path: Path, raw: dict):
     """mlx-vlm's Model for the checkpoint at `path` with its weights, and the config it was built from."""
     from mlx_vlm.utils import load_model_weights, sanitize_weights, update_module_configs
 
-    family = VISION_FAMILIES[raw["model_type"]]
-    if family.mlx_module is None:
-        raise UnsupportedModelType(f"{raw['model_type']}: mlxcel serves this vision-language family on torch only; "
+    if raw.get("model_type") not in MLX_VLM_MODULES:
+        raise UnsupportedModelType(f"{raw['model_type']}: the MLX backend does not serve this vision-language family; "
                                    f"use --backend torch (see {DOCS_PAGE})")
-    module = importlib.import_module(family.mlx_module)
+    module = importlib.import_module(MLX_VLM_MODULES[raw["model_type"]])
     cfg = mlx_vlm_config(raw)
     model_config = module.ModelConfig.from_dict(dict(cfg))
     towers = {**cfg, "text_config": {k: v for k, v in cfg.items() if k != "vision_config"}}
