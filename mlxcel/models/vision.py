@@ -36,6 +36,8 @@ VISION_FAMILIES: dict[str, VisionFamily] = {
     for f in (
         VisionFamily("qwen2_vl", "<|vision_start|><|image_pad|><|vision_end|>", "<|image_pad|>",
                      "transformers.models.qwen2_vl.image_processing_pil_qwen2_vl:Qwen2VLImageProcessorPil"),
+        VisionFamily("qwen2_5_vl", "<|vision_start|><|image_pad|><|vision_end|>", "<|image_pad|>",
+                     "transformers.models.qwen2_vl.image_processing_pil_qwen2_vl:Qwen2VLImageProcessorPil"),
     )
 }
 

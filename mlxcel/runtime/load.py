@@ -31,6 +31,7 @@ from mlxcel.engine.tokenizer import Tokenizer
 from mlxcel.models.lora import LoraError, LoraSet, checkpoint_shapes, load_adapter, validate
 from mlxcel.models.registry import mlx_only
 from mlxcel.models.vision import BudgetRefused, ImageBudget, VisionInput, is_vision, is_vision_checkpoint
+from mlxcel.models.vision_mlx import serves_on_mlx
 from mlxcel.runtime.memory import release_memory as default_release
 from mlxcel.runtime.served import ServedModel, Startup
 from mlxcel.steering.manager import SteeringManager
@@ -81,7 +82,7 @@ def select_backend(settings: ServerSettings, path: Path | None = None,
         (settings.backend.name, settings.backend.device)
     try:
         choice = select.choose(backend, device, quantized=select.quantization_mode(config),
-                               vision=is_vision(config), mlx_only=mlx_only(config))
+                               vision=is_vision(config), vision_mlx=serves_on_mlx(config), mlx_only=mlx_only(config))
     except select.BackendRefused as e:
         raise StartupRefusal(str(e)) from None
     if choice.backend == "mlx" and choice.device != "cpu" and settings.backend.threads > 0:
@@ -118,12 +119,15 @@ def _load_backend(settings: ServerSettings, path: Path, choice: select.Choice):
         return backend, choice
     import mlx.core as mx
 
-    from mlxcel.backends.mlx.backend import MLXBackend
+    if is_vision_checkpoint(path):
+        from mlxcel.backends.mlx.vlm import MLXVLMBackend as mlx_class
+    else:
+        from mlxcel.backends.mlx.backend import MLXBackend as mlx_class
 
     if choice.device == "cpu":
         mx.set_default_device(mx.cpu)
     b = settings.backend
-    backend = MLXBackend(path, dtype=b.dtype, rope=b.rope, threads=b.threads, kv_cache=kv_cache)
+    backend = mlx_class(path, dtype=b.dtype, rope=b.rope, threads=b.threads, kv_cache=kv_cache)
     if backend.split_modules:
         log.info("MLX on the CPU: %d large matrix products each split over %d threads (--threads)",
                  backend.split_modules, backend.threads)
@@ -249,8 +253,12 @@ def load_vision(settings: ServerSettings, path: Path, backend, tokenizer: Tokeni
             raise StartupRefusal(f"{path.name} takes no images, so {flag} has nothing to bound; drop {flag} or "
                                  f"serve a vision-language checkpoint")
         return None
-    from mlxcel.backends.torch.vlm import media_for  # only the torch backend runs image checkpoints
+    if backend.info.backend == "mlx":
+        from mlxcel.backends.mlx.vlm import media_for as mlx_media
 
+        media_for = mlx_media(backend.image_token_id)
+    else:
+        from mlxcel.backends.torch.vlm import media_for
     try:
         return VisionInput(path, backend.info.config, tokenizer.hf, budget, media=media_for)
     except BudgetRefused as e:

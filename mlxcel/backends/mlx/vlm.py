@@ -86,6 +86,7 @@ class MLXMedia:
     grids: np.ndarray  # [n_images, 3] int64
     keys: list[str]  # per image, its feature-cache key
     runs: list[tuple[int, int]]  # per image, its tokens' [start, stop) in the prompt
+    cache_tokens: list[int] = field(default_factory=list)  # the prefix cache's key (engine.types.PrefixKeyed)
     # filled on the row's first prefill chunk
     positions: np.ndarray | None = field(default=None, repr=False)  # [3, len(prompt)]
     delta: int = 0
@@ -134,12 +135,22 @@ def media_for(image_token_id: int):
 
     def make(prompt: list[int], encoded) -> MLXMedia:
         images = per_image(encoded)
+        keys = [image_key(p, g) for p, g in images]
+        runs = image_runs(prompt, image_token_id, list(encoded.tokens))
         return MLXMedia(prompt=list(prompt), pixel_values=[p for p, _ in images],
-                        grids=np.concatenate([g for _, g in images]),
-                        keys=[image_key(p, g) for p, g in images],
-                        runs=image_runs(prompt, image_token_id, list(encoded.tokens)))
+                        grids=np.concatenate([g for _, g in images]), keys=keys, runs=runs,
+                        cache_tokens=keyed_prompt(prompt, runs, keys))
 
     return make
+
+
+def keyed_prompt(prompt: list[int], runs: list[tuple[int, int]], keys: list[str]) -> list[int]:
+    """The prompt with each image's tokens replaced by an id drawn from the image's key: negative,
+    so never a vocabulary id, and equal only for the same image (GenerationRequest.cache_tokens)."""
+    out = list(prompt)
+    for (a, b), key in zip(runs, keys):
+        out[a:b] = [-1 - int(key[:15], 16)] * (b - a)
+    return out
 
 
 def mlx_vlm_config(raw: dict) -> dict:
