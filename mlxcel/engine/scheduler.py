@@ -23,13 +23,13 @@ from mlxcel.engine.types import GenerationRequest, SlotInfo
 OpenRow = Callable[[RequestHandle, SequenceKV, int, int], Row]
 
 
-@dataclass
-
 def cacheable(req: GenerationRequest) -> bool:
     """Whether the request's prompt may come from, and go back to, the prefix cache: asked for,
     and its images (if any) keyed by their content."""
     return req.cache_prompt and (req.media is None or req.cache_tokens is not None)
 
+
+@dataclass
 class StepPlan:
     """One step's forward: (row, its tokens) in batch order, decode rows one token, prompt rows
     a chunk; and the decoding rows whose draft is verified in the same forward instead."""
