@@ -13,6 +13,7 @@ from mlxcel.models.vision import is_vision
 MLX_VLM_MODULES: dict[str, str] = {
     "qwen2_vl": "mlx_vlm.models.qwen2_vl",
     "qwen2_5_vl": "mlx_vlm.models.qwen2_5_vl",
+    "gemma3": "mlx_vlm.models.gemma3",
 }
 
 

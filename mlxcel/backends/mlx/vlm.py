@@ -35,6 +35,7 @@ import mlx.core as mx
 import numpy as np
 
 from mlxcel.backends.mlx.backend import MLXBackend
+from mlxcel.backends.mlx.vlm_families import FAMILY_KINDS
 from mlxcel.backends.rows import RowLayout
 from mlxcel.config.rope import RopeOverrides
 from mlxcel.engine.backend import ForwardRow
@@ -123,7 +124,8 @@ def per_image(encoded) -> list[tuple[np.ndarray, np.ndarray]]:
     inputs = getattr(encoded, "inputs", None)
     if inputs is not None:
         return [(np.asarray(x["pixel_values"], dtype=np.float32),
-                 np.asarray(x["image_grid_thw"], dtype=np.int64).reshape(-1, 3)) for x in inputs]
+                 np.asarray(x.get("image_grid_thw", np.zeros((1, 3))), dtype=np.int64).reshape(-1, 3))
+                for x in inputs]
     grids = np.asarray(encoded.grid_thw, dtype=np.int64).reshape(-1, 3)
     pv = np.asarray(encoded.pixel_values, dtype=np.float32)
     bounds = np.concatenate([[0], np.cumsum(grids.prod(axis=1))])
@@ -153,33 +155,21 @@ def keyed_prompt(prompt: list[int], runs: list[tuple[int, int]], keys: list[str]
     return out
 
 
-def mlx_vlm_config(raw: dict) -> dict:
-    """config.json as mlx-vlm's Qwen2-VL config reads it, where transformers 5 writes another form:
-    the text tower's keys at the top level (transformers 5 nests them in text_config), the M-RoPE
-    section as `rope_scaling`, and the vision tower named by the family (not `<family>_vision`)."""
-    cfg = {**(raw.get("text_config") or {}), **{k: v for k, v in raw.items() if k != "text_config"}}
-    vision = dict(cfg.get("vision_config") or {})
-    if vision.get("model_type") == f"{raw['model_type']}_vision":
-        cfg["vision_config"] = {**vision, "model_type": raw["model_type"]}
-    rope = cfg.get("rope_parameters") or {}
-    if "mrope_section" in rope and not cfg.get("rope_scaling"):
-        cfg["rope_scaling"] = {"type": "mrope", "mrope_section": list(rope["mrope_section"])}
-    if "rope_theta" in rope:
-        cfg.setdefault("rope_theta", rope["rope_theta"])
-    return cfg
-
-
 def load_vlm(path: Path, raw: dict):
     """mlx-vlm's Model for the checkpoint at `path` with its weights, and the config it was built from."""
+    from mlx.utils import tree_flatten
     from mlx_vlm.utils import load_model_weights, sanitize_weights, update_module_configs
 
     if raw.get("model_type") not in MLX_VLM_MODULES:
         raise UnsupportedModelType(f"{raw['model_type']}: the MLX backend does not serve this vision-language family; "
                                    f"use --backend torch (see {DOCS_PAGE})")
     module = importlib.import_module(MLX_VLM_MODULES[raw["model_type"]])
-    cfg = mlx_vlm_config(raw)
+    kind = FAMILY_KINDS[raw["model_type"]]
+    cfg = kind.config(raw)
     model_config = module.ModelConfig.from_dict(dict(cfg))
-    towers = {**cfg, "text_config": {k: v for k, v in cfg.items() if k != "vision_config"}}
+    # a flat config (Qwen's) is its own text tower's
+    towers = cfg if "text_config" in cfg else {**cfg, "text_config": {k: v for k, v in cfg.items()
+                                                                     if k != "vision_config"}}
     model_config = update_module_configs(model_config, module, towers, ["text", "vision"])
     model = module.Model(model_config)
     weights: dict[str, mx.array] = {}
@@ -188,6 +178,7 @@ def load_vlm(path: Path, raw: dict):
     weights = sanitize_weights(model, weights)
     weights = sanitize_weights(module.VisionModel, weights, model_config.vision_config)
     weights = sanitize_weights(module.LanguageModel, weights, model_config.text_config)
+    weights = kind.weights(weights, {k for k, _ in tree_flatten(model.parameters())})
     model = load_model_weights(model, cfg, weights, path)
     return model, cfg
 
@@ -195,69 +186,73 @@ def load_vlm(path: Path, raw: dict):
 class MLXVLMBackend(MLXBackend):
     """MLXBackend for a vision-language family: same KV, packing, hooks and steering seams."""
 
-    rotates_by_position_ids = True
-
     def _load_model(self, path: Path, raw: dict, config: dict, rope: RopeOverrides | None):
         if rope is not None and config_overrides(config, rope):
-            raise UnsupportedModelType("--rope-* / --yarn-* overrides are not applied to a multimodal RoPE; drop "
-                                       "them to serve this vision-language checkpoint")
+            raise UnsupportedModelType("--rope-* / --yarn-* overrides are not applied to a vision-language "
+                                       "checkpoint's RoPE on MLX; drop them (or serve it with --backend torch)")
         model, cfg = load_vlm(path, raw)
-        self.image_token_id = int(cfg["image_token_id"])
+        self.kind = FAMILY_KINDS[raw["model_type"]]
+        self.rotates_by_position_ids = self.kind.rotates_by_position_ids
+        self.image_token_id = self.kind.image_token_id(cfg)
         self.features = ImageFeatureCache()
-        return model, cfg
+        # the text tower's geometry at the top, where the engine reads it (ModelInfo.config)
+        text = {k: v for k, v in (cfg.get("text_config") or {}).items() if k != "model_type"}
+        return model, {**text, **cfg}
 
     # -- one step --------------------------------------------------------------------------
 
     def _call(self, fn, ids: mx.array, views: list, rows: list[ForwardRow], layout: RowLayout, plan):
         if fn is not None:
             return fn(ids, cache=views)
-        lm = self.model.language_model
         b, width = ids.shape
-        embeds = lm.model.embed_tokens(ids)
-        positions = np.zeros((b, width), dtype=np.int64)
+        embeds = self.model.language_model.model.embed_tokens(ids)
         starts = np.cumsum([0] + [len(r.tokens) for r in rows])
+        spots = [(0, int(starts[i])) if layout.packed else (i, 0) for i in range(len(rows))]
         dst, src = [], []  # flat embedding rows to replace, and the features that replace them
-        for i, r in enumerate(rows):
-            n, seq = len(r.tokens), r.cache
-            row, col = (0, int(starts[i])) if layout.packed else (i, 0)
-            text = seq.position + np.arange(n)
-            positions[row, col:col + n] = text
-            if not layout.packed:
-                positions[row, n:] = text[-1]  # padded queries repeat the last position
-            media = getattr(seq, "media", None)
-            if isinstance(media, MLXMedia):
-                self._splice(media, seq, row * width + col, n, dst, src)
-        pos3 = np.repeat(positions[None], 3, axis=0)
-        for i, r in enumerate(rows):  # the multimodal table overrides a media row's prompt positions
+        for r, (row, col) in zip(rows, spots):
             media = getattr(r.cache, "media", None)
             if isinstance(media, MLXMedia):
-                self._place_positions(media, r, i, starts, layout, pos3)
+                self._splice(media, r.cache, row * width + col, len(r.tokens), dst, src)
         if dst:
             flat = embeds.reshape(b * width, -1)
             flat[mx.array(np.asarray(dst, dtype=np.int32))] = mx.concatenate(src).astype(flat.dtype)
             embeds = flat.reshape(b, width, -1)
-        h = lm.model(ids, inputs_embeds=embeds, cache=views, position_ids=mx.array(pos3.astype(np.int32)))
-        if lm.args.tie_word_embeddings:
-            return lm.model.embed_tokens.as_linear(h)
-        return lm.lm_head(h)
+        positions = self._positions(rows, spots, layout, (b, width)) if self.rotates_by_position_ids else None
+        for r in rows:
+            media = getattr(r.cache, "media", None)
+            if isinstance(media, MLXMedia) and r.cache.length + len(r.tokens) >= len(media.prompt):
+                r.cache.media = None  # the prompt is in the KV; the pixels are no longer needed
+        return self.kind.logits(self.model, ids, embeds, views, positions)
+
+    def _positions(self, rows: list[ForwardRow], spots, layout: RowLayout, shape) -> mx.array:
+        """[3, B, width] position ids: a text token's logical position on every axis, a media
+        row's prompt tokens from its multimodal table; a media row's sequence takes the prompt's
+        delta as its shift, so decode (and a context shift) continues at the shifted position."""
+        pos3 = np.zeros((3, *shape), dtype=np.int64)
+        for r, (row, col) in zip(rows, spots):
+            n, seq = len(r.tokens), r.cache
+            media = getattr(seq, "media", None)
+            text = seq.position + np.arange(n)
+            pos3[:, row, col:col + n] = text
+            if isinstance(media, MLXMedia):
+                start = seq.length
+                stop = min(start + n, len(media.prompt))
+                pos3[:, row, col:col + stop - start] = media.positions[:, start:stop]
+                seq.shift = media.delta
+            if not layout.packed:
+                pos3[:, row, col + n:] = pos3[:, row, col + n - 1:col + n]  # padded queries repeat the last
+        return mx.array(pos3.astype(np.int32))
 
     def _prepare(self, m: MLXMedia) -> None:
-        if m.positions is not None:
-            return
-        lm = self.model.language_model
-        pos, delta = lm.get_rope_index(mx.array([m.prompt]), mx.array(m.grids))
-        m.positions = np.array(pos[:, 0], dtype=np.int64)
-        m.delta = int(np.array(delta).reshape(-1)[0])
+        if m.positions is None and self.rotates_by_position_ids:
+            m.positions, m.delta = self.kind.positions(self.model, m.prompt, m.grids)
 
     def _features(self, m: MLXMedia, k: int) -> mx.array:
         """Image k's features: from the cache by its key, else one vision-tower forward."""
         if k not in m.feats:
             feats = self.features.get(m.keys[k])
             if feats is None:
-                tower = self.model.vision_tower
-                dtype = tower.patch_embed.proj.weight.dtype
-                feats = tower(mx.array(m.pixel_values[k]).astype(dtype), mx.array(m.grids[k:k + 1]),
-                              output_hidden_states=False)
+                feats = self.kind.features(self.model, m.pixel_values[k], m.grids[k:k + 1])
                 mx.eval(feats)
                 self.features.put(m.keys[k], feats)
             m.feats[k] = feats
@@ -273,17 +268,3 @@ class MLXVLMBackend(MLXBackend):
             if lo < hi:
                 dst.extend(range(at + lo - start, at + hi - start))
                 src.append(self._features(m, k)[lo - a:hi - a])
-
-    def _place_positions(self, m: MLXMedia, r: ForwardRow, i: int, starts, layout: RowLayout, pos3) -> None:
-        seq = r.cache
-        start = seq.length
-        stop = min(start + len(r.tokens), len(m.prompt))
-        row, col = (0, int(starts[i])) if layout.packed else (i, 0)
-        if start < stop:
-            pos3[:, row, col:col + stop - start] = m.positions[:, start:stop]
-            if not layout.packed:
-                pos3[:, row, col + stop - start:] = m.positions[:, stop - 1:stop]
-        # decode (and a context shift) continue at the prompt's shifted position
-        seq.shift = m.delta
-        if start + len(r.tokens) >= len(m.prompt):
-            seq.media = None  # the prompt is in the KV; the pixels are no longer needed
