@@ -95,6 +95,10 @@ FAMILIES: dict[str, Family] = {
         # vision-language (models/vision.py): transformers' family code on the torch backend only
         Family("qwen2_vl", None, "Qwen2VLForConditionalGeneration"),
         Family("qwen2_5_vl", None, "Qwen2_5_VLForConditionalGeneration", attention=SLIDABLE),
+        Family("llava", None, "LlavaForConditionalGeneration"),
+        Family("idefics3", None, "Idefics3ForConditionalGeneration"),
+        Family("paligemma", None, "PaliGemmaForConditionalGeneration"),
+        Family("mistral3", None, "Mistral3ForConditionalGeneration", attention=SLIDABLE),
     )
 }
 

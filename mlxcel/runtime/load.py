@@ -247,7 +247,8 @@ def load_vision(settings: ServerSettings, path: Path, backend, tokenizer: Tokeni
     """A vision-language checkpoint's image side (models/vision.py), with the image-token budget
     applied; None for a text-only checkpoint. A budget it cannot honour refuses the load."""
     budget = ImageBudget(settings.media.image_min_tokens, settings.media.image_max_tokens)
-    if not is_vision(backend.info.config):
+    # a family the MLX backend does not run as a vision-language model takes no images there
+    if not is_vision_checkpoint(path) or (backend.info.backend == "mlx" and not serves_on_mlx(backend.info.config)):
         if budget.requested:  # no processor took the budget: the same refusal as a fixed-geometry one
             flag = "--image-min-tokens" if settings.media.image_min_tokens else "--image-max-tokens"
             raise StartupRefusal(f"{path.name} takes no images, so {flag} has nothing to bound; drop {flag} or "
