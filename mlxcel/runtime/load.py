@@ -254,14 +254,15 @@ def load_vision(settings: ServerSettings, path: Path, backend, tokenizer: Tokeni
             raise StartupRefusal(f"{path.name} takes no images, so {flag} has nothing to bound; drop {flag} or "
                                  f"serve a vision-language checkpoint")
         return None
+    tensors = "pt"
     if backend.info.backend == "mlx":
         from mlxcel.backends.mlx.vlm import media_for as mlx_media
 
-        media_for = mlx_media(backend.image_token_id)
+        media_for, tensors = mlx_media(backend.image_token_id), "np"
     else:
         from mlxcel.backends.torch.vlm import media_for
     try:
-        return VisionInput(path, backend.info.config, tokenizer.hf, budget, media=media_for)
+        return VisionInput(path, backend.info.config, tokenizer.hf, budget, media=media_for, tensors=tensors)
     except BudgetRefused as e:
         raise StartupRefusal(str(e)) from None
 

@@ -1,8 +1,10 @@
 """Vision-language families on the MLX backend (backends/mlx/vlm.py), one row per family it serves.
 
 Per family, fp32 on the CPU: the language logits of an image prompt, prefilled in two chunks
-split inside the image's token run, equal mlx-vlm's own forward of the whole prompt (its
-vision tower, merge and M-RoPE) within 1e-4. Through the real engine (qwen2_vl): an image row
+split inside the image's token run, equal transformers' forward of the whole prompt (its vision
+tower, projector and M-RoPE) within 1e-4. Gemma 3 is compared with transformers' causal
+attention (no token_type_ids): mlx-vlm's Gemma 3 attends causally over an image's tokens,
+where transformers lets them see each other both ways. Through the real engine (qwen2_vl): an image row
 and text-only rows share forwards and each answers as it does alone; a repeated image skips
 the vision tower (feature cache); the prefix cache resumes a repeated image prompt and stops at
 the image when only the picture differs.
@@ -41,11 +43,11 @@ class Loaded:
         from mlxcel.models.vision import VisionInput
 
         mx.set_default_device(mx.cpu)
-        path = fixture_path(VLM_TINY[family])
+        self.path = path = fixture_path(VLM_TINY[family])
         self.backend = MLXVLMBackend(path, dtype="float32")
         self.tok = Tokenizer(path)
         self.vision = VisionInput(path, self.backend.info.config, self.tok.hf,
-                                  media=media_for(self.backend.image_token_id))
+                                  media=media_for(self.backend.image_token_id), tensors="np")
 
     def prompt(self, image: Image.Image | None, question: str = "What is in this picture?"):
         """(expanded prompt ids, encoded images, media payload); text only without an image."""
@@ -79,21 +81,31 @@ def qwen2_vl(models):
     return models["qwen2_vl"]
 
 
-def test_image_prompt_logits_match_mlx_vlm(loaded):
+def reference_logits(loaded: Loaded, full: list[int], media) -> np.ndarray:
+    """transformers' own forward of the whole prompt with the same processor output, fp32."""
+    import torch
+    from transformers import AutoModelForImageTextToText
+
+    model = AutoModelForImageTextToText.from_pretrained(str(loaded.path), dtype=torch.float32).eval()
+    ids = torch.tensor([full])
+    kw = {"pixel_values": torch.from_numpy(np.concatenate(media.pixel_values))}
+    if loaded.backend.rotates_by_position_ids:  # Qwen's M-RoPE reads the grids and which tokens are images
+        kw.update(image_grid_thw=torch.from_numpy(media.grids),
+                  mm_token_type_ids=(ids == loaded.backend.image_token_id).int())
+    with torch.no_grad():
+        return model(input_ids=ids, **kw).logits[0].float().numpy()
+
+
+def test_image_prompt_logits_match_transformers(loaded):
     b = loaded.backend
     full, enc, media = loaded.prompt(picture(0))
     a, z = media.runs[0]
     seq = b.new_sequence()
     seq.media = media
-    split = (a + z) // 2  # inside the image's run: the splice and the position table cross chunks
-    first = b.forward_all(full[:split], seq)
-    last = b.forward_all(full[split:], seq)
-    ours = np.concatenate([first, last])
-    pv = mx.array(np.concatenate(media.pixel_values))
-    ref = b.model(mx.array([full]), pixel_values=pv, image_grid_thw=mx.array(media.grids))
-    ref = np.array(ref.logits[0].astype(mx.float32))
-    assert np.abs(ours - ref).max() <= ATOL
-    # decode continues at the prompt's M-RoPE delta (the shifted position)
+    split = (a + z) // 2  # inside the image's run: the splice (and an M-RoPE table) cross chunks
+    ours = np.concatenate([b.forward_all(full[:split], seq), b.forward_all(full[split:], seq)])
+    assert np.abs(ours - reference_logits(loaded, full, media)).max() <= ATOL
+    # decode continues at the prompt's M-RoPE delta (the shifted position); the pixels are let go
     assert seq.shift == media.delta and seq.media is None
     # and the image matters: another picture moves the logits far beyond the tolerance
     _, _, other = loaded.prompt(picture(1))
