@@ -14,6 +14,10 @@ MLX_VLM_MODULES: dict[str, str] = {
     "qwen2_vl": "mlx_vlm.models.qwen2_vl",
     "qwen2_5_vl": "mlx_vlm.models.qwen2_5_vl",
     "gemma3": "mlx_vlm.models.gemma3",
+    "llava": "mlx_vlm.models.llava",
+    "idefics3": "mlx_vlm.models.idefics3",
+    "mistral3": "mlx_vlm.models.mistral3",
+    "paligemma": "mlx_vlm.models.paligemma",
 }
 
 

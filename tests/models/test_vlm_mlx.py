@@ -88,10 +88,9 @@ def reference_logits(loaded: Loaded, full: list[int], media) -> np.ndarray:
 
     model = AutoModelForImageTextToText.from_pretrained(str(loaded.path), dtype=torch.float32).eval()
     ids = torch.tensor([full])
-    kw = {"pixel_values": torch.from_numpy(np.concatenate(media.pixel_values))}
-    if loaded.backend.rotates_by_position_ids:  # Qwen's M-RoPE reads the grids and which tokens are images
-        kw.update(image_grid_thw=torch.from_numpy(media.grids),
-                  mm_token_type_ids=(ids == loaded.backend.image_token_id).int())
+    kw = {k: torch.from_numpy(v) for k, v in media.images[0].items()}
+    if loaded.backend.rotates_by_position_ids:  # Qwen's M-RoPE reads which tokens are images
+        kw["mm_token_type_ids"] = (ids == loaded.backend.image_token_id).int()
     with torch.no_grad():
         return model(input_ids=ids, **kw).logits[0].float().numpy()
 
@@ -99,7 +98,7 @@ def reference_logits(loaded: Loaded, full: list[int], media) -> np.ndarray:
 def test_image_prompt_logits_match_transformers(loaded):
     b = loaded.backend
     full, enc, media = loaded.prompt(picture(0))
-    a, z = media.runs[0]
+    a, z = int(media.spots[0][0]), int(media.spots[0][-1]) + 1
     seq = b.new_sequence()
     seq.media = media
     split = (a + z) // 2  # inside the image's run: the splice (and an M-RoPE table) cross chunks
@@ -189,7 +188,7 @@ def test_a_repeated_image_skips_the_tower_and_the_prefix_cache_keys_the_image(qw
         engine.shutdown()
     assert cold[1].cache_n == 0 and warm[1].cache_n == len(full) - 1 and warm[0] == cold[0]
     # a different picture after the same text: the cache stops where the image starts
-    assert moved[1].cache_n == media.runs[0][0] and moved[0] == solo_other[0]
+    assert moved[1].cache_n == media.spots[0][0] and moved[0] == solo_other[0]
     # the features of an image seen before come from the feature cache, with no prefix to help
     hits = b.features.hits
     tail, _, late = qwen2_vl.prompt(picture(3), "Describe it in other words.")

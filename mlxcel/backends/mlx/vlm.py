@@ -35,7 +35,7 @@ import mlx.core as mx
 import numpy as np
 
 from mlxcel.backends.mlx.backend import MLXBackend
-from mlxcel.backends.mlx.vlm_families import FAMILY_KINDS
+from mlxcel.backends.mlx.vlm_families import FAMILY_KINDS, embed_tokens
 from mlxcel.backends.rows import RowLayout
 from mlxcel.config.rope import RopeOverrides
 from mlxcel.engine.backend import ForwardRow
@@ -47,10 +47,13 @@ from mlxcel.models.vision_mlx import MLX_VLM_MODULES
 FEATURE_CACHE_ENTRIES = 64
 
 
-def image_key(pixel_values: np.ndarray, grid: np.ndarray) -> str:
-    """One image's identity for the feature cache: its processed pixels and grid."""
-    h = hashlib.sha256(np.ascontiguousarray(grid, dtype=np.int64).tobytes())
-    h.update(np.ascontiguousarray(pixel_values, dtype=np.float32).tobytes())
+def image_key(inputs: dict[str, np.ndarray]) -> str:
+    """One image's identity for the feature cache: its processed pixels and their geometry."""
+    h = hashlib.sha256()
+    for name in sorted(inputs):
+        x = np.ascontiguousarray(inputs[name])
+        h.update(f"{name}{x.dtype}{x.shape}".encode())
+        h.update(x.tobytes())
     return h.hexdigest()
 
 
@@ -83,75 +86,56 @@ class MLXMedia:
     """One request's images, attached to each of its rows' sequences."""
 
     prompt: list[int]  # the expanded prompt (one pad token per image token)
-    pixel_values: list[np.ndarray]  # per image, the processor's patches
-    grids: np.ndarray  # [n_images, 3] int64
+    images: list[dict[str, np.ndarray]]  # per image, the processor's model inputs
     keys: list[str]  # per image, its feature-cache key
-    runs: list[tuple[int, int]]  # per image, its tokens' [start, stop) in the prompt
+    spots: list[np.ndarray]  # per image, where its tokens sit in the prompt (several runs for a tiled image)
     cache_tokens: list[int] = field(default_factory=list)  # the prefix cache's key (engine.types.PrefixKeyed)
     # filled on the row's first prefill chunk
-    positions: np.ndarray | None = field(default=None, repr=False)  # [3, len(prompt)]
+    positions: np.ndarray | None = field(default=None, repr=False)  # [3, len(prompt)]: M-RoPE families
     delta: int = 0
     feats: dict[int, mx.array] = field(default_factory=dict, repr=False)  # image index -> [tokens, hidden]
 
-
-def image_runs(prompt: list[int], image_token_id: int, counts: list[int]) -> list[tuple[int, int]]:
-    """Each image's run of pad tokens in the expanded prompt, in order."""
-    runs, i, n = [], 0, len(prompt)
-    while i < n:
-        if prompt[i] == image_token_id:
-            j = i
-            while j < n and prompt[j] == image_token_id:
-                j += 1
-            runs.append((i, j))
-            i = j
-        else:
-            i += 1
-    # adjacent images would merge into one run: split by the processor's counts
-    out, k = [], 0
-    for a, b in runs:
-        while a < b and k < len(counts):
-            out.append((a, a + counts[k]))
-            a += counts[k]
-            k += 1
-    if [b - a for a, b in out] != list(counts):
-        raise ValueError(f"the prompt's image tokens do not match the images' token counts {counts}")
-    return out
+    @property
+    def grids(self) -> np.ndarray:
+        """[n_images, 3] (t, h, w) patch grids, which an M-RoPE family's positions read."""
+        return np.concatenate([x["image_grid_thw"].reshape(-1, 3) for x in self.images])
 
 
-def per_image(encoded) -> list[tuple[np.ndarray, np.ndarray]]:
-    """(patches, [1, 3] grid) of each image of models/vision.EncodedImages, as numpy: from its
-    per-image inputs where it keeps them, else split from the batch by each grid's patch count."""
-    inputs = getattr(encoded, "inputs", None)
-    if inputs is not None:
-        return [(np.asarray(x["pixel_values"], dtype=np.float32),
-                 np.asarray(x.get("image_grid_thw", np.zeros((1, 3))), dtype=np.int64).reshape(-1, 3))
-                for x in inputs]
-    grids = np.asarray(encoded.grid_thw, dtype=np.int64).reshape(-1, 3)
-    pv = np.asarray(encoded.pixel_values, dtype=np.float32)
-    bounds = np.concatenate([[0], np.cumsum(grids.prod(axis=1))])
-    return [(pv[bounds[k]:bounds[k + 1]], grids[k:k + 1]) for k in range(len(grids))]
+def image_spots(prompt: list[int], image_token_id: int, counts: list[int]) -> list[np.ndarray]:
+    """Each image's token positions in the expanded prompt, in order: image k takes the next
+    counts[k] image tokens (a tiled image's tiles sit in runs apart, between their markers)."""
+    at = np.flatnonzero(np.asarray(prompt) == image_token_id)
+    if len(at) != sum(counts):
+        raise ValueError(f"the prompt holds {len(at)} image tokens for images of {sum(counts)}")
+    bounds = np.concatenate([[0], np.cumsum(counts)]).astype(int)
+    return [at[bounds[k]:bounds[k + 1]] for k in range(len(counts))]
+
+
+def per_image(encoded) -> list[dict[str, np.ndarray]]:
+    """Each image's model inputs of models/vision.EncodedImages, as numpy."""
+    return [{k: np.asarray(v) for k, v in x.items()} for x in encoded.inputs]
 
 
 def media_for(image_token_id: int):
-    """The media factory (models/vision.MediaFactory) for a checkpoint with this pad token."""
+    """The media factory (models/vision.MediaFactory) for a checkpoint with this image token."""
 
     def make(prompt: list[int], encoded) -> MLXMedia:
         images = per_image(encoded)
-        keys = [image_key(p, g) for p, g in images]
-        runs = image_runs(prompt, image_token_id, list(encoded.tokens))
-        return MLXMedia(prompt=list(prompt), pixel_values=[p for p, _ in images],
-                        grids=np.concatenate([g for _, g in images]), keys=keys, runs=runs,
-                        cache_tokens=keyed_prompt(prompt, runs, keys))
+        keys = [image_key(x) for x in images]
+        spots = image_spots(prompt, image_token_id, list(encoded.tokens))
+        return MLXMedia(prompt=list(prompt), images=images, keys=keys, spots=spots,
+                        cache_tokens=keyed_prompt(prompt, spots, keys))
 
     return make
 
 
-def keyed_prompt(prompt: list[int], runs: list[tuple[int, int]], keys: list[str]) -> list[int]:
+def keyed_prompt(prompt: list[int], spots: list[np.ndarray], keys: list[str]) -> list[int]:
     """The prompt with each image's tokens replaced by an id drawn from the image's key: negative,
     so never a vocabulary id, and equal only for the same image (GenerationRequest.cache_tokens)."""
     out = list(prompt)
-    for (a, b), key in zip(runs, keys):
-        out[a:b] = [-1 - int(key[:15], 16)] * (b - a)
+    for at, key in zip(spots, keys):
+        for i in at:
+            out[i] = -1 - int(key[:15], 16)
     return out
 
 
@@ -205,7 +189,7 @@ class MLXVLMBackend(MLXBackend):
         if fn is not None:
             return fn(ids, cache=views)
         b, width = ids.shape
-        embeds = self.model.language_model.model.embed_tokens(ids)
+        embeds = embed_tokens(self.model)(ids)
         starts = np.cumsum([0] + [len(r.tokens) for r in rows])
         spots = [(0, int(starts[i])) if layout.packed else (i, 0) for i in range(len(rows))]
         dst, src = [], []  # flat embedding rows to replace, and the features that replace them
@@ -252,7 +236,7 @@ class MLXVLMBackend(MLXBackend):
         if k not in m.feats:
             feats = self.features.get(m.keys[k])
             if feats is None:
-                feats = self.kind.features(self.model, m.pixel_values[k], m.grids[k:k + 1])
+                feats = self.kind.features(self.model, m.images[k], len(m.spots[k]), self.image_token_id)
                 mx.eval(feats)
                 self.features.put(m.keys[k], feats)
             m.feats[k] = feats
@@ -263,8 +247,8 @@ class MLXVLMBackend(MLXBackend):
         self._prepare(m)
         start = seq.length
         stop = min(start + n, len(m.prompt))
-        for k, (a, b) in enumerate(m.runs):
-            lo, hi = max(a, start), min(b, stop)
-            if lo < hi:
-                dst.extend(range(at + lo - start, at + hi - start))
-                src.append(self._features(m, k)[lo - a:hi - a])
+        for k, spots in enumerate(m.spots):
+            inside = np.flatnonzero((spots >= start) & (spots < stop))
+            if len(inside):
+                dst.extend((at + spots[inside] - start).tolist())
+                src.append(self._features(m, k)[mx.array(inside.astype(np.int32))])

@@ -15,29 +15,54 @@ import numpy as np
 from mlxcel.models.checkpoint_config import mlx_overrides
 
 
+def embed_tokens(model):
+    """The language tower's token embedding (at `.model.embed_tokens`, or Idefics 3's `.embed_tokens`)."""
+    lm = model.language_model
+    inner = getattr(lm, "model", None)
+    return (inner if inner is not None else lm).embed_tokens
+
+
 class VLMFamily:
     """The language-tower side every family shares; subclasses supply the vision side."""
 
     rotates_by_position_ids = False  # the step passes every token's 3-D position (M-RoPE)
 
     def config(self, raw: dict) -> dict:
-        return {**raw, **mlx_overrides(raw)}
+        """config.json as mlx-vlm's module reads it: the text tower normalised as for mlx-lm, and
+        tied embeddings as the checkpoint's top level says (transformers ties the composite
+        model's head by its own key; the text tower's keeps its default)."""
+        cfg = {**raw, **mlx_overrides(raw)}
+        if isinstance(cfg.get("text_config"), dict) and "tie_word_embeddings" in raw:
+            cfg["text_config"] = {**cfg["text_config"], "tie_word_embeddings": raw["tie_word_embeddings"]}
+        return cfg
 
     def weights(self, weights: dict, expected: set[str]) -> dict:
         """Sanitized weights under the names the module expects: transformers 5 saves a vision
-        tower's encoder without the `vision_model.` level mlx-vlm's towers keep."""
+        tower's encoder without the `vision_model.` level mlx-vlm's towers keep; a checkpoint with
+        tied embeddings stores no head, which a module that always builds one (Idefics 3's) reads
+        from the embedding table."""
         out = {}
         for k, v in weights.items():
             nested = "vision_tower.vision_model." + k[len("vision_tower."):]
             out[nested if k not in expected and k.startswith("vision_tower.") and nested in expected else k] = v
+        head = "language_model.lm_head.weight"
+        tables = [k for k in ("language_model.model.embed_tokens.weight", "language_model.embed_tokens.weight")
+                  if k in out]
+        if head in expected and head not in out and tables:
+            out[head] = out[tables[0]]
         return out
 
     def image_token_id(self, cfg: dict) -> int:
         return int(cfg.get("image_token_id", cfg.get("image_token_index")))
 
-    def features(self, model, pixel_values: np.ndarray, grid: np.ndarray) -> mx.array:
-        """One image's features, [its tokens, hidden], as the language tower's input takes them."""
-        raise NotImplementedError
+    def features(self, model, inputs: dict[str, np.ndarray], n: int, image_token_id: int) -> mx.array:
+        """One image's `n` features, [n, hidden], as the language tower's input takes them: the
+        family's own merge (get_input_embeddings) over a prompt of just that image's tokens."""
+        ids = mx.full((1, n), image_token_id, mx.int32)
+        extra = {k: mx.array(v) for k, v in inputs.items() if k != "pixel_values"}
+        dtype = embed_tokens(model).weight.dtype
+        out = model.get_input_embeddings(ids, mx.array(inputs["pixel_values"]).astype(dtype), **extra)
+        return out.inputs_embeds[0]
 
     def positions(self, model, prompt: list[int], grids: np.ndarray) -> tuple[np.ndarray, int] | None:
         """A prompt's [3, len] position ids and the delta decode continues at, for an M-RoPE family."""
@@ -68,10 +93,11 @@ class Qwen2VL(VLMFamily):
             cfg["vision_config"] = {**vision, "model_type": raw["model_type"]}
         return cfg
 
-    def features(self, model, pixel_values, grid):
+    def features(self, model, inputs, n, image_token_id):
         tower = model.vision_tower
         dtype = tower.patch_embed.proj.weight.dtype
-        return tower(mx.array(pixel_values).astype(dtype), mx.array(grid), output_hidden_states=False)
+        return tower(mx.array(inputs["pixel_values"]).astype(dtype), mx.array(inputs["image_grid_thw"]),
+                     output_hidden_states=False)
 
     def positions(self, model, prompt, grids):
         pos, delta = model.language_model.get_rope_index(mx.array([prompt]), mx.array(grids))
@@ -102,9 +128,9 @@ class Gemma3(VLMFamily):
         # pools the last hidden state itself)
         return super().weights({k: v for k, v in weights.items() if not k.startswith("vision_tower.head.")}, expected)
 
-    def features(self, model, pixel_values, grid):
+    def features(self, model, inputs, n, image_token_id):
         tower = model.vision_tower
-        x = mx.array(pixel_values).transpose(0, 2, 3, 1).astype(model.language_model.model.embed_tokens.weight.dtype)
+        x = mx.array(inputs["pixel_values"]).transpose(0, 2, 3, 1).astype(embed_tokens(model).weight.dtype)
         hidden, _, _ = tower(x, output_hidden_states=True)
         feats = model.multi_modal_projector(hidden)[0]
         # divided by the very factor the text tower multiplies by (rounded to bf16 there), so the
@@ -112,4 +138,6 @@ class Gemma3(VLMFamily):
         return feats / mx.array(model.config.text_config.hidden_size ** 0.5, mx.bfloat16).astype(feats.dtype)
 
 
-FAMILY_KINDS: dict[str, VLMFamily] = {"qwen2_vl": Qwen2VL(), "qwen2_5_vl": Qwen2VL(), "gemma3": Gemma3()}
+FAMILY_KINDS: dict[str, VLMFamily] = {"qwen2_vl": Qwen2VL(), "qwen2_5_vl": Qwen2VL(), "gemma3": Gemma3(),
+                                      "llava": VLMFamily(), "idefics3": VLMFamily(), "mistral3": VLMFamily(),
+                                      "paligemma": VLMFamily()}
