@@ -17,7 +17,6 @@ MLX_VLM_MODULES: dict[str, str] = {
     "llava": "mlx_vlm.models.llava",
     "idefics3": "mlx_vlm.models.idefics3",
     "mistral3": "mlx_vlm.models.mistral3",
-    "paligemma": "mlx_vlm.models.paligemma",
 }
 
 

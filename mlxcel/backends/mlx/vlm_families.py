@@ -138,6 +138,18 @@ class Gemma3(VLMFamily):
         return feats / mx.array(model.config.text_config.hidden_size ** 0.5, mx.bfloat16).astype(feats.dtype)
 
 
+class Mistral3(VLMFamily):
+    """Mistral 3: a Pixtral tower, whose MLP mlx-vlm builds with SiLU only."""
+
+    def config(self, raw: dict) -> dict:
+        act = (raw.get("vision_config") or {}).get("hidden_act", "silu")
+        if act != "silu":
+            from mlxcel.models.registry import DOCS_PAGE, UnsupportedModelType
+
+            raise UnsupportedModelType(f"mistral3: the vision tower's activation is {act}; mlx-vlm's Pixtral tower "
+                                       f"runs SiLU only, so serve this checkpoint with --backend torch (see {DOCS_PAGE})")
+        return super().config(raw)
+
+
 FAMILY_KINDS: dict[str, VLMFamily] = {"qwen2_vl": Qwen2VL(), "qwen2_5_vl": Qwen2VL(), "gemma3": Gemma3(),
-                                      "llava": VLMFamily(), "idefics3": VLMFamily(), "mistral3": VLMFamily(),
-                                      "paligemma": VLMFamily()}
+                                      "llava": VLMFamily(), "idefics3": VLMFamily(), "mistral3": Mistral3()}
