@@ -1,77 +1,78 @@
-"""Images through /v1/chat/completions on `--backend mlx`, one server per family the MLX backend
-serves (models/vision_mlx.py), each the family's tiny fixture in fp32.
+"""Images through /v1/chat/completions on `--backend mlx`, every family the MLX backend serves
+(models/vision_mlx.py), through one router-mode server over the fixtures' folder, one child per
+family, fp32.
 
-A data: image is answered; the same picture sent again is answered the same from the prefix
+Per family: a data: image answers as transformers' greedy generate does (Gemma 3 excepted:
+transformers lets an image's tokens attend both ways, mlx-vlm's Gemma 3 causally, so its answer
+is only checked to come back); the same picture sent again answers the same from the prefix
 cache (all but the last prompt token cached: the image's tokens are keyed by the picture); a
-different picture after the same text reuses only the text before the image. The language
-logits themselves are checked against mlx-vlm in tests/models/test_vlm_mlx.py.
+different picture after the same text reuses only the text before the image.
 """
 
 from __future__ import annotations
 
 import base64
-import io
+import json
 
 import httpx
-import numpy as np
 import pytest
-from PIL import Image
 
 from mlxcel.models.vision_mlx import MLX_VLM_MODULES
 from tests.conftest import ServerProcess, fixture_path
 from tests.fixtures import VLM_TINY
+from tests.vlm_reference import expected_chat_answer, picture, png
 
 QUESTION = "What is in this picture?"
 MAX_TOKENS = 6
+FAMILIES = sorted(MLX_VLM_MODULES)
 
 
 def data_url(seed: int) -> str:
-    im = Image.fromarray(np.random.default_rng(seed).integers(0, 255, (60, 90, 3), dtype=np.uint8))
-    buf = io.BytesIO()
-    im.save(buf, "PNG")
-    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+    return "data:image/png;base64," + base64.b64encode(png(seed)).decode()
 
 
-@pytest.fixture(scope="module", params=sorted(MLX_VLM_MODULES))
-def server(request):
-    fixture_path(VLM_TINY[request.param])
-    s = ServerProcess(["-m", VLM_TINY[request.param], "--offline", "--backend", "mlx", "--dtype", "float32",
-                       "-np", "1"])
-    s.family = request.param
+@pytest.fixture(scope="module")
+def router(tmp_path_factory):
+    folder = fixture_path(VLM_TINY["qwen2_vl"]).parent
+    s = ServerProcess(["--models-dir", str(folder), "--models-max", str(len(FAMILIES)), "--backend", "mlx",
+                       "--dtype", "float32", "-np", "1", "--offline"],
+                      env={"MLXCEL_MODELS_DIR": str(tmp_path_factory.mktemp("empty-store"))})
     yield s
     s.stop()
 
 
-def tokens_before_image(family: str) -> int:
-    """Where the image's run starts in the rendered prompt, by the checkpoint's own template."""
-    from transformers import AutoTokenizer
-
-    from mlxcel.models.vision import VISION_FAMILIES
-
-    tok = AutoTokenizer.from_pretrained(str(fixture_path(VLM_TINY[family])))
-    text = tok.apply_chat_template([{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTION}]}],
-                                   tokenize=False, add_generation_prompt=True)
-    ids = tok.encode(text, add_special_tokens=False)
-    return ids.index(tok.convert_tokens_to_ids(VISION_FAMILIES[family].image_token))
-
-
-def ask(server, url: str) -> dict:
+def ask(server, model: str, url: str) -> dict:
     content = [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": QUESTION}]
-    r = httpx.post(server.base_url + "/v1/chat/completions", timeout=120, json={
-        "messages": [{"role": "user", "content": content}], "max_tokens": MAX_TOKENS, "temperature": 0})
+    r = httpx.post(server.base_url + "/v1/chat/completions", timeout=180, json={
+        "model": model, "messages": [{"role": "user", "content": content}], "max_tokens": MAX_TOKENS,
+        "temperature": 0})
     assert r.status_code == 200, r.text
     return r.json()
 
 
-def test_a_data_image_is_answered_and_its_prompt_cached_by_the_picture(server):
-    first = ask(server, data_url(0))
-    prompt_n = first["usage"]["prompt_tokens"]
-    assert first["usage"]["completion_tokens"] > 0 and first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
-    again = ask(server, data_url(0))
-    assert again["choices"][0]["message"]["content"] == first["choices"][0]["message"]["content"]
-    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == prompt_n - 1
-    other = ask(server, data_url(1))
-    # only the text before the image: the image's tokens stand for the other picture
-    assert other["usage"]["prompt_tokens_details"]["cached_tokens"] == tokens_before_image(server.family)
-    props = httpx.get(server.base_url + "/props").json()
-    assert props["modalities"]["vision"] is True
+def tokens_before_image(path) -> int:
+    """Where the first image token sits in the expanded prompt the server builds."""
+    from mlxcel.engine.tokenizer import Tokenizer
+    from mlxcel.models.vision import VisionInput
+
+    tok = Tokenizer(path)
+    vision = VisionInput(path, json.loads((path / "config.json").read_text()), tok.hf, tensors="np")
+    text = tok.hf.apply_chat_template([{"role": "user", "content": vision.placeholder + QUESTION}], tokenize=False,
+                                      add_generation_prompt=True)
+    full = vision.expand(tok.hf.encode(text, add_special_tokens=False), vision.encode([picture(0)]))
+    return full.index(vision.image_token_id)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_data_image_answers_and_its_prompt_is_cached_by_the_picture(router, family):
+    path = fixture_path(VLM_TINY[family])
+    first = ask(router, path.name, data_url(0))
+    text, usage = first["choices"][0]["message"]["content"], first["usage"]
+    assert usage["completion_tokens"] > 0 and usage["prompt_tokens_details"]["cached_tokens"] == 0
+    if family != "gemma3":
+        assert (text, usage["prompt_tokens"]) == expected_chat_answer(path, picture(0), QUESTION, MAX_TOKENS)
+    again = ask(router, path.name, data_url(0))
+    assert again["choices"][0]["message"]["content"] == text
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == usage["prompt_tokens"] - 1
+    other = ask(router, path.name, data_url(1))
+    assert other["usage"]["prompt_tokens_details"]["cached_tokens"] == tokens_before_image(path)

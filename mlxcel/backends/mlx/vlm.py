@@ -164,6 +164,10 @@ def load_vlm(path: Path, raw: dict):
     weights = sanitize_weights(module.LanguageModel, weights, model_config.text_config)
     weights = kind.weights(weights, {k for k, _ in tree_flatten(model.parameters())})
     model = load_model_weights(model, cfg, weights, path)
+    # arrays a module keeps in a plain object (Pixtral's rotary table): left lazy, they would first be
+    # evaluated on the engine's thread, which lacks the loading thread's stream
+    mx.eval([a for _, m in model.named_modules() for v in vars(m).values()
+             if hasattr(v, "__dict__") and not isinstance(v, type) for a in vars(v).values() if isinstance(a, mx.array)])
     return model, cfg
 
 
