@@ -62,6 +62,13 @@ def gif_frames_bomb(frames: int = 32, side: int = 1000) -> bytes:
     return _save(first, "GIF", save_all=True, append_images=rest, loop=0)
 
 
+@functools.cache
+def webp_frames_bomb(frames: int = 16, side: int = 1000) -> bytes:
+    """An animated WebP: `frames` frames of side x side."""
+    images = [Image.new("RGB", (side, side), (i * 15 % 256, 0, 0)) for i in range(frames)]
+    return _save(images[0], "WEBP", save_all=True, append_images=images[1:])
+
+
 def text_file() -> bytes:
     return b"This is a text file, whatever its name says.\n" * 20
 
@@ -84,6 +91,7 @@ HOSTILE = {
     "truncated": (truncated_png, "could not be decoded"),
     "png-header-garbage": (png_header_garbage, "could not be decoded"),
     "gif-frames-bomb": (gif_frames_bomb, "animated"),
+    "webp-frames-bomb": (webp_frames_bomb, "animated"),
     "text-as-png": (text_file, "could not be decoded"),
     "tiff": (tiff_image, "could not be decoded"),
 }

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mlxcel.models.vision_layouts import LONGEST_EDGE, PIXELS, VISION_FAMILIES, LayoutContext, VisionFamily
+from mlxcel.models.vision_layouts import LONGEST_EDGE, PIXELS, TILES, VISION_FAMILIES, LayoutContext, VisionFamily
 
 __all__ = ["VISION_FAMILIES", "VisionFamily", "VisionInput", "ImageBudget", "BudgetRefused", "EncodedImages",
            "is_vision", "is_vision_checkpoint", "budget_pixels", "text_on_mlx"]
@@ -84,8 +84,8 @@ class ImageBudget:
         """Move the processor's bound that `kind` names; count the application."""
         if not self.requested:
             return
-        if kind == LONGEST_EDGE:
-            self._apply_longest_edge(processor, config or {})
+        if kind in (LONGEST_EDGE, TILES):
+            self._apply_longest_edge(processor, config or {}, kind == TILES)
             return
         size = getattr(processor, "size", None)
         # a dict or transformers' SizeDict: both bounds present means smart resize between them
@@ -103,38 +103,34 @@ class ImageBudget:
         processor.size = size
         self.applications += 1
 
-    def _apply_longest_edge(self, processor: Any, config: dict) -> None:
+    def _apply_longest_edge(self, processor: Any, config: dict, tiles: bool) -> None:
         if self.min_tokens is not None and self.min_tokens > 0:
             raise BudgetRefused("--image-min-tokens: this checkpoint's image processor bounds only the long side of "
                                 "an image, so there is no minimum to set; drop --image-min-tokens (--image-max-tokens "
                                 "is honoured)")
-        longest = longest_edge_for(self.max_tokens, processor, config)
+        longest = longest_edge_for(self.max_tokens, processor, config, tiles)
         size = copy.copy(processor.size)
         size["longest_edge"] = longest
         processor.size = size
         self.applications += 1
 
 
-def longest_edge_for(max_tokens: int, processor: Any, config: dict) -> int:
+def longest_edge_for(max_tokens: int, processor: Any, config: dict, tiles: bool) -> int:
     """The longest side (px) whose square image costs at most `max_tokens` image tokens."""
-    from mlxcel.models.vision_layouts import idefics3_seq_len
+    if tiles:  # Idefics 3: within one tile, one view; past it k*k tiles plus the global view
+        from mlxcel.models.vision_layouts import idefics3_seq_len
 
-    if "max_image_size" in (getattr(processor, "to_dict", dict)() or {}) or config.get("model_type") == "idefics3":
-        tile = int(processor.max_image_size["longest_edge"])
-        seq = idefics3_seq_len(config)
-        k = 1  # tiles per side: k*k tiles plus the global view, each `seq` tokens
+        tile, seq = int(processor.max_image_size["longest_edge"]), idefics3_seq_len(config)
+        if max_tokens < seq:
+            raise BudgetRefused(f"--image-max-tokens {max_tokens}: this checkpoint spends {seq} tokens on an image "
+                                f"of at most {tile} px; give at least {seq}")
+        k = 1
         while ((k + 1) ** 2 + 1) * seq <= max_tokens:
             k += 1
-        if (k * k + 1) * seq > max_tokens:
-            raise BudgetRefused(f"--image-max-tokens {max_tokens}: this checkpoint spends at least {2 * seq} tokens "
-                                f"on an image (one {tile} px tile and the global view); give at least {2 * seq}")
         return k * tile
     vision = config.get("vision_config") or {}
     step = int(vision.get("patch_size") or 16) * int(config.get("spatial_merge_size") or 1)
-    side = int(max_tokens ** 0.5)
-    if side < 1:
-        raise BudgetRefused(f"--image-max-tokens {max_tokens} leaves no room for an image")
-    return side * step
+    return max(1, int(max_tokens ** 0.5)) * step  # one merged patch per `step` px each way
 
 
 @dataclass

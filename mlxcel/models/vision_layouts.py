@@ -21,7 +21,8 @@ from typing import Any
 
 # what a budget (--image-min-tokens / --image-max-tokens) moves in the processor:
 PIXELS = "pixels"  # min/max pixels between which the image is resized (Qwen's smart resize)
-LONGEST_EDGE = "longest_edge"  # only an upper bound on the long side (Pixtral, Idefics 3): max only
+LONGEST_EDGE = "longest_edge"  # only an upper bound on the long side (Pixtral): max only
+TILES = "tiles"  # the long side, cut into fixed tiles plus a global view (Idefics 3): max only
 FIXED = None  # a fixed geometry: nothing to move
 
 
@@ -137,7 +138,7 @@ VISION_FAMILIES: dict[str, VisionFamily] = {
         VisionFamily("gemma3", "<start_of_image>", "<start_of_image>", "<image_soft_token>", gemma3_run,
                      bidirectional="image"),
         VisionFamily("llava", "<image>", "<image>", "<image>", llava_run),
-        VisionFamily("idefics3", "<image>", "<image>", "<image>", idefics3_run, LONGEST_EDGE, row_col_info=True),
+        VisionFamily("idefics3", "<image>", "<image>", "<image>", idefics3_run, TILES, row_col_info=True),
         VisionFamily("paligemma", "<image>", "<image>", "<image>", paligemma_run, bidirectional="prefix",
                      position_offset=1),
         VisionFamily("mistral3", "[IMG]", "[IMG]", "[IMG]", pixtral_run, LONGEST_EDGE),

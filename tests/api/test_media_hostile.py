@@ -18,7 +18,8 @@ from mlxcel.api.errors import ApiError
 from tests.hostile_images import HOSTILE, big_accepted_png
 
 VLM = SimpleNamespace(id="vlm", vision=SimpleNamespace(placeholder="<image>"))
-FROM_HEADERS = ("png-bomb", "gif-bomb", "gif-frames-bomb", "png-header-garbage", "text-as-png", "tiff")
+FROM_HEADERS = ("png-bomb", "gif-bomb", "gif-frames-bomb", "webp-frames-bomb", "png-header-garbage", "text-as-png",
+                "tiff")
 
 
 def request(url: str) -> list:

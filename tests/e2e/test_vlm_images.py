@@ -234,7 +234,8 @@ def test_native_completion_takes_multimodal_data_as_chat_takes_the_image(server)
     assert r.status_code == 200, r.text
     assert r.json()["content"] == answer(server, data_url(0))
     r = httpx.post(server.base_url + "/completion", timeout=60, json={
-        "prompt": {"prompt_string": NATIVE_PROMPT + "<__media__>", "multimodal_data": [base64.b64encode(png(0)).decode()]},
+        "prompt": {"prompt_string": NATIVE_PROMPT + "<__media__>",
+                   "multimodal_data": [base64.b64encode(png(0)).decode()]},
         "n_predict": 1})
     assert r.status_code == 400 and "2 media marker(s)" in r.json()["error"]["message"]
 

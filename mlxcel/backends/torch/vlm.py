@@ -56,11 +56,8 @@ class Media:
 
 
 def _rows(features: Any) -> torch.Tensor:
-    """get_image_features' output (a tensor, a list per image, or a model output) as [tokens, hidden]."""
-    out = getattr(features, "pooler_output", None)
-    out = features if out is None and not hasattr(features, "last_hidden_state") else out
-    if out is None:
-        out = features.last_hidden_state
+    """get_image_features' output (its pooled features: a tensor, or one per image) as [tokens, hidden]."""
+    out = features.pooler_output
     if isinstance(out, (list, tuple)):
         return torch.cat([o.reshape(-1, o.shape[-1]) for o in out])
     return out.reshape(-1, out.shape[-1])
