@@ -19,7 +19,6 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from mlxcel.engine.backend import ForwardRow
 from mlxcel.engine.engine import Engine
 from mlxcel.engine.sampling_params import SamplingParams
 from mlxcel.engine.types import GenerationRequest

@@ -233,7 +233,7 @@ class MLXBackend(RowSteering):
         if self.lora is not None:
             self.lora.begin([r.lora for r in rows], layout)
         try:
-            out = self._call(fn, ids, views, rows, layout, plans[0])
+            out = self._call(fn, ids, views, rows, layout)
         finally:
             self._deltas = {}
             if self.lora is not None:
@@ -244,9 +244,9 @@ class MLXBackend(RowSteering):
             r.cache.tokens.extend(r.tokens)
         return out, layout
 
-    def _call(self, fn, ids: mx.array, views: list, rows: list[ForwardRow], layout: RowLayout, plan):
-        """The step's forward of `fn` (default: the whole model) over the rows' views; `plan`: the
-        step's first block group's StepPlan or PackedPlan (a multimodal step reads its positions)."""
+    def _call(self, fn, ids: mx.array, views: list, rows: list[ForwardRow], layout: RowLayout):
+        """The step's forward of `fn` (default: the whole model) over the rows' views; a
+        vision-language model builds its input embeddings from the rows here (backends/mlx/vlm.py)."""
         return (fn or self.model)(ids, cache=views)
 
     def forward(self, rows: list[ForwardRow]) -> np.ndarray:

@@ -1,7 +1,9 @@
 """Vision-language checkpoints on the MLX backend: mlx-vlm's family modules over mlxcel's paged KV.
 
-mlx-vlm's family module (models/vision.py names it per model_type) supplies the vision tower,
-the projector and the language tower; mlxcel drives them as it drives an mlx-lm text family.
+mlx-vlm's family module (models/vision_mlx.py names it per model_type) supplies the vision
+tower, the projector and the language tower; mlxcel drives them as it drives an mlx-lm text
+family, and what differs per family (config forms, one image's features, the language step)
+sits in vlm_families.py.
 Every step runs the language tower's decoder stack over the step's paged or packed views
 (backends/mlx/paged.py, packed.py) with input embeddings and position ids built here:
 
@@ -10,8 +12,8 @@ Every step runs the language tower's decoder stack over the step's paged or pack
   covers replaced by that image's features. The vision tower runs once per image, only for
   images whose tokens the chunk covers (a prefix the cache supplied needs none), and its output
   is kept by the image's content hash (`ImageFeatureCache`), so a repeated image skips it;
-- positions: Qwen2-VL's multimodal RoPE takes three position ids per token (time, height,
-  width). A row with images reads them from the family's own `get_rope_index` over the whole
+- positions: a text-RoPE family rotates by the views' offsets as a text family does; Qwen2-VL's
+  multimodal RoPE takes three position ids per token (time, height, width). A row with images reads them from the family's own `get_rope_index` over the whole
   prompt; text rows (and decode steps) take their logical position on all three axes, which
   is a text model's RoPE. The prompt's position delta becomes the sequence's `shift`, so decode
   steps, and a context shift, continue at the shifted position like any row.
@@ -189,7 +191,7 @@ class MLXVLMBackend(MLXBackend):
 
     # -- one step --------------------------------------------------------------------------
 
-    def _call(self, fn, ids: mx.array, views: list, rows: list[ForwardRow], layout: RowLayout, plan):
+    def _call(self, fn, ids: mx.array, views: list, rows: list[ForwardRow], layout: RowLayout):
         if fn is not None:
             return fn(ids, cache=views)
         b, width = ids.shape
