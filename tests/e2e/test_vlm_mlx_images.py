@@ -2,9 +2,7 @@
 (models/vision_mlx.py), through one router-mode server over the fixtures' folder, one child per
 family, fp32.
 
-Per family: a data: image answers as transformers' greedy generate does (Gemma 3 excepted:
-transformers lets an image's tokens attend both ways, mlx-vlm's Gemma 3 causally, so its answer
-is only checked to come back); the same picture sent again answers the same from the prefix
+Per family: a data: image answers as transformers' greedy generate does; the same picture sent again answers the same from the prefix
 cache (all but the last prompt token cached: the image's tokens are keyed by the picture); a
 different picture after the same text reuses only the text before the image.
 """
@@ -69,8 +67,7 @@ def test_a_data_image_answers_and_its_prompt_is_cached_by_the_picture(router, fa
     first = ask(router, path.name, data_url(0))
     text, usage = first["choices"][0]["message"]["content"], first["usage"]
     assert usage["completion_tokens"] > 0 and usage["prompt_tokens_details"]["cached_tokens"] == 0
-    if family != "gemma3":
-        assert (text, usage["prompt_tokens"]) == expected_chat_answer(path, picture(0), QUESTION, MAX_TOKENS)
+    assert (text, usage["prompt_tokens"]) == expected_chat_answer(path, picture(0), QUESTION, MAX_TOKENS)
     again = ask(router, path.name, data_url(0))
     assert again["choices"][0]["message"]["content"] == text
     assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == usage["prompt_tokens"] - 1

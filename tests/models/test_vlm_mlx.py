@@ -2,9 +2,8 @@
 
 Per family, fp32 on the CPU: the language logits of an image prompt, prefilled in two chunks
 split inside the image's token run, equal transformers' forward of the whole prompt (its vision
-tower, projector and M-RoPE) within 1e-4. Gemma 3 is compared with transformers' causal
-attention (no token_type_ids): mlx-vlm's Gemma 3 attends causally over an image's tokens,
-where transformers lets them see each other both ways. Through the real engine (qwen2_vl): an image row
+tower, projector and M-RoPE) within 1e-4; Gemma 3's image tokens see each other both ways, as
+transformers' do given token_type_ids. Through the real engine (qwen2_vl): an image row
 and text-only rows share forwards and each answers as it does alone; a repeated image skips
 the vision tower (feature cache); the prefix cache resumes a repeated image prompt and stops at
 the image when only the picture differs.
@@ -88,8 +87,11 @@ def reference_logits(loaded: Loaded, full: list[int], media) -> np.ndarray:
     model = AutoModelForImageTextToText.from_pretrained(str(loaded.path), dtype=torch.float32).eval()
     ids = torch.tensor([full])
     kw = {k: torch.from_numpy(v) for k, v in media.images[0].items()}
+    is_image = (ids == loaded.backend.image_token_id).int()
     if loaded.backend.rotates_by_position_ids:  # Qwen's M-RoPE reads which tokens are images
-        kw["mm_token_type_ids"] = (ids == loaded.backend.image_token_id).int()
+        kw["mm_token_type_ids"] = is_image
+    if loaded.vision.family.bidirectional == "image":  # Gemma 3: an image's tokens see each other
+        kw["token_type_ids"] = is_image.long()
     with torch.no_grad():
         return model(input_ids=ids, **kw).logits[0].float().numpy()
 
@@ -100,7 +102,9 @@ def test_image_prompt_logits_match_transformers(loaded):
     a, z = int(media.spots[0][0]), int(media.spots[0][-1]) + 1
     seq = b.new_sequence()
     seq.media = media
-    split = (a + z) // 2  # inside the image's run: the splice (and an M-RoPE table) cross chunks
+    # inside the image's run: the splice (and an M-RoPE table) cross chunks; where an image's
+    # tokens attend both ways, the image comes whole in the second chunk
+    split = a if b.kind.bidirectional else (a + z) // 2
     ours = np.concatenate([b.forward_all(full[:split], seq), b.forward_all(full[split:], seq)])
     assert np.abs(ours - reference_logits(loaded, full, media)).max() <= ATOL
     # decode continues at the prompt's M-RoPE delta (the shifted position); the pixels are let go

@@ -207,7 +207,7 @@ class MLXBackend(RowSteering):
             r.cache.reserve(len(r.tokens))
         layout = RowLayout.of([len(r.tokens) for r in rows])
         kv = [(r.cache, len(r.tokens)) for r in rows]
-        if layout.packed and self.packs_rows:
+        if layout.packed and self.packs_rows and self._may_pack(rows):
             plans = [PackedPlan(group_rows(kv, g), layout) for g in range(self.allocator.groups)]
             ids = mx.array(np.concatenate([r.tokens for r in rows]).astype(np.int32))[None]
             views = [PackedBatchView(self.storage, li, plans[g], w)
@@ -243,6 +243,10 @@ class MLXBackend(RowSteering):
         for r in rows:
             r.cache.tokens.extend(r.tokens)
         return out, layout
+
+    def _may_pack(self, rows: list[ForwardRow]) -> bool:
+        """Whether this step's rows may run packed (a step whose masks a model opens runs padded)."""
+        return True
 
     def _call(self, fn, ids: mx.array, views: list, rows: list[ForwardRow], layout: RowLayout):
         """The step's forward of `fn` (default: the whole model) over the rows' views; a

@@ -37,6 +37,7 @@ import mlx.core as mx
 import numpy as np
 
 from mlxcel.backends.mlx.backend import MLXBackend
+from mlxcel.backends.mlx.paged import PagedBatchView
 from mlxcel.backends.mlx.vlm_families import FAMILY_KINDS, embed_tokens
 from mlxcel.backends.rows import RowLayout
 from mlxcel.config.rope import RopeOverrides
@@ -208,6 +209,8 @@ class MLXVLMBackend(MLXBackend):
             flat[mx.array(np.asarray(dst, dtype=np.int32))] = mx.concatenate(src).astype(flat.dtype)
             embeds = flat.reshape(b, width, -1)
         positions = self._positions(rows, spots, layout, (b, width)) if self.rotates_by_position_ids else None
+        if self.kind.bidirectional and not layout.packed:
+            self._open_spans(rows, {id(v.plan): v.plan for v in views if isinstance(v, PagedBatchView)}.values())
         for r in rows:
             media = getattr(r.cache, "media", None)
             if isinstance(media, MLXMedia) and r.cache.length + len(r.tokens) >= len(media.prompt):
@@ -232,6 +235,31 @@ class MLXVLMBackend(MLXBackend):
             if not layout.packed:
                 pos3[:, row, col + n:] = pos3[:, row, col + n - 1:col + n]  # padded queries repeat the last
         return mx.array(pos3.astype(np.int32))
+
+    def _may_pack(self, rows: list[ForwardRow]) -> bool:
+        # an image prompt of a family whose image tokens attend both ways needs an opened mask,
+        # which the padded step's masks carry
+        return not (self.kind.bidirectional and any(isinstance(getattr(r.cache, "media", None), MLXMedia)
+                                                    for r in rows))
+
+    def _open_spans(self, rows: list[ForwardRow], plans) -> None:
+        """Let each image's tokens in this chunk see that image's tokens already in the KV or in
+        the chunk, whatever their order (Gemma 3); an image split across chunks is seen causally
+        across the split, as the torch backend does."""
+        for i, r in enumerate(rows):
+            m = getattr(r.cache, "media", None)
+            if not isinstance(m, MLXMedia):
+                continue
+            start = r.cache.length
+            known = min(start + len(r.tokens), len(m.prompt))
+            span = np.full(len(m.prompt), -1)
+            for k, at in enumerate(m.spots):
+                span[at] = k
+            q, keys = span[start:known], span[:known]
+            both = (q[:, None] == keys[None, :]) & (q[:, None] >= 0)
+            if both.any():
+                for plan in plans:
+                    plan.opened.append((i, both))
 
     def _prepare(self, m: MLXMedia) -> None:
         if m.positions is None and self.rotates_by_position_ids:

@@ -26,6 +26,7 @@ class VLMFamily:
     """The language-tower side every family shares; subclasses supply the vision side."""
 
     rotates_by_position_ids = False  # the step passes every token's 3-D position (M-RoPE)
+    bidirectional = False  # an image's tokens attend each other both ways (Gemma 3)
 
     def config(self, raw: dict) -> dict:
         """config.json as mlx-vlm's module reads it: the text tower normalised as for mlx-lm, and
@@ -112,8 +113,10 @@ class Qwen2VL(VLMFamily):
 class Gemma3(VLMFamily):
     """Gemma 3: a SigLIP tower at a fixed size, pooled to `mm_tokens_per_image` features and
     projected; mlx-vlm's text tower scales every input embedding by sqrt(hidden), so the features
-    go in divided by it. Image tokens attend causally (mlx-vlm's masks): transformers lets one
-    image's tokens see each other both ways, so logits from an image on differ from its."""
+    go in divided by it. An image's tokens see each other both ways, as in transformers (mlx-vlm's
+    own generate masks them causally)."""
+
+    bidirectional = True
 
     def config(self, raw: dict) -> dict:
         cfg = super().config(raw)
