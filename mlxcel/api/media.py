@@ -254,14 +254,25 @@ async def prepare(model: Any, prompt: list[int], images: list) -> tuple[list[int
     return full, model.vision.media(full, encoded)
 
 
+def keyed(greq: Any, payload: Any) -> None:
+    """Give an engine request its image payload, and the prefix cache's key where the backend
+    resumes an image prompt from the cache (engine.types.PrefixKeyed); else no prompt cache."""
+    from mlxcel.engine.types import PrefixKeyed
+
+    greq.media = payload
+    greq.cache_tokens = list(payload.cache_tokens) if isinstance(payload, PrefixKeyed) else None
+    greq.cache_prompt = greq.cache_prompt and greq.cache_tokens is not None
+
+
 async def attach(model: Any, greq: Any, images: list, param: str) -> None:
     """Give an engine request built from a placeholder prompt its images: the prompt expanded
-    (the context is checked again at the expanded length), the Media, no prompt cache."""
+    (the context is checked again at the expanded length), the Media and its cache key."""
     from mlxcel.api.openai.generation import check_context
 
-    full, greq.media = await prepare(model, greq.prompt, images)
+    full, payload = await prepare(model, greq.prompt, images)
     check_context(model, len(full), greq.max_tokens, param)
-    greq.prompt, greq.cache_prompt = full, False
+    greq.prompt = full
+    keyed(greq, payload)
 
 
 def from_anthropic(messages: list) -> list:

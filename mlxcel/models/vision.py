@@ -163,10 +163,12 @@ class VisionInput:
     prompt, and the backend's image payload for a request (`media`)."""
 
     def __init__(self, path: Path, config: dict, tokenizer_hf: Any, budget: ImageBudget | None = None, *,
-                 media: MediaFactory | None = None) -> None:
+                 media: MediaFactory | None = None, tensors: str = "pt") -> None:
+        """`tensors`: the processor's output type, "pt" (torch's backend) or "np" (MLX's, without torch)."""
         from transformers import AutoImageProcessor
 
         self._media = media
+        self._tensors = tensors
         self.family = VISION_FAMILIES[config["model_type"]]
         self.processor = AutoImageProcessor.from_pretrained(str(path), local_files_only=True)
         budget = budget or ImageBudget()
@@ -190,7 +192,7 @@ class VisionInput:
         extra = {"return_row_col_info": True} if self.family.row_col_info else {}
         inputs, runs, counts = [], [], []
         for im in images:  # one call per image: families differ in how they batch sizes
-            out = dict(self.processor(images=[im.convert("RGB")], return_tensors="pt", **extra))
+            out = dict(self.processor(images=[im.convert("RGB")], return_tensors=self._tensors, **extra))
             run = self.family.run(self._layout, out)
             inputs.append({k: v for k, v in out.items() if k not in _NOT_MODEL_INPUTS})
             runs.append(run)

@@ -89,7 +89,7 @@ def test_mmproj_switch_and_media_path(tmp_path):
         parse_server_args(["-m", "x", "--media-path", str(tmp_path / "nope")], {})
 
 
-def test_a_vlm_runs_on_torch():
+def test_a_vlm_runs_on_torch_unless_mlx_serves_its_family():
     with pytest.raises(BackendRefused, match="--backend torch"):
         choose("mlx", "cpu", vision=True)
     for apple in (True, False):
@@ -97,6 +97,14 @@ def test_a_vlm_runs_on_torch():
         assert (c.backend, c.device) == ("torch", "cpu") and "vision-language" in c.reason
     with pytest.raises(BackendRefused, match="torch is not installed"):
         choose("auto", "cpu", has_torch=False, vision=True)
+    # a family mlx-vlm serves: MLX when asked, auto on a Mac, and where torch cannot take it
+    assert choose("mlx", "cpu", vision=True, vision_mlx=True).backend == "mlx"
+    assert choose("auto", "auto", apple=True, has_torch=True, vision=True, vision_mlx=True).backend == "mlx"
+    assert choose("auto", "cpu", apple=False, has_torch=False, vision=True, vision_mlx=True).backend == "mlx"
+    assert choose("auto", "cpu", apple=False, has_torch=True, quantized="affine", vision=True,
+                  vision_mlx=True).backend == "mlx"
+    c = choose("auto", "cpu", apple=False, has_torch=True, vision=True, vision_mlx=True)
+    assert (c.backend, c.device) == ("torch", "cpu")
     with pytest.raises(UnsupportedModelType, match="--backend torch"):
         mlx_module({"model_type": "qwen2_vl"})
 
