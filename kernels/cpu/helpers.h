@@ -1,6 +1,6 @@
-// Shared by mlxcel's CPU kernels (rows_linear.cpp, bf16_tiles.cpp, decode_ops.cpp), built into one
-// library: bf16 <-> fp32 conversions, a linear's checked operands, and the threads that split a
-// kernel's work.
+// Shared by mlxcel's CPU kernels (rows_linear.cpp, bf16_tiles.cpp, decode_ops.cpp, quant_rows.cpp), built
+// into one library: bf16 <-> fp32 conversions, a linear's checked operands, the threads that split a
+// kernel's work, and the read-ahead of the next products' weights.
 #pragma once
 
 #include <ATen/Parallel.h>
@@ -18,6 +18,7 @@
 #include <functional>
 #include <mutex>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #if defined(__AVX2__)
@@ -333,5 +334,70 @@ inline void parallel(int64_t chunks, const Helpers::Fn& fn, bool prompt = false)
 
 // More rows than a decode step holds: a prompt chunk's (see parallel).
 constexpr int64_t kPromptRows = 32;
+
+// The tensor that followed each weight tensor last time, so a helper can read the next products'
+// weights into the cache while the caller is between products (Helpers::read_ahead). A decode
+// step runs the same products in the same order every token, so last token's order names this
+// token's next ones. One helper reads DRAM at ~10 GB/s here, so it covers part of a step's Python
+// gaps' worth; 4 MiB ahead measured as well as 2 or 8 or better (rows_linear.cpp's bf16 rows). A
+// packed product (quant_rows.cpp) notes its codes and scales, then asks after its biases, so
+// the chain holds all three tensors of each product.
+class LookAhead {
+ public:
+  // Record that `t` was read after the previous tensor noted.
+  void note(const at::Tensor& t) {
+    std::lock_guard<std::mutex> lock(mu_);
+    note_locked(t);
+  }
+
+  // note(t), then the tensors that followed it last time, up to `budget` bytes.
+  std::vector<Helpers::Range> after(const at::Tensor& t, int64_t budget) {
+    const auto* w = static_cast<const char*>(t.data_ptr());
+    std::lock_guard<std::mutex> lock(mu_);
+    note_locked(t);
+    std::vector<Helpers::Range> out;
+    int64_t total = 0;
+    for (const char* p = w; total < budget;) {
+      auto it = next_.find(p);
+      if (it == next_.end() || it->second.p == w) break;
+      auto storage = it->second.storage.lock();
+      if (!storage) {  // freed since: its successors are stale too
+        next_.erase(it);
+        break;
+      }
+      out.push_back({it->second.p, it->second.n, c10::Storage(std::move(storage))});
+      total += it->second.n;
+      p = it->second.p;
+    }
+    return out;
+  }
+
+ private:
+  struct Next {
+    const char* p;
+    int64_t n;
+    c10::weak_intrusive_ptr<c10::StorageImpl> storage;
+  };
+  void note_locked(const at::Tensor& t) {
+    const auto* w = static_cast<const char*>(t.data_ptr());
+    if (last_ != nullptr && last_ != w)
+      next_.insert_or_assign(last_, Next{w, static_cast<int64_t>(t.nbytes()), t.storage().getWeakStorageImpl()});
+    last_ = w;
+  }
+  std::mutex mu_;
+  std::unordered_map<const char*, Next> next_;  // a tensor's data -> the one that followed it
+  const char* last_ = nullptr;
+};
+
+inline LookAhead g_look_ahead;
+inline std::atomic<int64_t> g_ahead_bytes{4 << 20};  // set_read_ahead (rows_linear.cpp); 0: off
+
+// After a product that read `last` (its other tensors noted before it): have a helper read the
+// next products' weights while the caller is away.
+inline void read_ahead_after(const at::Tensor& last) {
+  Helpers* pool = g_helpers.load(std::memory_order_acquire);
+  const int64_t budget = g_ahead_bytes.load(std::memory_order_relaxed);
+  if (pool != nullptr && budget > 0) pool->read_ahead(g_look_ahead.after(last, budget));
+}
 
 }  // namespace mlxcel

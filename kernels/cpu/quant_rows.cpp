@@ -2,7 +2,9 @@
 // y[m, n] = sum_k x[m, k] * w[n, k] (+ b[n]), w never stored dense.
 //
 // MLX's affine format (mx.quantize): each weight row is cut into groups of `group` values, each
-// group has a scale s and bias z (fp32, or bf16 as mlx-community's checkpoints store them), and a value is w = s * q + z for an unsigned `bits`-bit
+// group has a scale s and bias z (bf16 as mlx-community's checkpoints store them, fp16 as a GGUF
+// converted losslessly has them, or fp32), read in that dtype and widened exactly in registers, so a
+// 4-bit weight in groups of 32 reads 5 bits; a value is w = s * q + z for an unsigned `bits`-bit
 // code q. The codes of a row are one little-endian bit stream (code j at bits [j * bits,
 // (j + 1) * bits)) stored as uint32 words, so 4-bit codes are the nibbles of consecutive bytes,
 // low nibble first, and 8-bit codes are the bytes.
@@ -10,14 +12,18 @@
 // A decode row's cost is reading the weights, so the codes are unpacked and scaled in registers
 // inside the dot product (fp32 accumulate) and each weight row is read once for up to eight
 // activation rows; a prompt chunk's rows run here too, eight at a time over each ~32 KiB of
-// weight rows while it is in the cache (quantized.py says why). 4-bit: a vector of L bytes widens to L 32-bit lanes; its low nibbles are the
-// even codes of 2L values and its high nibbles the odd ones, so x is permuted once per call to
-// match (even then odd within each 2L block). 8-bit: L bytes are L codes in order. Other widths
+// weight rows while it is in the cache (quantized.py says why). 4-bit: a vector of L bytes widens
+// to L 32-bit lanes; its low nibbles are the even codes of 2L values and its high nibbles the odd
+// ones, so x is permuted once per call to match (even then odd within each 2L block), here rather
+// than by torch ops (a decode step makes ~200 of these calls, and each torch op costs microseconds).
+// Between products a helper reads the next products' packed tensors into the cache
+// (helpers.h's LookAhead), as the dense row kernel does. 8-bit: L bytes are L codes in order. Other widths
 // decode a row into a scratch row first (correct, slower). Every activation row's sum runs in
 // the same order whatever else the call holds, so a row's result does not depend on the others.
 // Reference: mx.dequantize in fp32 and a plain product (tests/models/test_torch_quantized.py).
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <c10/util/Half.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -77,20 +83,34 @@ inline __m256i high_nibbles(__m256i v) { return _mm256_srli_epi32(v, 4); }
 constexpr int64_t L = 8;  // the portable form's block, for the x layout only
 #endif
 
+enum class Param { f32, bf16, f16 };  // the scales' and biases' dtype
+
 struct Operands {
   int64_t rows, n, k, bits, group, row_bytes;
   const uint8_t* w;      // [n, row_bytes]
-  const void* scales;    // [n, k / group], fp32 or bf16 (`bf16`)
+  const void* scales;    // [n, k / group], in `param`
   const void* biases;    // [n, k / group], the same dtype
-  bool bf16;
+  Param param;
   const float* bias;     // [n] or nullptr
   const float* x;        // [rows, k], in the order the path reads (4-bit: permuted)
   float* y;              // [rows, n]
 };
 
-// Group g's scale or bias (row-major index) in fp32; bf16 widens exactly.
+inline float half_to_float(uint16_t h) {
+#if defined(__F16C__)
+  return _cvtsh_ss(h);
+#else
+  return c10::detail::fp16_ieee_to_fp32_value(h);
+#endif
+}
+
+// Group g's scale or bias (row-major index) in fp32; bf16 and fp16 widen exactly.
 inline float param(const Operands& o, const void* p, int64_t i) {
-  return o.bf16 ? mlxcel::widen(static_cast<const uint16_t*>(p)[i]) : static_cast<const float*>(p)[i];
+  switch (o.param) {
+    case Param::bf16: return mlxcel::widen(static_cast<const uint16_t*>(p)[i]);
+    case Param::f16: return half_to_float(static_cast<const uint16_t*>(p)[i]);
+    default: return static_cast<const float*>(p)[i];
+  }
 }
 
 // A row's code j, any width up to 8: one or two bytes of the bit stream.
@@ -217,6 +237,17 @@ bool permutes(int64_t bits) {
 #endif
 }
 
+// A weight row a few rows ahead of the one being read, requested into the cache (codes, scales
+// and biases: three streams the hardware prefetcher follows less well than one).
+constexpr int64_t kAheadRows = 4;
+inline void prefetch_row(const Operands& o, int64_t r) {
+  const auto* row = reinterpret_cast<const char*>(o.w + r * o.row_bytes);
+  for (int64_t b = 0; b < o.row_bytes; b += 64) __builtin_prefetch(row + b);
+  const int64_t groups = o.k / o.group, width = o.param == Param::f32 ? 4 : 2;
+  __builtin_prefetch(static_cast<const char*>(o.scales) + r * groups * width);
+  __builtin_prefetch(static_cast<const char*>(o.biases) + r * groups * width);
+}
+
 void product(const Operands& o) {
   // chunks of ~32 KiB of packed weight rows, split over the helper threads
   const int64_t chunk_rows = std::max<int64_t>(4, 32768 / std::max<int64_t>(1, o.row_bytes));
@@ -234,11 +265,33 @@ void product(const Operands& o) {
       const int64_t m = std::min(kMaxRows, o.rows - m0);
       const RowFn fn = row_fn(m);
       for (int64_t r = c * chunk_rows; r < end; ++r) {
+        if (m0 == 0 && r + kAheadRows < end) prefetch_row(o, r + kAheadRows);
         fn(o, r, o.x + m0 * o.k, out, scratch.data());
         for (int64_t i = 0; i < m; ++i) o.y[(m0 + i) * o.n + r] = out[i] + (o.bias ? o.bias[r] : 0.0f);
       }
     }
   }, o.rows > mlxcel::kPromptRows);
+}
+
+// x's rows as the path reads them, in fp32: `x` itself when it already is (fp32, contiguous, not
+// permuted), else widened and/or permuted into `buf`.
+const float* activations(const at::Tensor& x, int64_t rows, int64_t k, bool permute, std::vector<float>& buf) {
+  const bool f32 = x.scalar_type() == at::kFloat;
+  if (f32 && !permute) return x.data_ptr<float>();
+  buf.resize(rows * k);
+  const float* xf = f32 ? x.data_ptr<float>() : nullptr;
+  const auto* xb = f32 ? nullptr : reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>());
+  auto get = [&](int64_t i) { return f32 ? xf[i] : mlxcel::widen(xb[i]); };
+  if (!permute) {
+    for (int64_t i = 0; i < rows * k; ++i) buf[i] = get(i);
+    return buf.data();
+  }
+  for (int64_t base = 0; base < rows * k; base += 2 * L)  // k is a multiple of 32, so of 2L
+    for (int64_t t = 0; t < L; ++t) {
+      buf[base + t] = get(base + 2 * t);
+      buf[base + L + t] = get(base + 2 * t + 1);
+    }
+  return buf.data();
 }
 
 at::Tensor quant_rows_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& scales,
@@ -252,28 +305,46 @@ at::Tensor quant_rows_linear(const at::Tensor& x, const at::Tensor& weight, cons
   const int64_t n = weight.size(0), k = x.size(-1);
   TORCH_CHECK(k % group == 0 && weight.size(1) * 32 == k * bits, "x's last dimension does not match the weight");
   const auto sdtype = scales.scalar_type();
-  TORCH_CHECK((sdtype == at::kFloat || sdtype == at::kBFloat16) && biases.scalar_type() == sdtype &&
-                  scales.is_contiguous() && biases.is_contiguous() && scales.numel() == n * (k / group) &&
-                  biases.numel() == n * (k / group),
-              "scales and biases must be contiguous [out, in / group], both fp32 or both bf16");
-  at::Tensor xf = x.reshape({-1, k}).to(at::kFloat).contiguous();
-  const int64_t rows = xf.size(0);
-  if (permutes(bits)) {  // even codes then odd within each 2L block, as the nibbles come out
-    xf = xf.view({rows, k / (2 * L), L, 2}).transpose(2, 3).contiguous().view({rows, k});
-  }
-  at::Tensor bf;
+  TORCH_CHECK((sdtype == at::kFloat || sdtype == at::kBFloat16 || sdtype == at::kHalf) &&
+                  biases.scalar_type() == sdtype && scales.is_contiguous() && biases.is_contiguous() &&
+                  scales.numel() == n * (k / group) && biases.numel() == n * (k / group),
+              "scales and biases must be contiguous [out, in / group], both fp32, both bf16 or both fp16");
+  const at::Tensor xc = x.contiguous();
+  const int64_t rows = k == 0 ? 0 : xc.numel() / k;
+  thread_local std::vector<float> xbuf;  // the engine thread's, reused call after call
+  const float* xs = activations(xc, rows, k, permutes(bits), xbuf);
+  std::vector<float> bf;
+  const float* bp = nullptr;
   if (bias.has_value() && bias->defined()) {
-    bf = bias->to(at::kFloat).contiguous();
-    TORCH_CHECK(bf.numel() == n, "bias must be [out]");
+    TORCH_CHECK(bias->numel() == n, "bias must be [out]");
+    at::Tensor b = bias->contiguous();
+    if (b.scalar_type() == at::kFloat) {
+      bp = b.data_ptr<float>();
+    } else {
+      at::Tensor b32 = b.to(at::kFloat);
+      bf.assign(b32.data_ptr<float>(), b32.data_ptr<float>() + n);
+      bp = bf.data();
+    }
   }
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
   shape.back() = n;
-  at::Tensor y = at::empty({rows, n}, xf.options());
+  const bool f32 = x.scalar_type() == at::kFloat;
+  at::Tensor y = at::empty(shape, x.options());
+  std::vector<float> y32(f32 ? 0 : rows * n);  // bf16 results: summed in fp32, rounded once
+  const Param p = sdtype == at::kBFloat16 ? Param::bf16 : sdtype == at::kHalf ? Param::f16 : Param::f32;
   const Operands o{rows, n, k, bits, group, k * bits / 8, static_cast<const uint8_t*>(weight.data_ptr()),
-                   scales.data_ptr(), biases.data_ptr(), sdtype == at::kBFloat16,
-                   bf.defined() ? bf.data_ptr<float>() : nullptr, xf.data_ptr<float>(), y.data_ptr<float>()};
+                   scales.data_ptr(), biases.data_ptr(), p, bp, xs, f32 ? y.data_ptr<float>() : y32.data()};
   product(o);
-  return y.view(shape).to(x.scalar_type());
+  if (!f32) {
+    auto* yb = reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>());
+    for (int64_t i = 0; i < rows * n; ++i) yb[i] = mlxcel::narrow(y32[i]);
+  }
+  if (rows <= mlxcel::kPromptRows) {  // a prompt chunk's helpers are torch's threads, busy with it
+    mlxcel::g_look_ahead.note(weight);
+    mlxcel::g_look_ahead.note(scales);
+    mlxcel::read_ahead_after(biases);
+  }
+  return y;
 }
 
 // Which instruction set this build's unpacking uses (tests check the AVX2 copy is one).

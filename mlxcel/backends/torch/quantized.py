@@ -3,8 +3,9 @@
 MLX's affine format (mx.quantize): a weight row is cut into groups of `group` values; each
 group has a scale s and a bias z, and a value is w = s * q + z for an unsigned `bits`-bit code
 q. A row's codes are one little-endian bit stream stored as uint32 words (held here as int32,
-the same bits). Scales and biases stay in the checkpoint's bf16 (fp16 ones become fp32, which
-the kernel also takes): 4-bit weights in groups of 64 read 4.5 bits per weight, not 5.
+the same bits). Scales and biases stay in the checkpoint's dtype (bf16 as mlx-lm writes them, fp16
+as a lossless GGUF conversion does, or fp32), which the kernel reads as is: 4-bit weights in
+groups of 64 read 4.5 bits per weight, in groups of 32 (GGUF's Q4_1) 5.
 
 What runs a product: on the CPU, every row takes mlxcel's kernel (kernels/cpu/quant_rows.cpp),
 which unpacks and scales the codes inside the dot products, up to eight rows per pass over a
@@ -77,8 +78,8 @@ class _Packed(torch.nn.Module):
                              f"{bits}-bit codes in groups of {group}")
         self.bits, self.group = bits, group
         self.register_buffer("weight", weight.contiguous().view(torch.int32))
-        # bf16 as checkpoints usually store them (the kernel widens them exactly), else fp32
-        keep = scales.dtype if scales.dtype in (torch.float32, torch.bfloat16) else torch.float32
+        # the checkpoint's own dtype where the kernel reads it (it widens bf16 and fp16 exactly)
+        keep = scales.dtype if scales.dtype in (torch.float32, torch.bfloat16, torch.float16) else torch.float32
         self.register_buffer("scales", scales.to(keep).contiguous())
         self.register_buffer("biases", biases.to(keep).contiguous())
 
@@ -158,13 +159,29 @@ def quantized_linears(*roots: torch.nn.Module) -> list[QuantizedLinear]:
     return list(seen.values())
 
 
+def _kernel_forward(module: QuantizedLinear):
+    """The instance forward of a linear on the CPU kernel: its tensors read once here (a step makes
+    ~200 of these calls, and each buffer lookup through nn.Module costs about a microsecond)."""
+    op, w, s, z, b, bits, group = module.op, module.weight, module.scales, module.biases, module.bias, \
+        module.bits, module.group
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        return op(x, w, s, z, b, bits, group)
+    return forward
+
+
 def install_kernel(kernel: RowKernel | None, *roots: torch.nn.Module) -> int:
     """Give every quantized linear under `roots` whose weights are on the CPU the kernel op when
-    `kernel` (the loaded library) is given, else the chunked path; returns how many take it."""
+    `kernel` (the loaded library) is given, else the chunked path; returns how many take it. Call
+    it again after moving the modules (the kernel's forward holds their tensors)."""
     op = torch.ops.mlxcel_cpu.quant_rows_linear if kernel is not None else None
     taken = 0
     for module in quantized_linears(*roots):
         module.op = op if module.weight.device.type == "cpu" else None
+        if module.op is not None:
+            module.forward = _kernel_forward(module)
+        elif "forward" in module.__dict__:
+            del module.forward
         taken += module.op is not None
     return taken
 
