@@ -1,0 +1,65 @@
+"""The KV cache's quantized storage on MLX: int8 (per-token, per-head absmax) and turbo
+(engine/kv_turbo.py's rotation, Lloyd-Max codes and packing), written and read with MLX ops.
+paged.PagedStorage quantizes with these as slots are written and dequantizes only the slots a
+step reads, just before its attention."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from mlxcel.engine import kv_turbo
+
+
+def quantize_int8(x: mx.array) -> tuple[mx.array, mx.array]:
+    """x [..., D] as int8 values and an fp32 scale per vector (its absmax / 127)."""
+    xf = x.astype(mx.float32)
+    scale = mx.max(mx.abs(xf), axis=-1) / 127.0
+    q = mx.clip(mx.round(xf / mx.maximum(scale, 1e-30)[..., None]), -127, 127)
+    return q.astype(mx.int8), scale
+
+
+class TurboCodec:
+    """One turbo side's constants, for head vectors of `dim` values."""
+
+    def __init__(self, bits: int, dim: int) -> None:
+        self.bits, self.dim = bits, dim
+        self.levels = mx.array(kv_turbo.LEVELS[bits])
+        self.bounds = mx.array(kv_turbo.boundaries(bits))
+        self.rotation = mx.array(kv_turbo.rotation(dim))  # y = R x
+        self.record = kv_turbo.packed_bytes(bits, dim)
+        self._bit = mx.arange(kv_turbo.GROUP, dtype=mx.uint32)
+
+    def quantize(self, x: mx.array) -> tuple[mx.array, mx.array]:
+        """x [..., dim] as packed codes uint8 [..., record] and an fp32 scale [...]."""
+        y = x.astype(mx.float32) @ self.rotation.T
+        rms = mx.maximum(mx.sqrt(mx.mean(y * y, axis=-1)), 1.1754944e-38)
+        codes = mx.sum((y / rms[..., None])[..., None] > self.bounds, axis=-1)  # midpoints below
+        lv = self.levels[codes]
+        den = mx.sum(lv * lv, axis=-1)
+        scale = mx.where(den > 0, mx.sum(y * lv, axis=-1) / mx.maximum(den, 1.1754944e-38), 0.0)
+        return self._pack(codes.astype(mx.uint32)), scale
+
+    def dequantize(self, data: mx.array, scale: mx.array, dtype) -> mx.array:
+        """Packed codes [..., record] and scales [...] back to vectors [..., dim] in `dtype`."""
+        y = self.levels[self._unpack(data)] * scale[..., None]
+        return (y @ self.rotation).astype(dtype)
+
+    def _pack(self, codes: mx.array) -> mx.array:
+        g = codes.reshape(*codes.shape[:-1], -1, kv_turbo.GROUP)
+        if self.bits == 4:
+            out = g[..., :8] | (g[..., 8:] << 4)
+        else:
+            planes = [mx.sum(((g >> b) & 1) << self._bit, axis=-1) for b in range(3)]  # [..., groups] each
+            out = mx.stack([mx.stack([p & 0xFF, p >> 8], -1) for p in planes], -2)
+        return out.astype(mx.uint8).reshape(*codes.shape[:-1], self.record)
+
+    def _unpack(self, data: mx.array) -> mx.array:
+        d = data.astype(mx.uint32)
+        if self.bits == 4:
+            g = d.reshape(*d.shape[:-1], -1, 8)
+            codes = mx.concatenate([g & 0xF, g >> 4], -1)
+        else:
+            g = d.reshape(*d.shape[:-1], -1, 3, 2)
+            planes = g[..., 0] | (g[..., 1] << 8)  # [..., groups, 3]
+            codes = sum(((planes[..., b, None] >> self._bit) & 1) << b for b in range(3))
+        return codes.reshape(*d.shape[:-1], self.dim)
