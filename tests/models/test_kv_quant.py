@@ -386,3 +386,15 @@ def test_chat_completion_over_a_quantized_pool(quant_server):
     assert (kv["cache_type_k"], kv["cache_type_v"]) == (types.k, types.v)
     # SmolLM2: 30 layers, 3 KV heads of 64
     assert kv["bytes_per_token"] == 30 * (kv_side_bytes(types.k, 3, 64, 4) + kv_side_bytes(types.v, 3, 64, 4))
+
+
+def test_estimate_memory_sizes_the_pool_in_the_chosen_modes():
+    """--estimate-memory's KV per token is kv_side_bytes' (the pool's own sizing) for the modes given."""
+    from tests.e2e.test_memory_plan import cli, estimate_figures
+
+    fixture_path(DEFAULT_MODEL)
+    done = cli("--backend", "torch", "--device", "cpu", "--dtype", "float32", "-c", "1024", "-np", "2",
+               "--cache-type-k", "turbo4", "--cache-type-v", "int8", "--estimate-memory")
+    assert done.returncode == 0, done.stderr
+    assert estimate_figures(done.stdout)["per_token"] == 30 * (kv_side_bytes("turbo4", 3, 64, 4)
+                                                               + kv_side_bytes("int8", 3, 64, 4))
