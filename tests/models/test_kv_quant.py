@@ -32,9 +32,9 @@ from tests.conftest import DEFAULT_MODEL, ServerProcess, fixture_path
 from tests.models.test_engine import (  # noqa: F401 - collected here, over this module's `model`
     test_batch_invariance, test_prefix_cache_hit_is_identical_and_opt_out_prefills_cold)
 
-# max |logit difference| against the f16 pool on the zoo fixtures, per mode of the keys
-# (measured: int8 <= 0.006, turbo4 TURBO4_MEASURED, turbo3 TURBO3_MEASURED)
-TOLERANCE = {"int8": 0.02, "turbo4": 1.0, "turbo3": 1.0, "f16": 0.02}
+# max |logit difference| against the f16 pool on the zoo fixtures, by the coarser side's mode
+# (measured: int8 <= 0.006; turbo4 <= 0.41 (gpt_oss), turbo3 <= 0.14, both nearly all from values)
+TOLERANCE = {"int8": 0.02, "turbo4": 0.6, "turbo3": 0.6, "f16": 0.0}
 KL_LIMIT = {"int8": 1e-3, "turbo4": 1e-2}
 DECIDED = 1.0  # a position's greedy token is decided where f16's top two logits differ by this much
 TEXT = (Path(__file__).parent / "data" / "kv_quality_text.txt").read_text()
@@ -271,9 +271,10 @@ def _steps(backend, ids: list[int], decode: int = 6) -> np.ndarray:
     return np.concatenate(out)
 
 
-# every family with int8 and turbo4 keys and values, and the other pairings on the first
-LOGIT_CASES = [(f, b, t) for f in FAMILIES for t in MODES if t in (INT8, TURBO4) or f == FAMILIES[0]
-               for b in REGISTRY[f].backends]
+# every family with int8 and turbo4 keys and values on both backends, the other pairings on the
+# first family (the one-sided int8 ones on both backends, the rest on torch: the codecs are the same)
+LOGIT_CASES = [(f, b, t) for f in FAMILIES for t in MODES for b in REGISTRY[f].backends
+               if t in (INT8, TURBO4) or (f == FAMILIES[0] and ("turbo" not in t.k + t.v or b == "torch"))]
 
 
 @pytest.mark.parametrize("family,backend,types", LOGIT_CASES, ids=[f"{f}-{b}-k{t.k}-v{t.v}" for f, b, t in LOGIT_CASES])
