@@ -6,6 +6,7 @@ step reads, just before its attention."""
 from __future__ import annotations
 
 import mlx.core as mx
+import numpy as np
 
 from mlxcel.engine import kv_turbo
 
@@ -25,13 +26,14 @@ class TurboCodec:
         self.bits, self.dim = bits, dim
         self.levels = mx.array(kv_turbo.LEVELS[bits])
         self.bounds = mx.array(kv_turbo.boundaries(bits))
-        self.rotation = mx.array(kv_turbo.rotation(dim))  # y = R x
+        self.signs = mx.array(kv_turbo.signs(dim))
+        self.norm = mx.array(1.0 / np.sqrt(np.float32(dim)), mx.float32)
         self.record = kv_turbo.packed_bytes(bits, dim)
         self._bit = mx.arange(kv_turbo.GROUP, dtype=mx.uint32)
 
     def quantize(self, x: mx.array) -> tuple[mx.array, mx.array]:
         """x [..., dim] as packed codes uint8 [..., record] and an fp32 scale [...]."""
-        y = x.astype(mx.float32) @ self.rotation.T
+        y = self.rotate(x.astype(mx.float32))
         rms = mx.maximum(mx.sqrt(mx.mean(y * y, axis=-1)), 1.1754944e-38)
         codes = mx.sum((y / rms[..., None])[..., None] > self.bounds, axis=-1)  # midpoints below
         lv = self.levels[codes]
@@ -42,7 +44,12 @@ class TurboCodec:
     def dequantize(self, data: mx.array, scale: mx.array, dtype) -> mx.array:
         """Packed codes [..., record] and scales [...] back to vectors [..., dim] in `dtype`."""
         y = self.levels[self._unpack(data)] * scale[..., None]
-        return (y @ self.rotation).astype(dtype)
+        return (_hadamard(y) * (self.signs * self.norm)).astype(dtype)
+
+    def rotate(self, x: mx.array) -> mx.array:
+        """R x, as butterflies (elementwise, so a row's bits never depend on what else is rotated
+        with it, and the same order as the CPU kernel's)."""
+        return _hadamard(x * self.signs) * self.norm
 
     def _pack(self, codes: mx.array) -> mx.array:
         g = codes.reshape(*codes.shape[:-1], -1, kv_turbo.GROUP)
@@ -63,3 +70,14 @@ class TurboCodec:
             planes = g[..., 0] | (g[..., 1] << 8)  # [..., groups, 3]
             codes = sum(((planes[..., b, None] >> self._bit) & 1) << b for b in range(3))
         return codes.reshape(*d.shape[:-1], self.dim)
+
+
+def _hadamard(x: mx.array) -> mx.array:
+    """H x over the last axis (Sylvester order, unnormalised), one butterfly stage at a time."""
+    n, h = x.shape[-1], 1
+    while h < n:
+        g = x.reshape(*x.shape[:-1], n // (2 * h), 2, h)
+        a, b = g[..., 0, :], g[..., 1, :]
+        x = mx.stack([a + b, a - b], -2).reshape(*x.shape[:-1], n)
+        h *= 2
+    return x

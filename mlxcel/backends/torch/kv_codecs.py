@@ -6,6 +6,7 @@ quantizes a decode step's rows itself, the same way."""
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from mlxcel.engine import kv_turbo
@@ -27,13 +28,13 @@ class TurboCodec:
         self.levels = torch.from_numpy(kv_turbo.LEVELS[bits]).to(device)
         self.bounds = torch.from_numpy(kv_turbo.boundaries(bits)).to(device)
         self.signs = torch.from_numpy(kv_turbo.signs(dim)).to(device)
-        self.rotation = torch.from_numpy(kv_turbo.rotation(dim)).to(device)  # y = R x
+        self.norm = float(np.float32(1.0) / np.sqrt(np.float32(dim)))
         self.record = kv_turbo.packed_bytes(bits, dim)
         self._bit = torch.arange(kv_turbo.GROUP, device=device, dtype=torch.int32)
 
     def quantize(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [..., dim] as packed codes uint8 [..., record] and an fp32 scale [...]."""
-        y = x.to(torch.float32) @ self.rotation.T
+        y = self.rotate(x.to(torch.float32))
         rms = (y * y).mean(-1).sqrt().clamp_min(torch.finfo(torch.float32).tiny)
         codes = torch.bucketize(y / rms.unsqueeze(-1), self.bounds)  # how many midpoints lie below
         lv = self.levels[codes]
@@ -44,7 +45,12 @@ class TurboCodec:
     def dequantize(self, data: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """Packed codes [..., record] and scales [...] back to vectors [..., dim] in `dtype`."""
         y = self.levels[self._unpack(data)] * scale.unsqueeze(-1)
-        return (y @ self.rotation).to(dtype)
+        return (_hadamard(y) * self.signs * self.norm).to(dtype)
+
+    def rotate(self, x: torch.Tensor) -> torch.Tensor:
+        """R x, as butterflies (elementwise, so a row's bits never depend on what else is rotated
+        with it, and the same order as the CPU kernel's)."""
+        return _hadamard(x * self.signs) * self.norm
 
     def _pack(self, codes: torch.Tensor) -> torch.Tensor:
         g = codes.reshape(*codes.shape[:-1], -1, kv_turbo.GROUP)
@@ -65,3 +71,14 @@ class TurboCodec:
             planes = g[..., 0] | (g[..., 1] << 8)  # [..., groups, 3]
             codes = sum(((planes[..., b, None] >> self._bit) & 1) << b for b in range(3))
         return codes.reshape(*d.shape[:-1], self.dim).long()
+
+
+def _hadamard(x: torch.Tensor) -> torch.Tensor:
+    """H x over the last axis (Sylvester order, unnormalised), one butterfly stage at a time."""
+    n, h = x.shape[-1], 1
+    while h < n:
+        g = x.reshape(*x.shape[:-1], n // (2 * h), 2, h)
+        a, b = g[..., 0, :], g[..., 1, :]
+        x = torch.stack([a + b, a - b], -2).reshape(*x.shape[:-1], n)
+        h *= 2
+    return x
