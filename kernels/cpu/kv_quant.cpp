@@ -152,8 +152,8 @@ inline __m512 lanes16(const Side& s, const uint8_t* r, int v, Turbo4*) {
 inline __m512 lanes16(const Side& s, const uint8_t* r, int v, Turbo3*) {
   uint16_t m[3];
   std::memcpy(m, r + v * 6, sizeof m);
-  const __m512i idx = _mm512_or_si512(_mm512_maskz_set1_epi32(m[0], 1),
-                                      _mm512_or_si512(_mm512_maskz_set1_epi32(m[1], 2), _mm512_maskz_set1_epi32(m[2], 4)));
+  const __m512i low = _mm512_or_si512(_mm512_maskz_set1_epi32(m[0], 1), _mm512_maskz_set1_epi32(m[1], 2));
+  const __m512i idx = _mm512_or_si512(low, _mm512_maskz_set1_epi32(m[2], 4));
   return _mm512_permutexvar_ps(idx, _mm512_load_ps(s.levels));
 }
 

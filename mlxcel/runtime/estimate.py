@@ -95,7 +95,8 @@ def estimate(settings: ServerSettings, path: Path, choice: Choice, cache_budget:
     n_ctx_slot, parallel = slot_share(n_ctx, settings.engine.parallel, settings.engine.kv_unified)
     manager = KVManager(n_ctx_slot=n_ctx_slot, parallel=parallel,
                         budget_bytes=cache_budget if settings.kv.cache_prompt else 0)
-    kv = pool_bytes(manager, _spec(path, dtype, choice, KVCacheTypes(settings.kv.cache_type_k, settings.kv.cache_type_v)))
+    types = KVCacheTypes(settings.kv.cache_type_k, settings.kv.cache_type_v)
+    kv = pool_bytes(manager, _spec(path, dtype, choice, types))
     draft_bytes = 0
     if draft is not None:  # as engine/speculative.ModelDrafter sizes its pool
         draft_dtype = compute_dtype(settings, draft, choice)

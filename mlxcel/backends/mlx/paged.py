@@ -95,7 +95,8 @@ class PagedStorage:
             t = data[layer][read]
             if scales[layer] is not None:
                 sc = scales[layer][read]
-                t = codec.dequantize(t, sc, self.dtype) if codec else (t.astype(mx.float32) * sc[..., None]).astype(self.dtype)
+                t = codec.dequantize(t, sc, self.dtype) if codec else \
+                    (t.astype(mx.float32) * sc[..., None]).astype(self.dtype)
             out.append(t)
         return out[0], out[1]
 

@@ -165,7 +165,8 @@ class PackedPlan:
             if g.kernel and fits:
                 rows = q[0].transpose(0, 1) if isinstance(g.tokens, slice) else q[:, :, 0]  # [queries, H, D]
                 if g.split is None:
-                    o = fused_ops.prompt_attention(module, rows, keys, values, g.table, g.kv_lengths, scaling, quant=quant)
+                    o = fused_ops.prompt_attention(module, rows, keys, values, g.table, g.kv_lengths, scaling,
+                                                   quant=quant)
                 else:
                     dec, rest = g.split
                     o = torch.empty(rows.shape[0], rows.shape[1], dv, dtype=rows.dtype, device=rows.device)

@@ -105,7 +105,8 @@ class PagedStorage:
             t = data[layer].index_select(0, read) if read is not None else data[layer].narrow(0, start, length)
             if scales[layer] is not None:
                 sc = scales[layer].index_select(0, read) if read is not None else scales[layer].narrow(0, start, length)
-                t = codec.dequantize(t, sc, self.dtype) if codec else (t.to(torch.float32) * sc.unsqueeze(-1)).to(self.dtype)
+                t = codec.dequantize(t, sc, self.dtype) if codec else \
+                    (t.to(torch.float32) * sc.unsqueeze(-1)).to(self.dtype)
             out.append(t)
         return out[0], out[1]
 
@@ -229,7 +230,8 @@ class StepPlan:
                 out = fused_ops.decode_attention(module, q, keys, values, self.table, self.kv_lengths, scaling,
                                                  (key[:, :, 0], value[:, :, 0], self.write), quant=quant)
             elif self.split is None:  # prompt rows only
-                out = fused_ops.prompt_attention(module, q, keys, values, self.table, self.kv_lengths, scaling, quant=quant)
+                out = fused_ops.prompt_attention(module, q, keys, values, self.table, self.kv_lengths, scaling,
+                                                 quant=quant)
             else:
                 dec, rest = self.split
                 out = torch.empty(b, h, value.shape[-1], dtype=query.dtype, device=query.device)
