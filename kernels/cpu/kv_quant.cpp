@@ -245,6 +245,13 @@ inline void add_row(float* o, float w, const float* r, int64_t n) {
   for (int64_t j = 0; j < n; ++j) o[j] += w * r[j];
 }
 
+// The sum of p[0, n), n a power of two, by halving (p is overwritten)
+inline float halving_sum(float* p, int64_t n) {
+  for (int64_t h = n / 2; h >= 1; h /= 2)
+    for (int64_t j = 0; j < h; ++j) p[j] += p[j + h];
+  return p[0];
+}
+
 // y <- R y or R^T y in place (turbo's rotation; kv_turbo.rotation)
 inline void rotate(float* y, const float* signs, int64_t n) {
   const float norm = 1.0f / std::sqrt(static_cast<float>(n));
@@ -339,19 +346,21 @@ void write_record(const T* v, Kind kind, const Side& s, uint8_t* rec, float* sca
   y.resize(dim);
   for (int64_t j = 0; j < dim; ++j) y[j] = value_of(v, j);
   rotate(y.data(), s.signs, dim);
-  float sq = 0;
-  for (int64_t j = 0; j < dim; ++j) sq += y[j] * y[j];
-  const float div = std::max(std::sqrt(sq / dim), std::numeric_limits<float>::min());
+  y.resize(3 * dim);
+  float* part = y.data() + dim;  // products summed by halving, as the torch and MLX codecs sum them
+  for (int64_t j = 0; j < dim; ++j) part[j] = y[j] * y[j];
+  const float div = std::max(std::sqrt(halving_sum(part, dim) / dim), std::numeric_limits<float>::min());
   float mid[15];
   for (int i = 0; i + 1 < n_levels; ++i) mid[i] = (s.levels[i] + s.levels[i + 1]) / 2;
-  float num = 0, den = 0;
+  float* num = y.data() + dim;
+  float* den = num + dim;
   std::memset(rec, 0, s.record);
   for (int64_t j = 0; j < dim; ++j) {
     const float u = y[j] / div;
     int c = 0;
     while (c + 1 < n_levels && u > mid[c]) ++c;
-    num += y[j] * s.levels[c];
-    den += s.levels[c] * s.levels[c];
+    num[j] = y[j] * s.levels[c];
+    den[j] = s.levels[c] * s.levels[c];
     const int64_t group = j / 16, i = j % 16;
     if (kind == Kind::kTurbo4) {
       rec[group * 8 + (i & 7)] |= static_cast<uint8_t>(c << (i < 8 ? 0 : 4));
@@ -359,7 +368,8 @@ void write_record(const T* v, Kind kind, const Side& s, uint8_t* rec, float* sca
       for (int b = 0; b < 3; ++b) rec[group * 6 + 2 * b + (i >> 3)] |= static_cast<uint8_t>(((c >> b) & 1) << (i & 7));
     }
   }
-  *scale = den > 0 ? num / den : 0.0f;
+  const float n = halving_sum(num, dim), d = halving_sum(den, dim);
+  *scale = d > 0 ? n / std::max(d, std::numeric_limits<float>::min()) : 0.0f;
 }
 
 // ~32 Ki multiply-adds: below it, a step's units stay on the calling thread

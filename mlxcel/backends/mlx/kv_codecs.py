@@ -34,11 +34,11 @@ class TurboCodec:
     def quantize(self, x: mx.array) -> tuple[mx.array, mx.array]:
         """x [..., dim] as packed codes uint8 [..., record] and an fp32 scale [...]."""
         y = self.rotate(x.astype(mx.float32))
-        rms = mx.maximum(mx.sqrt(mx.mean(y * y, axis=-1)), 1.1754944e-38)
+        rms = mx.maximum(mx.sqrt(_sum(y * y) / self.dim), 1.1754944e-38)
         codes = mx.sum((y / rms[..., None])[..., None] > self.bounds, axis=-1)  # midpoints below
         lv = self.levels[codes]
-        den = mx.sum(lv * lv, axis=-1)
-        scale = mx.where(den > 0, mx.sum(y * lv, axis=-1) / mx.maximum(den, 1.1754944e-38), 0.0)
+        den = _sum(lv * lv)
+        scale = mx.where(den > 0, _sum(y * lv) / mx.maximum(den, 1.1754944e-38), 0.0)
         return self._pack(codes.astype(mx.uint32)), scale
 
     def dequantize(self, data: mx.array, scale: mx.array, dtype) -> mx.array:
@@ -81,3 +81,12 @@ def _hadamard(x: mx.array) -> mx.array:
         x = mx.stack([a + b, a - b], -2).reshape(*x.shape[:-1], n)
         h *= 2
     return x
+
+
+def _sum(x: mx.array) -> mx.array:
+    """Sum over the last axis (a power of two) by halving: the same order whatever the array's
+    shape, as the CPU kernel sums (a reduction's order may follow the shape)."""
+    while x.shape[-1] > 1:
+        h = x.shape[-1] // 2
+        x = x[..., :h] + x[..., h:]
+    return x[..., 0]

@@ -35,11 +35,11 @@ class TurboCodec:
     def quantize(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [..., dim] as packed codes uint8 [..., record] and an fp32 scale [...]."""
         y = self.rotate(x.to(torch.float32))
-        rms = (y * y).mean(-1).sqrt().clamp_min(torch.finfo(torch.float32).tiny)
+        rms = (_sum(y * y) / self.dim).sqrt().clamp_min(torch.finfo(torch.float32).tiny)
         codes = torch.bucketize(y / rms.unsqueeze(-1), self.bounds)  # how many midpoints lie below
         lv = self.levels[codes]
-        den = (lv * lv).sum(-1)
-        scale = torch.where(den > 0, (y * lv).sum(-1) / den.clamp_min(torch.finfo(torch.float32).tiny), 0.0)
+        den = _sum(lv * lv)
+        scale = torch.where(den > 0, _sum(y * lv) / den.clamp_min(torch.finfo(torch.float32).tiny), 0.0)
         return self._pack(codes.to(torch.int32)), scale
 
     def dequantize(self, data: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -82,3 +82,12 @@ def _hadamard(x: torch.Tensor) -> torch.Tensor:
         x = torch.stack([a + b, a - b], -2).reshape(*x.shape[:-1], n)
         h *= 2
     return x
+
+
+def _sum(x: torch.Tensor) -> torch.Tensor:
+    """Sum over the last axis (a power of two) by halving: the same order whatever the tensor's
+    shape, as the CPU kernel sums (a reduction's order may follow the shape)."""
+    while x.shape[-1] > 1:
+        h = x.shape[-1] // 2
+        x = x[..., :h] + x[..., h:]
+    return x[..., 0]
