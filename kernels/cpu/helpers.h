@@ -60,7 +60,7 @@ inline float reduce_add8(__m256 v) {
 
 // p[j] = exp(p[j] - top) for j < n; returns their sum. The AVX512 and AVX2 forms are Cephes'
 // expf polynomial (about 1 ulp), 16 or 8 scores at a time instead of one std::exp per score.
-// (decode_ops.cpp's attention and kv_int8.cpp's share it)
+// (decode_ops.cpp's attention and kv_quant.cpp's share it)
 inline float exp_shifted(float* p, int64_t n, float top) {
 #if defined(__AVX512F__)
   const __m512 shift = _mm512_set1_ps(top);

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from mlxcel.config.refusal import StartupRefusal
-from mlxcel.engine.backend import KV_CACHE_TYPES
+from mlxcel.engine.backend import KV_CACHE_TYPES, KV_CACHE_TYPES_REFUSED, kv_mode_refusal
 
 # --- converters ----------------------------------------------------------------------------
 
@@ -287,6 +287,8 @@ def cache_type(path: str, modes: tuple[str, ...] = KV_CACHE_TYPES):
     field_path(path)
 
     def apply(settings: Any, value: str, spelling: str) -> None:
+        if value in KV_CACHE_TYPES_REFUSED and modes == KV_CACHE_TYPES:
+            raise StartupRefusal(f"{spelling} {kv_mode_refusal(value)}")
         one_of(value, spelling, tuple(dict.fromkeys(KV_CACHE_TYPES + GGML_CACHE_TYPES)))
         have = ", ".join(modes)
         if value in KV_CACHE_TYPES and value not in modes:

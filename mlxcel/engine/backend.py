@@ -15,6 +15,8 @@ from typing import Callable, Protocol
 import numpy as np
 
 from mlxcel.engine.kv_block_pool import BlockAllocator, SequenceKV
+from mlxcel.engine.kv_turbo import SCALE_BYTES as TURBO_SCALE_BYTES
+from mlxcel.engine.kv_turbo import TURBO_BITS, dim_refusal, packed_bytes
 
 
 @dataclass(frozen=True)
@@ -98,6 +100,7 @@ class KVSpec:
         if latent:
             types.refuse_quantized("multi-head latent attention keeps one compressed latent per token")
             return cls(tuple(LayerKV("latent", latent * dtype_bytes) for _ in range(info.num_layers)))
+        types.refuse_head_dim(head_dim_of(info.config))
         per_layer = kv_bytes_per_token(info, dtype_bytes, types) // max(info.num_layers, 1)
         windows = layer_windows(info.config, info.num_layers)
         return cls(tuple(LayerKV("full" if w is None else "sliding", per_layer, w, types if types.quantized else None)
@@ -106,14 +109,34 @@ class KVSpec:
 
 # The KV storage modes (--cache-type-k / --cache-type-v). "f16" keeps keys or values in the
 # compute dtype (fp16/bf16, or fp32 where the CPU computes in fp32); "int8" keeps int8 values
-# and one fp32 absmax scale per token per head, quantized as a block's slots are written and
-# dequantized inside attention.
-KV_CACHE_TYPES = ("f16", "int8")
+# and one fp32 absmax scale per token per head; "turbo4" / "turbo3" keep a Walsh-Hadamard-rotated
+# head vector as 4- or 3-bit Lloyd-Max codes and one fp32 scale per token per head
+# (engine/kv_turbo.py). All are quantized as a block's slots are written and read inside attention.
+KV_CACHE_TYPES = ("f16", "int8", "turbo4", "turbo3")
 INT8_SCALE_BYTES = 4
+# names of the TurboQuant family this cache does not store, each with the reason
+KV_CACHE_TYPES_REFUSED = {
+    "fp16+turbo4": "keeping the most recent tokens unquantized beside turbo4 records is not built; turbo4 stores "
+                   "every token quantized",
+    "fp16+turbo3": "keeping the most recent tokens unquantized beside turbo3 records is not built; turbo3 stores "
+                   "every token quantized",
+    "turbo4-delegated": "no specification defines what it delegates or to what, so there is nothing to implement "
+                        "faithfully",
+}
 
 
 class KVCacheTypeRefused(ValueError):
     """A KV storage mode this model's layers cannot hold (the message says why)."""
+
+
+def kv_mode_refusal(mode: str) -> str | None:
+    """Why `mode` is not a KV storage mode (None: it is one), naming the modes that are."""
+    have = ", ".join(KV_CACHE_TYPES)
+    if mode in KV_CACHE_TYPES_REFUSED:
+        return f"{mode}: {KV_CACHE_TYPES_REFUSED[mode]}; the modes are {have}"
+    if mode not in KV_CACHE_TYPES:
+        return f"unknown cache type {mode!r}; the modes are {have}"
+    return None
 
 
 @dataclass(frozen=True)
@@ -125,8 +148,9 @@ class KVCacheTypes:
 
     def __post_init__(self) -> None:
         for side, mode in (("K", self.k), ("V", self.v)):
-            if mode not in KV_CACHE_TYPES:
-                raise KVCacheTypeRefused(f"unknown {side} cache type {mode!r}; the modes are {', '.join(KV_CACHE_TYPES)}")
+            why = kv_mode_refusal(mode)
+            if why:
+                raise KVCacheTypeRefused(f"{side} cache type {why}")
 
     @property
     def quantized(self) -> bool:
@@ -137,12 +161,21 @@ class KVCacheTypes:
             raise KVCacheTypeRefused(f"--cache-type-k {self.k} --cache-type-v {self.v}: quantized KV storage holds "
                                      f"per-head keys and values of attention layers, and {why}; use f16")
 
+    def refuse_head_dim(self, dim: int) -> None:
+        """A turbo side needs a head size the rotation and packing take (kv_turbo.dim_refusal)."""
+        turbo = [f"--cache-type-{s} {m}" for s, m in (("k", self.k), ("v", self.v)) if m in TURBO_BITS]
+        why = dim_refusal(dim) if turbo else None
+        if why:
+            raise KVCacheTypeRefused(f"{' '.join(turbo)}: this model's {why}; int8 or f16 store any head size")
+
 
 def kv_side_bytes(mode: str, kv_heads: int, head_dim: int, dtype_bytes: int) -> int:
     """Bytes one token's keys (or values) of one layer take stored in `mode`: the one place
     a KV storage mode's size is defined (KVSpec, the pool's sizing and /props read it)."""
     if mode == "int8":
         return kv_heads * (head_dim + INT8_SCALE_BYTES)
+    if mode in TURBO_BITS:
+        return kv_heads * (packed_bytes(TURBO_BITS[mode], head_dim) + TURBO_SCALE_BYTES)
     return kv_heads * head_dim * dtype_bytes
 
 
@@ -212,10 +245,15 @@ def kv_bytes_per_token(info: ModelInfo, dtype_bytes: int, types: KVCacheTypes | 
     c = info.config
     heads = c.get("num_attention_heads") or 1
     kv_heads = c.get("num_key_value_heads") or heads
-    head_dim = c.get("head_dim") or (c.get("hidden_size", 0) // heads)
+    head_dim = head_dim_of(c)
     per_layer = kv_side_bytes(types.k, kv_heads, head_dim, dtype_bytes) + kv_side_bytes(types.v, kv_heads, head_dim,
                                                                                          dtype_bytes)
     return info.num_layers * per_layer
+
+
+def head_dim_of(config: dict) -> int:
+    """One attention head's size, from the checkpoint config."""
+    return config.get("head_dim") or (config.get("hidden_size", 0) // (config.get("num_attention_heads") or 1))
 
 
 def latent_width(config: dict) -> int:

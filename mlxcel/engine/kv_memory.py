@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from mlxcel.engine.backend import KVSpec, LayerKV, ModelInfo, layer_windows
+from mlxcel.engine.backend import KVCacheTypes, KVSpec, LayerKV, ModelInfo, layer_windows
 from mlxcel.engine.kv_block_pool import RESERVED
 from mlxcel.engine.kv_manager import KVManager
 
@@ -91,13 +91,14 @@ def usage_bytes(manager: KVManager) -> dict[str, int]:
             "cached_bytes": manager.prefix_cache.cached_blocks * per_block}
 
 
-def spec_from_config(config: dict, dtype_bytes: int, conv_keeps_kernel: bool = False) -> KVSpec:
+def spec_from_config(config: dict, dtype_bytes: int, conv_keeps_kernel: bool = False,
+                     types: KVCacheTypes | None = None) -> KVSpec:
     """The KVSpec a backend reports for this checkpoint config at `dtype_bytes` per element,
     without loading it: keys and values per layer (sliding windows as the config declares
     them), a latent per layer for multi-head latent attention, a fixed state for the recurrent
     layers of the families that have them. `conv_keeps_kernel`: the backend's convolution state
     holds the kernel's full width (transformers' layout, the torch backend's), not one less
-    (mlx-lm's)."""
+    (mlx-lm's). `types`: how the attention layers store keys and values (default: f16)."""
     text = {**config.get("text_config", {}), **config}
     layers = int(text.get("num_hidden_layers") or text.get("n_layer") or text.get("num_layers") or 0)
     info = ModelInfo(path=Path("."), model_type=str(text.get("model_type")), num_layers=layers, vocab_size=0,
@@ -105,7 +106,7 @@ def spec_from_config(config: dict, dtype_bytes: int, conv_keeps_kernel: bool = F
                      config=text)
     recurrent = recurrent_layers(text, layers, dtype_bytes, conv_keeps_kernel)
     if not recurrent:
-        return KVSpec.uniform(info, dtype_bytes)
+        return KVSpec.uniform(info, dtype_bytes, types)
     attention = [i for i in range(layers) if i not in recurrent]
     per_layer = KVSpec.uniform(info, dtype_bytes).bytes_per_token // max(layers, 1) if attention else 0
     windows = layer_windows(text, layers)

@@ -23,6 +23,7 @@ from pathlib import Path
 from mlxcel.backends.select import Choice
 from mlxcel.config.refusal import StartupRefusal
 from mlxcel.config.settings import ServerSettings
+from mlxcel.engine.backend import KVCacheTypes
 from mlxcel.engine.kv_manager import KVManager
 from mlxcel.engine.kv_memory import KVBytes, pool_bytes, slot_share, spec_from_config
 from mlxcel.models.checkpoint_config import read_config
@@ -95,7 +96,8 @@ def estimate(settings: ServerSettings, path: Path, choice: Choice, cache_budget:
     n_ctx_slot, parallel = slot_share(n_ctx, settings.engine.parallel, settings.engine.kv_unified)
     manager = KVManager(n_ctx_slot=n_ctx_slot, parallel=parallel,
                         budget_bytes=cache_budget if settings.kv.cache_prompt else 0)
-    kv = pool_bytes(manager, _spec(path, dtype, choice))
+    types = KVCacheTypes(settings.kv.cache_type_k, settings.kv.cache_type_v)
+    kv = pool_bytes(manager, _spec(path, dtype, choice, types))
     draft_bytes = 0
     if draft is not None:  # as engine/speculative.ModelDrafter sizes its pool
         draft_dtype = compute_dtype(settings, draft, choice)
@@ -105,8 +107,10 @@ def estimate(settings: ServerSettings, path: Path, choice: Choice, cache_budget:
     return MemoryEstimate(choice, dtype, weight_bytes(path, dtype), kv, explicit, draft_bytes)
 
 
-def _spec(path: Path, dtype: str, choice: Choice):
-    return spec_from_config(read_config(path), ITEMSIZE[dtype], conv_keeps_kernel=choice.backend == "torch")
+def _spec(path: Path, dtype: str, choice: Choice, types: KVCacheTypes | None = None):
+    """`types`: the main model's KV storage modes (a draft's pool is f16)."""
+    return spec_from_config(read_config(path), ITEMSIZE[dtype], conv_keeps_kernel=choice.backend == "torch",
+                            types=types)
 
 
 def context_length(config: dict) -> int:

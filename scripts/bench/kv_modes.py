@@ -1,10 +1,13 @@
 """KV storage modes against f16 on one checkpoint, straight through the backend interface (no
-HTTP): bytes per token of context, single-stream decode speed at each context length, and the
-quality of int8 KV against f16 (mean KL divergence of next-token distributions, teacher-forced
-over tests/models/data/kv_quality_text.txt, and greedy agreement). Not a test. The modes run
-interleaved, best of --repeats each, so a busy machine's noise falls on both. Prints JSON lines.
+HTTP): bytes per token of context and the most slots x context a memory budget holds, prefill
+and single-stream decode speed at each context length, and the quality of each quantized mode
+against f16 (mean KL divergence of next-token distributions, teacher-forced over
+tests/models/data/kv_quality_text.txt, and greedy agreement). Not a test. The modes run
+interleaved, best of --repeats each, so a busy machine's noise falls on all of them. A mode is
+"K" (keys and values alike) or "K,V". Prints JSON lines.
 
-    python -m scripts.bench.kv_modes -m models/HuggingFaceTB/SmolLM2-135M-Instruct --backend torch
+    python -m scripts.bench.kv_modes -m models/HuggingFaceTB/SmolLM2-135M-Instruct --backend torch \
+        --modes f16 int8 turbo4 turbo3 turbo4,int8 --contexts 512 4096 16384
 """
 
 from __future__ import annotations
@@ -30,14 +33,17 @@ def load(args, types):
     return load_backend(settings, args.model)[0]
 
 
-def decode_speed(backend, context: int, steps: int) -> float:
-    """Decode tokens per second, one row, after a prefill of `context` tokens."""
+def speeds(backend, context: int, steps: int) -> tuple[float, float]:
+    """(prefill tokens per second of a `context`-token prompt in 512-token chunks, decode
+    tokens per second after it), one row."""
     from mlxcel.engine.backend import ForwardRow
 
     seq = backend.new_sequence()
     prompt = [(i * 37) % 1000 + 100 for i in range(context)]
+    t0 = time.perf_counter()
     for s in range(0, context, 512):
         backend.forward_all(prompt[s:s + 512], seq)
+    prefill = context / (time.perf_counter() - t0)
     token = 200
     backend.forward([ForwardRow([token], seq, decode=True)])  # warm
     t0 = time.perf_counter()
@@ -45,7 +51,14 @@ def decode_speed(backend, context: int, steps: int) -> float:
         token = int(backend.forward([ForwardRow([token], seq, decode=True)])[0].argmax())
     dt = time.perf_counter() - t0
     seq.release()
-    return steps / dt
+    return prefill, steps / dt
+
+
+def mode_types(mode: str):
+    from mlxcel.engine.backend import KVCacheTypes
+
+    k, _, v = mode.partition(",")
+    return KVCacheTypes(k, v or k)
 
 
 def teacher_forced(backend, ids: list[int]) -> np.ndarray:
@@ -70,7 +83,6 @@ def quality(ref: np.ndarray, got: np.ndarray, decided_margin: float = 1.0) -> di
 
 
 def main() -> None:
-    from mlxcel.engine.backend import KVCacheTypes
     from mlxcel.engine.tokenizer import Tokenizer
 
     p = argparse.ArgumentParser()
@@ -82,25 +94,29 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=32)
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--modes", nargs="+", default=["f16", "int8"])
-    p.add_argument("--skip-quality", action="store_true", help="decode speed only")
+    p.add_argument("--skip-quality", action="store_true", help="speeds only")
+    p.add_argument("--budget-gib", type=float, default=8.0, help="KV memory for the slots x context figure")
     args = p.parse_args()
 
-    backends = {m: load(args, KVCacheTypes(m, m)) for m in args.modes}
+    backends = {m: load(args, mode_types(m)) for m in args.modes}
     ids = Tokenizer(args.model).encode(TEXT.read_text())
     ref = None if args.skip_quality else teacher_forced(backends[args.modes[0]], ids)
     for mode, b in backends.items():
-        row = {"backend": args.backend, "dtype": b.info.dtype, "mode": mode,
-               "bytes_per_token": b.kv_spec.bytes_per_token}
+        per_token = b.kv_spec.bytes_per_token
+        row = {"backend": args.backend, "dtype": b.info.dtype, "mode": mode, "bytes_per_token": per_token,
+               f"tokens_in_{args.budget_gib:g}_gib": int(args.budget_gib * 2 ** 30 // per_token)}
         if ref is not None and mode != args.modes[0]:
             row.update(quality(ref, teacher_forced(b, ids)))
         print(json.dumps(row), flush=True)
     for context in args.contexts:
-        best = {m: 0.0 for m in args.modes}
+        best = {m: (0.0, 0.0) for m in args.modes}
         for _ in range(args.repeats):
             for mode, b in backends.items():
-                best[mode] = max(best[mode], decode_speed(b, context, args.steps))
+                got = speeds(b, context, args.steps)
+                best[mode] = tuple(max(x, y) for x, y in zip(best[mode], got))
         print(json.dumps({"backend": args.backend, "context": context,
-                          **{f"decode_tok_s_{m}": round(v, 2) for m, v in best.items()}}), flush=True)
+                          **{f"prefill_tok_s_{m}": round(v[0], 1) for m, v in best.items()},
+                          **{f"decode_tok_s_{m}": round(v[1], 2) for m, v in best.items()}}), flush=True)
 
 
 if __name__ == "__main__":

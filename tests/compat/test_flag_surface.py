@@ -110,6 +110,8 @@ def test_kv_cache_types_are_chosen_for_keys_and_values_apart():
     assert (s.kv.cache_type_k, s.kv.cache_type_v) == ("int8", "f16")
     s = parse("--cache-type-v", "int8", LLAMA_ARG_CACHE_TYPE_K="f16")
     assert (s.kv.cache_type_k, s.kv.cache_type_v) == ("f16", "int8")
+    s = parse("-ctk", "turbo4", "-ctv", "turbo3")
+    assert (s.kv.cache_type_k, s.kv.cache_type_v) == ("turbo4", "turbo3")
 
 
 def test_hf_repo_wins_over_model():
@@ -203,6 +205,9 @@ REFUSALS = [
     (["-ctv", "q4_0"], "the modes are f16, int8"),
     (["-ctv", "bf16"], "no bf16 storage"),
     (["-ctkd", "int8"], "the modes are f16"),
+    (["-ctkd", "turbo4"], "the modes are f16"),
+    (["-ctk", "fp16+turbo4"], "most recent tokens unquantized"),
+    (["-ctv", "turbo4-delegated"], "the modes are f16, int8, turbo4, turbo3"),
     (["-ctk", "q9"], "expected one of"),
     (["-sps", "1.5"], "--slot-prompt-similarity 1.5"),
     (["-t", "4", "-tb", "8"], "pass -t 8 with it"),

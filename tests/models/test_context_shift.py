@@ -2,7 +2,7 @@
 goes on at its logical position, with the kept keys' rotation untouched.
 
 Without a discard, compaction must be invisible (the next logits are byte-identical), in each
-KV storage mode (int8 records move with their scales); with one, MLX and torch at fp32 must
+KV storage mode (int8 and turbo records move with their scales); with one, MLX and torch at fp32 must
 continue the shifted sequence the same way.
 """
 
@@ -66,7 +66,7 @@ def shifted_greedy(be, ids, keep, discard, steps=8):
 
 
 @pytest.mark.parametrize("backend", ["mlx", "torch"])
-@pytest.mark.parametrize("kv", ["f16", "int8"])
+@pytest.mark.parametrize("kv", ["f16", "int8", "turbo4"])
 def test_compaction_without_a_discard_is_invisible(backends, backend, kv):
     be, ids = backends(backend, kv), prompt_ids()
     assert len(ids) > 20

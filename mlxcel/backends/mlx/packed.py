@@ -219,7 +219,7 @@ class PackedBatchView:
             if g.read_start is not None:
                 k, v = st.take(li, slice(g.read_start, g.read_start + g.lmax))
                 k, v = k[None], v[None]
-            else:  # int8 records dequantized here, only this group's slots
+            else:  # quantized records dequantized here, only this group's slots
                 k, v = st.take(li, g.read)
             k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
             if compose is not None:

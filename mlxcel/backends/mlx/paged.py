@@ -14,15 +14,19 @@ import mlx.core as mx
 import numpy as np
 
 from mlxcel.backends.rows import causal_allowed, contiguous_start
+from mlxcel.backends.mlx.kv_codecs import TurboCodec, quantize_int8
 from mlxcel.engine.backend import KVCacheTypes
+from mlxcel.engine.kv_turbo import TURBO_BITS
 from mlxcel.engine.kv_block_pool import NULL_BLOCK, SCRATCH_BLOCK, BlockAllocator, SequenceKV, grown_slots
 
 
 class PagedStorage:
-    """The per-layer key/value arrays behind a BlockAllocator; grows by doubling. A side stored
-    "int8" (`types`) holds int8 values [slots, kv_heads, dim] and an fp32 absmax scale per slot
-    and head (`key_scales` / `value_scales`); `put` quantizes as it writes, `take` dequantizes
-    only the slots a step reads, just before its attention."""
+    """The per-layer key/value arrays behind a BlockAllocator; grows by doubling. A side's mode
+    (`types`) sets its records: the compute dtype [slots, kv_heads, dim]; "int8", int8 values
+    [slots, kv_heads, dim]; "turbo4" / "turbo3", packed codes uint8 [slots, kv_heads,
+    dim * bits / 8] (kv_codecs.TurboCodec); the quantized ones with an fp32 scale per slot and
+    head (`key_scales` / `value_scales`). `put` quantizes as it writes, `take` dequantizes only
+    the slots a step reads, just before its attention."""
 
     def __init__(self, allocator: BlockAllocator, num_layers: int, dtype, groups: list[int] | None = None,
                  types: KVCacheTypes | None = None) -> None:
@@ -35,18 +39,37 @@ class PagedStorage:
         self.values: list[mx.array | None] = [None] * num_layers
         self.key_scales: list[mx.array | None] = [None] * num_layers
         self.value_scales: list[mx.array | None] = [None] * num_layers
+        self.dims: list[tuple[int, int, int] | None] = [None] * num_layers  # (kv_heads, k_dim, v_dim) once sized
+        self._codecs: dict[tuple[str, int], TurboCodec] = {}
         self._slots = 0
+
+    def codec(self, mode: str, dim: int) -> TurboCodec | None:
+        """A turbo side's codec for heads of `dim` (None for f16 and int8)."""
+        if mode not in TURBO_BITS:
+            return None
+        if (mode, dim) not in self._codecs:
+            self._codecs[mode, dim] = TurboCodec(TURBO_BITS[mode], dim)
+        return self._codecs[mode, dim]
+
+    def _sides(self, layer: int):
+        """(records, scales, codec) of the keys, then the values, of a sized layer."""
+        _, dk, dv = self.dims[layer]
+        return ((self.keys, self.key_scales, self.codec(self.types.k, dk)),
+                (self.values, self.value_scales, self.codec(self.types.v, dv)))
 
     def ensure(self, layer: int, kv_heads: int, k_dim: int, v_dim: int) -> None:
         have = 0 if self.keys[layer] is None else self.keys[layer].shape[0]
         new = grown_slots(self.allocator.group(self.groups[layer]), have)
         if new is None:
             return
+        self.dims[layer] = (kv_heads, k_dim, v_dim)
         for data, scales, mode, dim in ((self.keys, self.key_scales, self.types.k, k_dim),
                                         (self.values, self.value_scales, self.types.v, v_dim)):
-            grow = mx.zeros((new - have, kv_heads, dim), mx.int8 if mode == "int8" else self.dtype)
+            codec = self.codec(mode, dim)
+            width, dtype = (codec.record, mx.uint8) if codec else (dim, mx.int8 if mode == "int8" else self.dtype)
+            grow = mx.zeros((new - have, kv_heads, width), dtype)
             data[layer] = grow if data[layer] is None else mx.concatenate([data[layer], grow])
-            if mode == "int8":
+            if mode != "f16":
                 grow = mx.zeros((new - have, kv_heads), mx.float32)
                 scales[layer] = grow if scales[layer] is None else mx.concatenate([scales[layer], grow])
 
@@ -56,34 +79,35 @@ class PagedStorage:
 
     def put(self, layer: int, write: mx.array, keys: mx.array, values: mx.array) -> None:
         """New keys / values [n, kv_heads, D] into slots `write`, quantized where stored so."""
-        for data, scales, x in ((self.keys, self.key_scales, keys), (self.values, self.value_scales, values)):
+        for (data, scales, codec), x in zip(self._sides(layer), (keys, values)):
             if scales[layer] is None:
                 data[layer][write] = x
-            else:
-                q, sc = quantize_int8(x)
-                data[layer][write] = q
-                scales[layer][write] = sc
+                continue
+            q, sc = codec.quantize(x) if codec else quantize_int8(x)
+            data[layer][write] = q
+            scales[layer][write] = sc
 
     def take(self, layer: int, read) -> tuple[mx.array, mx.array]:
         """Keys and values of slots `read` (an index array or a slice), [..., kv_heads, D] in
-        the compute dtype: int8 records dequantized here, only the slots read."""
+        the compute dtype: quantized records dequantized here, only the slots read."""
         out = []
-        for data, scales in ((self.keys, self.key_scales), (self.values, self.value_scales)):
+        for data, scales, codec in self._sides(layer):
             t = data[layer][read]
             if scales[layer] is not None:
-                t = (t.astype(mx.float32) * scales[layer][read][..., None]).astype(self.dtype)
+                sc = scales[layer][read]
+                t = codec.dequantize(t, sc, self.dtype) if codec else \
+                    (t.astype(mx.float32) * sc[..., None]).astype(self.dtype)
             out.append(t)
         return out[0], out[1]
 
     def copy_slots(self, src: np.ndarray, dst: np.ndarray, group: int = 0) -> None:
         """Every stored array's [dst] = [src] in every layer of block group `group` (a context
-        shift's compaction, a partial prefix's copy): int8 records move as they are, with their
-        scales."""
+        shift's compaction, a partial prefix's copy): quantized records move as they are, with
+        their scales."""
         s, d = mx.array(src), mx.array(dst)
         layers = [li for li in range(self.num_layers) if self.keys[li] is not None and self.groups[li] == group]
         for li in layers:
-            _, h, dk = self.keys[li].shape
-            self.ensure(li, h, dk, self.values[li].shape[-1])  # dst blocks may be new
+            self.ensure(li, *self.dims[li])  # dst blocks may be new
         held = [self.keys, self.values, self.key_scales, self.value_scales]
         # gathered and evaluated first: a scatter whose source still reads the pool cannot
         # reuse the pool's buffer and copies all of it (measured: 130 ms against 2 ms)
@@ -97,14 +121,6 @@ class PagedStorage:
 
     def arrays(self) -> list[mx.array]:
         return [a for a in self.keys + self.values + self.key_scales + self.value_scales if a is not None]
-
-
-def quantize_int8(x: mx.array) -> tuple[mx.array, mx.array]:
-    """x [..., D] as int8 values and an fp32 scale per vector (its absmax / 127)."""
-    xf = x.astype(mx.float32)
-    scale = mx.max(mx.abs(xf), axis=-1) / 127.0
-    q = mx.clip(mx.round(xf / mx.maximum(scale, 1e-30)[..., None]), -127, 127)
-    return q.astype(mx.int8), scale
 
 
 class StepPlan:

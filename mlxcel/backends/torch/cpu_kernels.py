@@ -4,7 +4,7 @@ kernels/cpu/ holds the sources: rows_linear.cpp (decode rows' bf16 / fp32 linear
 bf16_tiles.cpp (prompt rows' bf16 linears on AMX tiles), which row_gemv.py wires,
 quant_rows.cpp (few-row linears over MLX-quantized weights, quantized.py wires it), and
 decode_ops.cpp (fused norms, RoPE and row-by-row attention, fused_ops.py wires them) with
-kv_int8.cpp (that attention over int8 keys or values), sharing helpers.h. They are built
+kv_quant.cpp (that attention over int8 or turbo keys or values), sharing helpers.h. They are built
 together with the system C++ compiler against the
 installed torch (mlxcel/native_build.py), registered as `torch.ops.mlxcel_cpu.*`.
 """
@@ -21,7 +21,7 @@ from mlxcel import native_build
 from mlxcel.native_build import cpu_flags
 
 KERNEL_DIR = Path(__file__).resolve().parents[3] / "kernels" / "cpu"
-SOURCES = ("rows_linear.cpp", "bf16_tiles.cpp", "decode_ops.cpp", "quant_rows.cpp", "kv_int8.cpp")
+SOURCES = ("rows_linear.cpp", "bf16_tiles.cpp", "decode_ops.cpp", "quant_rows.cpp", "kv_quant.cpp")
 HEADERS = ("amx.h", "helpers.h")
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import sys
 import types
 from functools import partial
+from typing import NamedTuple
 
 import torch
 
@@ -143,39 +144,61 @@ def remove_rope(model: torch.nn.Module) -> None:
             setattr(module, "apply_rotary_pos_emb", fn.args[0])
 
 
+class KVQuantOperands(NamedTuple):
+    """A paged layer's quantized sides as the kernel (kernels/cpu/kv_quant.cpp) reads them: per
+    side, the per-slot, per-head scales (int8 and turbo), and for turbo the codebook levels and
+    the rotation's signs (engine/kv_turbo.py); all None: that side is in the compute dtype."""
+
+    key_scales: torch.Tensor | None = None
+    key_levels: torch.Tensor | None = None
+    key_signs: torch.Tensor | None = None
+    value_scales: torch.Tensor | None = None
+    value_levels: torch.Tensor | None = None
+    value_signs: torch.Tensor | None = None
+
+    @property
+    def quantized(self) -> bool:
+        return self.key_scales is not None or self.value_scales is not None
+
+
 def decode_attention(module: torch.nn.Module, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                      table: torch.Tensor, lengths: torch.Tensor, scaling: float | None,
                      write: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
-                     key_scales: torch.Tensor | None = None, value_scales: torch.Tensor | None = None) -> torch.Tensor:
+                     quant: KVQuantOperands | None = None) -> torch.Tensor:
     """[rows, heads, dv] for one query per row [rows, heads, dk] over each row's first
     `lengths` slots of `table` [rows, width] (or [1, width], one table for every row: a prompt
     chunk's tokens) in the paged keys/values of the module's layer; `write`: (new keys
-    [rows, kv_heads, dk], new values, slots [rows]) stored first. `key_scales` / `value_scales`:
-    that side is stored int8 with these per-slot, per-head scales (new keys or values quantized
-    as they are stored), dequantized inside the kernel's dot products."""
+    [rows, kv_heads, dk], new values, slots [rows]) stored first. `quant`: the sides stored
+    int8 or turbo (new keys or values quantized as they are stored), read inside the kernel's
+    dot products."""
     window = getattr(module, WINDOW_ATTR, None) or 0
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    if key_scales is not None or value_scales is not None:
-        return torch.ops.mlxcel_cpu.attention_int8(query.contiguous(), keys, key_scales, values, value_scales, table,
-                                                   lengths, window, scale, *(write or ()))
+    if quant is not None and quant.quantized:
+        return _quant_attention(query, keys, values, table, lengths, window, scale, quant, write)
     return torch.ops.mlxcel_cpu.decode_attention(query.contiguous(), keys, values, table, lengths, window, scale,
                                                  *(write or ()))
 
 
 def prompt_attention(module: torch.nn.Module, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                      table: torch.Tensor, lengths: torch.Tensor, scaling: float | None,
-                     key_scales: torch.Tensor | None = None, value_scales: torch.Tensor | None = None) -> torch.Tensor:
+                     quant: KVQuantOperands | None = None) -> torch.Tensor:
     """decode_attention for prompt tokens (nothing stored): where the CPU has AMX tiles and
     the head size is 64, 128 or 256 (bf16), the queries sharing a table get their scores from
     tiles; a token's result is the same whatever its chunk, but not the bits decode_attention
     gives it (a generated token is computed one way, a prompt token another, each always so).
-    Over int8 keys or values, the same int8 kernel as decode_attention's."""
+    Over quantized keys or values, the same kernel as decode_attention's."""
     window = getattr(module, WINDOW_ATTR, None) or 0
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    if key_scales is not None or value_scales is not None:
-        return torch.ops.mlxcel_cpu.attention_int8(query.contiguous(), keys, key_scales, values, value_scales, table,
-                                                   lengths, window, scale)
+    if quant is not None and quant.quantized:
+        return _quant_attention(query, keys, values, table, lengths, window, scale, quant)
     return torch.ops.mlxcel_cpu.prompt_attention(query.contiguous(), keys, values, table, lengths, window, scale)
+
+
+def _quant_attention(query, keys, values, table, lengths, window: int, scale: float, quant: KVQuantOperands,
+                     write=None) -> torch.Tensor:
+    return torch.ops.mlxcel_cpu.attention_kv_quant(query.contiguous(), keys, quant.key_scales, quant.key_levels,
+                                                   quant.key_signs, values, quant.value_scales, quant.value_levels,
+                                                   quant.value_signs, table, lengths, window, scale, *(write or ()))
 
 
 def attention_fits(query: torch.Tensor, dropout: float, kwargs: dict) -> bool:

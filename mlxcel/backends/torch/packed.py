@@ -153,10 +153,8 @@ class PackedPlan:
         takes them; else through transformers' own SDPA call per group: the same call, on the same
         shapes, that a padded forward of those rows makes, so the packed step rounds alike."""
         layer, window = module.layer_idx, getattr(module, WINDOW_ATTR, None)
-        keys, values, k_scales, v_scales = self.storage.kernel_operands(layer)
-        quant = dict(key_scales=k_scales, value_scales=v_scales)
-        _, kvh, dk = keys.shape
-        dv = values.shape[-1]
+        keys, values, quant = self.storage.kernel_operands(layer)
+        kvh, dk, dv = self.storage.head_dims(layer)
         fits = fused_ops.attention_fits(query, dropout, kwargs)
         outs = []
         for g in self.groups:
@@ -167,18 +165,19 @@ class PackedPlan:
             if g.kernel and fits:
                 rows = q[0].transpose(0, 1) if isinstance(g.tokens, slice) else q[:, :, 0]  # [queries, H, D]
                 if g.split is None:
-                    o = fused_ops.prompt_attention(module, rows, keys, values, g.table, g.kv_lengths, scaling, **quant)
+                    o = fused_ops.prompt_attention(module, rows, keys, values, g.table, g.kv_lengths, scaling,
+                                                   quant=quant)
                 else:
                     dec, rest = g.split
                     o = torch.empty(rows.shape[0], rows.shape[1], dv, dtype=rows.dtype, device=rows.device)
                     o[dec] = fused_ops.decode_attention(module, rows[dec], keys, values, g.table[dec],
-                                                        g.kv_lengths[dec], scaling, **quant)
+                                                        g.kv_lengths[dec], scaling, quant=quant)
                     if len(rest):
                         o[rest] = fused_ops.prompt_attention(module, rows[rest], keys, values, g.table[rest],
-                                                             g.kv_lengths[rest], scaling, **quant)
+                                                             g.kv_lengths[rest], scaling, quant=quant)
                 outs.append(o.unsqueeze(0))  # [1, queries, H, D]
                 continue
-            if g.start is not None:  # dequantized here where stored int8: only the rows read
+            if g.start is not None:  # dequantized here where stored quantized: only the rows read
                 k, v = self.storage.take(layer, start=g.start, length=g.lmax)
                 k, v = k.unsqueeze(0).transpose(1, 2), v.unsqueeze(0).transpose(1, 2)
             else:

@@ -20,15 +20,19 @@ from transformers.cache_utils import Cache
 from mlxcel.backends.rows import causal_allowed, contiguous_start
 from mlxcel.backends.torch import fused_ops, scores
 from mlxcel.backends.torch.fused_ops import WINDOW_ATTR
+from mlxcel.backends.torch.kv_codecs import TurboCodec, quantize_int8
 from mlxcel.engine.backend import KVCacheTypes
+from mlxcel.engine.kv_turbo import TURBO_BITS
 from mlxcel.engine.kv_block_pool import NULL_BLOCK, SCRATCH_BLOCK, BlockAllocator, SequenceKV, grown_slots
 
 
 class PagedStorage:
-    """The per-layer key/value tensors behind a BlockAllocator; grows by doubling. A side
-    stored "int8" (`types`) holds int8 values [slots, kv_heads, dim] and an fp32 absmax scale
-    per slot and head (`key_scales` / `value_scales`, [slots, kv_heads]); `put` quantizes as it
-    writes, `take` dequantizes what it reads, and the kernels read the int8 records directly."""
+    """The per-layer key/value tensors behind a BlockAllocator; grows by doubling. A side's
+    mode (`types`) sets its records: the compute dtype [slots, kv_heads, dim]; "int8", int8
+    values [slots, kv_heads, dim]; "turbo4" / "turbo3", packed codes uint8 [slots, kv_heads,
+    dim * bits / 8] (kv_codecs.TurboCodec); the quantized ones with an fp32 scale per slot and
+    head (`key_scales` / `value_scales`, [slots, kv_heads]). `put` quantizes as it writes, `take`
+    dequantizes what it reads, and the kernels read the records directly."""
 
     def __init__(self, allocator: BlockAllocator, num_layers: int, dtype: torch.dtype, device: torch.device,
                  groups: list[int] | None = None, types: KVCacheTypes | None = None) -> None:
@@ -40,20 +44,38 @@ class PagedStorage:
         self.values: list[torch.Tensor | None] = [None] * num_layers
         self.key_scales: list[torch.Tensor | None] = [None] * num_layers
         self.value_scales: list[torch.Tensor | None] = [None] * num_layers
+        self.dims: list[tuple[int, int, int] | None] = [None] * num_layers  # (kv_heads, k_dim, v_dim) once sized
+        self._codecs: dict[tuple[str, int], TurboCodec] = {}
+
+    def codec(self, mode: str, dim: int) -> TurboCodec | None:
+        """A turbo side's codec for heads of `dim` (None for f16 and int8)."""
+        if mode not in TURBO_BITS:
+            return None
+        if (mode, dim) not in self._codecs:
+            self._codecs[mode, dim] = TurboCodec(TURBO_BITS[mode], dim, self.device)
+        return self._codecs[mode, dim]
+
+    def _sides(self, layer: int):
+        """(records, scales, codec) of the keys, then the values, of a sized layer."""
+        _, dk, dv = self.dims[layer]
+        return ((self.keys, self.key_scales, self.codec(self.types.k, dk)),
+                (self.values, self.value_scales, self.codec(self.types.v, dv)))
 
     def ensure(self, layer: int, kv_heads: int, k_dim: int, v_dim: int) -> None:
         have = 0 if self.keys[layer] is None else self.keys[layer].shape[0]
         new = grown_slots(self.allocator.group(self.groups[layer]), have)
         if new is None:
             return
+        self.dims[layer] = (kv_heads, k_dim, v_dim)
         for data, scales, mode, dim in ((self.keys, self.key_scales, self.types.k, k_dim),
                                         (self.values, self.value_scales, self.types.v, v_dim)):
-            t = torch.zeros((new, kv_heads, dim), dtype=torch.int8 if mode == "int8" else self.dtype,
-                            device=self.device)
+            codec = self.codec(mode, dim)
+            width, dtype = (codec.record, torch.uint8) if codec else (dim, torch.int8 if mode == "int8" else self.dtype)
+            t = torch.zeros((new, kv_heads, width), dtype=dtype, device=self.device)
             if have:
                 t[:have] = data[layer]
             data[layer] = t
-            if mode == "int8":
+            if mode != "f16":
                 sc = torch.zeros((new, kv_heads), dtype=torch.float32, device=self.device)
                 if have:
                     sc[:have] = scales[layer]
@@ -66,53 +88,51 @@ class PagedStorage:
 
     def put(self, layer: int, write: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
         """New keys / values [n, kv_heads, D] into slots `write` [n], quantized where stored so."""
-        for data, scales, x in ((self.keys, self.key_scales, keys), (self.values, self.value_scales, values)):
+        for (data, scales, codec), x in zip(self._sides(layer), (keys, values)):
             if scales[layer] is None:
                 data[layer].index_copy_(0, write, x.to(data[layer].dtype))
-            else:
-                q, sc = quantize_int8(x)
-                data[layer].index_copy_(0, write, q)
-                scales[layer].index_copy_(0, write, sc)
+                continue
+            q, sc = codec.quantize(x) if codec else quantize_int8(x)
+            data[layer].index_copy_(0, write, q)
+            scales[layer].index_copy_(0, write, sc)
 
     def take(self, layer: int, read: torch.Tensor | None = None, start: int = 0,
              length: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values of slots `read` (or the `length` slots from `start`), [n, kv_heads, D]
-        in the compute dtype: int8 records dequantized here, only the rows read."""
+        in the compute dtype: quantized records dequantized here, only the rows read."""
         out = []
-        for data, scales in ((self.keys, self.key_scales), (self.values, self.value_scales)):
+        for data, scales, codec in self._sides(layer):
             t = data[layer].index_select(0, read) if read is not None else data[layer].narrow(0, start, length)
             if scales[layer] is not None:
                 sc = scales[layer].index_select(0, read) if read is not None else scales[layer].narrow(0, start, length)
-                t = (t.to(torch.float32) * sc.unsqueeze(-1)).to(self.dtype)
+                t = codec.dequantize(t, sc, self.dtype) if codec else \
+                    (t.to(torch.float32) * sc.unsqueeze(-1)).to(self.dtype)
             out.append(t)
         return out[0], out[1]
 
-    def kernel_operands(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        """(keys, values, key scales, value scales) as the kernels read them (scales None: that
-        side is stored in the compute dtype)."""
-        return self.keys[layer], self.values[layer], self.key_scales[layer], self.value_scales[layer]
+    def kernel_operands(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, fused_ops.KVQuantOperands]:
+        """(keys, values, their quantized sides' operands) as the kernels read them."""
+        (_, _, kc), (_, _, vc) = self._sides(layer)
+        quant = fused_ops.KVQuantOperands(self.key_scales[layer], kc and kc.levels, kc and kc.signs,
+                                          self.value_scales[layer], vc and vc.levels, vc and vc.signs)
+        return self.keys[layer], self.values[layer], quant
+
+    def head_dims(self, layer: int) -> tuple[int, int, int]:
+        """(kv_heads, key dim, value dim) of a sized layer, whatever its records hold."""
+        return self.dims[layer]
 
     def copy_slots(self, src: np.ndarray, dst: np.ndarray, group: int = 0) -> None:
         """Every stored tensor's [dst] = [src] in every layer of block group `group` (a context
-        shift's compaction, a partial prefix's copy): int8 records move as they are, with their
-        scales."""
+        shift's compaction, a partial prefix's copy): quantized records move as they are, with
+        their scales."""
         s, d = _to_device(np.asarray(src, np.int64), self.device), _to_device(np.asarray(dst, np.int64), self.device)
         for li, keys in enumerate(self.keys):
             if keys is not None and self.groups[li] == group:
-                _, h, dk = keys.shape
-                self.ensure(li, h, dk, self.values[li].shape[-1])  # dst blocks may be new
+                self.ensure(li, *self.dims[li])  # dst blocks may be new
                 for held in (self.keys, self.values, self.key_scales, self.value_scales):
                     if held[li] is not None:
                         # index_select copies first, so overlapping src/dst ranges read the old values
                         held[li].index_copy_(0, d, held[li].index_select(0, s))
-
-
-def quantize_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [..., D] as int8 values and an fp32 scale per vector (its absmax / 127)."""
-    xf = x.to(torch.float32)
-    scale = xf.abs().amax(dim=-1) / 127.0
-    q = torch.round(xf / scale.clamp_min(torch.finfo(torch.float32).tiny).unsqueeze(-1)).clamp_(-127, 127)
-    return q.to(torch.int8), scale
 
 
 def _to_device(a: np.ndarray, device: torch.device) -> torch.Tensor:
@@ -202,23 +222,23 @@ class StepPlan:
             return scores.attention(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                     **kwargs)
         layer = module.layer_idx
-        keys, values, k_scales, v_scales = self.storage.kernel_operands(layer)
-        quant = dict(key_scales=k_scales, value_scales=v_scales)
+        keys, values, quant = self.storage.kernel_operands(layer)
         if fused_ops.attention_fits(query, dropout, kwargs):
             b, h, n, d = query.shape
             q = query[:, :, 0] if n == 1 else query.transpose(1, 2).reshape(b * n, h, d)
             if self.decode_all:  # the rows' new keys and values are stored (quantized where int8) by the same call
                 out = fused_ops.decode_attention(module, q, keys, values, self.table, self.kv_lengths, scaling,
-                                                 (key[:, :, 0], value[:, :, 0], self.write), **quant)
+                                                 (key[:, :, 0], value[:, :, 0], self.write), quant=quant)
             elif self.split is None:  # prompt rows only
-                out = fused_ops.prompt_attention(module, q, keys, values, self.table, self.kv_lengths, scaling, **quant)
+                out = fused_ops.prompt_attention(module, q, keys, values, self.table, self.kv_lengths, scaling,
+                                                 quant=quant)
             else:
                 dec, rest = self.split
                 out = torch.empty(b, h, value.shape[-1], dtype=query.dtype, device=query.device)
                 out[dec] = fused_ops.decode_attention(module, q[dec], keys, values, self.table[dec],
-                                                      self.kv_lengths[dec], scaling, **quant)
+                                                      self.kv_lengths[dec], scaling, quant=quant)
                 out[rest] = fused_ops.prompt_attention(module, q[rest], keys, values, self.table[rest],
-                                                       self.kv_lengths[rest], scaling, **quant)
+                                                       self.kv_lengths[rest], scaling, quant=quant)
             return out.view(b, n, h, -1), None
         if self.decode_all:  # not the kernel's kind of attention: store, then SDPA as without it
             store(self.storage, layer, self.write, key, value)
