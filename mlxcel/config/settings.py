@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mlxcel.config.distributed import GroupSpec
 from mlxcel.config.rope import RopeOverrides
 
 # slots: writing a name a section does not declare fails instead of adding a stray attribute
@@ -257,6 +258,7 @@ class ServerSettings:
     logging: LoggingSection = field(default_factory=LoggingSection)
     chat: ChatSection = field(default_factory=ChatSection)
     media: MediaSection = field(default_factory=MediaSection)
+    distributed: GroupSpec = field(default_factory=GroupSpec)  # --tp-size / --pp-size (config/distributed.py)
     # parse bookkeeping, not configuration: warnings decided while parsing (logged once logging
     # is up), and the option keys given on the command line or environment (presets yield to them)
     notices: list[str] = field(default_factory=list)

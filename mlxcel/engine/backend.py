@@ -165,6 +165,11 @@ def layer_windows(config: dict, num_layers: int) -> list[int | None]:
     return [window] * num_layers
 
 
+class BackendUnavailable(RuntimeError):
+    """The backend can run no more steps (a distributed group lost a rank): the engine fails the
+    step's rows as unavailable (503), not as a server error, and the process is on its way out."""
+
+
 class Backend(Protocol):
     """A loaded model the engine runs. The engine's KV manager owns the block pool
     (engine/kv_manager.py): the backend builds storage for the pool it is bound to and reads

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mlxcel.engine.backend import Backend, ForwardRow
+from mlxcel.engine.backend import Backend, BackendUnavailable, ForwardRow
 from mlxcel.engine.decode_pipeline import DecodePipeline
 from mlxcel.engine.kv_block_pool import OutOfBlocks
 from mlxcel.engine.kv_manager import RECURRENT_NO_SHIFT, WINDOW_KEPT_FULL, WINDOW_KEPT_SHIFT, KVManager
@@ -368,9 +368,11 @@ class Engine:
     def _fail_step(self, error: Exception) -> None:
         log.exception("engine step failed")
         self._pipe.reset()
+        # a backend that can run no more steps: the rows end unavailable (503), as on an unload
+        code = "model_busy" if isinstance(error, BackendUnavailable) else "server_error"
         for row in list(self.scheduler.running):
             try:
-                self.output.finish(row, TokenEvent(error=f"generation failed: {error}", error_code="server_error"))
+                self.output.finish(row, TokenEvent(error=f"generation failed: {error}", error_code=code))
             except Exception:  # the loop outlives any one row's cleanup
                 log.exception("failing a row after a broken step failed too")
                 self.scheduler.remove(row)
@@ -412,6 +414,8 @@ class Engine:
             what = "embedding" if job.hidden else "scoring"
             job.future.set_exception(EngineError(f"no KV memory left for the {what} pass: {e}",
                                                  "insufficient_memory", 503))
+        except BackendUnavailable as e:  # the backend is gone: unavailable, not a server error
+            job.future.set_exception(EngineError(str(e), "model_busy", 503))
         except Exception as e:  # a failed pass fails its request, not the engine
             log.exception("%s forward failed", "embedding" if job.hidden else "scoring")
             job.future.set_exception(e)
