@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+from contextlib import nullcontext
 from pathlib import Path
 
 import mlx.core as mx
@@ -93,6 +94,7 @@ class MLXBackend(RowSteering):
                                    model_config=model_config or None)
         verify_rope(model, rope_config, config["model_type"])
         self.shard = sharding.apply(model, family, group) if group is not None else None
+        self.watchdog = group.watchdog if group is not None else None  # a follower's bound on its waits
         # a follower rank's output never reaches a sampler: its steps stop before the LM head
         self.head = self.shard is None or self.shard.rank == 0
         ckpt_dtype = str(config.get("torch_dtype") or config.get("dtype") or "bfloat16")
@@ -260,8 +262,9 @@ class MLXBackend(RowSteering):
     def _follow(self, rows: list[ForwardRow]) -> np.ndarray:
         """A follower rank's share of a step: its layers' all-reduces or sends and KV writes,
         without the LM head; [rows, 0] logits (rank 0 has the real ones)."""
-        hidden, _ = self._run(rows, decoder_stack(self.model))
-        mx.eval(hidden, *self._arrays())
+        with self.watchdog.guard("a forward step", 2.0) if self.watchdog is not None else nullcontext():
+            hidden, _ = self._run(rows, decoder_stack(self.model))
+            mx.eval(hidden, *self._arrays())
         return np.zeros((len(rows), 0), dtype=np.float32)
 
     def decode_greedy(self, rows: list[ForwardRow], ids: mx.array | None = None,
@@ -304,6 +307,8 @@ class MLXBackend(RowSteering):
         norm (transformers' last_hidden_state), since that is the representation the LM head
         reads and the one a transformers feature-extraction reference returns; the pre-norm
         residual carries a few huge-magnitude channels that would dominate any cosine."""
+        if not self.head:
+            return self._follow([ForwardRow(tokens, cache)])
         hidden, _ = self._run([ForwardRow(tokens, cache)], decoder_stack(self.model))
         out = hidden[0].astype(mx.float32)
         mx.eval(out, *self._arrays())

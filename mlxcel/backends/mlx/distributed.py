@@ -1,38 +1,48 @@
-"""The MLX side of a distributed group: `mx.distributed` as the group's collective.
+"""The MLX side of a distributed group: `mx.distributed` as the group's Collective, and the
+shard loader (the two entry points backends/distributed.py names).
 
-One process per rank; the group is MLX's own (the ring backend over TCP on Linux and macOS,
-MPI or JACCL where the installed MLX has them), never a transport of mlxcel's. MLX reads its
-group from its own environment (MLX_RANK, MLX_HOSTFILE: a JSON list, per rank, of "ip:port"
-strings, the file `mlx.launch` writes); a group this process spawned itself gets those written
-here from the GroupSpec (`ring_environment`), since MLX takes no other way in.
+One process per rank; the group is MLX's own (the ring backend over TCP on Linux and macOS, MPI
+or JACCL where the installed MLX build has them), never a transport of mlxcel's. MLX reads its
+group from its own environment (MLX_RANK, and MLX_HOSTFILE: a JSON list, per rank, of "ip:port"
+strings, the file `mlx.launch` writes); for a group mlxcel spawned itself those are written here
+from the GroupSpec (`ring_environment`), since MLX takes its group no other way. MLX's ring
+cannot split a group, so the MLX backend runs tensor or pipeline parallel, not both at once.
 
-What moves through the group: the engine's step plan from rank 0 as bytes (a length, then the
-bytes, each an `all_sum` in which every other rank contributes zeros), the tensor-parallel
-all-reduces inside the sharded linears (mlx.nn's ShardedToAllLinear), and pipeline activations
-by send/recv (sharding.py).
+What moves through the group: rank 0's step plans as bytes (a length, then the bytes, each an
+all_sum to which every other rank adds zeros), the tensor-parallel all-reduces inside mlx.nn's
+sharded linears, and pipeline activations by send/recv (sharding.py).
 
-An MLX collective waits forever for a peer that stops answering (a peer whose process dies
-closes its sockets, which the ring backend reports at once as a RuntimeError). `Watchdog` bounds
-every wait: a daemon thread (mx.eval releases the GIL while it blocks) that calls the group's
-failure handler once an armed wait passes its deadline.
+An MLX collective has no timeout: a peer whose process dies closes its sockets, which the ring
+reports at once (a RuntimeError, raised here as GroupFailed), but a peer that stops answering
+leaves the wait blocked inside MLX. On rank 0 the GroupBackend's watchdog fails the group
+(backends/group.py); a follower's waits are bounded by `Watchdog` (mx.eval releases the GIL, so
+its thread runs while the wait blocks), which ends the follower's process, since nothing can
+unblock the wait.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import os
 import tempfile
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Iterator
 
 import mlx.core as mx
 import numpy as np
 
+from mlxcel.backends.distributed import GroupFailed, GroupRefused, ShardOptions
 from mlxcel.config.distributed import LAUNCH_SPAWN, GroupSpec
 
+log = logging.getLogger("mlxcel.backend.mlx")
+
 TRANSPORTS = ("ring", "mpi", "jaccl")
+EXIT_GROUP_LOST = 75  # a follower whose group stopped answering (EX_TEMPFAIL: start the group again)
 
 
 @dataclass(frozen=True)
@@ -41,19 +51,16 @@ class MLXGroup:
 
     spec: GroupSpec
     group: mx.distributed.Group
-
-
-class GroupFailed(RuntimeError):
-    """A peer was lost or stopped answering: the group cannot serve another step."""
+    watchdog: Watchdog | None = None  # a follower's: bounds its forwards' waits too
 
 
 def transport_for(spec: GroupSpec) -> str:
     """The mx.distributed backend this group runs on; one this MLX build lacks is refused."""
-    name = "ring" if spec.transport == "auto" else spec.transport
+    name = "ring" if spec.transport in ("auto", "") else spec.transport
     if name not in TRANSPORTS:
-        raise GroupFailed(f"--dist-transport {name!r} is not an MLX transport; use one of {', '.join(TRANSPORTS)}")
+        raise GroupRefused(f"--dist-transport {name}: the MLX backend's transports are {', '.join(TRANSPORTS)}")
     if not mx.distributed.is_available(backend=name):
-        raise GroupFailed(f"this MLX build has no {name!r} distributed backend; use --dist-transport ring")
+        raise GroupRefused(f"--dist-transport {name}: this MLX build has no {name} backend; use ring")
     return name
 
 
@@ -62,38 +69,65 @@ def ring_hostfile(spec: GroupSpec) -> list[list[str]]:
     (spec.hosts in rank order; every rank on master_addr when the group is one host)."""
     hosts = spec.hosts or (spec.master_addr,) * spec.world
     if len(hosts) != spec.world:
-        raise GroupFailed(f"the hostfile names {len(hosts)} hosts for a group of {spec.world} ranks")
+        raise GroupRefused(f"the hostfile names {len(hosts)} hosts for a group of {spec.world} ranks")
     return [[f"{host}:{spec.master_port + i}"] for i, host in enumerate(hosts)]
 
 
 def ring_environment(spec: GroupSpec, rank: int) -> dict[str, str]:
-    """The variables MLX's ring backend reads for `rank` (a spawner merges them into the child's env)."""
+    """The variables MLX's ring backend reads for `rank` (its hostfile written to a temp file)."""
     with tempfile.NamedTemporaryFile("w", prefix="mlxcel-ring-", suffix=".json", delete=False) as f:
         json.dump(ring_hostfile(spec), f)
     return {"MLX_RANK": str(rank), "MLX_HOSTFILE": f.name}
 
 
-def init_group(spec: GroupSpec, environ: dict | None = None) -> mx.distributed.Group:
-    """Join the group (blocks until every rank has). A spawned group's ring variables go into
-    `environ` (os.environ where MLX reads them) first; a launcher's (`mlx.launch`, mpirun) are
-    already there. The group MLX forms must be the one the spec describes."""
-    import os
-
+def connect(spec: GroupSpec) -> MLXCollective:
+    """Join the group; blocks until every rank has, or fails after the spec's timeout. A spawned
+    group's ring variables are written for MLX to read; a launcher's (`mlx.launch`, mpirun) are
+    already in the environment. The group MLX forms must be the one the spec describes."""
+    if spec.tp_size > 1 and spec.pp_size > 1:
+        raise GroupRefused(f"--tp-size {spec.tp_size} with --pp-size {spec.pp_size}: MLX's ring cannot split a "
+                           "group into stages, so the MLX backend runs one of them; use --backend torch for both")
     backend = transport_for(spec)
     if spec.launch == LAUNCH_SPAWN and backend == "ring":
-        (os.environ if environ is None else environ).update(ring_environment(spec, spec.rank))
-    group = mx.distributed.init(strict=True, backend=backend)
+        os.environ.update(ring_environment(spec, spec.rank))  # written for MLX, which reads it itself
+    joined: list[mx.distributed.Group] = []
+    waiter = threading.Thread(target=lambda: joined.append(mx.distributed.init(strict=True, backend=backend)),
+                              name="mlxcel-dist-join", daemon=True)
+    waiter.start()
+    waiter.join(spec.timeout_s)
+    if not joined:
+        raise GroupFailed(f"the distributed group did not form within {spec.timeout_s:g} s (rank {spec.rank} of "
+                          f"{spec.world} over {backend}): start every rank, and check the hostfile's addresses")
+    group = joined[0]
     if (group.rank(), group.size()) != (spec.rank, spec.world):
-        raise GroupFailed(f"MLX formed rank {group.rank()} of {group.size()}, but this process is rank "
-                          f"{spec.rank} of {spec.world}: the launcher's MLX_RANK / hostfile disagree with "
-                          "--tp-size / --pp-size")
-    return group
+        raise GroupRefused(f"MLX formed rank {group.rank()} of {group.size()}, but this process is rank {spec.rank} "
+                           f"of {spec.world}: the launcher's MLX_RANK / hostfile disagree with --tp-size / --pp-size")
+    # rank 0's waits are bounded by its GroupBackend; a follower's by this
+    watchdog = Watchdog(spec.timeout_s, _leave) if spec.rank != 0 else None
+    return MLXCollective(group, watchdog)
+
+
+def load_shard(path: Path, spec: GroupSpec, collective: MLXCollective, options: ShardOptions):
+    """This rank's MLXBackend: the checkpoint read lazily and split (sharding.py) before its
+    weights are materialized, so a rank holds only its own share."""
+    from mlxcel.backends.mlx.backend import MLXBackend
+
+    if options.device not in ("cpu", "metal", "auto"):
+        raise GroupRefused(f"--device {options.device}: the MLX backend runs on cpu or metal")
+    return MLXBackend(path, dtype=options.dtype, rope=options.rope, threads=options.threads,
+                      kv_cache=options.kv_cache, group=MLXGroup(spec, collective.group, collective.watchdog))
+
+
+def _leave(reason: str) -> None:
+    log.error("%s; this rank exits", reason)
+    logging.shutdown()
+    os._exit(EXIT_GROUP_LOST)
 
 
 class Watchdog:
-    """Bounds every collective wait: `guard()` arms a deadline `timeout_s` ahead; a wait still
-    armed at its deadline calls `on_expire(what)` once, from the watchdog's thread (the engine's
-    own thread is still blocked inside MLX). The handler answers 503 and exits the process."""
+    """Bounds a follower's waits: `guard()` arms a deadline; a wait still armed at it calls
+    `on_expire(why)` once, from the watchdog's own thread (the waiting thread is blocked inside
+    MLX, which offers no way to cancel it)."""
 
     def __init__(self, timeout_s: float, on_expire: Callable[[str], None]) -> None:
         self.timeout_s = timeout_s
@@ -105,9 +139,10 @@ class Watchdog:
         self._thread.start()
 
     @contextmanager
-    def guard(self, what: str) -> Iterator[None]:
+    def guard(self, what: str, scale: float = 1.0) -> Iterator[None]:
+        """Arm for `scale` x the timeout (a forward step gets rank 0's own bound: twice)."""
         with self._lock:
-            self._armed = (time.monotonic() + self.timeout_s, what)
+            self._armed = (time.monotonic() + scale * self.timeout_s, what)
         try:
             yield
         finally:
@@ -119,76 +154,63 @@ class Watchdog:
         while not self._fired:
             time.sleep(tick)
             with self._lock:
-                due = self._armed is not None and time.monotonic() >= self._armed[0]
-                what = self._armed[1] if due else ""
-            if due:
+                armed = self._armed
+            if armed is not None and time.monotonic() >= armed[0]:
                 self._fired = True
-                self.on_expire(f"no answer from the group within {self.timeout_s:g} s ({what})")
+                self.on_expire(f"no answer from the distributed group in time (timeout {self.timeout_s:g} s, "
+                               f"waiting for {armed[1]})")
 
 
 class MLXCollective:
-    """The group's collective on MLX: byte broadcast from rank 0, sums, point-to-point arrays.
-    Every call is one guarded wait; a lost peer raises GroupFailed."""
+    """The group's Collective on mx.distributed (backends/distributed.py's protocol): every call
+    evaluates at once; a lost peer raises GroupFailed."""
 
     def __init__(self, group: mx.distributed.Group, watchdog: Watchdog | None = None) -> None:
         self.group = group
         self.rank, self.size = group.rank(), group.size()
         self.watchdog = watchdog
-        self.bytes_moved = 0  # payload bytes this rank put into collectives (the docs' per-rank numbers)
+        self.bytes_moved = 0  # payload bytes this rank put into collectives (docs/distributed.md)
 
     @contextmanager
     def _wait(self, what: str) -> Iterator[None]:
-        guard = self.watchdog.guard(what) if self.watchdog is not None else _nothing()
         try:
-            with guard:
+            with self.watchdog.guard(what) if self.watchdog is not None else nullcontext():
                 yield
-        except RuntimeError as e:  # the ring backend's "connection to a peer was lost"
-            raise GroupFailed(f"distributed group lost a peer during {what}: {e}") from e
+        except RuntimeError as e:  # the ring's "connection to a peer was lost"
+            raise GroupFailed(f"the distributed group lost a peer during {what}: {e}") from e
 
-    def _sum(self, x: mx.array, what: str) -> mx.array:
+    def _eval(self, out: mx.array, what: str, sent: int) -> mx.array:
         with self._wait(what):
-            out = mx.distributed.all_sum(x, group=self.group)
             mx.eval(out)
-        self.bytes_moved += x.nbytes
+        self.bytes_moved += sent
         return out
 
     def broadcast_bytes(self, data: bytes | None) -> bytes:
-        """Rank 0's `data` on every rank (the others pass None)."""
-        mine = data if self.rank == 0 else b""
-        n = int(self._sum(mx.array([len(mine)], dtype=mx.int64), "plan length").item())
+        mine = data if self.rank == 0 and data is not None else b""
+        n = mx.distributed.all_sum(mx.array([len(mine)], dtype=mx.int64), group=self.group)
+        n = int(self._eval(n, "a plan's length", 8).item())
         if n == 0:
             return b""
         buf = mx.array(np.frombuffer(mine, dtype=np.uint8)) if self.rank == 0 else mx.zeros((n,), mx.uint8)
-        return bytes(np.array(self._sum(buf, "plan broadcast"), copy=False))
+        got = self._eval(mx.distributed.all_sum(buf, group=self.group), "a plan", n)
+        return mine if self.rank == 0 else bytes(np.array(got, copy=False))
 
-    def all_sum(self, x: np.ndarray) -> np.ndarray:
-        return np.array(self._sum(mx.array(x), "all_sum"))
+    def all_gather_bytes(self, data: bytes) -> list[bytes]:
+        mine = mx.array(np.frombuffer(data, dtype=np.uint8)) if data else mx.zeros((0,), mx.uint8)
+        got = np.array(self._eval(mx.distributed.all_gather(mine, group=self.group), "all_gather", len(data)))
+        return [bytes(part) for part in np.split(got, self.size)]
 
-    def send(self, x: np.ndarray, dst: int) -> None:
-        with self._wait(f"send to rank {dst}"):
-            mx.eval(mx.distributed.send(mx.array(x), dst, group=self.group))
-        self.bytes_moved += x.nbytes
+    def all_sum(self, x: mx.array) -> mx.array:
+        return self._eval(mx.distributed.all_sum(x, group=self.group), "all_sum", x.nbytes)
 
-    def recv(self, shape: tuple[int, ...], dtype: np.dtype, src: int) -> np.ndarray:
-        with self._wait(f"recv from rank {src}"):
-            out = mx.distributed.recv(shape, _MX_DTYPES[np.dtype(dtype)], src, group=self.group)
-            mx.eval(out)
-        return np.array(out)
+    def send(self, x: mx.array, dst: int) -> None:
+        self._eval(mx.distributed.send(x, dst, group=self.group), f"a send to rank {dst}", x.nbytes)
+
+    def recv(self, like: mx.array, src: int) -> mx.array:
+        return self._eval(mx.distributed.recv_like(like, src, group=self.group), f"a receive from rank {src}", 0)
 
     def barrier(self) -> None:
-        self._sum(mx.zeros((1,), mx.int32), "barrier")
+        self.all_sum(mx.zeros((1,), mx.int32))
 
-    @contextmanager
-    def step(self, what: str = "forward step") -> Iterator[None]:
-        """Guard a whole forward whose all-reduces / sends run inside the model's graph."""
-        with self._wait(what):
-            yield
-
-
-@contextmanager
-def _nothing() -> Iterator[None]:
-    yield
-
-
-_MX_DTYPES = {np.dtype(np.float32): mx.float32, np.dtype(np.float16): mx.float16, np.dtype(np.int32): mx.int32,
-              np.dtype(np.int64): mx.int64, np.dtype(np.uint8): mx.uint8, np.dtype(np.uint32): mx.uint32}
+    def close(self) -> None:
+        """MLX keeps its group for the process's life (it has no call to leave one)."""
