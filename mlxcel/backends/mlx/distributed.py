@@ -37,11 +37,12 @@ import mlx.core as mx
 import numpy as np
 
 from mlxcel.backends.distributed import GroupFailed, GroupRefused, ShardOptions
-from mlxcel.config.distributed import LAUNCH_SPAWN, GroupSpec
+from mlxcel.config.distributed import GroupSpec
 
 log = logging.getLogger("mlxcel.backend.mlx")
 
 TRANSPORTS = ("ring", "mpi", "jaccl")
+LAUNCH_MLX = "mlx"  # every rank started by `mlx.launch`, which wrote MLX_RANK / MLX_HOSTFILE itself
 EXIT_GROUP_LOST = 75  # a follower whose group stopped answering (EX_TEMPFAIL: start the group again)
 
 
@@ -80,21 +81,25 @@ def ring_environment(spec: GroupSpec, rank: int) -> dict[str, str]:
     return {"MLX_RANK": str(rank), "MLX_HOSTFILE": f.name}
 
 
-def connect(spec: GroupSpec) -> MLXCollective:
-    """Join the group; blocks until every rank has, or fails after the spec's timeout. A spawned
-    group's ring variables are written for MLX to read; a launcher's (`mlx.launch`, mpirun) are
-    already in the environment. The group MLX forms must be the one the spec describes."""
+def connect(spec: GroupSpec, device: str = "cpu") -> MLXCollective:
+    """Join the group; blocks until every rank has, or fails after the spec's timeout. The ring's
+    variables are written for MLX to read from the spec (ranks mlxcel started, or a torchrun-style
+    launcher's); `mlx.launch` (spec.launch "mlx") has already set them. The group MLX forms must
+    be the one the spec describes. `device` is the rank's MLX device, which the ring does not
+    depend on."""
     if spec.tp_size > 1 and spec.pp_size > 1:
         raise GroupRefused(f"--tp-size {spec.tp_size} with --pp-size {spec.pp_size}: MLX's ring cannot split a "
                            "group into stages, so the MLX backend runs one of them; use --backend torch for both")
     backend = transport_for(spec)
-    if spec.launch == LAUNCH_SPAWN and backend == "ring":
-        os.environ.update(ring_environment(spec, spec.rank))  # written for MLX, which reads it itself
+    written = ring_environment(spec, spec.rank) if backend == "ring" and spec.launch != LAUNCH_MLX else {}
+    os.environ.update(written)  # for MLX, which reads its group from there itself
     joined: list[mx.distributed.Group] = []
     waiter = threading.Thread(target=lambda: joined.append(mx.distributed.init(strict=True, backend=backend)),
                               name="mlxcel-dist-join", daemon=True)
     waiter.start()
     waiter.join(spec.timeout_s)
+    if "MLX_HOSTFILE" in written:  # read once, at init
+        Path(written["MLX_HOSTFILE"]).unlink(missing_ok=True)
     if not joined:
         raise GroupFailed(f"the distributed group did not form within {spec.timeout_s:g} s (rank {spec.rank} of "
                           f"{spec.world} over {backend}): start every rank, and check the hostfile's addresses")
