@@ -16,8 +16,9 @@ backends/mlx/distributed.py):
 The two entry points each backend's module (`mlxcel.backends.<name>.distributed`) defines, which
 runtime/group.py calls:
 
-    connect(spec: GroupSpec) -> Collective
+    connect(spec: GroupSpec, device: str) -> Collective
         join the group (blocks until every rank has joined, or the spec's timeout passes);
+        `device` is where this rank's shard runs (the backend's device string);
     load_shard(path: Path, spec: GroupSpec, collective: Collective, options: ShardOptions) -> Backend
         this rank's shard. Its `info` describes the whole model (num_layers, vocab, config); its
         `kv_spec` this rank's share of the KV (what its pool holds per token); its forward /

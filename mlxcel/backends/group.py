@@ -190,7 +190,8 @@ class GroupBackend:
             except Exception as e:
                 # a step that failed on rank 0 alone leaves the followers' collectives unmatched:
                 # whatever went wrong, the group cannot continue in step
-                raise self._fail(f"the distributed group failed during a step: {e}") from e
+                raise self._fail(f"the distributed group failed during a step ({_first_line(e)}); the server is "
+                                 "exiting") from e
             finally:
                 self._busy_since = None
                 self._last = time.monotonic()
@@ -218,10 +219,17 @@ class GroupBackend:
                 try:
                     self.collective.broadcast_bytes(encode_plan(PingPlan()))
                 except Exception as e:  # noqa: BLE001 - a dead peer shows here between requests
-                    self._fail(f"a rank of the distributed group stopped answering: {e}")
+                    self._fail(f"a rank of the distributed group stopped answering ({_first_line(e)}); the server "
+                               "is exiting")
                 finally:
                     self._last = time.monotonic()
                     self._lock.release()
+
+
+def _first_line(e: Exception) -> str:
+    """The runtime's error without its advice paragraphs (gloo appends several)."""
+    text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return text.split(". This is typically")[0]
 
 
 def _refuse_row_extras(rows: list[ForwardRow]) -> None:

@@ -6,6 +6,10 @@ from __future__ import annotations
 POOL = "CPU affinity, priority and polling tune GGML's CPU thread pool, which mlxcel does not have"
 THREADS = "mlxcel has no GGML CPU thread pool; only values <= 0 (all cores) are accepted"
 ONE_DEVICE = "mlxcel runs the whole model on one MLX device and does not split it across GPUs"
+SPLIT = ("mlxcel does not split a model over GGML devices; it splits one over processes and machines with "
+         "--tp-size (tensor parallel) and --pp-size (pipeline parallel), see docs/distributed.md")
+RPC = ("mlxcel has no GGML RPC backend; to serve one model from several machines start a group with --tp-size / "
+       "--pp-size and --hostfile (docs/distributed.md)")
 MOE_CPU = "mlxcel keeps every expert on the MLX device; there is no CPU expert placement"
 LOAD = "mlxcel reads SafeTensors through MLX and has no mlock / direct-I/O load mode; accepted: --load-mode auto|mmap"
 GGML_ONLY = "this is a GGML backend setting with no MLX counterpart"

@@ -23,6 +23,8 @@ from mlxcel.cli.options_reasons import (
     NO_DRAFT_SAMPLING,
     NO_SLOT_STATE,
     ONE_DEVICE,
+    RPC,
+    SPLIT,
     POOL,
     PRESETS,
     THREADS,
@@ -32,6 +34,7 @@ from mlxcel.cli.options_reasons import (
 from mlxcel.cli import options_lora as lo
 from mlxcel.cli import options_sampling as sa
 from mlxcel.cli import options_spec as sp
+from mlxcel.cli.options_group import GROUP_OPTIONS
 from mlxcel.cli.options_native import NATIVE, NATIVE_OPTIONS
 from mlxcel.cli.options_model import (
     ALIASED,
@@ -157,7 +160,7 @@ _COMMON: tuple[Option, ...] = (
     C("-ctv, --cache-type-v", VALUE, mv="TYPE", env="LLAMA_ARG_CACHE_TYPE_V", default=own("kv.cache_type_v"),
       state=ALIASED, apply=a.cache_type("kv.cache_type_v"), hidden=True),
     ggml("-dt, --defrag-thold", mv="N", env="LLAMA_ARG_DEFRAG_THOLD", why="deprecated upstream", inert=always),
-    ggml("--rpc", mv="SERVERS", env="LLAMA_ARG_RPC", why="mlxcel has no GGML RPC backend; it serves from one MLX device"),
+    ggml("--rpc", mv="SERVERS", env="LLAMA_ARG_RPC", why=RPC),
     ggml("--mlock", FLAG, env="LLAMA_ARG_MLOCK", default="false", why=LOAD),
     ggml("--mmap, --no-mmap", PAIR, env="LLAMA_ARG_MMAP", default="true", why=LOAD, inert=only_positive_form),
     ggml("-dio, --direct-io, -ndio, --no-direct-io", PAIR, env="LLAMA_ARG_DIO", why=LOAD, inert=only_negative_form),
@@ -175,8 +178,8 @@ _COMMON: tuple[Option, ...] = (
     ggml("-ncmoe, --n-cpu-moe", mv="N", env="LLAMA_ARG_N_CPU_MOE", why=MOE_CPU, inert=eq("0")),
     C("-ngl, --gpu-layers, --n-gpu-layers", VALUE, mv="N", env="LLAMA_ARG_N_GPU_LAYERS", default="auto",
       state=NOT_APPLICABLE, apply=a.apply_gpu_layers),
-    ggml("-sm, --split-mode", mv="{none,layer,row,tensor}", env="LLAMA_ARG_SPLIT_MODE", why=ONE_DEVICE, inert=eq("none")),
-    ggml("-ts, --tensor-split", mv="N0,N1,N2,...", env="LLAMA_ARG_TENSOR_SPLIT", why=ONE_DEVICE),
+    ggml("-sm, --split-mode", mv="{none,layer,row,tensor}", env="LLAMA_ARG_SPLIT_MODE", why=SPLIT, inert=eq("none")),
+    ggml("-ts, --tensor-split", mv="N0,N1,N2,...", env="LLAMA_ARG_TENSOR_SPLIT", why=SPLIT),
     ggml("-mg, --main-gpu", mv="INDEX", env="LLAMA_ARG_MAIN_GPU", default="0", why=ONE_DEVICE, inert=eq("0")),
     C("-fit, --fit", VALUE, mv="[on|off]", env="LLAMA_ARG_FIT", default="on", state=BY_DESIGN,
       apply=lambda s, v, sp: a.assign(s, "engine.fit", a.one_of(v, sp, ("on", "off")) == "on"),
@@ -594,7 +597,7 @@ _SERVER: tuple[Option, ...] = (
     *(X(n, state=NOT_APPLICABLE, why=preset_reason(n)) for n in (*PRESETS, "--spec-default")),
 )
 
-TABLE: tuple[Option, ...] = _COMMON + _SAMPLING + _SPEC + _SERVER + NATIVE_OPTIONS
+TABLE: tuple[Option, ...] = _COMMON + _SAMPLING + _SPEC + _SERVER + NATIVE_OPTIONS + GROUP_OPTIONS
 SECTIONS = (COMMON, SAMPLING, SPEC, SERVER, NATIVE)
 
 # every spelling -> (option, is_positive)

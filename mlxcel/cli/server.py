@@ -159,6 +159,9 @@ def main(argv: list[str] | None = None, prog: str = "mlxcel-server") -> int:
     blas = enable_fast_blas(report=False)
     for notice in settings.notices:
         log.warning("%s", notice)
+    from mlxcel.cli import distributed as group
+
+    group.resolve_group(settings, os.environ)  # --tp-size / --pp-size: this process's rank
     if settings.server.vertex_predict_route:
         from mlxcel.api.app import registered_paths
         from mlxcel.api.vertex import check_predict_route
@@ -182,6 +185,11 @@ def main(argv: list[str] | None = None, prog: str = "mlxcel-server") -> int:
     # mode switch: --embeddings / --reranking serve a side worker and no chat model
     plan = plan_workers(settings, lambda ref, flag: resolve_ref(settings, ref, flag))
     path, startup = resolve(settings) if plan.generation else (None, None)
+    children = []
+    if settings.distributed.active:
+        if settings.distributed.rank != 0:  # a follower serves no HTTP
+            return group.follow(settings, path, startup)
+        startup, children = group.lead(settings, startup, argv, os.environ)
     from mlxcel.cli.memory_plan import plan_memory, refuse_without_model
 
     if path is not None:
@@ -201,7 +209,10 @@ def main(argv: list[str] | None = None, prog: str = "mlxcel-server") -> int:
         # an embedder / reranker runs on the same choice (Whisper is MLX's)
         startup = Startup(placement=choose_backend(settings, None))
     report_blas(blas)
-    serve(settings, path, plan, startup)
+    try:
+        serve(settings, path, plan, startup)
+    finally:
+        group.end_ranks(children, settings.distributed.timeout_s)
     return 0
 
 

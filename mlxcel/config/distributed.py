@@ -10,6 +10,7 @@ is the rank that serves HTTP (backends/group.py).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 LAUNCH_SPAWN = "spawn"  # one command: rank 0 starts the other ranks on this host
 LAUNCH_ENV = "env"  # each rank started by a launcher (torchrun, mlxcel launch, mpirun) with its rank in the env
@@ -22,7 +23,8 @@ class GroupSpec:
     rank: int = 0
     master_addr: str = "127.0.0.1"  # where rank 0 listens for the group's rendezvous
     master_port: int = 29500
-    hosts: tuple[str, ...] = field(default_factory=tuple)  # --hostfile's hosts, in rank order (empty: this host)
+    hostfile: Path | None = None  # --hostfile as given (the CLI reads it into `hosts`)
+    hosts: tuple[str, ...] = field(default_factory=tuple)  # one per rank, in rank order (empty: this host)
     launch: str = LAUNCH_SPAWN
     timeout_s: float = 60.0  # --dist-timeout: a collective waiting longer fails the group
     # what a rank's shard is told about its peers' transport (mlx: ring | mpi | jaccl; torch: gloo | nccl)

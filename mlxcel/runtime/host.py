@@ -113,6 +113,8 @@ class ModelHost:
         still running end with an error naming `reason`."""
         if self.model is not None:
             self.model.engine.shutdown(reason)
+            if self.model.group is not None:  # the other ranks exit with it
+                self.model.group.close(reason or "rank 0 is shutting down")
 
     # --- on the event loop: load, unload, switch --------------------------------------------
 

@@ -15,6 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from mlxcel.backends import select
+from mlxcel.backends.group import GroupBackend
 from mlxcel.chat import builtin_templates
 from mlxcel.config.progress import Progress
 from mlxcel.config.refusal import StartupRefusal
@@ -144,6 +145,8 @@ def load_served_model(settings: ServerSettings, path: Path, served_id: str | Non
         lora = startup.lora if startup.lora is not None else load_for_checkpoint(settings, path)
 
     def backend_with_adapters():
+        if settings.distributed.active:  # adapters, switches and sleep are refused for a group (cli/distributed.py)
+            return load_group(settings, path, startup)
         backend, choice = load_backend(settings, path, startup.placement)
         if lora is not None:
             backend.attach_lora(lora.adapters)
@@ -185,10 +188,20 @@ def load_served_model(settings: ServerSettings, path: Path, served_id: str | Non
                                  settings.steering.cluster_intensity_min, settings.steering.circuit_intensity_min),
         grammars=for_tokenizer(tokenizer, backend.info.vocab_size),
         lora=lora,
+        group=backend if isinstance(backend, GroupBackend) else None,
     )
     served.vision = vision
     load_default_grammar(settings, served)
     return served
+
+
+def load_group(settings: ServerSettings, path: Path, startup: Startup):
+    """Rank 0 of a distributed group: its shard behind the GroupBackend (runtime/group.py)."""
+    from mlxcel.runtime.group import load_group_backend
+
+    choice = select_backend(settings, path, startup.placement)
+    on_failure = startup.on_group_failure or (lambda reason: None)
+    return load_group_backend(settings, path, choice, on_failure), choice
 
 
 def build_engine(settings: ServerSettings, path: Path, backend, tokenizer: Tokenizer,

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from mlxcel.backends.group import GroupBackend
 from mlxcel.backends.select import Choice
 from mlxcel.engine.backend import ModelInfo
 from mlxcel.engine.engine import Engine
@@ -31,6 +32,8 @@ class Startup:
     placement: Choice | None = None
     lora: LoraSet | None = None
     speculative: SpecConfig | None = None
+    # --tp-size / --pp-size: what rank 0 does when its group loses a rank (the CLI exits)
+    on_group_failure: Callable[[str], None] | None = None
 
     @property
     def backend_reason(self) -> str:
@@ -57,6 +60,7 @@ class ServedModel:
     tags: list[str] = field(default_factory=list)  # --tags, reported on /v1/models (informational)
     vision: VisionInput | None = None  # the image side of a vision-language checkpoint (None: text only)
     lora: LoraSet | None = None  # the LoRA adapters and their live scales; None: no adapters
+    group: GroupBackend | None = None  # the distributed group serving it (--tp-size / --pp-size); None: one process
 
     def request_bias(self, bias: Mapping[int, float] | None, ignore_eos: bool) -> dict[int, float]:
         """A request's logit bias: its own set, else the server's -l set; ignore_eos bans

@@ -101,6 +101,26 @@ def queue_families(state: AppState) -> list[tuple[str, str, str, float | int]]:
     return out
 
 
+def group_lines(model) -> list[str]:
+    """A distributed group's shape and what each rank holds (--tp-size / --pp-size); none for one process."""
+    group = model.group
+    if group is None:
+        return []
+    spec, lines = group.spec, []
+    for name, help_text, value in (
+            ("mlxcel_group_ranks", "Ranks in the distributed group serving the model.", spec.world),
+            ("mlxcel_group_tp_size", "Tensor-parallel ranks per pipeline stage (--tp-size).", spec.tp_size),
+            ("mlxcel_group_pp_size", "Pipeline stages (--pp-size).", spec.pp_size),
+            ("mlxcel_group_failed", "1 once the group lost a rank (the server is exiting).", int(group.failed is not None))):
+        lines += _line(name, "gauge", help_text, value)
+    for name, help_text, field in (
+            ("mlxcel_group_rank_weight_bytes", "Bytes of weights each rank holds.", "weight_bytes"),
+            ("mlxcel_group_rank_kv_bytes_per_token", "KV bytes per token each rank's pool holds.", "kv_bytes_per_token")):
+        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge"]
+        lines += [f'{name}{{rank="{s.rank}"}} {getattr(s, field)}' for s in group.sizes]
+    return lines
+
+
 def _per_position(st: EngineStats) -> list[str]:
     """The labelled accepted-per-draft-position counter, once speculation has accepted anything."""
     name = "llamacpp:spec_decode_num_accepted_tokens_per_pos_total"
@@ -137,6 +157,7 @@ async def metrics(app_state: AppState) -> Response:
         return Response(render_prometheus(None, queue_families(app_state)), media_type=CONTENT_TYPE)
     model = served_model(app_state, None)
     st = model.engine.stats(reset_bucket=True)
-    text = render_prometheus(st, queue_families(app_state)) + "\n".join(kv_mode_lines(app_state, model.info.dtype)) + "\n"
+    extra = kv_mode_lines(app_state, model.info.dtype) + group_lines(model)
+    text = render_prometheus(st, queue_families(app_state)) + "\n".join(extra) + "\n"
     return Response(text, media_type=CONTENT_TYPE,
                     headers={"Process-Start-Time-Unix": str(int(st.t_start))})

@@ -96,6 +96,8 @@ def props_json(app_state: AppState, model: ServedModel) -> dict:
                      **model.engine.kv_bytes()},
         # the resolved speculative decoding (--spec-type / -md): null when off
         "speculative": spec.config.props() if (spec := model.engine.speculator) is not None else None,
+        # the distributed group serving the model (--tp-size / --pp-size): null on one process
+        "distributed": model.group.describe() if model.group is not None else None,
     }
 
 
