@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 
-from mlxcel.config.distributed import LAUNCH_ENV, LAUNCH_SPAWN
+from mlxcel.config.distributed import LAUNCH_ENV, LAUNCH_MLX, LAUNCH_SPAWN
 from mlxcel.config.refusal import StartupRefusal
 from mlxcel.config.settings import ServerSettings
 
@@ -76,6 +76,12 @@ def resolve_group(settings: ServerSettings, environ: Mapping[str, str]) -> None:
             raise StartupRefusal(f"--hostfile {g.hostfile} lists {len(hosts)} rank slot(s); --tp-size {g.tp_size} x "
                                  f"--pp-size {g.pp_size} needs {g.world}")
         g.hosts = tuple(hosts[:g.world])
+    if "MLX_RANK" in environ and "RANK" not in environ:  # mlx.launch: MLX reads its hostfile itself
+        g.launch, g.rank = LAUNCH_MLX, _env_int(environ, "MLX_RANK")
+        if not 0 <= g.rank < g.world:
+            raise StartupRefusal(f"mlx.launch's MLX_RANK={g.rank} does not fit --tp-size {g.tp_size} x --pp-size "
+                                 f"{g.pp_size} = {g.world} ranks")
+        return
     if "RANK" in environ:
         g.launch = LAUNCH_ENV
         g.rank = _env_int(environ, "RANK")

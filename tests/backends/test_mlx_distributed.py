@@ -102,3 +102,15 @@ def test_smollm2_heads_split_by_whole_kv_groups_and_layers_by_stage():
     assert staged.layers[0].self_attn.q_proj.weight.size == 0  # another stage's weights are dropped
     assert staged.layers[14].use_sliding is False  # what the family's stack reads of it stays
     assert staged.layers[15].self_attn.q_proj.weight.shape == (576, 576)
+
+
+def test_ranks_started_by_mlx_launch_take_their_rank_from_it():
+    from mlxcel.cli.distributed import resolve_group
+    from mlxcel.config.refusal import StartupRefusal
+    from mlxcel.config.settings import ServerSettings
+
+    settings = ServerSettings(distributed=GroupSpec(tp_size=2))
+    resolve_group(settings, {"MLX_RANK": "1", "MLX_HOSTFILE": "/tmp/hosts.json"})
+    assert (settings.distributed.launch, settings.distributed.rank) == ("mlx", 1)
+    with pytest.raises(StartupRefusal, match="MLX_RANK=2 does not fit --tp-size 2"):
+        resolve_group(ServerSettings(distributed=GroupSpec(tp_size=2)), {"MLX_RANK": "2"})

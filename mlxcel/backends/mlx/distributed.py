@@ -37,12 +37,11 @@ import mlx.core as mx
 import numpy as np
 
 from mlxcel.backends.distributed import GroupFailed, GroupRefused, ShardOptions
-from mlxcel.config.distributed import GroupSpec
+from mlxcel.config.distributed import LAUNCH_MLX, GroupSpec
 
 log = logging.getLogger("mlxcel.backend.mlx")
 
 TRANSPORTS = ("ring", "mpi", "jaccl")
-LAUNCH_MLX = "mlx"  # every rank started by `mlx.launch`, which wrote MLX_RANK / MLX_HOSTFILE itself
 EXIT_GROUP_LOST = 75  # a follower whose group stopped answering (EX_TEMPFAIL: start the group again)
 
 
