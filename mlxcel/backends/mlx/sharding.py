@@ -37,7 +37,7 @@ from mlx.utils import tree_map
 
 from mlxcel.backends.distributed import GroupRefused, column_split, head_split, stage_layers
 from mlxcel.engine.backend import KVSpec
-from mlxcel.models.registry import Family
+from mlxcel.models.registry import Family, decoder_stack
 
 # mlx-lm modules whose Model has `shard` over q/k/v/o_proj and gate/up/down_proj with
 # `n_heads` / `n_kv_heads` attributes: the layout both split paths rely on
@@ -57,10 +57,22 @@ class ShardInfo:
 
 
 def apply(model: nn.Module, family: Family, joined) -> ShardInfo:
-    """Split `model` for this rank of `joined` (distributed.MLXGroup): --tp-size or --pp-size."""
+    """Split `model` for this rank of `joined` (distributed.MLXGroup): --tp-size or --pp-size.
+    A rank other than 0 never runs the LM head (its steps stop at the decoder stack), so an
+    untied head's weights are dropped there."""
     if joined.spec.tp_size > 1:
-        return tensor_parallel(model, family, joined.group)
-    return pipeline_parallel(model, family, joined.group)
+        info = tensor_parallel(model, family, joined.group)
+    else:
+        info = pipeline_parallel(model, family, joined.group)
+    head = getattr(model, "lm_head", None)
+    if info.rank != 0 and isinstance(head, nn.Module):
+        _drop(head)
+    return info
+
+
+def _drop(module: nn.Module) -> None:
+    """Replace the module's weights with empty arrays: never read, never materialized."""
+    module.update(tree_map(lambda _: mx.zeros((0,)), module.parameters()))
 
 
 def local_kv_spec(spec: KVSpec, shard: ShardInfo | None) -> KVSpec:
@@ -150,8 +162,20 @@ def _skip(layer: nn.Module) -> None:
     cls = type(layer)
     if cls not in _SKIPPED:
         _SKIPPED[cls] = type(f"Skipped{cls.__name__}", (cls,), {"__call__": lambda self, x, *a, **k: x})
-    layer.update(tree_map(lambda _: mx.zeros((0,)), layer.parameters()))
+    _drop(layer)
     layer.__class__ = _SKIPPED[cls]
+
+
+class _StageInput(nn.Module):
+    """A later stage's token embedding: its input is received, so only the shape and compute
+    dtype of the first stage's embeddings matter (`width` is cast with the model's dtype)."""
+
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.width = mx.zeros((hidden,))
+
+    def __call__(self, ids: mx.array) -> mx.array:
+        return mx.broadcast_to(self.width, (*ids.shape, self.width.shape[0]))
 
 
 def _staged(cls: type) -> type:
@@ -191,6 +215,11 @@ def pipeline_parallel(model: nn.Module, family: Family, group) -> ShardInfo:
         if i not in own:
             _skip(layers[i])
     first, last = own.start, own.stop - 1
+    if r > 0:  # the embeddings run on the first stage only
+        stack = decoder_stack(model)
+        for name, child in stack.children().items():
+            if isinstance(child, nn.Embedding):
+                setattr(stack, name, _StageInput(child.weight.shape[1]))
     if r == 0:
         # rank 0 sends on at once, then its (skipped) last layer takes the last stage's output
         _stage(layers[last], None, 1, group, now=True)
