@@ -64,10 +64,16 @@ def _shard(settings: ServerSettings, path: Path, choice: select.Choice) -> tuple
 
 def load_group_backend(settings: ServerSettings, path: Path, choice: select.Choice,
                        on_failure: Callable[[str], None]) -> GroupBackend:
-    """Rank 0: its shard behind a GroupBackend, once every rank has joined and agreed."""
+    """Rank 0: its shard behind a GroupBackend, once every rank has joined and agreed. A group
+    that cannot form (a refusal, a rank missing or disagreeing) ends the process like a lost rank:
+    the other ranks cannot serve without rank 0."""
     spec = settings.distributed
-    collective, local = _shard(settings, path, choice)
-    sizes = join(local, collective, group_fingerprint(settings, path, choice))
+    try:
+        collective, local = _shard(settings, path, choice)
+        sizes = join(local, collective, group_fingerprint(settings, path, choice))
+    except Exception as e:
+        on_failure(f"the distributed group did not form: {e}")
+        raise
     log.info("distributed group ready: %d ranks (tp %d x pp %d) over %s; weights per rank: %s", spec.world,
              spec.tp_size, spec.pp_size, choice.backend, ", ".join(f"{s.weight_bytes / 2**20:.1f} MiB" for s in sizes))
     return GroupBackend(local, collective, spec, sizes, on_failure)
