@@ -5,7 +5,7 @@ two ranks, pipeline parallel over two, and both at once over four, on two zoo fa
 different projection layouts (Mistral's gate/up/down, Starcoder2's biased c_fc/c_proj). Every
 e2e reference prompt is prefilled in one step and decoded with the others, so the rows share
 each step as under continuous batching. The SmolLM2 real weights are checked through the server
-(tests/e2e/test_distributed_torch.py).
+(tests/e2e/test_distributed.py).
 """
 
 from __future__ import annotations
