@@ -124,20 +124,23 @@ class BindPlan(msgspec.Struct, tag="bind", frozen=True):
     sliding_window: int | None
 
 
-class ForwardPlan(msgspec.Struct, tag="forward", frozen=True):
-    """One backend call over rows: `mode` "last" (forward), "all" (forward_all) or "hidden"."""
-
-    mode: str
-    rows: list[PlanRow]
-    high: list[int]  # each block group's high-water block id (storage grows to it)
-    lora: list[float] | None = None
-
-
 class CopyPlan(msgspec.Struct, tag="copy", frozen=True):
+    """Slots rank 0 copied (the prefix cache's partial block, a context shift's kept tokens)."""
+
     src: list[int]
     dst: list[int]
     group: int
     high: list[int]
+
+
+class ForwardPlan(msgspec.Struct, tag="forward", frozen=True):
+    """One backend call over rows: `mode` "last" (forward), "all" (forward_all) or "hidden".
+    `copies`: the slot copies rank 0 made since the last plan, applied first, in order."""
+
+    mode: str
+    rows: list[PlanRow]
+    high: list[int]  # each block group's high-water block id (storage grows to it)
+    copies: list[CopyPlan] = []
 
 
 class PingPlan(msgspec.Struct, tag="ping", frozen=True):
@@ -148,7 +151,7 @@ class StopPlan(msgspec.Struct, tag="stop", frozen=True):
     reason: str
 
 
-Plan = BindPlan | ForwardPlan | CopyPlan | PingPlan | StopPlan
+Plan = BindPlan | ForwardPlan | PingPlan | StopPlan
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Plan)
 

@@ -100,6 +100,7 @@ class GroupBackend:
         self.info = local.info
         self._on_failure = on_failure
         self._lock = threading.Lock()
+        self._copies: list[CopyPlan] = []  # made since the last plan went out
         self._failed: str | None = None
         self._busy_since: float | None = None
         self._last = time.monotonic()
@@ -126,6 +127,7 @@ class GroupBackend:
         plan = BindPlan(allocator.num_blocks, allocator.block_size, allocator.window,
                         sliding.num_blocks if sliding is not None else None,
                         sliding.window if sliding is not None else None)
+        self._copies = []  # a new pool: nothing copied in the old one matters
         self._call(plan, lambda: self.local.bind_kv(allocator))
         self.allocator = allocator
 
@@ -133,24 +135,31 @@ class GroupBackend:
         _refuse_row_extras(rows)
         for r in rows:  # the tables are final before they travel
             r.cache.reserve(len(r.tokens))
-        plan = ForwardPlan("last", [_plan_row(r) for r in rows], _highs(rows[0].cache.allocator))
+        plan = ForwardPlan("last", [_plan_row(r) for r in rows], _highs(rows[0].cache.allocator), self._take_copies())
         return self._call(plan, lambda: self.local.forward(rows))
 
     def forward_all(self, tokens: list[int], cache: SequenceKV, lora: tuple[float, ...] | None = None) -> np.ndarray:
         if lora is not None and any(lora):
             raise GroupFailed("LoRA scales are not served across a distributed group")
         cache.reserve(len(tokens))
-        plan = ForwardPlan("all", [_plan_row(ForwardRow(tokens, cache))], _highs(cache.allocator))
+        plan = ForwardPlan("all", [_plan_row(ForwardRow(tokens, cache))], _highs(cache.allocator), self._take_copies())
         return self._call(plan, lambda: self.local.forward_all(tokens, cache))
 
     def hidden_states(self, tokens: list[int], cache: SequenceKV) -> np.ndarray:
         cache.reserve(len(tokens))
-        plan = ForwardPlan("hidden", [_plan_row(ForwardRow(tokens, cache))], _highs(cache.allocator))
+        plan = ForwardPlan("hidden", [_plan_row(ForwardRow(tokens, cache))], _highs(cache.allocator),
+                           self._take_copies())
         return self._call(plan, lambda: self.local.hidden_states(tokens, cache))
 
     def copy_slots(self, src: np.ndarray, dst: np.ndarray, group: int = 0) -> None:
-        plan = CopyPlan(as_index(src), as_index(dst), group, _highs(self.allocator))
-        self._call(plan, lambda: self.local.copy_slots(src, dst, group))
+        """Copied here now; the followers copy before their next step (it travels with that
+        step's plan), so a copy never waits on the group: a lost rank shows in the step."""
+        self.local.copy_slots(src, dst, group)
+        self._copies.append(CopyPlan(as_index(src), as_index(dst), group, _highs(self.allocator)))
+
+    def _take_copies(self) -> list[CopyPlan]:
+        copies, self._copies = self._copies, []
+        return copies
 
     # -- the group ----------------------------------------------------------------------------
     def describe(self) -> dict:
@@ -276,10 +285,10 @@ def follow(local: Backend, collective: Collective) -> str:
             continue
         if allocator is None:
             raise GroupFailed(f"rank 0 sent a {type(plan).__name__} before binding the block pool")
+        for copy in plan.copies:
+            _set_highs(allocator, copy.high)
+            local.copy_slots(np.asarray(copy.src, dtype=np.int64), np.asarray(copy.dst, dtype=np.int64), copy.group)
         _set_highs(allocator, plan.high)
-        if isinstance(plan, CopyPlan):
-            local.copy_slots(np.asarray(plan.src, dtype=np.int64), np.asarray(plan.dst, dtype=np.int64), plan.group)
-            continue
         rows = _rows(allocator, plan)
         if plan.mode == "last":
             local.forward(rows)

@@ -34,7 +34,7 @@ from mlxcel.config.settings import ServerSettings
 log = logging.getLogger("mlxcel.group")
 
 GROUP_FAILED = 3  # rank 0's exit status when its group lost a rank
-EXIT_GRACE_S = 1.0  # after a failure, time for the 503s to reach their clients before the exit
+EXIT_GRACE_S = 2.0  # after a failure, time for the 503s to reach their clients before the exit
 LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")
 
 
@@ -85,10 +85,12 @@ def resolve_group(settings: ServerSettings, environ: Mapping[str, str]) -> None:
     if "RANK" in environ:
         g.launch = LAUNCH_ENV
         g.rank = _env_int(environ, "RANK")
+        g.local_rank = _env_int(environ, "LOCAL_RANK") if "LOCAL_RANK" in environ else g.rank
         world = _env_int(environ, "WORLD_SIZE") if "WORLD_SIZE" in environ else g.world
         if world != g.world or not 0 <= g.rank < world:
             raise StartupRefusal(f"the launcher's WORLD_SIZE={world} RANK={g.rank} does not fit --tp-size {g.tp_size} "
                                  f"x --pp-size {g.pp_size} = {g.world} ranks")
+        g.launcher_store = environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
         g.master_addr = environ.get("MASTER_ADDR", g.master_addr)
         g.master_port = _env_int(environ, "MASTER_PORT") if "MASTER_PORT" in environ else g.master_port
         return
@@ -133,9 +135,10 @@ def spawn_ranks(settings: ServerSettings, argv: list[str], environ: Mapping[str,
     g = settings.distributed
     children = []
     for rank in range(1, g.world):
-        env = {"RANK": str(rank), "WORLD_SIZE": str(g.world), "LOCAL_RANK": str(rank),
-               "MASTER_ADDR": g.master_addr, "MASTER_PORT": str(g.master_port)}
         host = g.hosts[rank] if g.hosts else "localhost"
+        local = sum(1 for h in g.hosts[:rank] if h == host) if g.hosts else rank
+        env = {"RANK": str(rank), "WORLD_SIZE": str(g.world), "LOCAL_RANK": str(local),
+               "MASTER_ADDR": g.master_addr, "MASTER_PORT": str(g.master_port)}
         cmd = [sys.executable, "-m", "mlxcel.cli.server", *argv]
         if host in LOCAL_HOSTS:
             children.append(subprocess.Popen(cmd, env={**environ, **env}))

@@ -236,7 +236,8 @@ def serve(settings: ServerSettings, path: Path | None, plan=None, startup: Start
         kwargs["port"] = bound_port(sock)
     root = store_root(settings.source.model_store_root, os.environ)
     # a server started with a generation model may switch it (api/model_switch.py)
-    host = ModelHost(settings, startup or Startup(), switching=path is not None)
+    # a group's other ranks hold shards of this model only: it is the one served (no switch)
+    host = ModelHost(settings, startup or Startup(), switching=path is not None and not settings.distributed.active)
     state = AppState(settings=settings, host=host, plan=plan if plan is not None and plan.sides else None,
                      store_root=root,
                      steering_store=SteeringStore(settings.steering.state_dir or root / ".mlxcel-state"))

@@ -22,11 +22,15 @@ class GroupSpec:
     tp_size: int = 1  # --tp-size: ranks each holding 1/tp of every layer's heads and MLP columns
     pp_size: int = 1  # --pp-size: pipeline stages, each holding a contiguous range of layers
     rank: int = 0
+    local_rank: int = 0  # this rank's index among the ranks on its host (its GPU there)
     master_addr: str = "127.0.0.1"  # where rank 0 listens for the group's rendezvous
     master_port: int = 29500
     hostfile: Path | None = None  # --hostfile as given (the CLI reads it into `hosts`)
     hosts: tuple[str, ...] = field(default_factory=tuple)  # one per rank, in rank order (empty: this host)
     launch: str = LAUNCH_SPAWN
+    # the launcher already serves the rendezvous store at master_addr:master_port (torchrun's
+    # agent), so rank 0 joins it rather than opening its own there
+    launcher_store: bool = False
     timeout_s: float = 60.0  # --dist-timeout: a collective waiting longer fails the group
     # what a rank's shard is told about its peers' transport (mlx: ring | mpi | jaccl; torch: gloo | nccl)
     transport: str = "auto"

@@ -26,9 +26,18 @@ from mlxcel.engine.backend import Backend, KVCacheTypes
 log = logging.getLogger("mlxcel.group")
 
 
-def shard_options(settings: ServerSettings, choice: select.Choice) -> ShardOptions:
+def rank_device(device: str, local_rank: int, count: int) -> str:
+    """A rank's own CUDA device: the host's ranks take its GPUs in turn (one each where there are
+    enough); any other device is every rank's."""
+    if not device.startswith("cuda") or count < 1:
+        return device
+    return f"cuda:{local_rank % count}"
+
+
+def shard_options(settings: ServerSettings, choice: select.Choice, cuda_count: int = 0) -> ShardOptions:
     b = settings.backend
-    return ShardOptions(dtype=b.dtype, device=choice.device, threads=b.threads, rope=b.rope,
+    device = rank_device(choice.device, settings.distributed.local_rank, cuda_count)
+    return ShardOptions(dtype=b.dtype, device=device, threads=b.threads, rope=b.rope,
                         kv_cache=KVCacheTypes(settings.kv.cache_type_k, settings.kv.cache_type_v),
                         build_env=b.build_env, compile=b.torch_compile)
 
@@ -48,13 +57,18 @@ def _shard(settings: ServerSettings, path: Path, choice: select.Choice) -> tuple
     options = shard_options(settings, choice)
     if choice.backend == "torch":
         from mlxcel.backends.torch import distributed as runtime
+
+        options = shard_options(settings, choice, runtime.cuda_count())
     else:
         try:
             from mlxcel.backends.mlx import distributed as runtime
         except ImportError:
             raise StartupRefusal("--tp-size / --pp-size: the MLX backend's distributed shards are not available in "
                                  "this build; use --backend torch") from None
-    collective = runtime.connect(spec, choice.device)
+    try:
+        collective = runtime.connect(spec, options.device)
+    except GroupRefused as e:
+        raise StartupRefusal(str(e)) from None
     try:
         return collective, runtime.load_shard(path, spec, collective, options)
     except GroupRefused as e:

@@ -7,6 +7,11 @@ model gives (driven in this process on the same token ids); so must eight reques
 and a prompt served again from the prefix cache. Last, a rank is killed: while a request runs
 (the request gets 503 and the server exits with status 3) and while the server idles (found by
 rank 0's heartbeat, same exit). The bounds waited on are the failure contract's, not speed.
+
+MLXCEL_TEST_DEVICE picks the device (default cpu); scripts/bench/dist_check.sh sets cuda, where
+each rank takes its own GPU and the tensors go over NCCL. MLXCEL_TEST_MODEL picks the checkpoint
+(default: the default model; the check points it at SmolLM2's random twin where the weights
+cannot travel).
 """
 
 from __future__ import annotations
@@ -22,21 +27,23 @@ import pytest
 from tests.conftest import DEFAULT_MODEL, ServerProcess, fixture_path
 from tests.e2e.test_torch_smoke import PROMPTS
 
+DEVICE = os.environ.get("MLXCEL_TEST_DEVICE", "cpu")
+MODEL = os.environ.get("MLXCEL_TEST_MODEL", DEFAULT_MODEL)
 MAX_TOKENS = 6
 TIMEOUT_S = 10  # --dist-timeout: a silent rank fails the group after this
 EXIT_BOUND_S = 4 * TIMEOUT_S  # the group's contract: a lost rank ends the server well within this
 GROUP_FAILED = 3  # rank 0's exit status for a lost rank (cli/distributed.py)
 
 
-@pytest.fixture(scope="module", params=["torch", "mlx"])
+@pytest.fixture(scope="module", params=["torch", "mlx"] if DEVICE == "cpu" else ["torch"])
 def backend(request) -> str:
     pytest.importorskip("torch" if request.param == "torch" else "mlx.core")
     return request.param
 
 
 def start(backend: str, *extra: str) -> ServerProcess:
-    fixture_path(DEFAULT_MODEL)
-    return ServerProcess(["-m", DEFAULT_MODEL, "--offline", "--backend", backend, "--device", "cpu", "--dtype",
+    fixture_path(MODEL)
+    return ServerProcess(["-m", MODEL, "--offline", "--backend", backend, "--device", DEVICE, "--dtype",
                           "float32", "--threads", "1", "--dist-timeout", str(TIMEOUT_S), "--metrics", *extra],
                          env={"OMP_NUM_THREADS": "1"}, ready_timeout=300)
 
@@ -67,7 +74,7 @@ def reference(backend, prompt_ids) -> list[list[int]]:
     from mlxcel.engine.tokenizer import Tokenizer
 
     model = single_process(backend)
-    eos = set(Tokenizer(fixture_path(DEFAULT_MODEL)).eos_token_ids)
+    eos = set(Tokenizer(fixture_path(MODEL)).eos_token_ids)
     out = []
     for ids in prompt_ids:
         seq = model.new_sequence()
@@ -83,10 +90,10 @@ def single_process(backend: str):
     if backend == "mlx":
         from mlxcel.backends.mlx.backend import MLXBackend
 
-        return MLXBackend(fixture_path(DEFAULT_MODEL), dtype="float32", threads=1)
+        return MLXBackend(fixture_path(MODEL), dtype="float32", threads=1)
     from mlxcel.backends.torch.backend import TorchBackend
 
-    return TorchBackend(fixture_path(DEFAULT_MODEL), dtype="float32", threads=1)
+    return TorchBackend(fixture_path(MODEL), dtype="float32", device=DEVICE, threads=1)
 
 
 def complete(server: ServerProcess, ids: list[int]) -> dict:

@@ -70,8 +70,9 @@ def test_props_post_acknowledges_and_get_reports_the_key_set(smol):
         "chat_template", "chat_template_caps", "bos_token", "eos_token", "build_info", "is_sleeping",
         "cors_proxy_enabled",
         # mlxcel's extensions
-        "capabilities", "backend", "geometry", "kv_cache", "speculative"}
+        "capabilities", "backend", "geometry", "kv_cache", "speculative", "distributed"}
     assert props["speculative"] is None  # no --spec-type / -md: nothing speculates
+    assert props["distributed"] is None  # one process: no --tp-size / --pp-size group
     # SmolLM2's layers all read the whole context: no block goes back behind a window, and /props says why
     kv = props["kv_cache"]
     assert kv["free_behind_window"] is False and "no layer" in kv["free_behind_window_off_reason"]

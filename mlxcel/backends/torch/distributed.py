@@ -54,11 +54,17 @@ class TorchCollective:
     def __init__(self, spec: GroupSpec, device: str = "cpu") -> None:
         timeout = datetime.timedelta(seconds=spec.timeout_s)
         cuda = device.startswith("cuda")
+        if cuda:  # NCCL binds a rank to the current device
+            torch.cuda.set_device(torch.device(device))
         backend = spec.transport if spec.transport not in ("auto", "") else ("nccl" if cuda else "gloo")
         if backend not in ("gloo", "nccl"):
             raise GroupRefused(f"--dist-transport {backend}: the torch backend's transports are gloo and nccl")
-        dist.init_process_group(backend, init_method=f"tcp://{spec.master_addr}:{spec.master_port}",
-                                rank=spec.rank, world_size=spec.world, timeout=timeout)
+        # the rendezvous: rank 0 serves the store unless the launcher (torchrun's agent) does;
+        # mlxcel's keys live under their own prefix in it
+        store = dist.TCPStore(spec.master_addr, spec.master_port, spec.world,
+                              is_master=spec.rank == 0 and not spec.launcher_store, timeout=timeout)
+        dist.init_process_group(backend, store=dist.PrefixStore("mlxcel", store), rank=spec.rank,
+                                world_size=spec.world, timeout=timeout)
         self.rank, self.size = spec.rank, spec.world
         # the plans are bytes on the host: gloo carries them whatever moves the tensors
         self._host = dist.new_group(backend="gloo", timeout=timeout) if backend != "gloo" else None
@@ -104,6 +110,10 @@ class TorchCollective:
     def close(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def cuda_count() -> int:
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def connect(spec: GroupSpec, device: str = "cpu") -> TorchCollective:
