@@ -150,8 +150,13 @@ def spawn_ranks(settings: ServerSettings, argv: list[str], environ: Mapping[str,
 
 
 def failure_exit(children: list[subprocess.Popen]) -> Callable[[str], None]:
-    """Rank 0's reaction to a lost rank: requests already get 503; exit shortly after."""
+    """Rank 0's reaction to a lost rank: requests already get 503; exit shortly after. The ranks it
+    started are killed first: a step still blocked in a collective on a silent rank (MLX's have no
+    timeout of their own) then fails as their sockets close, so its requests get their 503 too."""
     def fail(reason: str) -> None:
+        for c in children:
+            c.kill()
+
         def later() -> None:
             time.sleep(EXIT_GRACE_S)
             log.error("exiting: %s", reason)
