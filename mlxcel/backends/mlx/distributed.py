@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
 import tempfile
 import threading
 import time
@@ -66,11 +67,15 @@ def transport_for(spec: GroupSpec) -> str:
 
 def ring_hostfile(spec: GroupSpec) -> list[list[str]]:
     """Each rank's listening address for MLX's ring: rank i at port master_port + i on its host
-    (spec.hosts in rank order; every rank on master_addr when the group is one host)."""
+    (spec.hosts in rank order; every rank on master_addr when the group is one host). The ring
+    takes IP addresses: a host name is resolved here."""
     hosts = spec.hosts or (spec.master_addr,) * spec.world
     if len(hosts) != spec.world:
         raise GroupRefused(f"the hostfile names {len(hosts)} hosts for a group of {spec.world} ranks")
-    return [[f"{host}:{spec.master_port + i}"] for i, host in enumerate(hosts)]
+    try:
+        return [[f"{socket.gethostbyname(host)}:{spec.master_port + i}"] for i, host in enumerate(hosts)]
+    except OSError as e:
+        raise GroupRefused(f"a hostfile host does not resolve to an address ({e}); give IP addresses") from None
 
 
 def ring_environment(spec: GroupSpec, rank: int) -> dict[str, str]:
