@@ -24,6 +24,8 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from mlxcel.config.paths import xdg_cache_dir
+
 COMPILE_TIMEOUT_S = 180
 _PR_SET_PDEATHSIG = 1
 
@@ -45,10 +47,21 @@ def find_compiler(environ: Mapping[str, str], variable: str = "CC",
     raise BuildUnavailable(f"no {language} compiler found (tried {', '.join(['$' + variable, *names])})")
 
 
+def cpu_flags() -> set[str]:
+    """This CPU's feature flags (/proc/cpuinfo's `flags`, or `Features` on arm64); empty elsewhere."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        if line.startswith(("flags", "Features")):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
 def cache_root(environ: Mapping[str, str]) -> Path:
     """$XDG_CACHE_HOME/mlxcel, else ~/.cache/mlxcel."""
-    base = environ.get("XDG_CACHE_HOME") or str(Path(environ.get("HOME") or tempfile.gettempdir()) / ".cache")
-    return Path(base) / "mlxcel"
+    return xdg_cache_dir(environ)
 
 
 def _alive(pid: int) -> bool:

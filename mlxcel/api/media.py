@@ -7,10 +7,14 @@ supported` clause at HTTP 501 (audio and video parts are refused the same way: n
 checkpoint takes them), and the image count is checked. Then each image is read (a data:
 base64 URL; a file:// URL under --media-path, api/media_path.py; an http(s) URL under the
 address policy, api/media_fetch.py), bounded by the payload limit, and its header opened with
-Pillow; the per-image and per-request pixel limits (config/limits.py) are checked on those header
-sizes before any image is decoded. Each image part is replaced by the checkpoint's placeholder text
-(models/vision.py), which the chat template renders in place; the backend later expands it to
-the image's tokens. `prepare()` turns the decoded images into the request's Media.
+Pillow, in one of the formats a client sends (PNG, JPEG, GIF, WebP, BMP; not Pillow's many others);
+the per-image and per-request pixel limits (config/limits.py) are checked on those header sizes, and
+an animated image refused, before any image is decoded; a file that lies about its type or stops
+short fails its header read or its decode, and is refused as undecodable. Each image part is
+replaced by the checkpoint's placeholder text (models/vision.py), which the chat template renders
+in place; the backend later expands it to the image's tokens. `load()` serves the native
+/completion's multimodal_data the same way (api/llamacpp/native_media.py). `prepare()` turns the
+decoded images into the request's Media.
 """
 
 from __future__ import annotations
@@ -26,6 +30,9 @@ from mlxcel.api.errors import ApiError
 from mlxcel.config.limits import MAX_IMAGES, MAX_IMAGE_BYTES, MAX_IMAGE_PIXELS, MAX_REQUEST_IMAGE_PIXELS, echo
 
 IMAGE_PARTS = ("image_url", "input_image")
+# The image formats read. Pillow recognises dozens more (EPS runs Ghostscript, PSD, TIFF and ICO
+# carry their own decoders); a picture a client sends is one of these.
+IMAGE_FORMATS = ("PNG", "JPEG", "GIF", "WEBP", "BMP")
 OTHER_MEDIA = {"input_audio": "audio", "audio": "audio", "video_url": "video", "input_video": "video"}
 
 
@@ -52,12 +59,16 @@ def _not_supported(kind: str, hint: str) -> ApiError:
 
 def _no_images_hint(model: Any) -> str:
     """Why a checkpoint served without images takes none: it has no image tower, or (Gemma 3's
-    multimodal checkpoint) mlxcel serves only its text tower."""
+    multimodal checkpoint on MLX, or one without its image processor) only its text tower is served."""
+    from mlxcel.models.vision import is_vision
+
     info = getattr(model, "info", None)
     config = getattr(info, "config", None) or {}
     if isinstance(config.get("vision_config"), dict):
+        how = ("its images are served on the torch backend from a checkpoint that ships its image processor "
+               "(--backend torch)" if is_vision(config) else "see docs/models.md")
         return (f"the loaded checkpoint '{model.id}' is served for text only: mlxcel does not run its image tower "
-                f"({config.get('model_type')}); see docs/models.md")
+                f"({config.get('model_type')}) here; {how}")
     return f"the loaded checkpoint '{model.id}' has no image tower; serve a vision-language checkpoint for image input"
 
 
@@ -139,8 +150,8 @@ async def _read(url: str, pol: MediaPolicy) -> bytes:
 
 
 def _undecodable() -> ApiError:
-    return ApiError(400, "an image part could not be decoded as an image", code="invalid_parameter",
-                    param="messages")
+    return ApiError(400, "an image part could not be decoded as an image (PNG, JPEG, GIF, WebP or BMP)",
+                    code="invalid_parameter", param="messages")
 
 
 def probe(data: bytes, pol: MediaPolicy) -> Any:
@@ -149,15 +160,25 @@ def probe(data: bytes, pol: MediaPolicy) -> Any:
     from PIL import Image, UnidentifiedImageError
 
     try:
-        im = Image.open(io.BytesIO(data))
+        im = Image.open(io.BytesIO(data), formats=IMAGE_FORMATS)
     except Image.DecompressionBombError:  # PIL's own check fired first: still our limit's refusal
         raise ApiError(400, f"an image exceeds the per-image limit of {pol.max_pixels} pixels",
                        code="invalid_parameter", param="messages") from None
     except (UnidentifiedImageError, OSError, ValueError):
         raise _undecodable() from None
     if im.width * im.height > pol.max_pixels:
+        im.close()
         raise ApiError(400, f"an image of {im.width}x{im.height} exceeds the per-image limit of {pol.max_pixels} "
                        "pixels", code="invalid_parameter", param="messages")
+    try:
+        # read from the headers (GIF: the second frame's descriptor), no frame decoded
+        animated = bool(getattr(im, "is_animated", False))
+    except (OSError, ValueError, EOFError):
+        animated = True  # frames past the first that do not even parse
+    if animated:
+        im.close()
+        raise ApiError(400, "an animated image is not accepted: send a single frame (PNG, JPEG, WebP, or a "
+                       "non-animated GIF)", code="invalid_parameter", param="messages")
     return im
 
 
@@ -187,9 +208,7 @@ async def gather(model: Any, pol: MediaPolicy, messages: list, others: list = ()
     Every image is read and its header checked, per image and for the request, before any is decoded."""
     if not check(model, pol, messages, others):
         return messages, []
-    import anyio
-
-    opened, out = [], []
+    urls, out = [], []
     for m in messages:
         content = m.get("content") if isinstance(m, dict) else None
         if not isinstance(content, list):
@@ -198,14 +217,29 @@ async def gather(model: Any, pol: MediaPolicy, messages: list, others: list = ()
         parts = []
         for part in content:
             if isinstance(part, dict) and part.get("type") in IMAGE_PARTS:
-                data = await _read(_url(part), pol)
-                opened.append(await anyio.to_thread.run_sync(probe, data, pol))
+                urls.append(_url(part))
                 part = {"type": "text", "text": model.vision.placeholder}
             parts.append(part)
         out.append({**m, "content": parts})
-    _check_total(opened, pol)
-    images = [await anyio.to_thread.run_sync(decode, im) for im in opened]
-    return out, images
+    return out, await load(urls, pol)
+
+
+async def load(urls: list[str], pol: MediaPolicy) -> list:
+    """The decoded RGB images of `urls` (data:, file://, http(s)), each read and its header
+    checked, per image and for the request, before any is decoded."""
+    import anyio
+
+    opened = []
+    try:
+        for url in urls:
+            data = await _read(url, pol)
+            opened.append(await anyio.to_thread.run_sync(probe, data, pol))
+        _check_total(opened, pol)
+    except BaseException:
+        for im in opened:
+            im.close()
+        raise
+    return [await anyio.to_thread.run_sync(decode, im) for im in opened]
 
 
 async def prepare(model: Any, prompt: list[int], images: list) -> tuple[list[int], Any]:
@@ -220,14 +254,25 @@ async def prepare(model: Any, prompt: list[int], images: list) -> tuple[list[int
     return full, model.vision.media(full, encoded)
 
 
+def keyed(greq: Any, payload: Any) -> None:
+    """Give an engine request its image payload, and the prefix cache's key where the backend
+    resumes an image prompt from the cache (engine.types.PrefixKeyed); else no prompt cache."""
+    from mlxcel.engine.types import PrefixKeyed
+
+    greq.media = payload
+    greq.cache_tokens = list(payload.cache_tokens) if isinstance(payload, PrefixKeyed) else None
+    greq.cache_prompt = greq.cache_prompt and greq.cache_tokens is not None
+
+
 async def attach(model: Any, greq: Any, images: list, param: str) -> None:
     """Give an engine request built from a placeholder prompt its images: the prompt expanded
-    (the context is checked again at the expanded length), the Media, no prompt cache."""
+    (the context is checked again at the expanded length), the Media and its cache key."""
     from mlxcel.api.openai.generation import check_context
 
-    full, greq.media = await prepare(model, greq.prompt, images)
+    full, payload = await prepare(model, greq.prompt, images)
     check_context(model, len(full), greq.max_tokens, param)
-    greq.prompt, greq.cache_prompt = full, False
+    greq.prompt = full
+    keyed(greq, payload)
 
 
 def from_anthropic(messages: list) -> list:

@@ -1,4 +1,4 @@
-"""What the side-worker routes (embedding, rerank, transcription) share: finding the worker the
+"""What the side-worker routes (embedding, rerank, transcription, speech) share: finding the worker the
 mode selected, and running a job through that worker's fair queue.
 
 A worker that was planned but is still loading answers 503 like the chat model does; a server
@@ -51,8 +51,10 @@ def generation_refusal(state: AppState) -> ApiError | None:
     if flag is None:
         return None
     if flag == "-m":
-        return ApiError(501, "This server does not support completions: -m names a Whisper (speech-to-text) "
-                        "checkpoint", code="not_supported", type="not_supported_error")
+        what = "a Kokoro (text-to-speech)" if any(s.kind == "speech" for s in state.plan.sides) else \
+            "a Whisper (speech-to-text)"
+        return ApiError(501, f"This server does not support completions: -m names {what} checkpoint",
+                        code="not_supported", type="not_supported_error")
     return ApiError(501, f"This server does not support completions. Start it without `{flag}`",
                     code="not_supported", type="not_supported_error")
 

@@ -28,6 +28,7 @@ class AppState:
     embedder: Any = None  # workers.embedding.EmbeddingWorker
     reranker: Any = None  # workers.reranking.RerankWorker
     transcriber: Any = None  # workers.whisper.WhisperWorker (-m naming a Whisper checkpoint)
+    speaker: Any = None  # workers.speech.SpeechWorker (-m naming a Kokoro checkpoint)
     worker_queues: dict = field(default_factory=dict)  # side worker kind -> its workers.queue.JobQueue
     workers_closed: str | None = None  # set when a shutdown drain closed the queues: the reason
     steering_store: Any = None  # the SQLite SteeringStore (mlxcel.steering.store), opened at serve time

@@ -101,21 +101,25 @@ def _mlx_device(device: str, apple: bool) -> str:
 
 
 def choose(backend: str, device: str, *, apple: bool | None = None, has_torch: bool | None = None,
-           quantized: str | None = None, vision: bool = False, mlx_only: str | None = None) -> Choice:
+           quantized: str | None = None, vision: bool = False, vision_mlx: bool = False,
+           mlx_only: str | None = None) -> Choice:
     """The concrete backend and device for the flags; idempotent on its own output.
 
     `quantized`: the checkpoint's quantization_mode(): "affine" runs on both backends, another
     mode only on MLX.
-    `vision`: a vision-language checkpoint (models/vision.py), which only torch serves.
+    `vision`: a vision-language checkpoint (models/vision.py); `vision_mlx`: one whose family
+    the MLX backend serves too (models/vision_mlx.py), else only torch serves it.
     `mlx_only`: why only MLX serves the checkpoint's family (registry.mlx_only), else None."""
     if backend not in BACKENDS:
         raise BackendRefused(f"invalid backend {backend!r} (expected one of: {', '.join(BACKENDS)})")
     check_device(device)
     apple = apple_silicon() if apple is None else apple
-    if vision and backend == "mlx":
-        raise BackendRefused("--backend mlx: this is a vision-language checkpoint, which only the torch backend "
-                             "serves; use --backend torch")
+    if vision and not vision_mlx and backend == "mlx":
+        raise BackendRefused("--backend mlx: this vision-language family is served only by the torch backend; "
+                             "use --backend torch")
     mlx_quantized = quantized is not None and quantized != "affine"  # a form only MLX runs
+    if vision and vision_mlx and backend == "auto":
+        return _auto_vision_mlx(device, apple, quantized, has_torch)
     if vision and backend == "auto":
         if quantized or not (torch_installed() if has_torch is None else has_torch):
             raise BackendRefused("this vision-language checkpoint needs the torch backend"
@@ -160,3 +164,21 @@ def choose(backend: str, device: str, *, apple: bool | None = None, has_torch: b
         return Choice("torch", "cpu", "auto: CPU-only machine, torch decodes faster here than MLX's CPU wheel")
     why = "auto: CUDA present" if chosen.startswith("cuda") else "auto: torch on MPS"
     return Choice("torch", chosen, why)
+
+
+def _auto_vision_mlx(device: str, apple: bool, quantized: str | None, has_torch: bool | None) -> Choice:
+    """auto for a vision-language family both backends serve: MLX on Apple Silicon (as for text),
+    and wherever torch cannot take it (not installed, or a quantized checkpoint, whose vision
+    tower torch cannot load); otherwise torch, which decodes faster on a CPU-only machine and
+    runs CUDA."""
+    if device == "metal" or (apple and device in ("auto", "cpu", "mps")):
+        return Choice("mlx", _mlx_device(device, apple), "auto: Apple Silicon runs MLX (mlx-vlm's vision towers)")
+    has_torch = torch_installed() if has_torch is None else has_torch
+    if quantized or not has_torch:
+        if device.startswith("cuda") or device == "mps":
+            raise BackendRefused(f"--device {device}: this vision-language checkpoint runs here only on the MLX "
+                                 "backend, which has no such device")
+        why = "a quantized vision-language checkpoint, which torch cannot load" if quantized else \
+            "torch is not installed"
+        return Choice("mlx", _mlx_device(device, apple), f"auto: {why}, so MLX")
+    return Choice("torch", _torch_device(device), "auto: a vision-language checkpoint runs on torch off Apple Silicon")

@@ -1,4 +1,4 @@
-"""Tool calls out of generated text: Hermes/Qwen, Llama 3.x, Mistral and plain JSON.
+"""Tool calls out of generated text: Hermes/Qwen, Command R7B, Llama 3.x, Mistral and plain JSON.
 
 One incremental machine (`ToolCallStream`) does all the parsing; the one-shot
 `parse_tool_calls` runs the same machine over the whole text, so a streamed response and
@@ -6,6 +6,8 @@ a non-streamed one agree by construction, whatever the chunking. Recognised shap
 
 - Hermes / Qwen: `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, repeated; a
   call is released as soon as its closing tag arrives (an unclosed last one is tried at EOS).
+- Command R7B: `<|START_ACTION|>[{"tool_call_id": ..., "tool_name": ..., "parameters": {...}}]<|END_ACTION|>`,
+  a list of calls per block, released like Hermes's.
 - Llama 3.x: `<|python_tag|>{"name": ..., "parameters": {...}}` (`;`-separated), or the whole
   output being such a JSON object.
 - Mistral: `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]` and the newer
@@ -33,12 +35,14 @@ import uuid
 from dataclasses import dataclass, field
 
 HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
+ACTION_OPEN, ACTION_CLOSE = "<|START_ACTION|>", "<|END_ACTION|>"
+PAIRED = {HERMES_OPEN: HERMES_CLOSE, ACTION_OPEN: ACTION_CLOSE}  # tags that enclose each block of calls
 PYTHON_TAG = "<|python_tag|>"
 MISTRAL_TAG = "[TOOL_CALLS]"
 MISTRAL_ARGS = "[ARGS]"
-_MARKERS = (HERMES_OPEN, PYTHON_TAG, MISTRAL_TAG)
+_MARKERS = (HERMES_OPEN, ACTION_OPEN, PYTHON_TAG, MISTRAL_TAG)
 # every marker a family writes; those that are special tokens must reach the parser as text
-MARKERS = (HERMES_OPEN, HERMES_CLOSE, PYTHON_TAG, MISTRAL_TAG, MISTRAL_ARGS)
+MARKERS = (HERMES_OPEN, HERMES_CLOSE, ACTION_OPEN, ACTION_CLOSE, PYTHON_TAG, MISTRAL_TAG, MISTRAL_ARGS)
 _FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.S)
 
 
@@ -59,7 +63,7 @@ def _call_from(obj) -> ToolCall | None:
         return None
     if isinstance(obj.get("function"), dict) and "name" in obj["function"]:
         obj = obj["function"]
-    name = obj.get("name")
+    name = obj.get("name", obj.get("tool_name"))  # tool_name: Command R7B's spelling
     if not isinstance(name, str) or not name:
         return None
     args = obj.get("arguments", obj.get("parameters", {}))
@@ -280,25 +284,26 @@ class ToolCallStream:
 
     def _drain_calls(self, final: bool) -> list[Piece]:
         out: list[Piece] = []
-        if self._tag == HERMES_OPEN:
+        if self._tag in PAIRED:
+            opener, closer = self._tag, PAIRED[self._tag]
             while True:
-                start = self._buf.find(HERMES_OPEN)
-                end = self._buf.find(HERMES_CLOSE, start + 1) if start >= 0 else -1
+                start = self._buf.find(opener)
+                end = self._buf.find(closer, start + 1) if start >= 0 else -1
                 if start < 0 or end < 0:
                     break
                 self._note_tail(self._buf[:start])
-                body = self._buf[start + len(HERMES_OPEN): end]
+                body = self._buf[start + len(opener): end]
                 calls = _calls_from_values(_json_values(body))
                 if calls:
                     out += [self._call(c) for c in calls]
                 else:
-                    self._tail.append(self._buf[start: end + len(HERMES_CLOSE)])
-                self._buf = self._buf[end + len(HERMES_CLOSE):]
+                    self._tail.append(self._buf[start: end + len(closer)])
+                self._buf = self._buf[end + len(closer):]
             if final:
-                start = self._buf.find(HERMES_OPEN)
+                start = self._buf.find(opener)
                 if start >= 0:
                     self._note_tail(self._buf[:start])
-                    body = self._buf[start + len(HERMES_OPEN):]
+                    body = self._buf[start + len(opener):]
                     calls = _calls_from_values(_json_values(body)) or (_cut_calls(body) if self._truncated else None)
                     if calls:
                         out += [self._call(c) for c in calls]

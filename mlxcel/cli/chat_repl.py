@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from mlxcel.cli.generate_cmds import chat_prompt, stream_tokens
+from mlxcel.config.paths import user_cache_dir
 
 PROMPT = ">>> "
 HELP = """\
@@ -30,8 +31,7 @@ HELP = """\
 
 
 def history_file() -> Path:
-    base = os.environ.get("MLXCEL_CACHE_DIR") or Path.home() / ".cache" / "mlxcel"
-    return Path(base).expanduser() / "chat_history"
+    return user_cache_dir(os.environ) / "chat_history"
 
 
 def _enable_line_editing() -> Callable[[], None]:

@@ -9,45 +9,19 @@ from __future__ import annotations
 import importlib.util
 import os
 import platform
-from pathlib import Path
+
+from mlxcel.native_build import cpu_flags
+from mlxcel.runtime.memory import host_memory
 
 # the instruction-set features the kernels and frameworks use, in the order they are printed
 SIMD = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "avx512_fp16",
         "amx_tile", "amx_bf16", "amx_int8", "asimd", "asimdhp", "asimddp", "sve", "sve2", "bf16", "i8mm")
 
 
-def cpu_features(text: str | None = None) -> list[str]:
+def cpu_features() -> list[str]:
     """The SIMD features /proc/cpuinfo lists (x86 `flags`, arm64 `Features`), in SIMD's order."""
-    if text is None:
-        try:
-            text = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            return []
-    flags: set[str] = set()
-    for line in text.splitlines():
-        if line.startswith(("flags", "Features")):
-            flags = set(line.split(":", 1)[1].split())
-            break
+    flags = cpu_flags()
     return [f for f in SIMD if f in flags]
-
-
-def host_memory() -> tuple[int | None, int | None]:
-    """(total, available) bytes of host RAM; None where the platform does not say."""
-    total = avail = None
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                total = int(line.split()[1]) * 1024
-            elif line.startswith("MemAvailable:"):
-                avail = int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    if total is None and hasattr(os, "sysconf"):
-        try:
-            total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        except (ValueError, OSError):
-            pass
-    return total, avail
 
 
 def _gib(n: int | None) -> str:

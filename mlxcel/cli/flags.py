@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mlxcel.cli.memory_plan import wired_limit_from
 from mlxcel.cli.options_model import FLAG, PAIR, VALUE2, Option
 from mlxcel.cli.options_table import BY_SPELLING, SECTIONS, TABLE
 from mlxcel.config.refusal import StartupRefusal
@@ -320,10 +321,7 @@ def parse_server_args(
     settings.workers.pooling_env = environ.get("MLXCEL_EMBEDDING_POOLING") or None
     settings.backend.build_env = {k: environ[k] for k in BUILD_ENV if k in environ}
     settings.media.allow_private_media_urls = environ.get("MLXCEL_ALLOW_PRIVATE_MEDIA_URLS", "") == "1"
-    if environ.get("MLXCEL_WIRED_LIMIT"):  # applied (Metal) or refused once the backend is chosen
-        from mlxcel.cli.memory_plan import parse_wired_limit
-
-        settings.backend.wired_limit_bytes = parse_wired_limit(environ["MLXCEL_WIRED_LIMIT"])
+    settings.backend.wired_limit_bytes = wired_limit_from(environ)
     settings.steering.sae_dir = Path(environ["MLXCEL_SAE_DIR"]).expanduser() if environ.get("MLXCEL_SAE_DIR") else None
     if environ.get("CLUSTER_INTENSITY_MIN"):
         settings.steering.cluster_intensity_min = _dial_floor("CLUSTER_INTENSITY_MIN", environ["CLUSTER_INTENSITY_MIN"])

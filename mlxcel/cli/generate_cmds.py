@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from mlxcel.chat.chat_template import render_chat, render_plain, thinking_by_default
+from mlxcel.cli.memory_plan import apply_wired_limit, wired_limit_from
 from mlxcel.cli.store_cmds import default_org
 from mlxcel.config.settings import BackendSection, EngineSection, SamplingSection, ServerSettings, SourceSection
 from mlxcel.engine.types import GenerationRequest, TokenEvent
@@ -97,11 +98,10 @@ def _load(args):
                                                          threads=args.threads),
                                   sampling=SamplingSection(temperature=args.temp, top_k=args.top_k, top_p=args.top_p,
                                                            min_p=args.min_p, seed=args.seed))
-        if os.environ.get("MLXCEL_WIRED_LIMIT"):  # applied on Metal, refused elsewhere, as the server does
-            from mlxcel.cli.memory_plan import apply_wired_limit, parse_wired_limit
+        settings.backend.wired_limit_bytes = wired_limit_from(os.environ)
+        if settings.backend.wired_limit_bytes is not None:  # applied on Metal, refused elsewhere, as the server does
             from mlxcel.runtime.load import select_backend
 
-            settings.backend.wired_limit_bytes = parse_wired_limit(os.environ["MLXCEL_WIRED_LIMIT"])
             apply_wired_limit(settings, select_backend(settings, path))
         return load_served_model(settings, path)
     except StartupRefusal as e:  # already "error: <one line>"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import re
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -22,6 +23,13 @@ if TYPE_CHECKING:
 log = logging.getLogger("mlxcel.server")
 
 _SIZE = re.compile(r"^\s*(\d+)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
+
+
+def wired_limit_from(environ: Mapping[str, str]) -> int | None:
+    """MLXCEL_WIRED_LIMIT, parsed (None when unset); applied on Metal or refused once the backend
+    is chosen (apply_wired_limit)."""
+    raw = environ.get("MLXCEL_WIRED_LIMIT")
+    return parse_wired_limit(raw) if raw else None
 
 
 def parse_wired_limit(raw: str) -> int:

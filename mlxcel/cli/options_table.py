@@ -9,8 +9,6 @@ b10621's help order; each row's state is the compatibility manifest's state for 
 
 from __future__ import annotations
 
-from functools import partial
-
 from mlxcel.cli import options_apply as a
 from mlxcel.cli import options_chat as ch
 from mlxcel.cli.options_reasons import (
@@ -18,23 +16,20 @@ from mlxcel.cli.options_reasons import (
     GGUF,
     LOAD,
     MOE_CPU,
-    NGRAM_OTHER,
-    NO_DRAFT,
-    NO_DRAFT_SAMPLING,
     NO_SLOT_STATE,
     ONE_DEVICE,
     RPC,
     SPLIT,
     POOL,
     PRESETS,
-    THREADS,
     UI,
     preset_reason,
 )
 from mlxcel.cli import options_lora as lo
-from mlxcel.cli import options_sampling as sa
 from mlxcel.cli import options_spec as sp
 from mlxcel.cli.options_group import GROUP_OPTIONS
+from mlxcel.cli.options_sections import COMMON, SAMPLING, SERVER, SPEC, C, X, ggml
+from mlxcel.cli.options_table_sampling import SAMPLING_OPTIONS, SPEC_OPTIONS
 from mlxcel.cli.options_native import NATIVE, NATIVE_OPTIONS
 from mlxcel.cli.options_model import (
     ALIASED,
@@ -50,33 +45,10 @@ from mlxcel.cli.options_model import (
     eq,
     le,
     lt,
-    make,
     only_negative_form,
     only_positive_form,
     own,
 )
-from mlxcel.config.sampling import B10621_SAMPLING as _D
-
-COMMON, SAMPLING, SPEC, SERVER = "common params", "sampling params", "speculative params", "example-specific params"
-
-C = partial(make, section=COMMON)
-S = partial(make, section=SAMPLING)
-D = partial(make, section=SPEC)
-X = partial(make, section=SERVER)
-_f = sa.shown  # a float default as b10621 prints it
-
-
-def ggml(spellings: str, kind: str = VALUE, *, why: str, inert=None, **kw) -> Option:
-    return C(spellings, kind, state=NOT_APPLICABLE, why=why, inert=inert, **kw)
-
-
-def ggml_draft(spellings: str, kind: str = VALUE, *, why: str, inert=None, **kw) -> Option:
-    return D(spellings, kind, state=NOT_APPLICABLE, why=why, inert=inert, **kw)
-
-
-def _removed(new: str) -> str:
-    return f"the argument has been removed; use {new}"
-
 
 _COMMON: tuple[Option, ...] = (
     # ---- common params ---------------------------------------------------------------------
@@ -238,171 +210,6 @@ _COMMON: tuple[Option, ...] = (
     C("--spec-draft-type-v, -ctvd, --cache-type-v-draft", VALUE, mv="TYPE", env="LLAMA_ARG_SPEC_DRAFT_CACHE_TYPE_V",
       default=own("spec.draft_cache_type_v"), state=SUPPORTED, apply=a.cache_type("spec.draft_cache_type_v", ("f16",)),
       help="draft model KV cache type for V (f16 only, as --cache-type-v)"),
-)
-
-_SAMPLING: tuple[Option, ...] = (
-    S("--samplers", VALUE, mv="SAMPLERS", state=SUPPORTED, apply=sa.apply_samplers,
-      help=f"default sampler order, ';'-separated (default: {';'.join(_D.samplers)})"),
-    S("-s, --seed", VALUE, mv="SEED", default=own("sampling.seed"), state=SUPPORTED, apply=a.apply_seed,
-      help="default RNG seed (-1 = random)"),
-    S("--sampler-seq, --sampling-seq", VALUE, mv="SEQUENCE", state=SUPPORTED, apply=sa.apply_sampler_seq,
-      help=f"default sampler order as one letter per stage (default: {sa.sampler_letters(_D.samplers)})"),
-    S("--ignore-eos", FLAG, state=SUPPORTED, apply=sa.apply_ignore_eos,
-      help="by default, ban every end-of-generation token and continue generating"),
-    S("--temp, --temperature", VALUE, mv="N", default=_f(_D.temperature),
-      state=BY_DESIGN, apply=a.setter("sampling.temperature", "float"),
-      help=f"default temperature (unset: the checkpoint's generation_config.json, else {_f(_D.temperature)})"),
-    S("--top-k", VALUE, mv="N", env="LLAMA_ARG_TOP_K", default=str(_D.top_k),
-      state=BY_DESIGN, apply=a.setter("sampling.top_k", "int"),
-      help=f"default top-k (0 = disabled; unset: generation_config.json, else {_D.top_k})"),
-    S("--top-p", VALUE, mv="N", default=_f(_D.top_p), state=BY_DESIGN, apply=a.setter("sampling.top_p", "float"),
-      help=f"default top-p (1.0 = disabled; unset: generation_config.json, else {_f(_D.top_p)})"),
-    S("--min-p", VALUE, mv="N", default=_f(_D.min_p), state=BY_DESIGN, apply=a.setter("sampling.min_p", "float"),
-      help=f"default min-p (0.0 = disabled; unset: generation_config.json, else {_f(_D.min_p)})"),
-    S("--top-nsigma, --top-n-sigma", VALUE, mv="N", default=_f(_D.top_n_sigma), state=SUPPORTED,
-      apply=sa.number("top_n_sigma"), help="default top-n-sigma (-1.0 = disabled)"),
-    S("--xtc-probability", VALUE, mv="N", default=_f(_D.xtc_probability),
-      state=SUPPORTED, apply=sa.number("xtc_probability"),
-      help="default XTC probability (0.0 = disabled)"),
-    S("--xtc-threshold", VALUE, mv="N", default=_f(_D.xtc_threshold), state=SUPPORTED, apply=sa.number("xtc_threshold"),
-      help="default XTC threshold (1.0 = disabled)"),
-    S("--typical, --typical-p", VALUE, mv="N", default=_f(_D.typical_p), state=SUPPORTED, apply=sa.number("typical_p"),
-      help="default locally typical p (1.0 = disabled)"),
-    S("--repeat-last-n", VALUE, mv="N", default=str(_D.repeat_last_n), state=SUPPORTED,
-      apply=sa.number("repeat_last_n", "int", minimum=-1),
-      help="default window of the repetition penalties (0 = disabled, -1 = the whole context)"),
-    S("--repeat-penalty", VALUE, mv="N", default=_f(_D.repeat_penalty),
-      state=SUPPORTED, apply=sa.number("repeat_penalty"),
-      help="default repetition penalty (1.0 = disabled)"),
-    S("--presence-penalty", VALUE, mv="N", default=_f(_D.presence_penalty),
-      state=SUPPORTED, apply=sa.number("presence_penalty"),
-      help="default presence penalty (0.0 = disabled)"),
-    S("--frequency-penalty", VALUE, mv="N", default=_f(_D.frequency_penalty),
-      state=SUPPORTED, apply=sa.number("frequency_penalty"),
-      help="default frequency penalty (0.0 = disabled)"),
-    S("--dry-multiplier", VALUE, mv="N", default=_f(_D.dry_multiplier),
-      state=SUPPORTED, apply=sa.number("dry_multiplier"),
-      help="default DRY multiplier (0.0 = disabled)"),
-    S("--dry-base", VALUE, mv="N", default=_f(_D.dry_base), state=SUPPORTED, apply=sa.apply_dry_base,
-      help=f"default DRY base (0 keeps {_f(_D.dry_base)})"),
-    S("--dry-allowed-length", VALUE, mv="N", default=str(_D.dry_allowed_length), state=SUPPORTED,
-      apply=sa.number("dry_allowed_length", "int", minimum=0), help="default DRY allowed length"),
-    S("--dry-penalty-last-n", VALUE, mv="N", default=str(_D.dry_penalty_last_n), state=SUPPORTED,
-      apply=sa.number("dry_penalty_last_n", "int", minimum=-1),
-      help="default DRY window (0 = disabled, -1 = the context size)"),
-    S("--dry-sequence-breaker", VALUE, mv="STRING", state=SUPPORTED, repeatable=True,
-      apply=sa.apply_dry_sequence_breakers,
-      help=f"add a DRY sequence breaker, replacing the defaults ({', '.join(map(repr, _D.dry_sequence_breakers))}); "
-           '"none" clears them'),
-    S("--adaptive-target", VALUE, mv="N", default=_f(_D.adaptive_target),
-      state=SUPPORTED, apply=sa.number("adaptive_target"),
-      help="default adaptive-p target probability (negative = disabled; active when the sampler order names "
-           "adaptive_p)"),
-    S("--adaptive-decay", VALUE, mv="N", default=_f(_D.adaptive_decay),
-      state=SUPPORTED, apply=sa.number("adaptive_decay"),
-      help="default adaptive-p decay (0.0 to 0.99)"),
-    S("--dynatemp-range", VALUE, mv="N", default=_f(_D.dynatemp_range),
-      state=SUPPORTED, apply=sa.number("dynatemp_range"),
-      help="default dynamic temperature range (0.0 = disabled)"),
-    S("--dynatemp-exp", VALUE, mv="N", default=_f(_D.dynatemp_exponent),
-      state=SUPPORTED, apply=sa.number("dynatemp_exponent"),
-      help="default dynamic temperature exponent"),
-    S("--mirostat", VALUE, mv="N", default=str(_D.mirostat),
-      state=SUPPORTED, apply=sa.number("mirostat", "int", allowed=(0, 1, 2)),
-      help="default Mirostat mode (0 = disabled, 1 = Mirostat, 2 = Mirostat 2.0)"),
-    S("--mirostat-lr", VALUE, mv="N", default=_f(_D.mirostat_eta), state=SUPPORTED, apply=sa.number("mirostat_eta"),
-      help="default Mirostat learning rate (eta)"),
-    S("--mirostat-ent", VALUE, mv="N", default=_f(_D.mirostat_tau), state=SUPPORTED, apply=sa.number("mirostat_tau"),
-      help="default Mirostat target entropy (tau)"),
-    S("-l, --logit-bias", VALUE, mv="TOKEN_ID(+/-)BIAS", state=BY_DESIGN, repeatable=True, apply=sa.apply_logit_bias,
-      help="default logit bias of one token, e.g. 15043+1 or 15043-1 (repeatable; a request's own logit_bias "
-           "replaces the set)"),
-    S("--grammar", VALUE, mv="GRAMMAR", state=SUPPORTED, apply=a.apply_grammar(False),
-      help="GBNF grammar constraining native completions by default"),
-    S("--grammar-file", VALUE, mv="FNAME", state=SUPPORTED, path_value=True, apply=a.apply_grammar(True),
-      help="file to read the default GBNF grammar from"),
-    S("-j, --json-schema", VALUE, mv="SCHEMA", state=SUPPORTED, apply=a.apply_json_schema(False),
-      help="JSON schema constraining native completions by default, e.g. `{}` for any JSON object"),
-    S("-jf, --json-schema-file", VALUE, mv="FILE", state=SUPPORTED, path_value=True, apply=a.apply_json_schema(True),
-      help="file containing the default JSON schema"),
-    S("-bs, --backend-sampling", FLAG, env="LLAMA_ARG_BACKEND_SAMPLING", default="false", state=NOT_APPLICABLE,
-      inert=always, why="mlxcel always samples on the MLX device"),
-)
-
-_SPEC: tuple[Option, ...] = (
-    D("--spec-draft-hf, -hfd, -hfrd, --hf-repo-draft", VALUE, mv="<user>/<model>", env="LLAMA_ARG_SPEC_DRAFT_HF_REPO",
-      state=ALIASED, apply=sp.apply_draft_hf, help="Hugging Face repository of the MLX draft checkpoint (wins over -md)"),
-    ggml_draft("--spec-draft-threads, -td, --threads-draft", mv="N", why=THREADS, inert=le(0)),
-    ggml_draft("--spec-draft-threads-batch, -tbd, --threads-batch-draft", mv="N", why=THREADS, inert=le(0)),
-    ggml_draft("--spec-draft-cpu-mask, -Cd, --cpu-mask-draft", mv="M", why=POOL, inert=eq("")),
-    ggml_draft("--spec-draft-cpu-range, -Crd, --cpu-range-draft", mv="lo-hi", why=POOL),
-    ggml_draft("--spec-draft-cpu-strict, --cpu-strict-draft", mv="<0|1>", why=POOL, inert=eq("0")),
-    ggml_draft("--spec-draft-prio, --prio-draft", mv="N", default="0", why=POOL, inert=eq("0")),
-    ggml_draft("--spec-draft-poll, --poll-draft", mv="<0|1>", why=POOL, inert=eq("50")),
-    ggml_draft("--spec-draft-cpu-mask-batch, -Cbd, --cpu-mask-batch-draft", mv="M", why=POOL, inert=eq("")),
-    ggml_draft("--spec-draft-cpu-strict-batch, --cpu-strict-batch-draft", mv="<0|1>", why=POOL, inert=eq("0")),
-    ggml_draft("--spec-draft-prio-batch, --prio-batch-draft", mv="N", default="0", why=POOL, inert=eq("0")),
-    ggml_draft("--spec-draft-poll-batch, --poll-batch-draft", mv="<0|1>", why=POOL, inert=eq("50")),
-    ggml_draft("--spec-draft-override-tensor, -otd, --override-tensor-draft",
-               mv="<tensor name pattern>=<buffer type>,...", why=GGML_ONLY),
-    ggml_draft("--spec-draft-cpu-moe, -cmoed, --cpu-moe-draft", FLAG, env="LLAMA_ARG_SPEC_DRAFT_CPU_MOE", why=MOE_CPU),
-    ggml_draft("--spec-draft-n-cpu-moe, --spec-draft-ncmoe, -ncmoed, --n-cpu-moe-draft", mv="N",
-               env="LLAMA_ARG_SPEC_DRAFT_N_CPU_MOE", why=MOE_CPU, inert=eq("0")),
-    D("--spec-draft-n-max", VALUE, mv="N", env="LLAMA_ARG_SPEC_DRAFT_N_MAX", default=own("spec.draft_n_max"),
-      state=SUPPORTED, apply=sp.bounded_int("spec.draft_n_max", 1), help="draft tokens per verify round (draft model)"),
-    D("--spec-draft-n-min", VALUE, mv="N", env="LLAMA_ARG_SPEC_DRAFT_N_MIN", default=own("spec.draft_n_min"),
-      state=SUPPORTED, apply=sp.bounded_int("spec.draft_n_min", 0), help="a shorter draft is dropped (draft model)"),
-    D("--spec-draft-p-split, --draft-p-split", VALUE, mv="P", env="LLAMA_ARG_SPEC_DRAFT_P_SPLIT", default="0.10",
-      state=SUPPORTED, apply=sp.apply_p_split, help="checked and unused, as in b10621"),
-    D("--spec-draft-p-min, --draft-p-min", VALUE, mv="P", env="LLAMA_ARG_SPEC_DRAFT_P_MIN",
-      default=own("spec.draft_p_min"),
-      state=SUPPORTED, apply=sp.apply_p_min, help="stop drafting when the draft's top probability is lower"),
-    ggml_draft("--spec-draft-backend-sampling, --no-spec-draft-backend-sampling", PAIR,
-               env="LLAMA_ARG_SPEC_DRAFT_BACKEND_SAMPLING", default="true", why=NO_DRAFT_SAMPLING, inert=always),
-    ggml_draft("--spec-draft-device, -devd, --device-draft", mv="<dev1,dev2,..>",
-               why="mlxcel runs on the one MLX device and has no backend device list"),
-    ggml_draft("--spec-draft-ngl, -ngld, --gpu-layers-draft, --n-gpu-layers-draft", mv="N",
-               env="LLAMA_ARG_N_GPU_LAYERS_DRAFT", default="auto", why=NO_DRAFT, inert=eq("auto", "all")),
-    D("--spec-draft-model, -md, --model-draft", VALUE, mv="FNAME", env="LLAMA_ARG_SPEC_DRAFT_MODEL", state=SUPPORTED,
-      apply=sp.apply_draft_model, path_value=True,
-      help="draft checkpoint (dir | owner/name) with the target's vocabulary; alone it selects draft-simple"),
-    D("--spec-type", VALUE, mv="TYPES", env="LLAMA_ARG_SPEC_TYPE", default="none", state=SUPPORTED,
-      apply=sp.apply_spec_type, help="none | draft-simple | ngram-simple (the other b10621 types are refused)"),
-    D("--spec-ngram-mod-n-min", VALUE, mv="N", default="48", state=NOT_APPLICABLE, inert=eq("48"),
-      why=NGRAM_OTHER.format(mode="ngram-mod")),
-    D("--spec-ngram-mod-n-max", VALUE, mv="N", default="64", state=NOT_APPLICABLE, inert=eq("64"),
-      why=NGRAM_OTHER.format(mode="ngram-mod")),
-    D("--spec-ngram-mod-n-match", VALUE, mv="N", default="24", state=NOT_APPLICABLE, inert=eq("24"),
-      why=NGRAM_OTHER.format(mode="ngram-mod")),
-    D("--spec-ngram-simple-size-n", VALUE, mv="N", default=own("spec.ngram_simple_size_n"), state=SUPPORTED,
-      apply=sp.bounded_int("spec.ngram_simple_size_n", 1), help="ngram-simple: length of the looked-up n-gram"),
-    D("--spec-ngram-simple-size-m", VALUE, mv="N", default=own("spec.ngram_simple_size_m"), state=SUPPORTED,
-      apply=sp.bounded_int("spec.ngram_simple_size_m", 1), help="ngram-simple: longest continuation drafted"),
-    D("--spec-ngram-simple-min-hits", VALUE, mv="N", default=own("spec.ngram_simple_min_hits"), state=SUPPORTED,
-      apply=sp.bounded_int("spec.ngram_simple_min_hits", 0), help="checked; ngram-simple never reads it, as in b10621"),
-    D("--spec-ngram-map-k-size-n", VALUE, mv="N", default="12", state=NOT_APPLICABLE, inert=eq("12"),
-      why=NGRAM_OTHER.format(mode="ngram-map-k")),
-    D("--spec-ngram-map-k-size-m", VALUE, mv="N", default="48", state=NOT_APPLICABLE, inert=eq("48"),
-      why=NGRAM_OTHER.format(mode="ngram-map-k")),
-    D("--spec-ngram-map-k-min-hits", VALUE, mv="N", default="1", state=NOT_APPLICABLE, inert=eq("1"),
-      why=NGRAM_OTHER.format(mode="ngram-map-k")),
-    D("--spec-ngram-map-k4v-size-n", VALUE, mv="N", default="12", state=NOT_APPLICABLE, inert=eq("12"),
-      why=NGRAM_OTHER.format(mode="ngram-map-k4v")),
-    D("--spec-ngram-map-k4v-size-m", VALUE, mv="N", default="48", state=NOT_APPLICABLE, inert=eq("48"),
-      why=NGRAM_OTHER.format(mode="ngram-map-k4v")),
-    D("--spec-ngram-map-k4v-min-hits", VALUE, mv="N", default="1", state=NOT_APPLICABLE, inert=eq("1"),
-      why=NGRAM_OTHER.format(mode="ngram-map-k4v")),
-    # removed upstream: b10621 itself refuses these, so refusing them is matching behaviour
-    D("--draft, --draft-n, --draft-max", VALUE, mv="N", env="LLAMA_ARG_DRAFT_MAX", state=SUPPORTED, hidden=True,
-      why=_removed("--spec-draft-n-max or --spec-ngram-mod-n-max")),
-    D("--draft-min, --draft-n-min", VALUE, mv="N", env="LLAMA_ARG_DRAFT_MIN", state=SUPPORTED, hidden=True,
-      why=_removed("--spec-draft-n-min or --spec-ngram-mod-n-min")),
-    D("--spec-ngram-size-n", VALUE, mv="N", state=SUPPORTED, hidden=True,
-      why=_removed("the respective --spec-ngram-*-size-n or --spec-ngram-mod-n-match")),
-    D("--spec-ngram-size-m", VALUE, mv="N", state=SUPPORTED, hidden=True,
-      why=_removed("the respective --spec-ngram-*-size-m")),
-    D("--spec-ngram-min-hits", VALUE, mv="N", state=SUPPORTED, hidden=True,
-      why=_removed("the respective --spec-ngram-*-min-hits")),
 )
 
 _SERVER: tuple[Option, ...] = (
@@ -597,7 +404,7 @@ _SERVER: tuple[Option, ...] = (
     *(X(n, state=NOT_APPLICABLE, why=preset_reason(n)) for n in (*PRESETS, "--spec-default")),
 )
 
-TABLE: tuple[Option, ...] = _COMMON + _SAMPLING + _SPEC + _SERVER + NATIVE_OPTIONS + GROUP_OPTIONS
+TABLE: tuple[Option, ...] = _COMMON + SAMPLING_OPTIONS + SPEC_OPTIONS + _SERVER + NATIVE_OPTIONS + GROUP_OPTIONS
 SECTIONS = (COMMON, SAMPLING, SPEC, SERVER, NATIVE)
 
 # every spelling -> (option, is_positive)

@@ -31,7 +31,7 @@ from mlxcel.engine.kv_memory import slot_share, usage_bytes
 from mlxcel.engine.output import OutputProcessor
 from mlxcel.engine.requests import RequestHandle, Row, forward_row
 from mlxcel.engine.sampling import ProbsReport, prompt_reports
-from mlxcel.engine.scheduler import Scheduler
+from mlxcel.engine.scheduler import Scheduler, cacheable
 from mlxcel.engine.sleep import IdleSleeper
 from mlxcel.engine.slot_actions import SlotJob, run_slot_job
 from mlxcel.engine.tokenizer import Tokenizer
@@ -510,4 +510,4 @@ class Engine:
             self.speculator.before_release(row)  # trims a mid-verification KV first
         if row.slot >= 0:
             self.slot_tokens[row.slot] = list(row.cache.tokens)
-        self.kv.release(row.cache, donate=row.request.cache_prompt and not row.shifted and row.request.media is None)
+        self.kv.release(row.cache, donate=cacheable(row.request) and not row.shifted, key=row.request.cache_tokens)

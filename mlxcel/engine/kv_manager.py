@@ -197,14 +197,17 @@ class KVManager:
     def new_sequence(self) -> SequenceKV:
         return SequenceKV(self.allocator)
 
-    def start(self, prompt: list[int], use_cache: bool) -> tuple[SequenceKV, int]:
+    def start(self, prompt: list[int], use_cache: bool, key: list[int] | None = None) -> tuple[SequenceKV, int]:
         """A new sequence for `prompt`, starting from its longest cached prefix when `use_cache`;
-        returns it and how many prompt tokens the cache supplied."""
+        returns it and how many prompt tokens the cache supplied. `key`: the prompt as the cache
+        keys it, where it differs (GenerationRequest.cache_tokens); the sequence holds `prompt`."""
         seq = self.new_sequence()
         seq.claim_state()  # a recurrent model's state slot is the row's from admission on
         if use_cache and self.prefix_cache.enabled:
             seq.prompt_end = len(prompt)  # keep what resuming this prompt from the cache reads
-        cached = self.prefix_cache.adopt(seq, prompt, self.copy_slots) if use_cache else 0
+        cached = self.prefix_cache.adopt(seq, key or prompt, self.copy_slots) if use_cache else 0
+        if key:
+            seq.tokens[:cached] = prompt[:cached]
         return seq, cached
 
     def copy_slots(self, src: np.ndarray, dst: np.ndarray, group: int = 0) -> None:
@@ -226,10 +229,12 @@ class KVManager:
         seq.release()
         return out
 
-    def release(self, seq: SequenceKV, donate: bool) -> None:
-        """Give a sequence's blocks back, offering them to the prefix cache first when `donate`."""
+    def release(self, seq: SequenceKV, donate: bool, key: list[int] | None = None) -> None:
+        """Give a sequence's blocks back, offering them to the prefix cache first when `donate`,
+        under `key` for the prompt's tokens where it has one (GenerationRequest.cache_tokens)."""
         if donate:
-            self.prefix_cache.insert(seq.tokens, seq.blocks, seq.sliding if self.allocator.sliding else None)
+            tokens = seq.tokens if not key else key[:seq.length] + seq.tokens[len(key):]
+            self.prefix_cache.insert(tokens, seq.blocks, seq.sliding if self.allocator.sliding else None)
         seq.release()
         self.prefix_cache.trim()
 

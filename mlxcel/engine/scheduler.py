@@ -23,6 +23,12 @@ from mlxcel.engine.types import GenerationRequest, SlotInfo
 OpenRow = Callable[[RequestHandle, SequenceKV, int, int], Row]
 
 
+def cacheable(req: GenerationRequest) -> bool:
+    """Whether the request's prompt may come from, and go back to, the prefix cache: asked for,
+    and its images (if any) keyed by their content."""
+    return req.cache_prompt and (req.media is None or req.cache_tokens is not None)
+
+
 @dataclass
 class StepPlan:
     """One step's forward: (row, its tokens) in batch order, decode rows one token, prompt rows
@@ -83,8 +89,8 @@ class Scheduler:
                 drop(handle)
                 continue
             req = handle.request
-            seq, cached = self.kv.start(req.prompt, req.cache_prompt and req.media is None)
-            if req.media is not None:  # the VLM backend splices it during prefill (backends/torch/vlm.py)
+            seq, cached = self.kv.start(req.prompt, cacheable(req), req.cache_tokens)
+            if req.media is not None:  # the VLM backend splices it during prefill (backends/*/vlm.py)
                 seq.media = req.media
             self.running.append(open_row(handle, seq, cached, self.max_tokens(req)))
 

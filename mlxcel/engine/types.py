@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
 
 from mlxcel.engine.sampling import ProbsReport
 from mlxcel.engine.sampling_params import SamplingParams
@@ -39,9 +40,20 @@ class GenerationRequest:
     # special tokens whose text the detokenizer keeps (tool-call markers the chat parser reads)
     keep_tokens: frozenset = frozenset()
     reasoning: object | None = None  # a ReasoningBudget (engine/reasoning_budget.py): the thinking budget
-    # a request's images (backends/torch/vlm.Media), carried on each row's sequence; such a
-    # request skips the prompt cache (image-pad tokens do not identify the picture)
+    # a request's images (the backend's payload: backends/torch/vlm.Media, backends/mlx/vlm.MLXMedia),
+    # carried on each row's sequence
     media: object | None = None
+    # the prompt as the prefix cache keys it, where it differs from `prompt`: each image's tokens
+    # stand for that image (an image-pad id is the same for every picture). A request with media
+    # but no key skips the prompt cache.
+    cache_tokens: list[int] | None = None
+
+
+@runtime_checkable
+class PrefixKeyed(Protocol):
+    """A media payload whose backend resumes its prompt from the prefix cache, given this key."""
+
+    cache_tokens: list[int]
 
 
 @dataclass

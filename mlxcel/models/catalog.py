@@ -16,10 +16,13 @@ from __future__ import annotations
 from mlxcel.models.gguf_archs import gguf_cell
 from mlxcel.models.registry import FAMILIES, WORKER_TYPES, Family
 from mlxcel.models.vision import VISION_FAMILIES
+from mlxcel.models.vision_mlx import MLX_VLM_MODULES
 
 FEATURES = ("LoRA", "steering hooks", "speculative drafting", "prefix cache")
 # feature -> what it is narrowed to on a vision-language family
 VISION_LIMITS = {"prefix cache": "text-only requests"}
+# features the MLX backend's vision-language path (backends/mlx/vlm.py) is not checked with yet
+MLX_VLM_UNCHECKED = ("LoRA", "steering hooks", "speculative drafting")
 # features off for a family with recurrent layers (engine/kv_manager.py says why)
 RECURRENT_OFF = ("speculative drafting", "prefix cache")
 
@@ -28,11 +31,21 @@ def _row(cells: list[str]) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
+def _backends(fam: Family) -> tuple[str, ...]:
+    """The backends serving the family: a vision-language family's MLX side is mlx-vlm's module."""
+    if fam.model_type in MLX_VLM_MODULES and "mlx" not in fam.backends:
+        return ("mlx", *fam.backends)
+    return tuple(fam.backends)
+
+
 def _feature_cell(fam: Family, feature: str) -> str:
     if feature in RECURRENT_OFF and "recurrent" in fam.attention:
         return "off (recurrent state)"
-    cell = ", ".join(fam.backends)
+    backends = _backends(fam) if feature not in MLX_VLM_UNCHECKED else tuple(fam.backends)
+    cell = ", ".join(backends)
     limit = VISION_LIMITS.get(feature) if fam.model_type in VISION_FAMILIES else None
+    if limit and "mlx" in backends and fam.model_type in MLX_VLM_MODULES:
+        return f"{cell} (torch: {limit})"  # MLX keys an image's tokens by the image
     return f"{cell} ({limit})" if limit else cell
 
 
@@ -41,7 +54,7 @@ def generation_table() -> list[str]:
     lines = [_row(head), _row(["---"] * len(head))]
     for fam in sorted(FAMILIES.values(), key=lambda f: f.model_type):
         inputs = "text, image" if fam.model_type in VISION_FAMILIES else "text"
-        lines.append(_row([fam.model_type, fam.hf_architecture or "mlx-lm's module", inputs, ", ".join(fam.backends),
+        lines.append(_row([fam.model_type, fam.hf_architecture or "mlx-lm's module", inputs, ", ".join(_backends(fam)),
                            ", ".join(fam.attention), *(_feature_cell(fam, f) for f in FEATURES),
                            gguf_cell(fam.model_type)]))
     return lines
@@ -110,9 +123,10 @@ _NOTES = """
   (docs/steering.md), on every decoder layer.
 - **speculative drafting**: `--spec-type draft-simple` (a draft checkpoint with the target's
   vocabulary, on the target's backend) or `ngram-simple` (prompt lookup).
-- **prefix cache**: reuse of a cached prompt prefix across requests (`--cache-ram`). Requests
-  with images skip it: every picture's pad tokens are the same ids, so a token-keyed prefix
-  cannot tell two images apart. `off (recurrent state)`: a recurrent layer's state summarises
+- **prefix cache**: reuse of a cached prompt prefix across requests (`--cache-ram`). On torch,
+  requests with images skip it: every picture's pad tokens are the same ids, so a token-keyed
+  prefix cannot tell two images apart; on MLX an image's tokens are keyed by the image's content,
+  so a repeated image prompt resumes from the cache and a different picture is a miss from it on. `off (recurrent state)`: a recurrent layer's state summarises
   the whole prefix and mlxcel keeps no snapshot of it at block boundaries, so for such a family
   the prefix cache is off; the server logs why at startup and `/props` shows it
   (`kv_cache.prefix_cache`, `kv_cache.prefix_cache_off_reason`). For the same reason speculative
@@ -128,9 +142,9 @@ reshapes what it needs at load (a mixture of experts' per-expert weights are sta
 conversion (`mlxcel convert`, or an `mlx-community` repository) serves on `--backend mlx`; for a
 mixture-of-experts family its stacked experts are not transformers' layout, and the torch
 backend refuses such a checkpoint by the weights it lacks rather than filling them at random.
-A Gemma 3 multimodal checkpoint (`gemma3`, Gemma3ForConditionalGeneration) is served for text
-through its text tower on both backends; its image tower is not run, and a request with an image
-is refused (HTTP 501, `image input is not supported`). EXAONE 3.x (`exaone`) arrives under the
+A vision-language checkpoint runs its vision tower and projector on torch through transformers'
+class and on MLX through mlx-vlm's family module (`mlxcel/models/vision_mlx.py`; paligemma is
+torch only). EXAONE 3.x (`exaone`) arrives under the
 hub's remote-code weight names, which mlx-lm reads as they are and transformers renames onto its
 Llama class at load.
 
@@ -145,9 +159,11 @@ per-module `quantization` entry where they differ. The others (Q6_K, Q2_K and Q3
 warning; `--dequantize` writes every weight dense. The **from GGUF**
 column names the llama.cpp architectures (`general.architecture`) that convert into each family:
 Mistral's GGUFs are llama.cpp's `llama` and become a `llama` checkpoint (llama.cpp runs them
-without a sliding window too), and a `llama` file with experts becomes a `mixtral` one. What a
-GGUF does not record is set as llama.cpp's own graph for that architecture assumes it (Gemma 2's
-query scale, Gemma 3's layer pattern, Qwen 3 MoE's renormalised routing weights); a long-context
+without a sliding window too), and a `llama` file with experts becomes a `mixtral` one; a
+`deepseek2` file becomes `deepseek_v3` when it routes by sigmoid and `deepseek_v2` otherwise. What
+a GGUF does not record is set as llama.cpp's own graph for that architecture assumes it (Gemma 2's
+query scale, Gemma 3's layer pattern, Qwen 3 MoE's renormalised routing weights, Phi-3.5-MoE
+without its sliding window, DeepSeek's YaRN `mscale` equal to its `mscale_all_dim`); a long-context
 Phi-3's RoPE factors and Llama 3.1's RoPE scaling, which llama.cpp stores as tensors, become
 their `longrope` and `llama3` settings; linear and YaRN scaling come from the metadata. A GGUF
 of another architecture, a tensor no table maps or another RoPE scaling is refused in one line

@@ -1,8 +1,8 @@
 """The llama.cpp GGUF architectures `mlxcel convert` reads, and the family each one becomes.
 
 A plain table, so docs/models.md can list it per family (models/catalog.py) and the converter
-(store/gguf_layouts.py) can be held to it: that module has a layout for exactly these names, and
-a GGUF of any other `general.architecture` is refused with this list.
+can be held to it: store/gguf_source.py has a layout for exactly these names, and a GGUF of any
+other `general.architecture` is refused with this list.
 """
 
 from __future__ import annotations
@@ -36,6 +36,16 @@ GGUF_ARCHITECTURES: dict[str, tuple[str, ...]] = {
     "lfm2": ("lfm2",),
     "ernie4_5": ("ernie4_5",),
     "gpt-oss": ("gpt_oss",),
+    "hunyuan-dense": ("hunyuan_v1_dense",),
+    "exaone": ("exaone",),
+    "exaone4": ("exaone4",),
+    "phimoe": ("phimoe",),
+    "internlm2": ("internlm2",),
+    "gptneox": ("gpt_neox",),
+    "dbrx": ("dbrx",),
+    # llama.cpp's deepseek2 holds both: a file that routes by sigmoid is a V3
+    "deepseek2": ("deepseek_v2", "deepseek_v3"),
+    "mamba2": ("mamba2",),
 }
 
 

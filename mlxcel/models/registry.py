@@ -94,6 +94,11 @@ FAMILIES: dict[str, Family] = {
         Family("mamba2", "mlx_lm.models.mamba2", "Mamba2ForCausalLM", attention=("recurrent",)),
         # vision-language (models/vision.py): transformers' family code on the torch backend only
         Family("qwen2_vl", None, "Qwen2VLForConditionalGeneration"),
+        Family("qwen2_5_vl", None, "Qwen2_5_VLForConditionalGeneration", attention=SLIDABLE),
+        Family("llava", None, "LlavaForConditionalGeneration"),
+        Family("idefics3", None, "Idefics3ForConditionalGeneration"),
+        Family("paligemma", None, "PaliGemmaForConditionalGeneration"),
+        Family("mistral3", None, "Mistral3ForConditionalGeneration", attention=SLIDABLE),
     )
 }
 
@@ -113,6 +118,7 @@ WORKER_TYPES: dict[str, WorkerType] = {
     for w in (
         WorkerType("bert", "embeddings and reranking", "--embeddings / --reranking", (MLX, TORCH)),
         WorkerType("whisper", "transcription", "mlxcel-server -m <whisper checkpoint>", (MLX,)),
+        WorkerType("kokoro", "speech (text-to-speech)", "mlxcel-server -m <kokoro checkpoint>", (MLX,)),
     )
 }
 

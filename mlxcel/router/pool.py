@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from mlxcel.api.app import build_litestar
+from mlxcel.api.side_workers import close_worker_queues
 from mlxcel.api.state import AppState
 from mlxcel.api.stream_resume import wrap_streams
 from mlxcel.api.stream_sessions import StreamStore
@@ -186,7 +187,7 @@ class RouterPool:
         while limit > 0 and sum(s.running for s in self.slots.values()) >= limit:
             loaded = [s for s in self.slots.values() if s.status == "loaded" and not s.stopping]
             if not loaded:
-                raise RouterError(500, "model limit reached, try again later")
+                raise RouterError(503, "model limit reached, try again later")
             victim = min(loaded, key=lambda s: (s.active > 0, s.last_used))
             log.info("--models-max %d reached: unloading the least recently used model %s", limit,
                      victim.entry.name)
@@ -238,9 +239,15 @@ class RouterPool:
                     log.error("load-on-startup %s: %s", slot.entry.name, e.message)
 
     def shutdown(self, reason: str | None = None) -> None:
-        for slot in self.slots.values():
-            if slot.child is not None:
-                slot.child.host.close(reason)
+        """Stop every loaded model; at a drain's deadline (`reason` given) their requests and any
+        side-worker jobs end with it, as a one-model server's do."""
+        for slot in list(self.slots.values()):
+            child = slot.child
+            if child is None:
+                continue
+            if reason is not None:
+                close_worker_queues(child.state, reason)
+            child.host.close(reason)
 
     # --- the store --------------------------------------------------------------------------
 
@@ -282,9 +289,9 @@ class RouterPool:
     async def remove(self, name: str) -> None:
         slot = self.slots.get(name)
         if slot is None:
-            raise RouterError(500, f"model name={echo(name)} is not found")
+            raise RouterError(404, f"model name={echo(name)} is not found")
         if slot.entry.source != CACHE:
-            raise RouterError(500, f"model name={echo(name)} is not removable (not from cache)")
+            raise RouterError(400, f"model name={echo(name)} is not removable (not from cache)")
         await self.unload(slot)
         await asyncio.to_thread(_remove_files, self.store_root, slot.entry.repo_id or name)
         self.slots.pop(name, None)

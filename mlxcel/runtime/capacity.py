@@ -11,6 +11,7 @@ from mlxcel.backends.select import Choice
 from mlxcel.config.refusal import StartupRefusal
 from mlxcel.config.settings import ServerSettings
 from mlxcel.models.registry import UnsupportedModelType, family_for
+from mlxcel.runtime.estimate import available_bytes
 from mlxcel.runtime.load import select_backend
 from mlxcel.runtime.served import ServedModel
 
@@ -36,23 +37,6 @@ def estimated_bytes(path: Path, compute_dtype: str | None) -> int:
     ckpt = str(config.get("torch_dtype") or config.get("dtype") or "float32")
     src, dst = _ITEMSIZE.get(ckpt, 4), _ITEMSIZE.get(compute_dtype or ckpt, 4)
     return stored * dst // src
-
-
-def available_memory_bytes(device: str) -> int | None:
-    """Free memory where the weights will live: the CUDA card's free bytes, else the host's
-    MemAvailable; None when the platform does not say."""
-    if device.startswith("cuda"):
-        import torch
-
-        free, _ = torch.cuda.mem_get_info(torch.device(device))
-        return int(free)
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
 
 
 def check_loadable(settings: ServerSettings, path: Path, current: ServedModel | None,
@@ -82,7 +66,7 @@ def check_loadable(settings: ServerSettings, path: Path, current: ServedModel | 
     if settings.engine.model_memory_budget_mib is not None:
         budget, where = settings.engine.model_memory_budget_mib << 20, "the --model-memory-budget"
     else:
-        free = available_memory_bytes(choice.device)
+        free = available_bytes(choice)[0]
         if free is None:
             return need
         freed = estimated_bytes(current.info.path, current.info.dtype) if current is not None else 0

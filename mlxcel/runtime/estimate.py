@@ -26,6 +26,7 @@ from mlxcel.config.settings import ServerSettings
 from mlxcel.engine.kv_manager import KVManager
 from mlxcel.engine.kv_memory import KVBytes, pool_bytes, slot_share, spec_from_config
 from mlxcel.models.checkpoint_config import read_config
+from mlxcel.runtime.memory import host_memory
 from mlxcel.store.tensor_scan import entries
 
 ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
@@ -128,13 +129,7 @@ def available_bytes(choice: Choice) -> tuple[int | None, str]:
 
         info = mx.device_info() if hasattr(mx, "device_info") else mx.metal.device_info()
         return int(info["max_recommended_working_set_size"]), "Metal's recommended working set"
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024, "available RAM"
-    except OSError:
-        pass
-    return None, "available RAM"
+    return host_memory()[1], "available RAM"
 
 
 def mib(n: int) -> str:

@@ -85,8 +85,8 @@ def load_group_backend(settings: ServerSettings, path: Path, choice: select.Choi
     try:
         collective, local = _shard(settings, path, choice)
         sizes = join(local, collective, group_fingerprint(settings, path, choice))
-    except Exception as e:
-        on_failure(f"the distributed group did not form: {e}")
+    except (Exception, StartupRefusal) as e:  # a refusal (a SystemExit) would only end the load thread
+        on_failure(f"the distributed group did not form: {getattr(e, 'message', None) or e}")
         raise
     log.info("distributed group ready: %d ranks (tp %d x pp %d) over %s; weights per rank: %s", spec.world,
              spec.tp_size, spec.pp_size, choice.backend, ", ".join(f"{s.weight_bytes / 2**20:.1f} MiB" for s in sizes))

@@ -32,6 +32,7 @@ from mlxcel.engine.tokenizer import Tokenizer
 from mlxcel.models.lora import LoraError, LoraSet, checkpoint_shapes, load_adapter, validate
 from mlxcel.models.registry import mlx_only
 from mlxcel.models.vision import BudgetRefused, ImageBudget, VisionInput, is_vision, is_vision_checkpoint
+from mlxcel.models.vision_mlx import serves_on_mlx
 from mlxcel.runtime.memory import release_memory as default_release
 from mlxcel.runtime.served import ServedModel, Startup
 from mlxcel.steering.manager import SteeringManager
@@ -82,7 +83,7 @@ def select_backend(settings: ServerSettings, path: Path | None = None,
         (settings.backend.name, settings.backend.device)
     try:
         choice = select.choose(backend, device, quantized=select.quantization_mode(config),
-                               vision=is_vision(config), mlx_only=mlx_only(config))
+                               vision=is_vision(config), vision_mlx=serves_on_mlx(config), mlx_only=mlx_only(config))
     except select.BackendRefused as e:
         raise StartupRefusal(str(e)) from None
     if choice.backend == "mlx" and choice.device != "cpu" and settings.backend.threads > 0:
@@ -119,12 +120,15 @@ def _load_backend(settings: ServerSettings, path: Path, choice: select.Choice):
         return backend, choice
     import mlx.core as mx
 
-    from mlxcel.backends.mlx.backend import MLXBackend
+    if is_vision_checkpoint(path):
+        from mlxcel.backends.mlx.vlm import MLXVLMBackend as mlx_class
+    else:
+        from mlxcel.backends.mlx.backend import MLXBackend as mlx_class
 
     if choice.device == "cpu":
         mx.set_default_device(mx.cpu)
     b = settings.backend
-    backend = MLXBackend(path, dtype=b.dtype, rope=b.rope, threads=b.threads, kv_cache=kv_cache)
+    backend = mlx_class(path, dtype=b.dtype, rope=b.rope, threads=b.threads, kv_cache=kv_cache)
     if backend.split_modules:
         log.info("MLX on the CPU: %d large matrix products each split over %d threads (--threads)",
                  backend.split_modules, backend.threads)
@@ -185,7 +189,8 @@ def load_served_model(settings: ServerSettings, path: Path, served_id: str | Non
         n_predict=settings.engine.n_predict,
         backend_reason=startup.backend_reason or choice.reason,
         steering=SteeringManager(int(backend.info.config.get("hidden_size") or 0), backend.info.num_layers,
-                                 settings.steering.cluster_intensity_min, settings.steering.circuit_intensity_min),
+                                 settings.steering.cluster_intensity_min, settings.steering.circuit_intensity_min,
+                                 unavailable=GROUP_NO_SAE if isinstance(backend, GroupBackend) else None),
         grammars=for_tokenizer(tokenizer, backend.info.vocab_size),
         lora=lora,
         group=backend if isinstance(backend, GroupBackend) else None,
@@ -193,6 +198,10 @@ def load_served_model(settings: ServerSettings, path: Path, served_id: str | Non
     served.vision = vision
     load_default_grammar(settings, served)
     return served
+
+
+GROUP_NO_SAE = ("SAEs do not attach to a model served across a distributed group (--tp-size / --pp-size): "
+                "steering and activation capture need the whole residual stream on one process; serve it on one")
 
 
 def load_group(settings: ServerSettings, path: Path, startup: Startup):
@@ -256,16 +265,22 @@ def load_vision(settings: ServerSettings, path: Path, backend, tokenizer: Tokeni
     """A vision-language checkpoint's image side (models/vision.py), with the image-token budget
     applied; None for a text-only checkpoint. A budget it cannot honour refuses the load."""
     budget = ImageBudget(settings.media.image_min_tokens, settings.media.image_max_tokens)
-    if not is_vision(backend.info.config):
+    # a family the MLX backend does not run as a vision-language model takes no images there
+    if not is_vision_checkpoint(path) or (backend.info.backend == "mlx" and not serves_on_mlx(backend.info.config)):
         if budget.requested:  # no processor took the budget: the same refusal as a fixed-geometry one
             flag = "--image-min-tokens" if settings.media.image_min_tokens else "--image-max-tokens"
             raise StartupRefusal(f"{path.name} takes no images, so {flag} has nothing to bound; drop {flag} or "
                                  f"serve a vision-language checkpoint")
         return None
-    from mlxcel.backends.torch.vlm import media_for  # only the torch backend runs image checkpoints
+    tensors = "pt"
+    if backend.info.backend == "mlx":
+        from mlxcel.backends.mlx.vlm import media_for as mlx_media
 
+        media_for, tensors = mlx_media(backend.image_token_id), "np"
+    else:
+        from mlxcel.backends.torch.vlm import media_for
     try:
-        return VisionInput(path, backend.info.config, tokenizer.hf, budget, media=media_for)
+        return VisionInput(path, backend.info.config, tokenizer.hf, budget, media=media_for, tensors=tensors)
     except BudgetRefused as e:
         raise StartupRefusal(str(e)) from None
 

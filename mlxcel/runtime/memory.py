@@ -7,7 +7,9 @@ each engine it loads for --sleep-idle-seconds. `peak_memory_text` says how much 
 from __future__ import annotations
 
 import gc
+import os
 import sys
+from pathlib import Path
 
 
 def release_memory() -> None:
@@ -44,3 +46,22 @@ def peak_memory_text() -> str:
 
 def _mib(n: int) -> str:
     return f"{n / (1 << 20):.0f} MiB"
+
+
+def host_memory() -> tuple[int | None, int | None]:
+    """(total, available) bytes of host RAM; None where the platform does not say."""
+    total = avail = None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                total = int(line.split()[1]) * 1024
+            elif line.startswith("MemAvailable:"):
+                avail = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    if total is None and hasattr(os, "sysconf"):
+        try:
+            total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError):
+            pass
+    return total, avail

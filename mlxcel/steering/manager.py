@@ -76,15 +76,21 @@ class SteeringManager:
     """`cluster_min` / `circuit_min`: CLUSTER_INTENSITY_MIN and CIRCUIT_INTENSITY_MIN."""
 
     def __init__(self, hidden_size: int, num_layers: int, cluster_min: float = dial.CLUSTER_INTENSITY_MIN,
-                 circuit_min: float = circ.CIRCUIT_INTENSITY_MIN) -> None:
+                 circuit_min: float = circ.CIRCUIT_INTENSITY_MIN, unavailable: str | None = None) -> None:
         self.hidden_size, self.num_layers = hidden_size, num_layers
+        self.unavailable = unavailable  # why no SAE can attach to this model (nothing to steer or read then)
         self.cluster_min, self.circuit_min = cluster_min, circuit_min
         self.attached: dict[str, Attached] = {}
         self.monitor: Monitor | None = None
         self.lock = threading.RLock()
 
     # -- SAEs -----------------------------------------------------------------------------
+    def check_available(self) -> None:
+        if self.unavailable:
+            raise SteeringError(self.unavailable, "not_supported", 501)
+
     def attach(self, path: str, sae_id: str | None = None) -> Attached:
+        self.check_available()
         sae = load_sae(path, sae_id)
         check_compatible(sae, self.hidden_size, self.num_layers)
         with self.lock:

@@ -103,7 +103,9 @@ def hf_to_mlx(
     if packed_source and not _keep_what_mlx_takes(src, config):
         packed_source = False
         config.pop("quantization", None)
-    model, config = load_model(src, lazy=True, model_config=config, get_model_classes=classes)
+    # built from the keys in the forms mlx-lm reads (EXAONE 4's layer pattern as a string)
+    model, config = load_model(src, lazy=True, model_config={**config, **mlx_overrides(raw)},
+                               get_model_classes=classes)
     step(f"casting to {dtype}")
     target = getattr(mx, dtype)
     model.update(tree_map_with_path(

@@ -1,14 +1,8 @@
 """What a checkpoint in the store is, read from its files without loading a weight: the
 architecture, the parameter count (from the safetensors headers), the quantization, the context
 length, the dtype, and the chat template. `mlxcel show` prints it; the API's /v1/models meta
-(api/openai/model_meta.py) counts weights with the same `weight_counts`.
-
-- size: the bytes of every tensor payload in the directory's *.safetensors files (headers
-  excluded), so quantization scales and biases count, as a GGUF's block scales do.
-- n_params: the logical element count. A quantized weight is stored as U32 words packing
-  32 / bits values each, so its elements are unpacked by the bit width config.json declares
-  (per module where the quantization block overrides it); the `.scales` / `.biases` beside a
-  quantized weight are quantization data, not parameters, and are left out.
+(api/openai/model_meta.py) counts weights with the same `weight_counts`, and its docstring
+says how size and n_params are counted.
 """
 
 from __future__ import annotations

@@ -1,7 +1,9 @@
 """How each llama.cpp GGUF architecture maps onto transformers' layout: the config.json its
 metadata describes, the HF name of every tensor, and what llama.cpp's converter changed in them.
 
-One `Layout` per `general.architecture` that models/gguf_archs.py lists (and no other). A
+One `Layout` per `general.architecture` that models/gguf_archs.py lists (and no other): here
+those in transformers' common Llama-like layout, in store/gguf_layouts_own.py those with their
+own (latent attention, fused grouped projections, state-space blocks, remote-code names). A
 metadata key an architecture always has is required; one llama.cpp does not write is the
 architecture's constant, as llama.cpp's own graph for it assumes (Gemma 2's query scale, Qwen 3
 MoE's normalised routing weights), so the converted model computes what llama.cpp would.
@@ -77,9 +79,20 @@ class Layout:
     top: dict[str, str] = field(default_factory=dict)
     # HF stems that name a bare parameter, written without a .weight / .bias suffix
     bare: tuple[str, ...] = ()
+    # where the HF checkpoint keeps its blocks, embedding and output (a family's own names)
+    block: str = "model.layers"
+    embed: str = "model.embed_tokens"
+    head: str = "lm_head"
+    # the architecture's own undoing of llama.cpp's changes to one block tensor: (GGUF stem,
+    # kind, tensor, config) -> tensor; the stems it changes are read dense (value by value)
+    fix: Callable[[str, str, np.ndarray, dict], np.ndarray] | None = None
+    dense: tuple[str, ...] = ()
+    # HF tensors built from several read ones (a fused projection llama.cpp writes apart):
+    # (tensors, config) -> None, in place
+    assemble: Callable[[dict, dict], None] | None = None
 
 
-def _geometry(m: Meta, *, rope_is_head: bool = False) -> dict:
+def geometry(m: Meta, *, rope_is_head: bool = False) -> dict:
     hidden, heads = int(m.need("embedding_length")), int(m.need("attention.head_count"))
     head_dim = m.get("attention.key_length") or (m.get("rope.dimension_count") if rope_is_head else None)
     ff = m.get("feed_forward_length")
@@ -96,7 +109,7 @@ def _geometry(m: Meta, *, rope_is_head: bool = False) -> dict:
     }
 
 
-def _rope_scaling(m: Meta) -> dict:
+def rope_scaling(m: Meta) -> dict:
     freqs = m.tensor("rope_freqs.weight")
     if freqs is not None:
         return _llama3_scaling(m, freqs)
@@ -125,15 +138,32 @@ def _llama3_factors(theta: float, dims: int, factor: float, original: int, low: 
     return np.where(wavelen < original / high, 1.0, np.where(wavelen > original / low, factor, mid))
 
 
+def _llama3_original(freqs: np.ndarray, theta: float, factor: float) -> int:
+    """The original context a Llama 3 curve was computed for, where the file does not say
+    (EXAONE 4's converter writes none): 8192 if the curve fits it, else what a frequency between
+    the two plateaus gives (any other on the plateaus gives the same factors)."""
+    dims = 2 * len(freqs)
+    if np.allclose(freqs, _llama3_factors(theta, dims, factor, 8192, 1.0, 4.0), rtol=1e-5):
+        return 8192
+    wavelen = 2 * np.pi * theta ** (np.arange(0, dims, 2, dtype=np.float64) / dims)
+    between = [(w, f) for w, f in zip(wavelen, freqs.astype(np.float64)) if 1.0 < f < factor]
+    if not between:
+        return 8192
+    w, f = between[0]
+    smooth = (1 / f - 1 / factor) / (1 - 1 / factor)
+    return int(round(w * (3 * smooth + 1)))  # smooth = (original / w - low) / (high - low)
+
+
 def _llama3_scaling(m: Meta, freqs: np.ndarray) -> dict:
     """Llama 3.1+'s RoPE scaling, which llama.cpp bakes into a rope_freqs tensor: recovered with
-    Llama 3's own constants (low / high frequency factors 1 and 4, an 8192-token original
-    context unless the file says), and refused when the tensor is not that curve."""
+    Llama 3's own constants (low / high frequency factors 1 and 4, the original context the
+    file gives or the curve implies), and refused when the tensor is not that curve."""
     factor = float(str(np.float32(freqs.max())))
     if factor == 1.0 and np.all(freqs == 1.0):
         return {}
-    original = int(m.get("rope.scaling.original_context_length", 8192))
     theta = float(m.get("rope.freq_base", 10000.0))
+    original = m.get("rope.scaling.original_context_length")
+    original = int(original) if original is not None else _llama3_original(freqs, theta, factor)
     if not np.allclose(freqs, _llama3_factors(theta, 2 * len(freqs), factor, original, 1.0, 4.0), rtol=1e-5):
         raise GGUFUnsupported(f"GGUF rope_freqs.weight is not Llama 3's RoPE scaling (factor {factor}, frequency "
                               f"factors 1 and 4, original context {original}); it cannot be converted")
@@ -141,43 +171,43 @@ def _llama3_scaling(m: Meta, freqs: np.ndarray) -> dict:
                              "high_freq_factor": 4.0, "original_max_position_embeddings": original}}
 
 
-def _head(cls: str, model_type: str) -> dict:
+def ident(cls: str, model_type: str) -> dict:
     return {"architectures": [cls], "model_type": model_type}
 
 
-_ATTN = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+ATTN = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
          "attn_output": "self_attn.o_proj"}
-_GATED_FFN = {"ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
-_LLAMA = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm", **_ATTN, **_GATED_FFN}
-_QK_NORM = {"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}
-_EXPERTS = {"ffn_gate_inp": "mlp.gate", "ffn_gate_exps": "mlp.experts.{e}.gate_proj",
+GATED_FFN = {"ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
+LLAMA = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm", **ATTN, **GATED_FFN}
+QK_NORM = {"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}
+EXPERTS = {"ffn_gate_inp": "mlp.gate", "ffn_gate_exps": "mlp.experts.{e}.gate_proj",
             "ffn_up_exps": "mlp.experts.{e}.up_proj", "ffn_down_exps": "mlp.experts.{e}.down_proj"}
-_MIXTRAL_EXPERTS = {"ffn_gate_inp": "block_sparse_moe.gate", "ffn_gate_exps": "block_sparse_moe.experts.{e}.w1",
+MIXTRAL_EXPERTS = {"ffn_gate_inp": "block_sparse_moe.gate", "ffn_gate_exps": "block_sparse_moe.experts.{e}.w1",
                     "ffn_down_exps": "block_sparse_moe.experts.{e}.w2",
                     "ffn_up_exps": "block_sparse_moe.experts.{e}.w3"}
 _GEMMA2 = {"attn_norm": "input_layernorm", "post_attention_norm": "post_attention_layernorm",
            "ffn_norm": "pre_feedforward_layernorm", "post_ffw_norm": "post_feedforward_layernorm",
-           **_ATTN, **_GATED_FFN}
+           **ATTN, **GATED_FFN}
 
 
 def _llama(m: Meta) -> dict:
-    c = {**_geometry(m, rope_is_head=True), "rms_norm_eps": m.eps("layer_norm_rms_epsilon"), "hidden_act": "silu",
-         "attention_bias": False, "mlp_bias": False, **_rope_scaling(m)}
+    c = {**geometry(m, rope_is_head=True), "rms_norm_eps": m.eps("layer_norm_rms_epsilon"), "hidden_act": "silu",
+         "attention_bias": False, "mlp_bias": False, **rope_scaling(m)}
     if not m.get("expert_count"):
-        return {**_head("LlamaForCausalLM", "llama"), **c}
-    return {**_head("MixtralForCausalLM", "mixtral"), **c, "num_local_experts": int(m.need("expert_count")),
+        return {**ident("LlamaForCausalLM", "llama"), **c}
+    return {**ident("MixtralForCausalLM", "mixtral"), **c, "num_local_experts": int(m.need("expert_count")),
             "num_experts_per_tok": int(m.need("expert_used_count")), "sliding_window": None}
 
 
 def _qwen2(m: Meta) -> dict:
     # Qwen 2's q/k/v biases are part of the architecture, not a config switch
-    return {**_head("Qwen2ForCausalLM", "qwen2"), **_geometry(m), "rms_norm_eps": m.eps("layer_norm_rms_epsilon"),
-            "hidden_act": "silu", **_rope_scaling(m)}
+    return {**ident("Qwen2ForCausalLM", "qwen2"), **geometry(m), "rms_norm_eps": m.eps("layer_norm_rms_epsilon"),
+            "hidden_act": "silu", **rope_scaling(m)}
 
 
 def _qwen3(m: Meta) -> dict:
-    return {**_head("Qwen3ForCausalLM", "qwen3"), **_geometry(m), "rms_norm_eps": m.eps("layer_norm_rms_epsilon"),
-            "hidden_act": "silu", "attention_bias": False, **_rope_scaling(m)}
+    return {**ident("Qwen3ForCausalLM", "qwen3"), **geometry(m), "rms_norm_eps": m.eps("layer_norm_rms_epsilon"),
+            "hidden_act": "silu", "attention_bias": False, **rope_scaling(m)}
 
 
 def _moe(m: Meta) -> dict:
@@ -190,30 +220,30 @@ def _moe(m: Meta) -> dict:
 def _qwen2moe(m: Meta) -> dict:
     shared = int(m.need("expert_shared_feed_forward_length"))
     # llama.cpp routes Qwen 2 MoE with the softmax weights as they are (no renormalising)
-    return {**_head("Qwen2MoeForCausalLM", "qwen2_moe"), "intermediate_size": shared, **_geometry(m),
+    return {**ident("Qwen2MoeForCausalLM", "qwen2_moe"), "intermediate_size": shared, **geometry(m),
             "rms_norm_eps": m.eps("layer_norm_rms_epsilon"), "hidden_act": "silu", **_moe(m),
-            "shared_expert_intermediate_size": shared, "norm_topk_prob": False, **_rope_scaling(m)}
+            "shared_expert_intermediate_size": shared, "norm_topk_prob": False, **rope_scaling(m)}
 
 
 def _qwen3moe(m: Meta) -> dict:
     # llama.cpp renormalises Qwen 3 MoE's top-k weights unless the file says otherwise
-    return {**_head("Qwen3MoeForCausalLM", "qwen3_moe"), **_geometry(m),
+    return {**ident("Qwen3MoeForCausalLM", "qwen3_moe"), **geometry(m),
             "rms_norm_eps": m.eps("layer_norm_rms_epsilon"), "hidden_act": "silu", "attention_bias": False,
-            **_moe(m), "norm_topk_prob": bool(m.get("expert_weights_norm", True)), **_rope_scaling(m)}
+            **_moe(m), "norm_topk_prob": bool(m.get("expert_weights_norm", True)), **rope_scaling(m)}
 
 
 def _gemma(m: Meta) -> dict:
-    return {**_head("GemmaForCausalLM", "gemma"), **_geometry(m), "rms_norm_eps": m.eps("layer_norm_rms_epsilon"),
+    return {**ident("GemmaForCausalLM", "gemma"), **geometry(m), "rms_norm_eps": m.eps("layer_norm_rms_epsilon"),
             "hidden_act": "gelu_pytorch_tanh", "hidden_activation": "gelu_pytorch_tanh", "attention_bias": False}
 
 
 def _gemma2(m: Meta) -> dict:
-    c = _geometry(m)
+    c = geometry(m)
     layers = c["num_hidden_layers"]
     # GGUF has no query scale: llama.cpp scales by 1/sqrt(head_dim), except for the 27B model (its
     # 46 layers are how llama.cpp tells it) whose query_pre_attn_scalar is hidden / heads
     scalar = c["hidden_size"] // c["num_attention_heads"] if layers == 46 else c["head_dim"]
-    return {**_head("Gemma2ForCausalLM", "gemma2"), **c, "rms_norm_eps": m.eps("layer_norm_rms_epsilon"),
+    return {**ident("Gemma2ForCausalLM", "gemma2"), **c, "rms_norm_eps": m.eps("layer_norm_rms_epsilon"),
             "hidden_activation": "gelu_pytorch_tanh", "hidden_act": "gelu_pytorch_tanh",
             "query_pre_attn_scalar": scalar, "sliding_window": int(m.need("attention.sliding_window")),
             # every other layer local, the first one included, as llama.cpp and transformers build them
@@ -223,12 +253,12 @@ def _gemma2(m: Meta) -> dict:
 
 
 def _gemma3(m: Meta) -> dict:
-    c = _geometry(m)
+    c = geometry(m)
     layers = c["num_hidden_layers"]
     # GGUF does not record the local/global layout, the local rope base or the query scale;
     # these are the Gemma 3 architecture constants (every 6th layer global, local base 1e4).
     pattern = 6
-    return {**_head("Gemma3ForCausalLM", "gemma3_text"), **c, "rms_norm_eps": m.eps("layer_norm_rms_epsilon"),
+    return {**ident("Gemma3ForCausalLM", "gemma3_text"), **c, "rms_norm_eps": m.eps("layer_norm_rms_epsilon"),
             "rope_local_base_freq": 10000.0, "sliding_window": int(m.need("attention.sliding_window")),
             "sliding_window_pattern": pattern,
             "layer_types": ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(layers)],
@@ -237,22 +267,22 @@ def _gemma3(m: Meta) -> dict:
 
 
 def _phi2(m: Meta) -> dict:
-    c = _geometry(m)
+    c = geometry(m)
     rotary = int(m.need("rope.dimension_count"))
-    return {**_head("PhiForCausalLM", "phi"), **c, "layer_norm_eps": m.eps("layer_norm_epsilon"),
+    return {**ident("PhiForCausalLM", "phi"), **c, "layer_norm_eps": m.eps("layer_norm_epsilon"),
             "partial_rotary_factor": rotary / c["head_dim"], "hidden_act": "gelu_new", "qk_layernorm": False}
 
 
 def _phi3(m: Meta) -> dict:
-    c = _geometry(m)
+    c = geometry(m)
     window, rotary = m.get("attention.sliding_window"), m.get("rope.dimension_count")
-    return {**_head("Phi3ForCausalLM", "phi3"), **c, "rms_norm_eps": m.eps("layer_norm_rms_epsilon"),
+    return {**ident("Phi3ForCausalLM", "phi3"), **c, "rms_norm_eps": m.eps("layer_norm_rms_epsilon"),
             "hidden_act": "silu", "sliding_window": int(window) if window else None,
             **({"partial_rotary_factor": int(rotary) / c["head_dim"]} if rotary else {}),
-            **_phi3_long_rope(m, c)}
+            **phi3_long_rope(m, c)}
 
 
-def _phi3_long_rope(m: Meta, c: dict) -> dict:
+def phi3_long_rope(m: Meta, c: dict) -> dict:
     """A long-context Phi-3's RoPE: llama.cpp stores its per-frequency factors as tensors and
     the attention factor it derives from the context lengths, which transformers derives again."""
     long, short = m.tensor("rope_factors_long.weight"), m.tensor("rope_factors_short.weight")
@@ -275,14 +305,14 @@ def _phi3_long_rope(m: Meta, c: dict) -> dict:
 
 def _starcoder2(m: Meta) -> dict:
     window = m.get("attention.sliding_window")
-    return {**_head("Starcoder2ForCausalLM", "starcoder2"), **_geometry(m), "norm_epsilon": m.eps("layer_norm_epsilon"),
+    return {**ident("Starcoder2ForCausalLM", "starcoder2"), **geometry(m), "norm_epsilon": m.eps("layer_norm_epsilon"),
             "use_bias": m.has_layer_tensor("attn_q.bias"), "hidden_act": "gelu_pytorch_tanh",
             "sliding_window": int(window) if window else None}
 
 
 def _stablelm(m: Meta) -> dict:
-    c = _geometry(m)
-    return {**_head("StableLmForCausalLM", "stablelm"), **c, "layer_norm_eps": m.eps("layer_norm_epsilon"),
+    c = geometry(m)
+    return {**ident("StableLmForCausalLM", "stablelm"), **c, "layer_norm_eps": m.eps("layer_norm_epsilon"),
             "partial_rotary_factor": int(m.need("rope.dimension_count")) / c["head_dim"], "hidden_act": "silu",
             "use_qkv_bias": m.has_layer_tensor("attn_q.bias"),
             # a parallel-residual block has one norm, so no ffn_norm
@@ -290,20 +320,20 @@ def _stablelm(m: Meta) -> dict:
 
 
 def _command_r(m: Meta) -> dict:
-    return {**_head("CohereForCausalLM", "cohere"), **_geometry(m), "layer_norm_eps": m.eps("layer_norm_epsilon"),
+    return {**ident("CohereForCausalLM", "cohere"), **geometry(m), "layer_norm_eps": m.eps("layer_norm_epsilon"),
             "logit_scale": float(m.need("logit_scale")), "use_qk_norm": m.has_layer_tensor("attn_q_norm.weight"),
             "hidden_act": "silu", "attention_bias": False}
 
 
 def _cohere2(m: Meta) -> dict:
-    c = _geometry(m)
+    c = geometry(m)
     rotary = m.get("rope.dimension_count")
     if rotary is not None and int(rotary) != c["head_dim"]:
         raise GGUFUnsupported(f"GGUF {m.arch}.rope.dimension_count {rotary} rotates part of each head; the "
                               f"family's modules rotate all {c['head_dim']} dimensions")
     # llama.cpp builds Cohere 2 with every 4th layer global (and without RoPE), as transformers does
     pattern = 4
-    return {**_head("Cohere2ForCausalLM", "cohere2"), **c, "layer_norm_eps": m.eps("layer_norm_epsilon"),
+    return {**ident("Cohere2ForCausalLM", "cohere2"), **c, "layer_norm_eps": m.eps("layer_norm_epsilon"),
             "logit_scale": float(m.need("logit_scale")), "sliding_window": int(m.need("attention.sliding_window")),
             "sliding_window_pattern": pattern,
             "layer_types": ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
@@ -312,16 +342,16 @@ def _cohere2(m: Meta) -> dict:
 
 
 def _olmo2(m: Meta) -> dict:
-    c = {**_geometry(m), "rms_norm_eps": m.eps("layer_norm_rms_epsilon"), "hidden_act": "silu",
-         "attention_bias": False, **_rope_scaling(m)}
+    c = {**geometry(m), "rms_norm_eps": m.eps("layer_norm_rms_epsilon"), "hidden_act": "silu",
+         "attention_bias": False, **rope_scaling(m)}
     window = m.get("attention.sliding_window")
     if not window:
-        return {**_head("Olmo2ForCausalLM", "olmo2"), **c}
+        return {**ident("Olmo2ForCausalLM", "olmo2"), **c}
     # OLMo 3 is llama.cpp's olmo2 with a window, its layout stored per layer (true: sliding)
     sliding = m.get("attention.sliding_window_pattern")
     if sliding is None:  # OLMo 3's own default: every 4th layer global
         sliding = [(i + 1) % 4 != 0 for i in range(c["num_hidden_layers"])]
-    return {**_head("Olmo3ForCausalLM", "olmo3"), **c, "sliding_window": int(window),
+    return {**ident("Olmo3ForCausalLM", "olmo3"), **c, "sliding_window": int(window),
             "layer_types": ["sliding_attention" if s else "full_attention" for s in sliding]}
 
 
@@ -332,62 +362,62 @@ def _granite_scales(m: Meta) -> dict:
 
 
 def _granite(m: Meta) -> dict:
-    return {**_head("GraniteForCausalLM", "granite"), **_geometry(m, rope_is_head=True),
+    return {**ident("GraniteForCausalLM", "granite"), **geometry(m, rope_is_head=True),
             "rms_norm_eps": m.eps("layer_norm_rms_epsilon"), "hidden_act": "silu", "attention_bias": False,
-            "mlp_bias": False, **_granite_scales(m), **_rope_scaling(m)}
+            "mlp_bias": False, **_granite_scales(m), **rope_scaling(m)}
 
 
 def _granitemoe(m: Meta) -> dict:
-    c = _geometry(m, rope_is_head=True)
+    c = geometry(m, rope_is_head=True)
     ff = m.get("expert_feed_forward_length", c.get("intermediate_size"))
-    return {**_head("GraniteMoeForCausalLM", "granitemoe"), **c, "intermediate_size": int(ff),
+    return {**ident("GraniteMoeForCausalLM", "granitemoe"), **c, "intermediate_size": int(ff),
             "rms_norm_eps": m.eps("layer_norm_rms_epsilon"), "hidden_act": "silu", "attention_bias": False,
             "num_local_experts": int(m.need("expert_count")), "num_experts_per_tok": int(m.need("expert_used_count")),
-            **_granite_scales(m), **_rope_scaling(m)}
+            **_granite_scales(m), **rope_scaling(m)}
 
 
 def _olmoe(m: Meta) -> dict:
     clip = m.get("attention.clamp_kqv")
     # llama.cpp routes OLMoE with the softmax weights as they are (no renormalising)
-    return {**_head("OlmoeForCausalLM", "olmoe"), **_geometry(m), "rms_norm_eps": m.eps("layer_norm_rms_epsilon"),
+    return {**ident("OlmoeForCausalLM", "olmoe"), **geometry(m), "rms_norm_eps": m.eps("layer_norm_rms_epsilon"),
             "hidden_act": "silu", "attention_bias": False, "num_experts": int(m.need("expert_count")),
             "num_experts_per_tok": int(m.need("expert_used_count")), "norm_topk_prob": False,
             "clip_qkv": float(clip) if clip else None}
 
 
 def _glm4(m: Meta) -> dict:
-    c = _geometry(m)
-    return {**_head("Glm4ForCausalLM", "glm4"), **c, "rms_norm_eps": m.eps("layer_norm_rms_epsilon"),
+    c = geometry(m)
+    return {**ident("Glm4ForCausalLM", "glm4"), **c, "rms_norm_eps": m.eps("layer_norm_rms_epsilon"),
             "partial_rotary_factor": int(m.need("rope.dimension_count")) / c["head_dim"], "hidden_act": "silu",
             "attention_bias": m.has_layer_tensor("attn_q.bias")}
 
 
 def _seed_oss(m: Meta) -> dict:
-    return {**_head("SeedOssForCausalLM", "seed_oss"), **_geometry(m), "rms_norm_eps": m.eps("layer_norm_rms_epsilon"),
+    return {**ident("SeedOssForCausalLM", "seed_oss"), **geometry(m), "rms_norm_eps": m.eps("layer_norm_rms_epsilon"),
             "hidden_act": "silu", "attention_bias": m.has_layer_tensor("attn_q.bias"),
-            "attention_out_bias": m.has_layer_tensor("attn_output.bias"), "mlp_bias": False, **_rope_scaling(m)}
+            "attention_out_bias": m.has_layer_tensor("attn_output.bias"), "mlp_bias": False, **rope_scaling(m)}
 
 
 def _nemotron(m: Meta) -> dict:
-    c = _geometry(m)
-    return {**_head("NemotronForCausalLM", "nemotron"), **c, "norm_eps": m.eps("layer_norm_epsilon"),
+    c = geometry(m)
+    return {**ident("NemotronForCausalLM", "nemotron"), **c, "norm_eps": m.eps("layer_norm_epsilon"),
             "partial_rotary_factor": int(m.need("rope.dimension_count")) / c["head_dim"], "hidden_act": "relu2",
-            "attention_bias": False, "mlp_bias": False, **_rope_scaling(m)}
+            "attention_bias": False, "mlp_bias": False, **rope_scaling(m)}
 
 
 def _smollm3(m: Meta) -> dict:
-    c = _geometry(m, rope_is_head=True)
+    c = geometry(m, rope_is_head=True)
     # GGUF has no NoPE layout: llama.cpp builds SmolLM3 with every 4th layer without RoPE
     interval = 4
-    return {**_head("SmolLM3ForCausalLM", "smollm3"), **c, "rms_norm_eps": m.eps("layer_norm_rms_epsilon"),
+    return {**ident("SmolLM3ForCausalLM", "smollm3"), **c, "rms_norm_eps": m.eps("layer_norm_rms_epsilon"),
             "hidden_act": "silu", "attention_bias": False, "mlp_bias": False, "no_rope_layer_interval": interval,
             "no_rope_layers": [int((i + 1) % interval != 0) for i in range(c["num_hidden_layers"])],
-            **_rope_scaling(m)}
+            **rope_scaling(m)}
 
 
 def _ernie4_5(m: Meta) -> dict:
-    return {**_head("Ernie4_5ForCausalLM", "ernie4_5"), **_geometry(m), "rms_norm_eps": m.eps("layer_norm_rms_epsilon"),
-            "hidden_act": "silu", "use_bias": m.has_layer_tensor("attn_q.bias"), **_rope_scaling(m)}
+    return {**ident("Ernie4_5ForCausalLM", "ernie4_5"), **geometry(m), "rms_norm_eps": m.eps("layer_norm_rms_epsilon"),
+            "hidden_act": "silu", "use_bias": m.has_layer_tensor("attn_q.bias"), **rope_scaling(m)}
 
 
 def _lfm2(m: Meta) -> dict:
@@ -395,7 +425,7 @@ def _lfm2(m: Meta) -> dict:
     kv = [int(n) for n in m.need("attention.head_count_kv")]
     ff = int(m.need("feed_forward_length"))  # the MLP's size as built, so no adjusting again
     hidden = int(m.need("embedding_length"))
-    return {**_head("Lfm2ForCausalLM", "lfm2"), "hidden_size": hidden, "num_hidden_layers": len(kv),
+    return {**ident("Lfm2ForCausalLM", "lfm2"), "hidden_size": hidden, "num_hidden_layers": len(kv),
             "num_attention_heads": int(m.need("attention.head_count")), "num_key_value_heads": max(kv),
             "max_position_embeddings": int(m.need("context_length")), "rope_theta": float(m.need("rope.freq_base")),
             "norm_eps": m.eps("layer_norm_rms_epsilon"), "conv_L_cache": int(m.need("shortconv.l_cache")),
@@ -406,33 +436,33 @@ def _lfm2(m: Meta) -> dict:
 
 
 def _gpt_oss(m: Meta) -> dict:
-    c = _geometry(m)
-    scaling = _rope_scaling(m)
+    c = geometry(m)
+    scaling = rope_scaling(m)
     if "rope_scaling" in scaling:  # gpt-oss's YaRN keeps its correction range unrounded
         scaling["rope_scaling"]["truncate"] = False
     # every other layer local, the first one included, as llama.cpp and transformers build them
     types = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(c["num_hidden_layers"])]
-    return {**_head("GptOssForCausalLM", "gpt_oss"), **c, "intermediate_size": int(m.need("expert_feed_forward_length")),
+    return {**ident("GptOssForCausalLM", "gpt_oss"), **c, "intermediate_size": int(m.need("expert_feed_forward_length")),
             "rms_norm_eps": m.eps("layer_norm_rms_epsilon"), "hidden_act": "silu", "attention_bias": True,
             "num_local_experts": int(m.need("expert_count")), "num_experts_per_tok": int(m.need("expert_used_count")),
             "sliding_window": int(m.need("attention.sliding_window")), "layer_types": types, **scaling}
 
 
 _GRANITE_MOE_IN = "block_sparse_moe.input_linear"
-_ROPE_FREQS = ("rope_freqs.weight",)  # the layouts whose config reads _rope_scaling
+ROPE_FREQS = ("rope_freqs.weight",)  # the layouts whose config reads rope_scaling
 
 LAYOUTS: dict[str, Layout] = {
-    "llama": Layout(_llama, {**_LLAMA, **_MIXTRAL_EXPERTS}, rotary_interleaved=True, config_tensors=_ROPE_FREQS),
-    "qwen2": Layout(_qwen2, _LLAMA, config_tensors=_ROPE_FREQS),
-    "qwen3": Layout(_qwen3, {**_LLAMA, **_QK_NORM}, config_tensors=_ROPE_FREQS),
-    "qwen2moe": Layout(_qwen2moe, {**_LLAMA, **_EXPERTS, "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
+    "llama": Layout(_llama, {**LLAMA, **MIXTRAL_EXPERTS}, rotary_interleaved=True, config_tensors=ROPE_FREQS),
+    "qwen2": Layout(_qwen2, LLAMA, config_tensors=ROPE_FREQS),
+    "qwen3": Layout(_qwen3, {**LLAMA, **QK_NORM}, config_tensors=ROPE_FREQS),
+    "qwen2moe": Layout(_qwen2moe, {**LLAMA, **EXPERTS, "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
                                    "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
                                    "ffn_up_shexp": "mlp.shared_expert.up_proj",
-                                   "ffn_down_shexp": "mlp.shared_expert.down_proj"}, config_tensors=_ROPE_FREQS),
-    "qwen3moe": Layout(_qwen3moe, {**_LLAMA, **_QK_NORM, **_EXPERTS}, config_tensors=_ROPE_FREQS),
-    "gemma": Layout(_gemma, _LLAMA, norm_plus_one=True),
+                                   "ffn_down_shexp": "mlp.shared_expert.down_proj"}, config_tensors=ROPE_FREQS),
+    "qwen3moe": Layout(_qwen3moe, {**LLAMA, **QK_NORM, **EXPERTS}, config_tensors=ROPE_FREQS),
+    "gemma": Layout(_gemma, LLAMA, norm_plus_one=True),
     "gemma2": Layout(_gemma2, _GEMMA2, norm_plus_one=True),
-    "gemma3": Layout(_gemma3, {**_GEMMA2, **_QK_NORM}, norm_plus_one=True),
+    "gemma3": Layout(_gemma3, {**_GEMMA2, **QK_NORM}, norm_plus_one=True),
     # Phi-2: llama.cpp writes the q/k/v of transformers' layout apart, the original release's fused
     "phi2": Layout(_phi2, {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
                            "attn_v": "self_attn.v_proj", "attn_output": "self_attn.dense", "ffn_up": "mlp.fc1",
@@ -445,30 +475,30 @@ LAYOUTS: dict[str, Layout] = {
                            "ffn_up": "mlp.gate_up_proj", "ffn_down": "mlp.down_proj"},
                    config_tensors=("rope_factors_long.weight", "rope_factors_short.weight")),
     "starcoder2": Layout(_starcoder2, {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
-                                       **_ATTN, "ffn_up": "mlp.c_fc", "ffn_down": "mlp.c_proj"}),
-    "stablelm": Layout(_stablelm, _LLAMA),
+                                       **ATTN, "ffn_up": "mlp.c_fc", "ffn_down": "mlp.c_proj"}),
+    "stablelm": Layout(_stablelm, LLAMA),
     # Cohere's rotary is interleaved in transformers too, so llama.cpp leaves q/k as they are
-    "command-r": Layout(_command_r, {"attn_norm": "input_layernorm", **_ATTN, **_GATED_FFN, **_QK_NORM}),
-    "cohere2": Layout(_cohere2, {"attn_norm": "input_layernorm", **_ATTN, **_GATED_FFN}),
-    "olmo2": Layout(_olmo2, {**_ATTN, **_QK_NORM, "post_attention_norm": "post_attention_layernorm",
-                             "post_ffw_norm": "post_feedforward_layernorm", **_GATED_FFN}, config_tensors=_ROPE_FREQS),
-    "granite": Layout(_granite, _LLAMA, rotary_interleaved=True, config_tensors=_ROPE_FREQS),
-    "smollm3": Layout(_smollm3, _LLAMA, rotary_interleaved=True, config_tensors=_ROPE_FREQS),
-    "olmoe": Layout(_olmoe, {**_LLAMA, **_QK_NORM, **_EXPERTS}),
+    "command-r": Layout(_command_r, {"attn_norm": "input_layernorm", **ATTN, **GATED_FFN, **QK_NORM}),
+    "cohere2": Layout(_cohere2, {"attn_norm": "input_layernorm", **ATTN, **GATED_FFN}),
+    "olmo2": Layout(_olmo2, {**ATTN, **QK_NORM, "post_attention_norm": "post_attention_layernorm",
+                             "post_ffw_norm": "post_feedforward_layernorm", **GATED_FFN}, config_tensors=ROPE_FREQS),
+    "granite": Layout(_granite, LLAMA, rotary_interleaved=True, config_tensors=ROPE_FREQS),
+    "smollm3": Layout(_smollm3, LLAMA, rotary_interleaved=True, config_tensors=ROPE_FREQS),
+    "olmoe": Layout(_olmoe, {**LLAMA, **QK_NORM, **EXPERTS}),
     # GLM-4 keeps gate and up fused (like Phi-3) and norms after attention and the MLP too
-    "glm4": Layout(_glm4, {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm", **_ATTN,
+    "glm4": Layout(_glm4, {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm", **ATTN,
                            "post_attention_norm": "post_self_attn_layernorm", "post_ffw_norm": "post_mlp_layernorm",
                            "ffn_up": "mlp.gate_up_proj", "ffn_down": "mlp.down_proj"}),
     # Seed-OSS: its pre-MLP norm is what llama.cpp calls post_attention_norm
     "seed_oss": Layout(_seed_oss, {"attn_norm": "input_layernorm", "post_attention_norm": "post_attention_layernorm",
-                                   **_ATTN, **_GATED_FFN}, config_tensors=_ROPE_FREQS),
+                                   **ATTN, **GATED_FFN}, config_tensors=ROPE_FREQS),
     # Nemotron's LayerNorm1P scales by (1 + w), which llama.cpp stores; a plain MLP (relu squared)
     # ERNIE 4.5's rotary is interleaved in transformers too, so llama.cpp leaves q/k as they are
-    "ernie4_5": Layout(_ernie4_5, _LLAMA, config_tensors=_ROPE_FREQS),
+    "ernie4_5": Layout(_ernie4_5, LLAMA, config_tensors=ROPE_FREQS),
     # gpt-oss: the experts stay stacked, split into gate and up as llama.cpp stores them (mlx-lm's
     # own layout for them); attention sinks are a bare parameter
     "gpt-oss": Layout(_gpt_oss, {"attn_norm": "input_layernorm", "post_attention_norm": "post_attention_layernorm",
-                                 **_ATTN, "attn_sinks": "self_attn.sinks", "ffn_gate_inp": "mlp.router",
+                                 **ATTN, "attn_sinks": "self_attn.sinks", "ffn_gate_inp": "mlp.router",
                                  "ffn_gate_exps": "mlp.experts.gate_proj", "ffn_up_exps": "mlp.experts.up_proj",
                                  "ffn_down_exps": "mlp.experts.down_proj"}, bare=("self_attn.sinks",)),
     # LFM2: attention and short-convolution layers; its embedding norm is the final one
@@ -479,15 +509,15 @@ LAYOUTS: dict[str, Layout] = {
                            "shortconv.in_proj": "conv.in_proj", "shortconv.out_proj": "conv.out_proj",
                            "ffn_gate": "feed_forward.w1", "ffn_up": "feed_forward.w3", "ffn_down": "feed_forward.w2"},
                    top={"token_embd_norm": "model.embedding_norm"}),
-    "nemotron": Layout(_nemotron, {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm", **_ATTN,
+    "nemotron": Layout(_nemotron, {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm", **ATTN,
                                    "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}, norm_plus_one=True,
-                       config_tensors=_ROPE_FREQS),
+                       config_tensors=ROPE_FREQS),
     # transformers keeps Granite MoE's expert gate and up projections fused, gate first
-    "granitemoe": Layout(_granitemoe, {**_LLAMA, "ffn_gate_inp": "block_sparse_moe.router.layer",
+    "granitemoe": Layout(_granitemoe, {**LLAMA, "ffn_gate_inp": "block_sparse_moe.router.layer",
                                        "ffn_gate_exps": f"{_GRANITE_MOE_IN}.gate",
                                        "ffn_up_exps": f"{_GRANITE_MOE_IN}.up",
                                        "ffn_down_exps": "block_sparse_moe.output_linear"},
-                         rotary_interleaved=True, config_tensors=_ROPE_FREQS,
+                         rotary_interleaved=True, config_tensors=ROPE_FREQS,
                          joins={f"{_GRANITE_MOE_IN}.weight": (f"{_GRANITE_MOE_IN}.gate.weight",
                                                               f"{_GRANITE_MOE_IN}.up.weight")}),
 }

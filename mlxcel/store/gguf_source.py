@@ -21,10 +21,15 @@ from pathlib import Path
 import numpy as np
 
 from mlxcel.models.gguf_archs import GGUF_ARCHITECTURES
-from mlxcel.store.gguf_layouts import LAYOUTS, GGUFUnsupported, Layout, Meta
+from mlxcel.store.gguf_layouts import LAYOUTS as _COMMON_LAYOUTS
+from mlxcel.store.gguf_layouts import GGUFUnsupported, Layout, Meta
+from mlxcel.store.gguf_layouts_own import LAYOUTS_OWN
 from mlxcel.store.gguf_quant import Packed, to_packed
 
-__all__ = ["GGUFUnsupported", "gguf_to_hf"]
+__all__ = ["LAYOUTS", "GGUFUnsupported", "Meta", "gguf_to_hf"]
+
+# every architecture models/gguf_archs.py lists -> how its tensors and metadata map
+LAYOUTS: dict[str, Layout] = {**_COMMON_LAYOUTS, **LAYOUTS_OWN}
 
 log = logging.getLogger("mlxcel.store")
 
@@ -73,12 +78,12 @@ def _fix_tensor(layout: Layout, stem: str, kind: str, w: np.ndarray, config: dic
         return w[:, None, :]  # llama.cpp drops the convolution's channel axis, transformers keeps it
     if stem == "ffn_gate_inp_shexp":
         return w.reshape(1, -1)  # llama.cpp's shared-expert gate is a vector, transformers' a 1-row linear
-    return w
+    return w if layout.fix is None else layout.fix(stem, kind, w, config)
 
 
 def _layer_tensors(layout: Layout, layer: str, stem: str, kind: str, w: np.ndarray, config: dict) -> dict:
     """The HF tensors one GGUF block tensor becomes."""
-    prefix = f"model.layers.{layer}."
+    prefix = f"{layout.block}.{layer}."
     if stem in layout.splits:  # a fused q/k/v, split by the head counts
         q = config["num_attention_heads"] * config["head_dim"]
         kv = config["num_key_value_heads"] * config["head_dim"]
@@ -96,7 +101,7 @@ def _layer_tensors(layout: Layout, layer: str, stem: str, kind: str, w: np.ndarr
 
 def _join(layout: Layout, tensors: dict, layers: int) -> None:
     for layer in range(layers):
-        prefix = f"model.layers.{layer}."
+        prefix = f"{layout.block}.{layer}."
         for name, parts in layout.joins.items():
             keys = [prefix + p for p in parts]
             if all(k in tensors for k in keys):
@@ -109,11 +114,9 @@ def _join(layout: Layout, tensors: dict, layers: int) -> None:
                     tensors[prefix + name] = np.concatenate([_dense(w) for w in ws], axis=1)
 
 
-_BLOCK = re.compile(r"^blk\.(\d+)\.([\w.]+?)\.(weight|bias)$")
+# a block tensor's kind is "" where llama.cpp names it without one (Mamba 2's ssm_a, ssm_d)
+_BLOCK = re.compile(r"^blk\.(\d+)\.([\w.]+?)(?:\.(weight|bias))?$")
 _GLOBAL = re.compile(r"^(\w+)\.(weight|bias)$")
-_TOP = {"token_embd": "model.embed_tokens", "output": "lm_head"}
-
-
 def _dense(w) -> np.ndarray:
     if not isinstance(w, Packed):
         return w
@@ -127,7 +130,7 @@ def _row_only(layout: Layout, stem: str, kind: str) -> bool:
     """Whether every change `_fix_tensor` makes to this tensor moves whole rows (so a packed
     copy can take it); a norm or a reshaped vector is changed value by value."""
     return kind == "weight" and not stem.endswith("norm") and stem not in ("shortconv.conv", "ffn_gate_inp_shexp") \
-        and layout.layers.get(stem) not in layout.bare
+        and layout.layers.get(stem) not in layout.bare and stem not in layout.dense
 
 
 _FLOAT_TYPES = ("F32", "F16", "BF16", "F64")
@@ -152,15 +155,15 @@ def read_tensors(reader, arch: str, config: dict, *, keep_quantized: bool = Fals
     exactly stays packed (store/gguf_quant.py); one that is dequantized instead is recorded in
     `dense_why` under (GGML type, reason)."""
     layout = LAYOUTS[arch]
-    names = {**_TOP, "output_norm": layout.final_norm, **layout.top}
+    names = {"token_embd": layout.embed, "output": layout.head, "output_norm": layout.final_norm, **layout.top}
     out: dict[str, np.ndarray | Packed] = {}
     dense_why = {} if dense_why is None else dense_why
     for t in reader.tensors:
         block, top = _BLOCK.match(t.name), _GLOBAL.match(t.name)
-        stem, kind = (block.group(2), block.group(3)) if block else top.groups() if top else (t.name, "")
+        stem, kind = (block.group(2), block.group(3) or "") if block else top.groups() if top else (t.name, "")
         w = _read(t, keep_quantized, _row_only(layout, stem, kind), dense_why)
-        if block and (block.group(2) in layout.layers or block.group(2) in layout.splits):
-            out.update(_layer_tensors(layout, *block.groups(), w, config))
+        if block and (stem in layout.layers or stem in layout.splits):
+            out.update(_layer_tensors(layout, block.group(1), stem, kind, w, config))
         elif top and top.group(1) in names:
             stem, kind = top.groups()
             out[f"{names[stem]}.{kind}"] = _fix_tensor(layout, stem, kind, w, config)
@@ -168,7 +171,9 @@ def read_tensors(reader, arch: str, config: dict, *, keep_quantized: bool = Fals
             continue  # read into the config's RoPE settings (store/gguf_layouts.py)
         else:
             raise GGUFUnsupported(f"GGUF tensor {t.name!r} has no mapping for architecture {arch!r}")
-    _join(layout, out, config["num_hidden_layers"])
+    _join(layout, out, 1 + max((int(b.group(1)) for t in reader.tensors if (b := _BLOCK.match(t.name))), default=-1))
+    if layout.assemble is not None:
+        layout.assemble(out, config)
     return out
 
 
@@ -265,7 +270,7 @@ def gguf_to_hf(gguf_path: Path, out_dir: Path, *, keep_quantized: bool = False) 
     tensors = read_tensors(reader, arch, config, keep_quantized=keep_quantized, dense_why=dense_why)
     if keep_quantized:
         _report(reader, dense_why)
-    config["vocab_size"] = len(tensors["model.embed_tokens.weight"])
+    config["vocab_size"] = len(tensors[f"{LAYOUTS[arch].embed}.weight"])
     ids = write_tokenizer(reader, arch, out_dir)
     for k, v in ids.items():
         config[f"{k}_token_id"] = int(v)

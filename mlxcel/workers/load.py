@@ -14,6 +14,7 @@ def load_side_workers(state, settings, placed=None) -> None:
     without one, the backend as requested."""
     from mlxcel.workers.embedding import EmbeddingWorker
     from mlxcel.workers.reranking import RerankWorker
+    from mlxcel.workers.speech import SPEECH, SpeechWorker
     from mlxcel.workers.whisper import TRANSCRIPTION, WhisperWorker
 
     requested = placed.backend if placed is not None else settings.backend.name
@@ -23,6 +24,10 @@ def load_side_workers(state, settings, placed=None) -> None:
             state.transcriber = WhisperWorker.load(side.model_id, side.path)
             log.info("Whisper model %s loaded (%s)", side.model_id,
                      "English-only" if state.transcriber.english_only else "multilingual")
+        elif side.kind == SPEECH:
+            state.speaker = SpeechWorker.load(side.model_id, side.path)
+            log.info("Kokoro model %s loaded: %d voices, %d Hz", side.model_id, len(state.speaker.voices),
+                     state.speaker.sample_rate)
         elif side.kind == ck.EMBEDDING:
             state.embedder = EmbeddingWorker.load(side.model_id, side.path, pooling=side.pooling,
                                                   normalize=settings.workers.embd_normalize, backend=backend)
@@ -40,4 +45,5 @@ def side_workers_ready(state) -> bool:
     want = {s.kind for s in plan.sides}
     return (ck.EMBEDDING not in want or state.embedder is not None) and \
         (ck.RERANKER not in want or state.reranker is not None) and \
-        ("transcription" not in want or state.transcriber is not None)
+        ("transcription" not in want or state.transcriber is not None) and \
+        ("speech" not in want or state.speaker is not None)

@@ -10,8 +10,9 @@ mode cannot be served:
   chat model, which keeps generating.
 - In a mode, `-m` must be used by one of the selected workers; a `-m` nothing would load is
   refused rather than ignored.
-- Without a mode flag, `-m` naming a Whisper checkpoint selects the transcription worker and
-  turns generation off (restricted by `-m`): there is no chat model to generate with.
+- Without a mode flag, `-m` naming a Whisper checkpoint selects the transcription worker, and
+  `-m` naming a Kokoro checkpoint the speech worker; either turns generation off (restricted by
+  `-m`): there is no chat model to generate with.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from mlxcel.workers import checkpoint as ck
 
 @dataclass(frozen=True)
 class SidePlan:
-    kind: str  # ck.EMBEDDING, ck.RERANKER or whisper.TRANSCRIPTION
+    kind: str  # ck.EMBEDDING, ck.RERANKER, whisper.TRANSCRIPTION or speech.SPEECH
     model_id: str
     path: Path
     pooling: str | None = None  # embedders only, already resolved
@@ -36,7 +37,7 @@ class SidePlan:
 @dataclass(frozen=True)
 class ServePlan:
     generation: bool
-    restricted_by: str | None  # the mode flag that turned generation off ("-m" for a Whisper checkpoint)
+    restricted_by: str | None  # the mode flag that turned generation off ("-m" for a Whisper or Kokoro checkpoint)
     sides: tuple[SidePlan, ...]
 
 
@@ -84,6 +85,25 @@ def _whisper_side(settings: ServerSettings, resolve: Callable[[str, str], Path],
     return SidePlan(TRANSCRIPTION, model_id, path)
 
 
+def _speech_side(settings: ServerSettings, resolve: Callable[[str, str], Path], model_id: str) -> SidePlan | None:
+    from mlxcel.workers.speech import SPEECH, is_kokoro
+
+    path = resolve(settings.source.model, "--hf-repo" if settings.source.hf_repo else "-m")
+    if not is_kokoro(path):
+        return None
+    import importlib.util
+
+    missing = [m for m in ("mlx_audio", "misaki", "phonemizer", "espeakng_loader", "soundfile")
+               if importlib.util.find_spec(m) is None]
+    if missing:
+        raise StartupRefusal(f"-m {settings.source.model} is a Kokoro (text-to-speech) checkpoint, and serving it "
+                             f"needs {', '.join(missing)}: pip install 'mlxcel[tts]'")
+    if settings.backend.name == "torch":
+        raise StartupRefusal(f"--backend torch: {settings.source.model} is a Kokoro checkpoint, which mlxcel serves on "
+                             f"MLX (mlx-audio) only; drop --backend torch")
+    return SidePlan(SPEECH, model_id, path)
+
+
 def plan(settings: ServerSettings, resolve: Callable[[str, str], Path]) -> ServePlan:
     """`resolve(ref, flag)` turns a model reference into a local checkpoint or raises StartupRefusal."""
     mode = restricting_flag(settings)
@@ -109,9 +129,9 @@ def plan(settings: ServerSettings, resolve: Callable[[str, str], Path]) -> Serve
         raise StartupRefusal("--embd-normalize: no embedding model is served (pass --embeddings or "
                              "--embedding-model)")
     if mode is None and settings.source.model:
-        whisper = _whisper_side(settings, resolve, main_id)
-        if whisper is not None:
-            return ServePlan(generation=False, restricted_by="-m", sides=(whisper, *sides))
+        audio = _whisper_side(settings, resolve, main_id) or _speech_side(settings, resolve, main_id)
+        if audio is not None:
+            return ServePlan(generation=False, restricted_by="-m", sides=(audio, *sides))
     if settings.source.model and not m_used:
         raise StartupRefusal(f"-m {settings.source.model} would not be served: {mode} turns generation off and every "
                              f"selected worker has its own checkpoint flag; drop -m or one of those flags")

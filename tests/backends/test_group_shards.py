@@ -92,3 +92,17 @@ def test_each_rank_holds_its_share(backend, results):
     if f"{MISTRAL}:2:2" in CONFIGS[backend]:
         both = results(backend)[f"{backend}:{MISTRAL}:2:2"]["ranks"]
         assert len(both) == 4 and both[0]["kv_bytes_per_token"] * 2 == tp[0]["kv_bytes_per_token"]
+
+
+def test_a_family_without_a_sharding_layout_is_refused_by_name():
+    pytest.importorskip("torch")
+    from types import SimpleNamespace
+
+    from mlxcel.backends.distributed import GroupRefused
+    from mlxcel.backends.torch.distributed import shard_tensor_parallel
+    from mlxcel.config.distributed import GroupSpec
+
+    config = SimpleNamespace(model_type="phi3", num_attention_heads=4, num_key_value_heads=2)
+    model = SimpleNamespace(config=SimpleNamespace(get_text_config=lambda: config))
+    with pytest.raises(GroupRefused, match="does not shard the phi3 family .* serve it with --pp-size"):
+        shard_tensor_parallel(model, [], GroupSpec(tp_size=2), collective=None)

@@ -37,6 +37,13 @@ RECORDED = [
     ("mistral-small-2501 name[ARGS]",
      '[TOOL_CALLS]get_weather[ARGS]{"city": "Rome"}',
      "", [("get_weather", {"city": "Rome"})]),
+    # Command R7B's action block, as its chat template writes earlier calls back (not recorded)
+    ("command-r7b action block after text",
+     'Checking.<|START_ACTION|>[\n    {"tool_call_id": "0", "tool_name": "get_weather", "parameters": {"city": "Oslo"}},\n'
+     '    {"tool_call_id": "1", "tool_name": "get_time", "parameters": {}}\n]<|END_ACTION|>',
+     "Checking.", [("get_weather", {"city": "Oslo"}), ("get_time", {})]),
+    ("command-r7b broken action stays content", "<|START_ACTION|>[oops]<|END_ACTION|>",
+     "<|START_ACTION|>[oops]<|END_ACTION|>", []),
     ("generic fenced json",
      '```json\n{"name": "lookup", "arguments": "{\\"id\\": 7}"}\n```',
      "", [("lookup", {"id": 7})]),

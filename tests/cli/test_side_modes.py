@@ -11,7 +11,7 @@ from mlxcel.config.refusal import StartupRefusal
 from mlxcel.workers.checkpoint import EMBEDDING, RERANKER, encoder_kind
 from mlxcel.workers.plan import plan
 from tests.conftest import REPO, fixture_path
-from tests.fixtures import DEFAULT_MODEL, MINILM, RERANKER_TINY, models_dir
+from tests.fixtures import DEFAULT_MODEL, KOKORO_TINY, MINILM, RERANKER_TINY, models_dir
 
 
 def _plan(argv, environ=None):
@@ -60,11 +60,17 @@ def test_pooling_precedence_flag_then_env_then_checkpoint():
     (["-m", DEFAULT_MODEL, "--embeddings", "--embedding-model", MINILM], "would not be served"),
     (["-m", DEFAULT_MODEL, "--pooling", "mean"], "no embedding model is served"),
     (["-m", DEFAULT_MODEL, "--embd-normalize", "1"], "no embedding model is served"),
+    (["-m", KOKORO_TINY, "--backend", "torch"], "Kokoro checkpoint, which mlxcel serves on MLX"),
 ])
 def test_a_mode_nothing_can_serve_is_refused_naming_the_flag(argv, needle):
     with pytest.raises(StartupRefusal) as e:
         _plan(argv)
     assert needle in str(e.value)
+
+
+def test_a_kokoro_checkpoint_selects_the_speech_worker():
+    _, p = _plan(["-m", KOKORO_TINY])
+    assert (p.generation, p.restricted_by, [s.kind for s in p.sides]) == (False, "-m", ["speech"])
 
 
 def test_pooling_none_refused_at_parse_with_the_reason():

@@ -145,6 +145,14 @@ def test_props_and_metrics_report_the_group(tp_server, pp_server):
     assert f'mlxcel_group_rank_weight_bytes{{rank="1"}} {tp["ranks"][1]["weight_bytes"]}' in text
 
 
+def test_no_sae_attaches_to_a_group(tp_server):
+    r = httpx.post(tp_server.base_url + "/api/saes/attach", json={"path": "/nowhere/sae"}, timeout=30)
+    assert r.status_code == 501, r.text
+    assert r.json()["error"]["code"] == "not_supported" and "--tp-size" in r.json()["error"]["message"]
+    r = httpx.post(tp_server.base_url + "/api/saes/compatibility", json={"path": "/nowhere/sae"}, timeout=30)
+    assert r.status_code == 200 and r.json()["data"]["compatible"] is False, r.text
+
+
 def follower_pid(server: ServerProcess) -> int:
     children = [int(p) for p in open(f"/proc/{server.proc.pid}/task/{server.proc.pid}/children").read().split()]
     assert len(children) == 1, children

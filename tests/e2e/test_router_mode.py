@@ -234,8 +234,8 @@ def test_download_then_delete(router):
     assert not (router.store / HUB_REPO).exists() and HUB_REPO not in _models(router)
     assert (HUB_REPO, "model_remove") in [(e["model"], e["event"]) for e in router.events]
     delete = lambda name: httpx.delete(router.base_url + "/models", params={"model": name}, timeout=60)  # noqa: E731
-    assert _err(delete("llama3-tools-tiny"), 500) == "model name=llama3-tools-tiny is not removable (not from cache)"
-    assert _err(delete("nope"), 500) == "model name=nope is not found"
+    assert _err(delete("llama3-tools-tiny"), 400) == "model name=llama3-tools-tiny is not removable (not from cache)"
+    assert _err(delete("nope"), 404) == "model name=nope is not found"
     assert _err(httpx.delete(router.base_url + "/models"), 400) == "model must be a non-empty string"
 
 

@@ -1,4 +1,4 @@
-"""Images through /v1/chat/completions on a vision-language checkpoint, as a client sends them.
+"""Images through /v1/chat/completions on vision-language checkpoints, as a client sends them.
 
 One server (the tiny Qwen2-VL fixture, fp32, --media-path on a scratch directory, private
 fetches allowed so a local HTTP server can stand in for a public one). The answer to a data:
@@ -6,6 +6,11 @@ image equals transformers' own greedy generate on the same picture and prompt; t
 picture named by file:// (relative and absolute) and by http:// gives the same answer; an
 escape from the media root is refused; an image row and a text row sent together answer as
 they do alone.
+
+Every further family (tests/fixtures.VLM_TINY) is served by one router-mode server on
+`--backend torch` over the fixtures' folder, one child per family: a data: image answers as
+transformers' greedy generate does, the same picture by file:// under --media-path answers the
+same, and an https URL to a non-public address is refused (private fetches stay off there).
 """
 
 from __future__ import annotations
@@ -18,21 +23,20 @@ from functools import partial
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
-import numpy as np
 import pytest
 from PIL import Image
 
 from tests.conftest import ServerProcess, fixture_path
-from tests.fixtures import QWEN2_VL_TINY
+from tests.fixtures import QWEN2_VL_TINY, VLM_TINY
+from tests.vlm_reference import expected_chat_answer, picture
 
 QUESTION = "What is in this picture?"
 MAX_TOKENS = 8
 
 
 def png(seed: int) -> bytes:
-    im = Image.fromarray(np.random.default_rng(seed).integers(0, 255, (60, 90, 3), dtype=np.uint8))
     buf = io.BytesIO()
-    im.save(buf, "PNG")
+    picture(seed).save(buf, "PNG")
     return buf.getvalue()
 
 
@@ -182,3 +186,93 @@ def test_responses_and_messages_routes_take_the_same_picture(server):
             {"type": "text", "text": QUESTION}]}]})
     assert r.status_code == 200, r.text
     assert r.json()["content"][0]["text"] == expected
+
+
+# ---- the further families, one router-mode server ----------------------------------------------
+
+FAMILIES = sorted(set(VLM_TINY) - {"qwen2_vl"})
+
+
+@pytest.fixture(scope="module")
+def router(media_root, tmp_path_factory):
+    folder = fixture_path(VLM_TINY["llava"]).parent
+    s = ServerProcess(["--models-dir", str(folder), "--models-max", str(len(FAMILIES)), "--backend", "torch",
+                       "--dtype", "float32", "--media-path", str(media_root), "--offline"],
+                      env={"MLXCEL_MODELS_DIR": str(tmp_path_factory.mktemp("empty-store"))})
+    yield s
+    s.stop()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_each_family_answers_a_data_image_as_transformers_and_reads_file_urls(router, family):
+    path = fixture_path(VLM_TINY[family])
+    want, prompt_tokens = expected_chat_answer(path, picture(0), QUESTION, MAX_TOKENS)
+    r = ask(router, data_url(0), model=path.name)
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["message"]["content"] == want
+    assert r.json()["usage"]["prompt_tokens"] == prompt_tokens
+    assert answer_of(ask(router, "file://pics/cat.png", model=path.name)) == want
+    r = ask(router, "https://127.0.0.1/pics/cat.png", model=path.name)
+    assert r.status_code == 400 and "non-public address" in r.json()["error"]["message"]
+
+
+def answer_of(r) -> str:
+    assert r.status_code == 200, r.text
+    return r.json()["choices"][0]["message"]["content"]
+
+
+# ---- native multimodal_data, and hostile images in every route that takes images ---------------
+
+NATIVE_PROMPT = ("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n<__media__>"
+                 f"{QUESTION}<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_native_completion_takes_multimodal_data_as_chat_takes_the_image(server):
+    r = httpx.post(server.base_url + "/completion", timeout=120, json={
+        "prompt": {"prompt_string": NATIVE_PROMPT, "multimodal_data": [base64.b64encode(png(0)).decode()]},
+        "n_predict": MAX_TOKENS, "temperature": 0})
+    assert r.status_code == 200, r.text
+    assert r.json()["content"] == answer(server, data_url(0))
+    r = httpx.post(server.base_url + "/completion", timeout=60, json={
+        "prompt": {"prompt_string": NATIVE_PROMPT + "<__media__>",
+                   "multimodal_data": [base64.b64encode(png(0)).decode()]},
+        "n_predict": 1})
+    assert r.status_code == 400 and "2 media marker(s)" in r.json()["error"]["message"]
+
+
+def _route_request(route: str, payload: bytes) -> tuple[str, dict]:
+    b64 = base64.b64encode(payload).decode()
+    url = "data:image/png;base64," + b64
+    if route == "/v1/chat/completions":
+        return route, {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}],
+                       "max_tokens": 1}
+    if route == "/v1/responses":
+        return route, {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": url}]}],
+                       "max_output_tokens": 1}
+    if route == "/v1/messages":
+        return route, {"max_tokens": 1, "messages": [{"role": "user", "content": [
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64}}]}]}
+    return route, {"prompt": {"prompt_string": "<__media__>hi", "multimodal_data": [b64]}, "n_predict": 1}
+
+
+def _error_message(route: str, body: dict) -> str:
+    """The refusal in the route's own error shape."""
+    if route == "/v1/messages":
+        assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
+    elif route == "/completion":
+        assert body["error"]["code"] == 400 and body["error"]["type"] == "invalid_request_error"
+    else:
+        assert body["error"]["type"] == "invalid_request_error"
+    return body["error"]["message"]
+
+
+@pytest.mark.parametrize("case", ["png-bomb", "gif-frames-bomb", "truncated", "text-as-png"])
+@pytest.mark.parametrize("route", ["/v1/chat/completions", "/v1/responses", "/v1/messages", "/completion"])
+def test_a_hostile_image_is_a_typed_400_in_each_routes_format(server, route, case):
+    from tests.hostile_images import HOSTILE
+
+    build, words = HOSTILE[case]
+    path, body = _route_request(route, build())
+    r = httpx.post(server.base_url + path, json=body, timeout=60)
+    assert r.status_code == 400, r.text
+    assert words in _error_message(route, r.json())

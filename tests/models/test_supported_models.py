@@ -22,11 +22,11 @@ from tests.conftest import REPO, fixture_path
 
 @pytest.mark.parametrize(("model_type", "nearest"), [
     ("ministral", ["llama"]),  # Llama's lineage (kin)
-    ("mistral_unknown", ["mistral"]),  # a shared name stem
+    ("mistral_unknown", ["mistral", "mistral3"]),  # a shared name stem
     ("llama4", ["llama"]),
     ("gemma4", ["gemma", "gemma2", "gemma3"]),
-    ("qwen2_5_vl", ["qwen2_vl", "qwen2", "qwen2_moe"]),
-    ("lama", ["llama"]),  # a close name
+    ("qwen3_vl", ["qwen2_vl", "qwen2_5_vl", "qwen3"]),
+    ("lama", ["llama", "llava"]),  # a close name
     ("rwkv7", []),
 ])
 def test_nearest_families(model_type, nearest):
@@ -34,7 +34,7 @@ def test_nearest_families(model_type, nearest):
 
 
 def test_the_transformers_class_counts_as_lineage():
-    assert nearest_families("custom", ["MistralForCausalLM"]) == ["mistral"]
+    assert nearest_families("custom", ["MistralForCausalLM"]) == ["mistral", "mistral3"]
     assert nearest_families("custom", ["MinistralForCausalLM"]) == ["llama"]
 
 
@@ -185,7 +185,8 @@ def test_every_backend_has_the_seams_the_feature_columns_claim():
 
 
 FAMILY_FIXTURES = {"llama": fixtures.DEFAULT_MODEL, "gemma3_text": fixtures.GEMMA3, "qwen2": fixtures.QWEN2_TINY,
-                   "qwen3": fixtures.QWEN3_TINY, "qwen2_vl": fixtures.QWEN2_VL_TINY,
+                   "qwen3": fixtures.QWEN3_TINY,
+                   **{t: ref for t, ref in fixtures.VLM_TINY.items() if t != "gemma3"},
                    **{t: fixtures.zoo_fixture(t) for t in fixtures.ZOO_TYPES}}
 
 

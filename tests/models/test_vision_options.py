@@ -43,23 +43,22 @@ def test_a_resolved_maximum_below_the_minimum_is_refused():
         ImageBudget(100, None).apply(qwen2_vl_processor())  # 100 tokens above the checkpoint's 64
 
 
-class FixedProcessor:
-    """A processor that resizes to one geometry (no pixel bounds to move)."""
-
-    size = {"height": 224, "width": 224}
-
-    @classmethod
-    def from_pretrained(cls, path, **kwargs):
-        return cls()
-
-
 def test_a_fixed_geometry_checkpoint_with_a_budget_is_refused(tmp_path, monkeypatch):
+    import json
+    from types import SimpleNamespace
+
+    from mlxcel.models.vision_layouts import llava_run
+
     monkeypatch.setitem(vision.VISION_FAMILIES, "fixed_vl", vision.VisionFamily(
-        "fixed_vl", "<image>", "<image>", f"{__name__}:FixedProcessor"))
+        "fixed_vl", "<image>", "<image>", "<image>", llava_run))
+    # a processor that resizes to one geometry: no pixel bounds to move
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps(
+        {"image_processor_type": "SiglipImageProcessor", "size": {"height": 224, "width": 224}}))
     config = {"model_type": "fixed_vl", "image_token_id": 5}
-    VisionInput(tmp_path, config, None)  # no budget asked: served
+    tok = SimpleNamespace(convert_tokens_to_ids=lambda t: 5, encode=lambda text, **k: [])
+    VisionInput(tmp_path, config, tok)  # no budget asked: served
     with pytest.raises(BudgetRefused, match=f"{tmp_path.name}: .*fixed geometry.*--image-max-tokens"):
-        VisionInput(tmp_path, config, None, ImageBudget(None, 16))
+        VisionInput(tmp_path, config, tok, ImageBudget(None, 16))
 
 
 def test_image_token_flags():
@@ -90,7 +89,7 @@ def test_mmproj_switch_and_media_path(tmp_path):
         parse_server_args(["-m", "x", "--media-path", str(tmp_path / "nope")], {})
 
 
-def test_a_vlm_runs_on_torch():
+def test_a_vlm_runs_on_torch_unless_mlx_serves_its_family():
     with pytest.raises(BackendRefused, match="--backend torch"):
         choose("mlx", "cpu", vision=True)
     for apple in (True, False):
@@ -98,6 +97,14 @@ def test_a_vlm_runs_on_torch():
         assert (c.backend, c.device) == ("torch", "cpu") and "vision-language" in c.reason
     with pytest.raises(BackendRefused, match="torch is not installed"):
         choose("auto", "cpu", has_torch=False, vision=True)
+    # a family mlx-vlm serves: MLX when asked, auto on a Mac, and where torch cannot take it
+    assert choose("mlx", "cpu", vision=True, vision_mlx=True).backend == "mlx"
+    assert choose("auto", "auto", apple=True, has_torch=True, vision=True, vision_mlx=True).backend == "mlx"
+    assert choose("auto", "cpu", apple=False, has_torch=False, vision=True, vision_mlx=True).backend == "mlx"
+    assert choose("auto", "cpu", apple=False, has_torch=True, quantized="affine", vision=True,
+                  vision_mlx=True).backend == "mlx"
+    c = choose("auto", "cpu", apple=False, has_torch=True, vision=True, vision_mlx=True)
+    assert (c.backend, c.device) == ("torch", "cpu")
     with pytest.raises(UnsupportedModelType, match="--backend torch"):
         mlx_module({"model_type": "qwen2_vl"})
 
@@ -107,7 +114,7 @@ def test_a_budget_on_a_text_only_checkpoint_is_refused_at_load(tmp_path):
 
     from mlxcel.runtime.load import load_vision
 
-    text_only = SimpleNamespace(info=SimpleNamespace(config={"model_type": "qwen3"}))
+    text_only = SimpleNamespace(info=SimpleNamespace(config={"model_type": "qwen3"}, backend="torch"))
     assert load_vision(parse_server_args(["-m", "x"], {}), tmp_path, text_only, None) is None
     with pytest.raises(StartupRefusal, match="takes no images, so --image-max-tokens has nothing to bound"):
         load_vision(parse_server_args(["-m", "x", "--image-max-tokens", "64"], {}), tmp_path, text_only, None)

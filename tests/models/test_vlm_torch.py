@@ -1,49 +1,49 @@
-"""The torch VLM path (backends/torch/vlm.py) against transformers' own Qwen2-VL generate.
+"""The torch VLM path (backends/torch/vlm.py) against transformers' own generate, per family.
 
-Same fixture, same image, same prompt, fp32 on both sides: our paged prefill (split inside the
-image's token run, so the splice and the M-RoPE table are read across chunks) and eight greedy
-decode steps (positions shifted by the prompt's M-RoPE delta) must give transformers' tokens,
-with every step's logits within 1e-4. A text row batched with an image row in one forward
+Same fixture, same image, same prompt, fp32 on both sides, for every family in
+models/vision_layouts.VISION_FAMILIES: our paged prefill (split inside the image's token run
+where the family attends causally, so the splice and the position table are read across chunks;
+after it where image tokens attend both ways; whole for PaliGemma's bidirectional prompt) and
+four greedy decode steps (Qwen's positions shifted by the prompt's M-RoPE delta, PaliGemma's
+counted from 1) must give transformers' tokens, with every step's logits within 1e-4; so must
+the logits after two images between text. A text row batched with an image row in one forward
 must decode exactly as it does alone.
 """
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 import torch
-from PIL import Image
 
 from mlxcel.engine.backend import ForwardRow
 from tests.conftest import fixture_path
-from tests.fixtures import QWEN2_VL_TINY
+from tests.fixtures import QWEN2_VL_TINY, VLM_TINY
+from tests.vlm_reference import picture, reference_inputs, reference_model
 
 ATOL = 1e-4
-STEPS = 8
+STEPS = 4
 
 
-def picture(seed: int, h: int = 60, w: int = 90) -> Image.Image:
-    return Image.fromarray(np.random.default_rng(seed).integers(0, 255, (h, w, 3), dtype=np.uint8))
-
-
-@pytest.fixture(scope="module")
-def vlm():
-    from mlxcel.backends.torch.vlm import TorchVLMBackend
+@functools.cache
+def tokenizer(family: str):
+    """One tokenizer per family for the module (the Qwen vocabulary takes seconds to load)."""
     from mlxcel.engine.tokenizer import Tokenizer
+
+    return Tokenizer(fixture_path(VLM_TINY[family]))
+
+
+@pytest.fixture(scope="module", params=sorted(VLM_TINY))
+def vlm(request):
+    from mlxcel.backends.torch.vlm import TorchVLMBackend
     from mlxcel.models.vision import VisionInput
 
-    path = fixture_path(QWEN2_VL_TINY)
+    path = fixture_path(VLM_TINY[request.param])
     backend = TorchVLMBackend(path, dtype="float32")
-    tok = Tokenizer(path)
+    tok = tokenizer(request.param)
     return backend, tok, VisionInput(path, backend.info.config, tok.hf)
-
-
-@pytest.fixture(scope="module")
-def reference():
-    from transformers import Qwen2VLForConditionalGeneration
-
-    return Qwen2VLForConditionalGeneration.from_pretrained(str(fixture_path(QWEN2_VL_TINY)),
-                                                           dtype=torch.float32).eval()
 
 
 def image_prompt(tok, vision, image, question="What is in this picture?"):
@@ -74,25 +74,57 @@ def greedy(backend, rows):
     return out
 
 
-def test_image_prompt_matches_transformers_generate(vlm, reference):
+def test_image_prompt_matches_transformers_generate(vlm):
     backend, tok, vision = vlm
     full, enc, media = image_prompt(tok, vision, picture(0))
     start = full.index(vision.image_token_id)
-    cut = start + 2  # inside the image's run: the splice and the positions continue across chunks
+    # inside the image's run where attention is causal, after it where the image attends both
+    # ways; PaliGemma's whole prompt attends both ways, so it is prefilled in one chunk
+    cut = {"": start + 2, "image": len(full) - 3, "prefix": len(full)}[vision.family.bidirectional]
     seq = backend.new_sequence()
     seq.media = media
-    [(tokens, logits)] = greedy(backend, [([full[:cut], full[cut:]], seq)])
-    ids = torch.tensor([full])
+    [(tokens, logits)] = greedy(backend, [([c for c in (full[:cut], full[cut:]) if c], seq)])
     with torch.no_grad():
-        ref = reference.generate(input_ids=ids, attention_mask=torch.ones_like(ids), pixel_values=enc.pixel_values,
-                                 image_grid_thw=enc.grid_thw, mm_token_type_ids=(ids == vision.image_token_id).int(),
-                                 max_new_tokens=STEPS, do_sample=False, output_logits=True,
-                                 return_dict_in_generate=True)
+        ref = reference_model(backend.info.path).generate(**reference_inputs(vision, full, enc), max_new_tokens=STEPS,
+                                          do_sample=False, output_logits=True, return_dict_in_generate=True)
     assert tokens == ref.sequences[0, len(full):].tolist()
     for ours, theirs in zip(logits, ref.logits):
         np.testing.assert_allclose(ours, theirs[0].numpy(), atol=ATOL, rtol=0)
-    assert seq.shift < 0  # text after the image runs at a shifted (compressed) position
+    if vision.family.mrope:
+        assert seq.shift < 0  # text after the image runs at a shifted (compressed) position
     seq.release()
+
+
+def _batched(family: str, inputs: list[dict]) -> dict:
+    """Per-image processor outputs as transformers' forward takes several images: stacked, Idefics
+    3's tiles along the image axis, Pixtral's pictures zero-padded to the largest."""
+    if family == "idefics3":
+        return {k: torch.cat([x[k] for x in inputs], dim=1) for k in inputs[0]}
+    if family == "mistral3":
+        h, w = (max(x["pixel_values"].shape[d] for x in inputs) for d in (-2, -1))
+        pad = [torch.nn.functional.pad(x["pixel_values"], (0, w - x["pixel_values"].shape[-1], 0,
+                                                           h - x["pixel_values"].shape[-2])) for x in inputs]
+        return {"pixel_values": torch.cat(pad), "image_sizes": torch.cat([x["image_sizes"] for x in inputs])}
+    return {k: torch.cat([x[k] for x in inputs]) for k in inputs[0]}
+
+
+def test_two_images_between_text_match_transformers_forward(vlm):
+    from mlxcel.backends.torch.vlm import media_for
+
+    backend, tok, vision = vlm
+    text = (f"<|im_start|>user\n{vision.placeholder}beside{vision.placeholder}What differs?<|im_end|>\n"
+            "<|im_start|>assistant\n")
+    enc = vision.encode([picture(0), picture(1, 80, 50)])
+    full = vision.expand(tok.hf.encode(text, add_special_tokens=False), enc)
+    seq = backend.new_sequence()
+    seq.media = media_for(full, enc)
+    ours = backend.forward([ForwardRow(full, seq)])[0]
+    seq.release()
+    inputs = reference_inputs(vision, full, enc)
+    inputs.update(_batched(backend.info.model_type, enc.inputs))
+    with torch.no_grad():
+        theirs = reference_model(backend.info.path)(**inputs).logits[0, -1].numpy()
+    np.testing.assert_allclose(ours, theirs, atol=ATOL, rtol=0)
 
 
 def test_the_image_reaches_the_model(vlm):
@@ -127,16 +159,42 @@ def test_text_row_batches_with_an_image_row(vlm):
         np.testing.assert_allclose(a, b, atol=ATOL, rtol=0)
 
 
-def test_image_token_budget_moves_the_token_count(vlm):
+def _counts(family: str, budgets, image) -> dict:
+    """Image tokens of `image` under each (min, max) budget, from the family's processor."""
+    import json
+
     from mlxcel.models.vision import ImageBudget, VisionInput
 
-    backend, tok, _ = vlm
-    path = fixture_path(QWEN2_VL_TINY)
-    big = picture(3, 300, 400)
-    counts = {}
-    for lo, hi in ((None, None), (None, 8), (40, 48)):
-        vision = VisionInput(path, backend.info.config, tok.hf, ImageBudget(lo, hi))
-        counts[(lo, hi)] = vision.encode([big]).tokens[0]
+    path = fixture_path(VLM_TINY[family])
+    config, tok = json.loads((path / "config.json").read_text()), tokenizer(family)
+    return {b: VisionInput(path, config, tok.hf, ImageBudget(*b)).encode([image]).tokens[0] for b in budgets}
+
+
+def test_image_token_budget_moves_the_token_count_between_pixel_bounds():
+    counts = _counts("qwen2_vl", [(None, None), (None, 8), (40, 48)], picture(3, 300, 400))
     assert 48 < counts[(None, None)] <= 64  # the checkpoint's own max_pixels: 64 merged patches
     assert counts[(None, 8)] <= 8
     assert 40 <= counts[(40, 48)] <= 48
+
+
+@pytest.mark.parametrize("family, most", [("mistral3", 1), ("idefics3", 10)])
+def test_a_maximum_bounds_a_longest_edge_processor(family, most):
+    counts = _counts(family, [(None, None), (None, most)], picture(4, 300, 400))
+    assert counts[(None, most)] <= most < counts[(None, None)]
+
+
+@pytest.mark.parametrize("family, budget, refusal", [
+    ("llava", (None, 8), "fixed geometry, so --image-max-tokens"),
+    ("gemma3", (16, None), "fixed geometry, so --image-min-tokens"),
+    ("mistral3", (16, None), "bounds only the long side"),
+    ("idefics3", (None, 3), "at least 4"),
+])
+def test_a_budget_the_processor_cannot_take_is_refused_naming_the_flag(family, budget, refusal):
+    from mlxcel.models.vision import BudgetRefused
+
+    with pytest.raises(BudgetRefused, match=refusal):
+        _counts(family, [budget], picture(5))
+
+
+def test_qwen2_vl_is_one_of_the_families():
+    assert VLM_TINY["qwen2_vl"] == QWEN2_VL_TINY

@@ -4,13 +4,16 @@ No such GGUF ships on PyPI, so the test writes one from a tiny fixture with the 
 the way llama.cpp's converter does: tensor names from gguf-py's own name map (not the
 converter's tables), its changes to the tensors (a Llama's q/k rows permuted into rotary pairs,
 Gemma's and Nemotron's norms stored as 1 + w, experts stacked, Phi-2's q/k/v fused as the
-original release has them, RoPE settings baked into tensors), its metadata keys, and a
+original release has them, InternLM 2's and GPT-NeoX's fused q/k/v regrouped, DeepSeek's
+kv_b_proj split per head, Mamba 2's A stored as -exp(A_log), RoPE settings baked into
+tensors), its metadata keys, and a
 byte-level BPE vocabulary; all in float32, so the round trip is exact. The conversion must then
 give the fixture's logits (both fp32 through the MLX backend: max |difference| <= 1e-5) and its
 layout keys. Where a GGUF cannot say what the fixture's config.json does, the reference is the
 fixture as llama.cpp runs it (a Mistral without its window, Gemma 2's query scale, Qwen 3 MoE's
-renormalised routing, SmolLM 3's NoPE every 4th layer). Where transformers reads the
-architecture from GGUF itself, its config agrees with the converted one.
+renormalised routing, SmolLM 3's NoPE every 4th layer, Phi-3.5-MoE without its window, Mamba 2's
+placeholder context). Where transformers reads the architecture from GGUF itself, its config
+agrees with the converted one.
 
 The architecture cases carry a trimmed vocabulary (a 49k-entry one dominates their cost); one
 case per fixture tokenizer carries the whole one and checks the tokenization.
@@ -30,7 +33,7 @@ from tests import fixtures
 from tests.conftest import fixture_path
 
 # a Llama's rotary pairs are interleaved by llama.cpp's converter (its q/k permutation)
-_PERMUTED = ("llama", "granite", "granitemoe", "smollm3")
+_PERMUTED = ("llama", "granite", "granitemoe", "smollm3", "internlm2")
 _FEW_TOKENS = 512
 TEXT = "The quick brown fox, 12345 times: <|im_start|>user\nhi<|im_end|>"
 _NORM_PLUS_ONE = ("gemma", "gemma2", "gemma3", "nemotron")
@@ -64,15 +67,55 @@ def _stack_experts(tensors: dict) -> dict:
     return out
 
 
+def _own_forms(arch: str, config: dict, tensors: dict) -> dict:
+    """The families whose tensors llama.cpp's converter reshapes before naming them: InternLM 2's
+    grouped q/k/v split, GPT-NeoX's per-head q/k/v regrouped, DBRX's experts stacked, DeepSeek's
+    kv_b_proj split per head (its key half transposed), Mamba 2's A stored as -exp(A_log)."""
+    out = {}
+    heads = config.get("num_attention_heads") or 1
+    dim = config["hidden_size"] // heads
+    for name, w in tensors.items():
+        if arch == "internlm2" and name.endswith("attention.wqkv.weight"):
+            kv = config["num_key_value_heads"]
+            g = w.reshape(kv, heads // kv + 2, dim, -1)
+            stem = name.removesuffix("wqkv.weight")
+            out[stem + "wq.weight"], out[stem + "wk.weight"], out[stem + "wv.weight"] = (
+                g[:, :-2].reshape(-1, w.shape[1]), g[:, -2].reshape(-1, w.shape[1]), g[:, -1].reshape(-1, w.shape[1]))
+        elif arch == "gptneox" and "query_key_value" in name:
+            out[name] = w.reshape(heads, 3, dim, *w.shape[1:]).swapaxes(0, 1).reshape(w.shape)
+        elif arch == "dbrx" and ".ffn.experts.mlp." in name:
+            e = config["ffn_config"]["moe_num_experts"]
+            w = w.reshape(e, -1, w.shape[-1])
+            out[name + ".weight"] = w.swapaxes(1, 2) if name.endswith(".w2") else w
+        elif arch == "deepseek2" and name.endswith("kv_b_proj.weight"):
+            kv_b = w.reshape(heads, -1, w.shape[-1])
+            k_b, v_b = np.split(kv_b, [config["qk_nope_head_dim"]], axis=1)
+            out[name.replace("kv_b_proj", "k_b_proj")], out[name.replace("kv_b_proj", "v_b_proj")] = \
+                k_b.swapaxes(1, 2), v_b
+        elif name.endswith("e_score_correction_bias"):
+            out[name.replace("e_score_correction_bias", "e_score_correction.bias")] = w
+        elif arch == "mamba2" and name.endswith((".A_log", ".D", ".dt_bias", ".conv1d.weight", ".norm.weight")):
+            if name.endswith(".A_log"):
+                w = -np.exp(w)
+            if name.endswith(".conv1d.weight"):
+                w = w[:, 0, :]
+            if name.endswith("mixer.norm.weight"):
+                w = w.reshape(config["n_groups"], -1)
+            out[name.replace(".dt_bias", ".dt_proj.bias")] = w[:, None] if name.endswith((".A_log", ".D")) else w
+        else:
+            out[name] = w
+    return out
+
+
 def llama_cpp_tensors(arch: str, config: dict, tensors: dict) -> dict[str, np.ndarray]:
     """GGUF name -> tensor, as llama.cpp's converter writes the checkpoint's weights."""
     import gguf
 
     names = gguf.get_tensor_name_map(next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch),
                                      config["num_hidden_layers"])
-    heads, kv = config["num_attention_heads"], config["num_key_value_heads"]
+    heads, kv = config.get("num_attention_heads"), config.get("num_key_value_heads")
     out = {}
-    for name, w in _stack_experts(tensors).items():
+    for name, w in _stack_experts(_own_forms(arch, config, tensors)).items():
         layer = name.split(".")[2] if name.startswith("model.layers.") else None
         # gpt-oss's bare expert tensors: [experts, in, out] with gate and up interleaved in out
         if name.endswith((".experts.gate_up_proj", ".experts.gate_up_proj_bias")):
@@ -123,8 +166,79 @@ def _llama3_divisors(theta: float, dims: int, s: dict) -> np.ndarray:
     return np.asarray(out, dtype=np.float32)
 
 
+def _mamba2_hparams(w, c: dict) -> None:
+    inner = c["expand"] * c["hidden_size"]
+    w.add_uint32("mamba2.context_length", 2**20)  # llama.cpp's placeholder: a recurrent model has no limit
+    for key, value in (("embedding_length", c["hidden_size"]), ("feed_forward_length", 0), ("head_count", 0),
+                       ("block_count", c["num_hidden_layers"]), ("ssm.conv_kernel", c["conv_kernel"]),
+                       ("ssm.inner_size", inner), ("ssm.state_size", c["state_size"]),
+                       ("ssm.time_step_rank", inner // c["head_dim"]), ("ssm.group_count", c["n_groups"])):
+        w.add_uint32(f"mamba2.{key}", value)
+    w.add_float32("mamba2.attention.layer_norm_rms_epsilon", c["layer_norm_epsilon"])
+
+
+def _deepseek2_hparams(w, c: dict) -> None:
+    a = "deepseek2"
+    w.add_uint32(f"{a}.leading_dense_block_count", c["first_k_dense_replace"])
+    if c.get("q_lora_rank"):
+        w.add_uint32(f"{a}.attention.q_lora_rank", c["q_lora_rank"])
+    rank, rope = c["kv_lora_rank"], c["qk_rope_head_dim"]
+    for key, value in (("attention.kv_lora_rank", rank), ("attention.key_length", rank + rope),
+                       ("attention.value_length", rank), ("attention.key_length_mla", c["qk_nope_head_dim"] + rope),
+                       ("attention.value_length_mla", c["v_head_dim"]), ("rope.dimension_count", rope),
+                       ("expert_count", c["n_routed_experts"]), ("expert_used_count", c["num_experts_per_tok"]),
+                       ("expert_shared_count", c["n_shared_experts"])):
+        w.add_uint32(f"{a}.{key}", value)
+    w.add_float32(f"{a}.expert_weights_scale", c["routed_scaling_factor"])
+    if c.get("norm_topk_prob"):
+        w.add_bool(f"{a}.expert_weights_norm", True)
+    if c.get("n_group") is not None:
+        w.add_uint32(f"{a}.expert_group_count", c["n_group"])
+        w.add_uint32(f"{a}.expert_group_used_count", c["topk_group"])
+    if c["model_type"] == "deepseek_v3":  # a hub V3 config.json says scoring_func sigmoid
+        w.add_uint32(f"{a}.expert_gating_func", 2)
+    if (c.get("rope_scaling") or {}).get("mscale_all_dim") is not None:
+        w.add_float32(f"{a}.rope.scaling.yarn_log_multiplier", 0.1 * c["rope_scaling"]["mscale_all_dim"])
+
+
+def _own_hparams(w, arch: str, c: dict) -> None:
+    """The keys the families with their own converter classes add."""
+    if arch == "deepseek2":
+        _deepseek2_hparams(w, c)
+    if arch == "exaone":
+        w.add_uint32(f"{arch}.rope.dimension_count", c["head_dim"])
+    if arch == "exaone4" and c.get("sliding_window"):
+        w.add_uint32(f"{arch}.attention.sliding_window", c["sliding_window"])
+        w.add_array(f"{arch}.attention.sliding_window_pattern", [t == "sliding_attention" for t in c["layer_types"]])
+    if arch == "phimoe":  # Phi-3's keys: the window (which llama.cpp then ignores) and the original context
+        w.add_uint32(f"{arch}.attention.sliding_window", c.get("sliding_window") or 0)
+        w.add_uint32(f"{arch}.rope.dimension_count", c["hidden_size"] // c["num_attention_heads"])
+        w.add_uint32(f"{arch}.rope.scaling.original_context_length",
+                     c.get("original_max_position_embeddings", c["max_position_embeddings"]))
+    if arch == "gptneox":
+        w.add_bool(f"{arch}.use_parallel_residual", c["use_parallel_residual"])
+    if arch == "dbrx":
+        w.add_float32(f"{arch}.attention.clamp_kqv", c["attn_config"]["clip_qkv"])
+
+
+def _llama_cpp_view(arch: str, c: dict) -> dict:
+    """The config as llama.cpp's converter reads it, where a family names its shape itself."""
+    if arch == "dbrx":  # its MLP and experts in ffn_config, a fixed LayerNorm epsilon
+        f = c["ffn_config"]
+        return {**c, "intermediate_size": f["ffn_hidden_size"], "num_local_experts": f["moe_num_experts"],
+                "num_experts_per_tok": f["moe_top_k"], "layer_norm_eps": 1e-5}
+    if arch == "deepseek2":  # MLA: one shared latent KV head
+        return {**c, "num_key_value_heads": 1}
+    return c
+
+
 def _hparams(w, arch: str, c: dict, raw: dict, ff: int) -> None:
     """The metadata llama.cpp writes for `arch` (its set_gguf_parameters); `ff`: the MLP's size."""
+    if arch == "mamba2":
+        return _mamba2_hparams(w, c)
+    _own_hparams(w, arch, c)
+    c = _llama_cpp_view(arch, c)
+    ff = c["intermediate_size"] if ff is None else ff
     w.add_uint32(f"{arch}.context_length", c["max_position_embeddings"])
     w.add_uint32(f"{arch}.embedding_length", c["hidden_size"])
     w.add_uint32(f"{arch}.feed_forward_length", ff)
@@ -136,9 +250,10 @@ def _hparams(w, arch: str, c: dict, raw: dict, ff: int) -> None:
         w.add_uint32(f"{arch}.shortconv.l_cache", c["conv_L_cache"])
     else:
         w.add_uint32(f"{arch}.attention.head_count_kv", kv)
-    w.add_float32(f"{arch}.rope.freq_base", c["rope_theta"])
+    if arch != "gptneox":  # GPT-NeoX's converter leaves the base at llama.cpp's default
+        w.add_float32(f"{arch}.rope.freq_base", c["rope_theta"])
     head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
-    if "head_dim" in raw:
+    if "head_dim" in raw and arch != "deepseek2":
         w.add_uint32(f"{arch}.attention.key_length", head_dim)
         w.add_uint32(f"{arch}.attention.value_length", head_dim)
     if "rms_norm_eps" in c or arch == "lfm2":  # LFM2's norm_eps is an RMSNorm's
@@ -174,6 +289,9 @@ def _hparams(w, arch: str, c: dict, raw: dict, ff: int) -> None:
         w.add_string(f"{arch}.rope.scaling.type", "yarn")
         w.add_float32(f"{arch}.rope.scaling.factor", scaling["factor"])
         w.add_uint32(f"{arch}.rope.scaling.original_context_length", scaling["original_max_position_embeddings"])
+        for key in ("beta_fast", "beta_slow"):
+            if key in scaling:
+                w.add_float32(f"{arch}.rope.scaling.yarn_{key}", scaling[key])
     if scaling.get("rope_type") == "longrope":  # Phi-3's long RoPE: its factors as tensors
         original = c["original_max_position_embeddings"]
         factor = math.sqrt(1 + math.log(c["max_position_embeddings"] / original) / math.log(original))
@@ -229,7 +347,7 @@ def write_gguf(src: Path, arch: str, path: Path, pre: str, *, whole_vocab: bool 
     if weights:
         tensors = llama_cpp_tensors(arch, config, _tensors(src))
         # the MLP as built (LFM2 adjusts its configured size), else the config's
-        ff = tensors["blk.0.ffn_gate.weight"].shape[0] if arch == "lfm2" else config["intermediate_size"]
+        ff = tensors["blk.0.ffn_gate.weight"].shape[0] if arch == "lfm2" else config.get("intermediate_size")
         _hparams(w, arch, config, json.loads((src / "config.json").read_text()), ff)
         for name, t in tensors.items():
             if quant is not None and _quantizable(t):
@@ -315,6 +433,17 @@ CASES = [
     ("lfm2", Z("lfm2"), "lfm2", {}),
     ("ernie4_5", Z("ernie4_5"), "ernie4_5", {}),
     ("gpt-oss", Z("gpt_oss"), "gpt_oss", {}),
+    ("hunyuan-dense", Z("hunyuan_v1_dense"), "hunyuan_v1_dense", {}),
+    ("exaone", Z("exaone"), "exaone", {}),
+    # EXAONE 4's Llama 3 RoPE factors, with no original context in the file (the curve gives it)
+    ("exaone4", Z("exaone4"), "exaone4", {}),
+    ("phimoe", Z("phimoe"), "phimoe", {"sliding_window": None}),  # llama.cpp's phimoe has no window
+    ("internlm2", Z("internlm2"), "internlm2", {}),
+    ("gptneox", Z("gpt_neox"), "gpt_neox", {}),
+    ("dbrx", Z("dbrx"), "dbrx", {}),
+    ("deepseek2", Z("deepseek_v2"), "deepseek_v2", {}),  # YaRN, uncompressed queries, softmax routing
+    ("deepseek2", Z("deepseek_v3"), "deepseek_v3", {}),  # compressed queries, grouped sigmoid routing
+    ("mamba2", Z("mamba2"), "mamba2", {"max_position_embeddings": 2**20}),  # llama.cpp's placeholder
     # a long-context Phi-3 as transformers 5 saves it; llama.cpp keeps the factors as tensors
     ("phi3", Z("phi3"), "phi3", {"max_position_embeddings": 16384, "original_max_position_embeddings": 4096,
                                  "rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0,
@@ -447,7 +576,7 @@ def test_an_architecture_without_a_layout_is_refused_with_the_supported_list(tmp
     from mlxcel.models.gguf_archs import GGUF_ARCHITECTURES
 
     path = tmp_path / "m.gguf"
-    w = gguf.GGUFWriter(str(path), "deepseek2")
+    w = gguf.GGUFWriter(str(path), "bloom")
     w.add_tensor("token_embd.weight", np.zeros((4, 4), dtype=np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -455,7 +584,7 @@ def test_an_architecture_without_a_layout_is_refused_with_the_supported_list(tmp
     w.close()
     root = tmp_path / "store"
     assert mlxcel_main(["convert", str(path), "--out-repo", "local/m", "--models-dir", str(root)]) == 1
-    assert capsys.readouterr().err == ("mlxcel convert: error: GGUF architecture 'deepseek2' cannot be converted; "
+    assert capsys.readouterr().err == ("mlxcel convert: error: GGUF architecture 'bloom' cannot be converted; "
                                        f"supported: {', '.join(sorted(GGUF_ARCHITECTURES))}\n")
     assert not (root / "local" / "m").exists() and not (root / ".staging").exists()
 
@@ -484,7 +613,7 @@ def test_rope_freqs_that_are_not_llama3s_curve_are_refused(tmp_path):
 def test_every_listed_architecture_has_a_layout_and_converts_to_a_served_family():
     from mlxcel.models.gguf_archs import GGUF_ARCHITECTURES, GGUF_EXPORTED_AS, gguf_sources
     from mlxcel.models.registry import FAMILIES
-    from mlxcel.store.gguf_layouts import LAYOUTS
+    from mlxcel.store.gguf_source import LAYOUTS
 
     assert set(LAYOUTS) == set(GGUF_ARCHITECTURES)
     assert {t for types in GGUF_ARCHITECTURES.values() for t in types} <= set(FAMILIES)

@@ -76,7 +76,7 @@ def _expected(src: Path) -> dict[str, np.ndarray]:
     """HF name -> gguf's own fp32 dequantization, through the converter's renames."""
     import gguf
 
-    from mlxcel.store.gguf_layouts import LAYOUTS, Meta
+    from mlxcel.store.gguf_source import LAYOUTS, Meta
     from mlxcel.store.gguf_source import _meta, read_tensors
 
     reader = gguf.GGUFReader(str(src))

@@ -46,6 +46,7 @@ def test_store_root_order(tmp_path):
     assert store_root(tmp_path / "x", env) == tmp_path / "x"
     assert store_root(None, env) == Path("/m")
     assert store_root(None, {"MLXCEL_CACHE_DIR": "/c"}) == Path("/c/models")
+    assert store_root(None, {"XDG_CACHE_HOME": "/x"}) == Path("/x/mlxcel/models")
     assert store_root(None, {}) == Path.home() / ".cache" / "mlxcel" / "models"
 
 

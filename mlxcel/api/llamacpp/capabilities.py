@@ -26,6 +26,11 @@ def side_models(state: AppState) -> list[dict]:
         w = state.transcriber
         out.append({"id": w.id, "kind": "transcription", "pooling": None, "embd_normalize": None,
                     "n_ctx": w.n_ctx, "model_path": str(w.path)})
+    if state.speaker is not None:
+        w = state.speaker
+        out.append({"id": w.id, "kind": "speech", "pooling": None, "embd_normalize": None,
+                    "n_ctx": w.n_ctx, "model_path": str(w.path), "voices": list(w.voices),
+                    "sample_rate": w.sample_rate})
     return out
 
 

@@ -13,10 +13,11 @@ from typing import Any
 
 from litestar import Request, post
 
+from mlxcel.api import media
 from mlxcel.api import stream_runner as runner
 from mlxcel.api.body import check_count, read_json_object
 from mlxcel.api.errors import ApiError, engine_error, native_type
-from mlxcel.api.llamacpp import native_grammar, render
+from mlxcel.api.llamacpp import native_grammar, native_media, render
 from mlxcel.api.llamacpp.native_params import NativeRequest, parse_native, with_prompt
 from mlxcel.api.model_names import name_rule
 from mlxcel.api.openai.fields import ignored_fields_header
@@ -33,10 +34,7 @@ def _tokenize_one(model: ServedModel, prompt: Any, where: str) -> list[int]:
     if isinstance(prompt, str):
         return tok.encode(prompt)
     if isinstance(prompt, dict) and isinstance(prompt.get("prompt_string"), str):
-        if prompt.get("multimodal_data"):
-            raise ApiError(501, "multimodal_data is not supported: the loaded model has no media tower",
-                           code="not_supported", type="not_supported_error")
-        return tok.encode(prompt["prompt_string"])
+        return tok.encode(prompt["prompt_string"])  # media markers were replaced first (native_media)
     if isinstance(prompt, list) and all(isinstance(p, (str, int)) and not isinstance(p, bool) for p in prompt):
         # a mixed prompt: strings tokenized (special tokens added for a leading string only), ids kept
         out: list[int] = []
@@ -129,5 +127,9 @@ async def completion(request: Request, app_state: AppState) -> Any:
     nreq.template.grammar = await native_grammar.resolve(body, model)
     nreq.template.keep_tokens = native_grammar.preserved_tokens(body, model)  # written into the text
     nreq.template.grammar = native_grammar.lazy(body, model, nreq.template.grammar, nreq.template.keep_tokens)
-    prompts = tokenize_native_prompts(model, body.get("prompt"))
-    return await respond(request, app_state, model, nreq, [with_prompt(nreq.template, p) for p in prompts])
+    prompt, images = await native_media.gather(model, media.policy(app_state.settings), body.get("prompt"))
+    greqs = [with_prompt(nreq.template, p) for p in tokenize_native_prompts(model, prompt)]
+    for greq, ims in zip(greqs, images):
+        if ims:
+            await media.attach(model, greq, ims, "prompt")
+    return await respond(request, app_state, model, nreq, greqs)

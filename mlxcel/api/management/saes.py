@@ -104,6 +104,7 @@ async def attach_sae(request: Request, app_state: AppState) -> Response:
 
     def go():
         manager = need_manager(app_state)
+        manager.check_available()  # before the path is looked at: no SAE attaches here at all
         return _answer(app_state, manager.attach(str(_path(body, app_state)), body.get("sae_id")))
 
     return run(go, 201)
@@ -116,6 +117,8 @@ async def compatibility(request: Request, app_state: AppState) -> Response:
 
     def go():
         manager = need_manager(app_state)
+        if manager.unavailable:
+            return {"compatible": False, "errors": [manager.unavailable], "warnings": [], "sae": None}
         try:
             sae = load_sae(_path(body, app_state), body.get("sae_id"))
         except SAEError as e:

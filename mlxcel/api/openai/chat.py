@@ -218,7 +218,7 @@ async def _rows(app_state: AppState, model: ServedModel, ask: ChatAsk, prep: cha
              for row, (where, p) in enumerate(prompts)]
     for greq, (where, _) in zip(greqs, prompts):
         if media_of is not None and where == "messages":
-            greq.media, greq.cache_prompt = media_of, False
+            media.keyed(greq, media_of)
     if ask.constraint is not None and prep.forced is not None:
         raise ApiError(400, "response_format cannot be combined with tool_choice 'required' or a named function",
                        code="response_format_unsupported", param="response_format")

@@ -51,7 +51,7 @@ def model_entries(app_state: AppState, store: bool = False) -> list[tuple[dict, 
             entry["meta"]["n_ctx_train"] = m.info.context_length
         out.append((entry, "chat", m.answers_to, Path(m.info.path)))
     for worker, kind in ((app_state.embedder, "embedding"), (app_state.reranker, "rerank"),
-                         (app_state.transcriber, "transcription")):
+                         (app_state.transcriber, "transcription"), (app_state.speaker, "speech")):
         if worker is not None:
             entry = _entry(worker.id, worker.created, "llamacpp", worker.path, n_ctx=getattr(worker, "n_ctx", None))
             out.append((entry, kind, worker_answers(app_state, worker), Path(worker.path)))

@@ -75,6 +75,8 @@ def quantization_label(config: dict) -> str | None:
 
 class MLXBackend(RowSteering):
     name = "mlx"
+    # the step hands the family every token's position itself (a multimodal RoPE: backends/mlx/vlm.py)
+    rotates_by_position_ids = False
 
     def __init__(self, path: str | Path, dtype: str = "auto", rope: RopeOverrides | None = None,
                  threads: int = -1, kv_cache: KVCacheTypes | None = None, group: MLXGroup | None = None) -> None:
@@ -86,13 +88,8 @@ class MLXBackend(RowSteering):
         raw = json.loads((path / "config.json").read_text())
         config = normalize_config(raw)
         family = family_for(config)  # refuse an unknown model_type before reading weights
-        # --rope-* / --yarn-*: rewrite the rotation's config before the model is built
-        rope_config = config_overrides(config, rope) if rope is not None else {}
-        # mlx-lm reads config.json itself: the keys normalisation added go in with the overrides
-        model_config = {**mlx_overrides(raw), **rope_config}
-        model, config = load_model(path, lazy=group is not None, get_model_classes=_get_classes,
-                                   model_config=model_config or None)
-        verify_rope(model, rope_config, config["model_type"])
+        self._lazy = group is not None  # a rank of a group reads only its shard's weights
+        model, config = self._load_model(path, raw, config, rope)
         self.shard = sharding.apply(model, family, group) if group is not None else None
         self.watchdog = group.watchdog if group is not None else None  # a follower's bound on its waits
         # a follower rank's output never reaches a sampler: its steps stop before the LM head
@@ -118,7 +115,7 @@ class MLXBackend(RowSteering):
             cpu_ops.install(model)
         # rows of different lengths share one forward where the family takes the packed seams; a
         # recurrent family's steps stay padded (a packed step would run its rows as one sequence)
-        self.packs_rows = not self.recurrent and packed.install(model)
+        self.packs_rows = not self.recurrent and packed.install(model, self.rotates_by_position_ids)
         # multi-head latent attention keeps its latent in the pool (latent.py), which kv_spec sizes
         mla_layers = latent.install(model)
         self._init_steering()  # per-step SAE deltas and residual reads (backends/rows.RowSteering)
@@ -149,6 +146,17 @@ class MLXBackend(RowSteering):
         self.kv_spec  # noqa: B018 - refuses a quantized KV mode the layers cannot hold, before any step
         # a pool of one context for direct drivers (tests, benchmarks); the engine binds its own
         self.bind_kv(BlockAllocator((self.info.context_length // 16) + 8, 16))
+
+    def _load_model(self, path: Path, raw: dict, config: dict, rope: RopeOverrides | None):
+        """The family's module with the checkpoint's weights, and its config as mlx-lm read it."""
+        # --rope-* / --yarn-*: rewrite the rotation's config before the model is built
+        rope_config = config_overrides(config, rope) if rope is not None else {}
+        # mlx-lm reads config.json itself: the keys normalisation added go in with the overrides
+        model_config = {**mlx_overrides(raw), **rope_config}
+        model, config = load_model(path, lazy=self._lazy, get_model_classes=_get_classes,
+                                   model_config=model_config or None)
+        verify_rope(model, rope_config, config["model_type"])
+        return model, config
 
     def attach_lora(self, adapters) -> None:
         """Serve these adapters unfused (models/lora.py); raises LoraError if one does not fit."""
@@ -211,7 +219,7 @@ class MLXBackend(RowSteering):
             r.cache.reserve(len(r.tokens))
         layout = RowLayout.of([len(r.tokens) for r in rows])
         kv = [(r.cache, len(r.tokens)) for r in rows]
-        if layout.packed and self.packs_rows:
+        if layout.packed and self.packs_rows and self._may_pack(rows):
             plans = [PackedPlan(group_rows(kv, g), layout) for g in range(self.allocator.groups)]
             ids = mx.array(np.concatenate([r.tokens for r in rows]).astype(np.int32))[None]
             views = [PackedBatchView(self.storage, li, plans[g], w)
@@ -237,7 +245,7 @@ class MLXBackend(RowSteering):
         if self.lora is not None:
             self.lora.begin([r.lora for r in rows], layout)
         try:
-            out = (fn or self.model)(ids, cache=views)
+            out = self._call(fn, ids, views, rows, layout)
         finally:
             self._deltas = {}
             if self.lora is not None:
@@ -247,6 +255,15 @@ class MLXBackend(RowSteering):
         for r in rows:
             r.cache.tokens.extend(r.tokens)
         return out, layout
+
+    def _may_pack(self, rows: list[ForwardRow]) -> bool:
+        """Whether this step's rows may run packed (a step whose masks a model opens runs padded)."""
+        return True
+
+    def _call(self, fn, ids: mx.array, views: list, rows: list[ForwardRow], layout: RowLayout):
+        """The step's forward of `fn` (default: the whole model) over the rows' views; a
+        vision-language model builds its input embeddings from the rows here (backends/mlx/vlm.py)."""
+        return (fn or self.model)(ids, cache=views)
 
     def forward(self, rows: list[ForwardRow]) -> np.ndarray:
         if not self.head:

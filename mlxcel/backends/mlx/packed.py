@@ -102,14 +102,17 @@ def _own_scores_class(cls: type) -> type:
     return _OWN_SCORES[cls]
 
 
-def install(model: nn.Module) -> bool:
+def install(model: nn.Module, positions_given: bool = False) -> bool:
     """Route the family's RoPE and attention through the packed seams; False (nothing changed)
-    when the family does not have the shape these seams expect, and its steps stay padded."""
+    when the family does not have the shape these seams expect, and its steps stay padded.
+    `positions_given`: the step passes the family every token's position (a multimodal RoPE's
+    position ids, backends/mlx/vlm.py), so only the attention seam is needed."""
     layers = getattr(model, "layers", None)
     if not layers:
         return False
     attns = [getattr(layer, "self_attn", None) for layer in layers]
-    if any(a is None or not (isinstance(getattr(a, "rope", None), nn.Module) or _rope_free(a)) for a in attns):
+    if any(a is None or not (positions_given or isinstance(getattr(a, "rope", None), nn.Module) or _rope_free(a))
+           for a in attns):
         return False
     # the module whose name the attention calls: the attention class's, which a multimodal
     # wrapper (Gemma 3's, around gemma3_text) does not share with its Model class
@@ -126,7 +129,7 @@ def install(model: nn.Module) -> bool:
     else:
         return False
     for attn in attns:
-        rope = getattr(attn, "rope", None)
+        rope = None if positions_given else getattr(attn, "rope", None)
         if rope is not None and type(rope) not in _PACKED_ROPE.values():
             rope.__class__ = _packed_rope_class(type(rope))
     return True

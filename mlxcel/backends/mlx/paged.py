@@ -130,6 +130,9 @@ class StepPlan:
         positions = [seq.position for seq, _ in rows]
         self.offset = positions[0] if b == 1 else mx.array(np.asarray(positions, dtype=np.int32))
         self._masks: dict[int | None, mx.array] = {}
+        # (row, [queries, keys] bool): pairs a row attends beyond causality (an image's tokens
+        # seeing each other both ways, backends/mlx/vlm.py); set before the first mask is built
+        self.opened: list[tuple[int, np.ndarray]] = []
 
     def mask(self, window: int | None) -> mx.array | None:
         if self.batch == 1 and self.nmax == 1 and (window is None or window >= self.lmax):
@@ -138,7 +141,10 @@ class StepPlan:
             # query j of row i sits at position offset_i + j (padded queries repeat the last)
             j = np.minimum(np.arange(self.nmax)[None, :], np.asarray(self.n)[:, None] - 1)
             qpos = np.asarray(self.offsets)[:, None] + j  # [B, nmax]
-            self._masks[window] = mx.array(causal_allowed(qpos, self.lmax, window)[:, None])
+            allowed = causal_allowed(qpos, self.lmax, window)
+            for i, extra in self.opened:
+                allowed[i, :extra.shape[0], :extra.shape[1]] |= extra
+            self._masks[window] = mx.array(allowed[:, None])
         return self._masks[window]
 
 

@@ -18,22 +18,11 @@ from pathlib import Path
 import torch
 
 from mlxcel import native_build
+from mlxcel.native_build import cpu_flags
 
 KERNEL_DIR = Path(__file__).resolve().parents[3] / "kernels" / "cpu"
 SOURCES = ("rows_linear.cpp", "bf16_tiles.cpp", "decode_ops.cpp", "quant_rows.cpp", "kv_int8.cpp")
 HEADERS = ("amx.h", "helpers.h")
-
-
-def cpu_flags() -> set[str]:
-    """This CPU's feature flags (/proc/cpuinfo's `flags`, or `Features` on arm64); empty elsewhere."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    for line in text.splitlines():
-        if line.startswith(("flags", "Features")):
-            return set(line.split(":", 1)[1].split())
-    return set()
 
 
 def build(environ: Mapping[str, str], timeout: float | None = native_build.COMPILE_TIMEOUT_S) -> Path:
