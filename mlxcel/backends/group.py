@@ -116,7 +116,9 @@ class GroupBackend:
     def __getattr__(self, name: str):
         # what the server reads off a backend besides the contract (weight_nbytes, device,
         # kv_nbytes, row_kernel ...) is rank 0's shard's
-        if name == "local":
+        # decode_greedy would run rank 0's shard alone, outside a plan: the engine's pipelined
+        # decode is for local backends, so a group steps through forward
+        if name in ("local", "decode_greedy"):
             raise AttributeError(name)
         return getattr(self.local, name)
 

@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 
-from mlxcel.config.distributed import LAUNCH_ENV, LAUNCH_SPAWN
+from mlxcel.config.distributed import LAUNCH_ENV, LAUNCH_MLX, LAUNCH_SPAWN
 from mlxcel.config.refusal import StartupRefusal
 from mlxcel.config.settings import ServerSettings
 
@@ -76,6 +76,12 @@ def resolve_group(settings: ServerSettings, environ: Mapping[str, str]) -> None:
             raise StartupRefusal(f"--hostfile {g.hostfile} lists {len(hosts)} rank slot(s); --tp-size {g.tp_size} x "
                                  f"--pp-size {g.pp_size} needs {g.world}")
         g.hosts = tuple(hosts[:g.world])
+    if "MLX_RANK" in environ and "RANK" not in environ:  # mlx.launch: MLX reads its hostfile itself
+        g.launch, g.rank = LAUNCH_MLX, _env_int(environ, "MLX_RANK")
+        if not 0 <= g.rank < g.world:
+            raise StartupRefusal(f"mlx.launch's MLX_RANK={g.rank} does not fit --tp-size {g.tp_size} x --pp-size "
+                                 f"{g.pp_size} = {g.world} ranks")
+        return
     if "RANK" in environ:
         g.launch = LAUNCH_ENV
         g.rank = _env_int(environ, "RANK")
@@ -144,8 +150,13 @@ def spawn_ranks(settings: ServerSettings, argv: list[str], environ: Mapping[str,
 
 
 def failure_exit(children: list[subprocess.Popen]) -> Callable[[str], None]:
-    """Rank 0's reaction to a lost rank: requests already get 503; exit shortly after."""
+    """Rank 0's reaction to a lost rank: requests already get 503; exit shortly after. The ranks it
+    started are killed first: a step still blocked in a collective on a silent rank (MLX's have no
+    timeout of their own) then fails as their sockets close, so its requests get their 503 too."""
     def fail(reason: str) -> None:
+        for c in children:
+            c.kill()
+
         def later() -> None:
             time.sleep(EXIT_GRACE_S)
             log.error("exiting: %s", reason)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 LAUNCH_SPAWN = "spawn"  # one command: rank 0 starts the other ranks on this host
 LAUNCH_ENV = "env"  # each rank started by a launcher (torchrun, mlxcel launch, mpirun) with its rank in the env
+LAUNCH_MLX = "mlx"  # each rank started by `mlx.launch`, whose MLX_RANK / MLX_HOSTFILE MLX reads itself
 
 
 @dataclass(slots=True)

@@ -1,6 +1,8 @@
-"""Step times of a torch model split over a group of ranks, against one process (docs/benchmarks.md).
+"""Step times of a model split over a group of ranks, against one process (docs/benchmarks.md).
 
-    python -m scripts.bench.dist_bench -m MODEL_DIR [--configs 1x1 2x1 1x2 2x2] [--device cpu]
+    python -m scripts.bench.dist_bench -m MODEL_DIR [--backend torch|mlx] [--configs 1x1 2x1 1x2 2x2] [--device cpu]
+
+On MLX the ranks meet over its ring on loopback (tensor or pipeline parallel, not both).
 
 Each configuration TPxPP starts its ranks as processes on this host (gloo on loopback on the
 CPU, NCCL on CUDA with one GPU per rank) and drives rank 0's GroupBackend directly, as the
@@ -48,14 +50,20 @@ def drive(backend, batch: int, prompt: int, steps: int) -> tuple[float, float]:
 def rank_main(args) -> int:
     from mlxcel.backends.distributed import ShardOptions
     from mlxcel.backends.group import GroupBackend, follow, join
-    from mlxcel.backends.torch.distributed import connect, cuda_count, load_shard
     from mlxcel.config.distributed import GroupSpec
     from mlxcel.runtime.group import rank_device
 
     tp, pp = (int(x) for x in args.config.split("x"))
     spec = GroupSpec(tp_size=tp, pp_size=pp, rank=args.rank, local_rank=args.rank, master_port=args.port,
                      timeout_s=300)
-    device = rank_device(args.device, args.rank, cuda_count())
+    if args.backend == "mlx":
+        from mlxcel.backends.mlx.distributed import connect, load_shard
+
+        device = args.device
+    else:
+        from mlxcel.backends.torch.distributed import connect, cuda_count, load_shard
+
+        device = rank_device(args.device, args.rank, cuda_count())
     collective = connect(spec, device)
     local = load_shard(Path(args.model), spec, collective,
                        ShardOptions(dtype=args.dtype, device=device, threads=args.threads))
@@ -71,9 +79,14 @@ def rank_main(args) -> int:
 
 
 def single(args) -> dict:
-    from mlxcel.backends.torch.backend import TorchBackend
+    if args.backend == "mlx":
+        from mlxcel.backends.mlx.backend import MLXBackend
 
-    b = TorchBackend(args.model, dtype=args.dtype, device=args.device, threads=args.threads)
+        b = MLXBackend(args.model, dtype=args.dtype, threads=args.threads)
+    else:
+        from mlxcel.backends.torch.backend import TorchBackend
+
+        b = TorchBackend(args.model, dtype=args.dtype, device=args.device, threads=args.threads)
     rows = [(n, *drive(b, n, args.prompt, args.steps)) for n in args.batch]
     return {"rows": rows, "ranks": [[b.weight_nbytes, b.kv_spec.bytes_per_token]]}
 
@@ -83,7 +96,8 @@ def group(args, config: str) -> dict:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    base = [sys.executable, "-m", "scripts.bench.dist_bench", "-m", args.model, "--config", config, "--port",
+    base = [sys.executable, "-m", "scripts.bench.dist_bench", "-m", args.model, "--backend", args.backend,
+            "--config", config, "--port",
             str(port), "--device", args.device, "--dtype", args.dtype, "--threads", str(args.threads), "--prompt",
             str(args.prompt), "--steps", str(args.steps), "--batch", *map(str, args.batch)]
     procs = [subprocess.Popen([*base, "--rank", str(r)], stdout=subprocess.PIPE, env=os.environ)
@@ -97,10 +111,11 @@ def group(args, config: str) -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-m", "--model", required=True)
+    ap.add_argument("--backend", choices=("torch", "mlx"), default="torch")
     ap.add_argument("--configs", nargs="+", default=["1x1", "2x1", "1x2"])
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32")
-    ap.add_argument("--threads", type=int, default=1, help="torch threads per rank")
+    ap.add_argument("--threads", type=int, default=1, help="threads per rank (torch's; MLX's per large product)")
     ap.add_argument("--prompt", type=int, default=128)
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 8])
@@ -110,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.rank is not None:
         return rank_main(args)
-    print(f"{Path(args.model).name}, {args.dtype} on {args.device}, {args.threads} torch thread(s) per rank, "
+    print(f"{Path(args.model).name}, {args.backend} {args.dtype} on {args.device}, {args.threads} thread(s) per rank, "
           f"prompt {args.prompt} tokens, median of {args.steps} decode steps")
     print("config (tp x pp) | batch | prefill step ms | decode step ms | weights MiB per rank | KV bytes/token per rank")
     for config in args.configs:

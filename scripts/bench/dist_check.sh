@@ -65,11 +65,11 @@ PY
   fi
 
   step "SmolLM2 served by --tp-size 2 and --pp-size 2 on $DEVICE"
-  MLXCEL_TEST_DEVICE=$DEVICE MLXCEL_TEST_MODEL=$MODEL timeout 600 "$PY" -m pytest -q -p no:cacheprovider -rs tests/e2e/test_distributed_torch.py
+  MLXCEL_TEST_DEVICE=$DEVICE MLXCEL_TEST_MODEL=$MODEL timeout 600 "$PY" -m pytest -q -p no:cacheprovider -rs tests/e2e/test_distributed.py
   E2E=$?
 
   step "shards against the single process on zoo families (CPU, gloo; tp 2, pp 2, tp 2 x pp 2)"
-  timeout 600 "$PY" -m pytest -q -p no:cacheprovider tests/backends/test_group_torch.py
+  timeout 600 "$PY" -m pytest -q -p no:cacheprovider tests/backends/test_group_shards.py -k torch
   [ "$E2E" -ne 0 ] || E2E=$?
 
   step "step times per configuration, bytes per rank ($DEVICE)"

@@ -1,12 +1,13 @@
-"""One rank of the distributed-shard check (tests/backends/test_group_torch.py), as its own process.
+"""One rank of the distributed-shard check (tests/backends/test_group_shards.py), as its own process.
 
-    python -m tests.backends.group_ranks RANK BASE_PORT OUT_JSON MODEL:TP:PP ...
+    python -m tests.backends.group_ranks RANK BASE_PORT OUT_JSON PROMPTS BACKEND:MODEL:TP:PP ...
 
-For each configuration in turn, every rank of it joins a fresh gloo group on loopback, loads its
-shard in fp32 and (rank 0) drives a GroupBackend: every prompt prefilled in one step, then greedy
-decode steps over all rows together. Rank 0 then runs the same steps on the single-process
-TorchBackend and writes both token lists per configuration to OUT_JSON. Ranks beyond a
-configuration's size sit it out.
+For each configuration in turn, every rank of it joins a group on loopback (a fresh gloo group on
+torch; on MLX the process's one ring group, which MLX forms once), loads its shard in fp32 and
+(rank 0) drives a GroupBackend: every prompt prefilled in one step, then greedy decode steps over
+all rows together. Rank 0 then runs the same steps on the backend's single-process model and
+writes both token lists per configuration to OUT_JSON. Ranks beyond a configuration's size sit
+it out.
 """
 
 from __future__ import annotations
@@ -19,8 +20,6 @@ import numpy as np
 
 from mlxcel.backends.distributed import ShardOptions
 from mlxcel.backends.group import GroupBackend, follow, join
-from mlxcel.backends.torch.backend import TorchBackend
-from mlxcel.backends.torch.distributed import connect, load_shard
 from mlxcel.config.distributed import GroupSpec
 from mlxcel.engine.backend import ForwardRow
 from mlxcel.engine.kv_block_pool import BlockAllocator, SequenceKV
@@ -44,8 +43,22 @@ def greedy(backend, prompts: list[list[int]]) -> list[list[int]]:
     return tokens
 
 
+def single_process(backend: str, path):
+    if backend == "mlx":
+        from mlxcel.backends.mlx.backend import MLXBackend
+
+        return MLXBackend(path, dtype="float32", threads=1)
+    from mlxcel.backends.torch.backend import TorchBackend
+
+    return TorchBackend(path, dtype="float32", threads=1)
+
+
 def run(rank: int, port: int, config: str, prompts: list[str]) -> dict | None:
-    model, tp, pp = config.split(":")
+    backend, model, tp, pp = config.split(":")
+    if backend == "mlx":
+        from mlxcel.backends.mlx.distributed import connect, load_shard
+    else:
+        from mlxcel.backends.torch.distributed import connect, load_shard
     spec = GroupSpec(tp_size=int(tp), pp_size=int(pp), rank=rank, master_port=port, timeout_s=60)
     if rank >= spec.world:
         return None
@@ -62,7 +75,7 @@ def run(rank: int, port: int, config: str, prompts: list[str]) -> dict | None:
     ids = [tok.encode(p) for p in prompts]
     got = greedy(group, ids)
     group.close()
-    reference = greedy(TorchBackend(path, dtype="float32", threads=1), ids)
+    reference = greedy(single_process(backend, path), ids)
     return {"group": got, "reference": reference,
             "ranks": [{"weight_bytes": s.weight_bytes, "kv_bytes_per_token": s.kv_bytes_per_token} for s in sizes]}
 

@@ -4,7 +4,7 @@ Both ranks run the engine tier's fake backend (tests/engine/fake_backend.py), wh
 on what its KV storage holds at the slots each row's block table names: a follower that rebuilt
 a table or a position wrongly would read other tokens (or nothing) and pick differently. The
 collective is a queue between the two threads, so no runtime is needed; the backends' own
-collectives are tested with real ranks (test_group_torch.py, tests/e2e/test_distributed_torch.py).
+collectives are tested with real ranks (test_group_shards.py, tests/e2e/test_distributed.py).
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+from contextlib import nullcontext
 from pathlib import Path
 
 import mlx.core as mx
@@ -17,7 +18,8 @@ from mlx_lm.utils import load_model
 from mlxcel.config.rope import RopeOverrides
 from mlxcel.engine.backend import ForwardRow, KVCacheTypes, KVSpec, ModelInfo, latent_width, layer_windows
 from mlxcel.backends.rows import RowLayout, RowSteering
-from mlxcel.backends.mlx import cpu_ops, hf_layout, latent, packed, recurrent, split_products
+from mlxcel.backends.mlx import cpu_ops, hf_layout, latent, packed, recurrent, sharding, split_products
+from mlxcel.backends.mlx.distributed import MLXGroup
 from mlxcel.backends.mlx.packed import PackedBatchView, PackedPlan
 from mlxcel.backends.mlx.paged import PagedBatchView, PagedStorage, StepPlan
 from mlxcel.engine.kv_block_pool import BlockAllocator, SequenceKV, StateSlots, group_rows, layer_groups
@@ -77,14 +79,21 @@ class MLXBackend(RowSteering):
     rotates_by_position_ids = False
 
     def __init__(self, path: str | Path, dtype: str = "auto", rope: RopeOverrides | None = None,
-                 threads: int = -1, kv_cache: KVCacheTypes | None = None) -> None:
-        """`kv_cache`: how the KV pool stores keys and values (--cache-type-k / -v; default f16)."""
+                 threads: int = -1, kv_cache: KVCacheTypes | None = None, group: MLXGroup | None = None) -> None:
+        """`kv_cache`: how the KV pool stores keys and values (--cache-type-k / -v; default f16).
+        `group`: this rank's share of a tensor- or pipeline-parallel group (sharding.py); its
+        weights are read lazily, so a rank materializes only its own shard."""
         path = Path(path)
         self.kv_types = kv_cache or KVCacheTypes()
         raw = json.loads((path / "config.json").read_text())
         config = normalize_config(raw)
         family = family_for(config)  # refuse an unknown model_type before reading weights
+        self._lazy = group is not None  # a rank of a group reads only its shard's weights
         model, config = self._load_model(path, raw, config, rope)
+        self.shard = sharding.apply(model, family, group) if group is not None else None
+        self.watchdog = group.watchdog if group is not None else None  # a follower's bound on its waits
+        # a follower rank's output never reaches a sampler: its steps stop before the LM head
+        self.head = self.shard is None or self.shard.rank == 0
         ckpt_dtype = str(config.get("torch_dtype") or config.get("dtype") or "bfloat16")
         compute = resolve_dtype(dtype, ckpt_dtype)
         model.set_dtype(_DTYPES[compute])
@@ -144,7 +153,8 @@ class MLXBackend(RowSteering):
         rope_config = config_overrides(config, rope) if rope is not None else {}
         # mlx-lm reads config.json itself: the keys normalisation added go in with the overrides
         model_config = {**mlx_overrides(raw), **rope_config}
-        model, config = load_model(path, get_model_classes=_get_classes, model_config=model_config or None)
+        model, config = load_model(path, lazy=self._lazy, get_model_classes=_get_classes,
+                                   model_config=model_config or None)
         verify_rope(model, rope_config, config["model_type"])
         return model, config
 
@@ -167,9 +177,11 @@ class MLXBackend(RowSteering):
 
     @property
     def kv_spec(self) -> KVSpec:
+        """Per token, what this rank's pool holds (its KV heads or its layers, in a group)."""
         if self.recurrent:
             return recurrent.kv_spec(self.info, _DTYPES[self.info.dtype].size, self.windows, self.recurrent)
-        return KVSpec.uniform(self.info, _DTYPES[self.info.dtype].size, self.kv_types)
+        return sharding.local_kv_spec(KVSpec.uniform(self.info, _DTYPES[self.info.dtype].size, self.kv_types),
+                                      self.shard)
 
     @property
     def kv_nbytes(self) -> int:
@@ -254,6 +266,8 @@ class MLXBackend(RowSteering):
         return (fn or self.model)(ids, cache=views)
 
     def forward(self, rows: list[ForwardRow]) -> np.ndarray:
+        if not self.head:
+            return self._follow(rows)
         logits, layout = self._run(rows)
         b, t = layout.last()
         last = logits[mx.array(b), mx.array(t)].astype(mx.float32)
@@ -261,6 +275,14 @@ class MLXBackend(RowSteering):
         if self._reads:
             self._deliver_reads(rows, layout)
         return np.array(last, copy=False)
+
+    def _follow(self, rows: list[ForwardRow]) -> np.ndarray:
+        """A follower rank's share of a step: its layers' all-reduces or sends and KV writes,
+        without the LM head; [rows, 0] logits (rank 0 has the real ones)."""
+        with self.watchdog.guard("a forward step", 2.0) if self.watchdog is not None else nullcontext():
+            hidden, _ = self._run(rows, decoder_stack(self.model))
+            mx.eval(hidden, *self._arrays())
+        return np.zeros((len(rows), 0), dtype=np.float32)
 
     def decode_greedy(self, rows: list[ForwardRow], ids: mx.array | None = None,
                       bias: list | None = None) -> mx.array:
@@ -290,6 +312,8 @@ class MLXBackend(RowSteering):
 
     def forward_all(self, tokens: list[int], cache: SequenceKV,
                     lora: tuple[float, ...] | None = None) -> np.ndarray:
+        if not self.head:
+            return self._follow([ForwardRow(tokens, cache, lora=lora)])
         logits, _ = self._run([ForwardRow(tokens, cache, lora=lora)])
         out = logits[0].astype(mx.float32)
         mx.eval(out, *self._arrays())
@@ -300,6 +324,8 @@ class MLXBackend(RowSteering):
         norm (transformers' last_hidden_state), since that is the representation the LM head
         reads and the one a transformers feature-extraction reference returns; the pre-norm
         residual carries a few huge-magnitude channels that would dominate any cosine."""
+        if not self.head:
+            return self._follow([ForwardRow(tokens, cache)])
         hidden, _ = self._run([ForwardRow(tokens, cache)], decoder_stack(self.model))
         out = hidden[0].astype(mx.float32)
         mx.eval(out, *self._arrays())

@@ -1,8 +1,9 @@
-"""SmolLM2 served by a two-rank group on torch (gloo on loopback), against the single-process model.
+"""SmolLM2 served by a two-rank group on each backend (torch over gloo, MLX over its ring; both on
+loopback), against the single-process model of the same backend.
 
 `mlxcel-server --tp-size 2` and `--pp-size 2` each start their second rank themselves. Every
-e2e reference prompt must get, greedily and in fp32, exactly the tokens the single-process torch
-backend gives (driven in this process on the same token ids); so must eight requests at once,
+e2e reference prompt must get, greedily and in fp32, exactly the tokens the backend's single-process
+model gives (driven in this process on the same token ids); so must eight requests at once,
 and a prompt served again from the prefix cache. Last, a rank is killed: while a request runs
 (the request gets 503 and the server exits with status 3) and while the server idles (found by
 rank 0's heartbeat, same exit). The bounds waited on are the failure contract's, not speed.
@@ -34,23 +35,29 @@ EXIT_BOUND_S = 4 * TIMEOUT_S  # the group's contract: a lost rank ends the serve
 GROUP_FAILED = 3  # rank 0's exit status for a lost rank (cli/distributed.py)
 
 
-def start(*extra: str) -> ServerProcess:
+@pytest.fixture(scope="module", params=["torch", "mlx"] if DEVICE == "cpu" else ["torch"])
+def backend(request) -> str:
+    pytest.importorskip("torch" if request.param == "torch" else "mlx.core")
+    return request.param
+
+
+def start(backend: str, *extra: str) -> ServerProcess:
     fixture_path(MODEL)
-    return ServerProcess(["-m", MODEL, "--offline", "--backend", "torch", "--device", DEVICE, "--dtype",
+    return ServerProcess(["-m", MODEL, "--offline", "--backend", backend, "--device", DEVICE, "--dtype",
                           "float32", "--threads", "1", "--dist-timeout", str(TIMEOUT_S), "--metrics", *extra],
                          env={"OMP_NUM_THREADS": "1"}, ready_timeout=300)
 
 
 @pytest.fixture(scope="module")
-def tp_server():
-    server = start("--tp-size", "2")
+def tp_server(backend):
+    server = start(backend, "--tp-size", "2")
     yield server
     server.stop()
 
 
 @pytest.fixture(scope="module")
-def pp_server():
-    server = start("--pp-size", "2")
+def pp_server(backend):
+    server = start(backend, "--pp-size", "2")
     yield server
     server.stop()
 
@@ -61,24 +68,32 @@ def prompt_ids(tp_server) -> list[list[int]]:
 
 
 @pytest.fixture(scope="module")
-def reference(prompt_ids) -> list[list[int]]:
-    """The single-process torch backend's greedy tokens for each prompt alone."""
-    from mlxcel.backends.torch.backend import TorchBackend
+def reference(backend, prompt_ids) -> list[list[int]]:
+    """The backend's single-process greedy tokens for each prompt alone."""
     from mlxcel.engine.backend import ForwardRow
-
     from mlxcel.engine.tokenizer import Tokenizer
 
-    backend = TorchBackend(fixture_path(MODEL), dtype="float32", device=DEVICE, threads=1)
+    model = single_process(backend)
     eos = set(Tokenizer(fixture_path(MODEL)).eos_token_ids)
     out = []
     for ids in prompt_ids:
-        seq = backend.new_sequence()
-        tokens = [int(np.argmax(backend.forward([ForwardRow(ids, seq)])[0]))]
+        seq = model.new_sequence()
+        tokens = [int(np.argmax(model.forward([ForwardRow(ids, seq)])[0]))]
         while len(tokens) < MAX_TOKENS and tokens[-1] not in eos:  # the server's list ends with the EOS it stopped at
-            tokens.append(int(np.argmax(backend.forward([ForwardRow(tokens[-1:], seq, decode=True)])[0])))
+            tokens.append(int(np.argmax(model.forward([ForwardRow(tokens[-1:], seq, decode=True)])[0])))
         seq.release()
         out.append(tokens)
     return out
+
+
+def single_process(backend: str):
+    if backend == "mlx":
+        from mlxcel.backends.mlx.backend import MLXBackend
+
+        return MLXBackend(fixture_path(MODEL), dtype="float32", threads=1)
+    from mlxcel.backends.torch.backend import TorchBackend
+
+    return TorchBackend(fixture_path(MODEL), dtype="float32", device=DEVICE, threads=1)
 
 
 def complete(server: ServerProcess, ids: list[int]) -> dict:
