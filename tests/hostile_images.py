@@ -84,6 +84,11 @@ def big_accepted_png(side: int = 6000) -> bytes:
     return _save(Image.new("L", (side, side), 7), "PNG")
 
 
+def extreme_aspect_png() -> bytes:
+    """1 x 240: decodes, within every pixel limit, but no dynamic-resolution processor resizes it."""
+    return _save(Image.new("RGB", (1, 240), (9, 9, 9)), "PNG")
+
+
 # name -> (payload builder, words of the refusal)
 HOSTILE = {
     "png-bomb": (png_bomb, "exceeds the per-image limit"),

@@ -246,11 +246,11 @@ async def prepare(model: Any, prompt: list[int], images: list) -> tuple[list[int
     """The expanded prompt and the engine's Media for these images (processor work off the loop)."""
     import anyio
 
-    encoded = await anyio.to_thread.run_sync(model.vision.encode, images)
-    try:
+    try:  # a processor refuses what it cannot resize (e.g. Qwen's aspect ratio above 200) with ValueError
+        encoded = await anyio.to_thread.run_sync(model.vision.encode, images)
         full = model.vision.expand(prompt, encoded)
     except ValueError as e:
-        raise ApiError(400, str(e), code="invalid_parameter", param="messages") from None
+        raise ApiError(400, echo(str(e)), code="invalid_parameter", param="messages") from None
     return full, model.vision.media(full, encoded)
 
 

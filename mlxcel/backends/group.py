@@ -176,13 +176,18 @@ class GroupBackend:
         """Tell the followers to exit, then leave the group (best effort: a failed group is gone)."""
         if self._closed.is_set():
             return
+        # a step stuck in a collective holds the lock (MLX's have no timeout): wait for it no longer
+        # than the watchdog would, which keeps running until then
+        held = self._lock.acquire(timeout=2 * self.spec.timeout_s)
         self._closed.set()
-        if self._failed is None:
+        if held:
             try:
-                with self._lock:
+                if self._failed is None:
                     self.collective.broadcast_bytes(encode_plan(StopPlan(reason)))
             except Exception:  # noqa: BLE001 - a follower already gone cannot be told
                 pass
+            finally:
+                self._lock.release()
         try:
             self.collective.close()
         except Exception:  # noqa: BLE001

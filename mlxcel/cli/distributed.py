@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 
-from mlxcel.config.distributed import LAUNCH_ENV, LAUNCH_MLX, LAUNCH_SPAWN
+from mlxcel.config.distributed import LAUNCH_ENV, LAUNCH_MLX, LAUNCH_SPAWN, GroupSpec
 from mlxcel.config.refusal import StartupRefusal
 from mlxcel.config.settings import ServerSettings
 
@@ -68,6 +68,12 @@ def resolve_group(settings: ServerSettings, environ: Mapping[str, str]) -> None:
     environment; refuse what a group cannot serve."""
     g = settings.distributed
     if not g.active:
+        idle = GroupSpec()
+        for flag, given in (("--hostfile", g.hostfile is not None), ("--dist-timeout", g.timeout_s != idle.timeout_s),
+                            ("--dist-transport", g.transport != idle.transport)):
+            if given:
+                raise StartupRefusal(f"{flag} configures a distributed group, and this server is one process: add "
+                                     "--tp-size N or --pp-size N, or drop it")
         return
     refuse_for_group(settings)
     if g.hostfile is not None:
@@ -128,6 +134,20 @@ def refuse_for_group(settings: ServerSettings) -> None:
     for bad, what in checks:
         if bad:
             raise StartupRefusal(f"{what} is not served by a distributed group ({given}); drop one of them")
+
+
+def refuse_checkpoint_for_group(settings: ServerSettings, path: Path | None) -> None:
+    """What the group's checkpoint must be: a generation model without a media tower."""
+    from mlxcel.models.vision import is_vision_checkpoint
+
+    g = settings.distributed
+    given = f"--tp-size {g.tp_size} / --pp-size {g.pp_size}"
+    if path is None:
+        raise StartupRefusal(f"a side-worker model (Whisper, Kokoro, --embeddings / --reranking) is not served by a "
+                             f"distributed group ({given}); serve it on one process")
+    if is_vision_checkpoint(path):
+        raise StartupRefusal(f"{path.name} is a vision-language checkpoint, which a distributed group ({given}) does "
+                             "not serve (the ranks carry no images); serve it on one process")
 
 
 def spawn_ranks(settings: ServerSettings, argv: list[str], environ: Mapping[str, str]) -> list[subprocess.Popen]:

@@ -167,7 +167,6 @@ def main(argv: list[str] | None = None, prog: str = "mlxcel-server") -> int:
         from mlxcel.api.vertex import check_predict_route
 
         check_predict_route(settings.server.vertex_predict_route, registered_paths())
-    from mlxcel.workers.checkpoint import EMBEDDING, RERANKER
     from mlxcel.workers.plan import plan as plan_workers
 
     from mlxcel.router.mode import is_router
@@ -187,10 +186,22 @@ def main(argv: list[str] | None = None, prog: str = "mlxcel-server") -> int:
     path, startup = resolve(settings) if plan.generation else (None, None)
     children = []
     if settings.distributed.active:
+        group.refuse_checkpoint_for_group(settings, path)
         if settings.distributed.rank != 0:  # a follower serves no HTTP
             return group.follow(settings, path, startup)
         startup, children = group.lead(settings, startup, argv, os.environ)
+    served = False
+    try:
+        code, served = _serve_lead(settings, blas, plan, path, startup), True
+        return code
+    finally:  # after serving the ranks get their time to leave; after a refusal they are ended now
+        group.end_ranks(children, settings.distributed.timeout_s if served else 0)
+
+
+def _serve_lead(settings: ServerSettings, blas, plan, path: Path | None, startup) -> int:
+    """The rest of a serving start, once any ranks it leads are up (they end when this returns)."""
     from mlxcel.cli.memory_plan import plan_memory, refuse_without_model
+    from mlxcel.workers.checkpoint import EMBEDDING, RERANKER
 
     if path is not None:
         plan_memory(settings, path, startup)  # --estimate-memory exits here
@@ -209,10 +220,7 @@ def main(argv: list[str] | None = None, prog: str = "mlxcel-server") -> int:
         # an embedder / reranker runs on the same choice (Whisper is MLX's)
         startup = Startup(placement=choose_backend(settings, None))
     report_blas(blas)
-    try:
-        serve(settings, path, plan, startup)
-    finally:
-        group.end_ranks(children, settings.distributed.timeout_s)
+    serve(settings, path, plan, startup)
     return 0
 
 

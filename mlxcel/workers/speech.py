@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from mlxcel.config.limits import echo
 from mlxcel.workers import speech_text
 
 SPEECH = "speech"
@@ -128,7 +129,7 @@ class SpeechWorker:
     def check(self, voice: str, speed: float) -> None:
         """Refusals that need no synthesis, made before a response (or a stream) starts."""
         if voice not in self.voices:
-            raise SpeechError(f"voice {voice!r} is not served by {self.id}; its voices: {', '.join(self.voices)}",
+            raise SpeechError(f"voice {echo(repr(voice))} is not served by {self.id}; its voices: {', '.join(self.voices)}",
                               "voice")
         if not MIN_SPEED <= speed <= MAX_SPEED:
             raise SpeechError(f"speed {speed} is outside {MIN_SPEED}..{MAX_SPEED}", "speed")

@@ -126,3 +126,26 @@ def test_what_a_group_does_not_serve_is_refused_by_name(argv, flag):
 def test_sizes_below_one_are_refused():
     with pytest.raises(SystemExit):
         settings("--tp-size", "0")
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["--hostfile", "hosts.txt"], "--hostfile"), (["--dist-timeout", "5"], "--dist-timeout"),
+    (["--dist-transport", "gloo"], "--dist-transport")])
+def test_group_options_without_a_group_are_refused(argv, flag):
+    with pytest.raises(StartupRefusal, match=f"{flag} configures a distributed group.*--tp-size N"):
+        resolve_group(settings(*argv), {})
+
+
+def test_side_worker_and_vision_checkpoints_are_refused_for_a_group():
+    from pathlib import Path
+
+    from mlxcel.cli.distributed import refuse_checkpoint_for_group
+    from tests.conftest import fixture_path
+    from tests.fixtures import DEFAULT_MODEL, QWEN2_VL_TINY
+
+    s = settings("--tp-size", "2")
+    with pytest.raises(StartupRefusal, match="side-worker model .* is not served by a distributed group"):
+        refuse_checkpoint_for_group(s, None)
+    with pytest.raises(StartupRefusal, match="is a vision-language checkpoint"):
+        refuse_checkpoint_for_group(s, Path(fixture_path(QWEN2_VL_TINY)))
+    refuse_checkpoint_for_group(s, Path(fixture_path(DEFAULT_MODEL)))  # a text model passes

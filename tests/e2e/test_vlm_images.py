@@ -238,6 +238,18 @@ def test_native_completion_takes_multimodal_data_as_chat_takes_the_image(server)
                    "multimodal_data": [base64.b64encode(png(0)).decode()]},
         "n_predict": 1})
     assert r.status_code == 400 and "2 media marker(s)" in r.json()["error"]["message"]
+    r = httpx.post(server.base_url + "/completion", timeout=60, json={
+        "prompt": {"prompt_string": ["<__media__>"], "multimodal_data": [base64.b64encode(png(0)).decode()]},
+        "n_predict": 1})
+    assert r.status_code == 400 and "prompt_string must be a string" in r.json()["error"]["message"], r.text
+
+
+def test_an_image_the_processor_cannot_resize_is_a_400(server):
+    from tests.hostile_images import extreme_aspect_png
+
+    path, body = _route_request("/v1/chat/completions", extreme_aspect_png())
+    r = httpx.post(server.base_url + path, json=body, timeout=60)
+    assert r.status_code == 400 and "aspect ratio" in _error_message(path, r.json()), r.text
 
 
 def _route_request(route: str, payload: bytes) -> tuple[str, dict]:

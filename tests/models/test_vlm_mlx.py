@@ -199,3 +199,17 @@ def test_a_repeated_image_skips_the_tower_and_the_prefix_cache_keys_the_image(qw
     seq.media = late
     b.forward_all(tail, seq)
     assert b.features.hits == hits + 1
+
+
+def test_the_feature_cache_keeps_a_byte_budget_least_recently_used_out_first():
+    from mlxcel.backends.mlx.vlm import ImageFeatureCache
+
+    cache = ImageFeatureCache(capacity=3 * 4096)
+    for key in "abc":
+        cache.put(key, mx.zeros((1024,), mx.float32))  # 4 KiB each
+    assert cache.get("a") is not None  # a is now the most recent
+    cache.put("d", mx.zeros((1024,), mx.float32))
+    assert cache.get("b") is None and all(cache.get(k) is not None for k in "acd")
+    assert cache.nbytes == 3 * 4096
+    cache.put("huge", mx.zeros((8192,), mx.float32))  # alone over the budget: kept, everything else out
+    assert cache.get("huge") is not None and cache.get("a") is None and cache.nbytes == 8192 * 4

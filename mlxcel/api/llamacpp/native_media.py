@@ -30,7 +30,10 @@ def _blobs(obj: Any, where: str) -> list[str]:
     if not isinstance(data, list) or not all(isinstance(d, str) and d for d in data):
         raise ApiError(400, f"{where}.multimodal_data must be an array of base64-encoded images",
                        code="invalid_parameter", param="prompt")
-    marks = str(obj.get("prompt_string") or "").count(MEDIA_MARKER)
+    if not isinstance(obj.get("prompt_string"), str):
+        raise ApiError(400, f"{where}.prompt_string must be a string holding one {MEDIA_MARKER} per "
+                       "multimodal_data item", code="invalid_parameter", param="prompt")
+    marks = obj["prompt_string"].count(MEDIA_MARKER)
     if marks != len(data):
         raise ApiError(400, f"{where}.prompt_string has {marks} media marker(s) {MEDIA_MARKER} for {len(data)} "
                        "multimodal_data item(s)", code="invalid_parameter", param="prompt")

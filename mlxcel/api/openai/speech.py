@@ -30,14 +30,14 @@ from litestar import Request, Response, post
 from litestar.response import Stream
 
 from mlxcel.api.body import read_json_object
-from mlxcel.api.errors import ApiError, error_type
+from mlxcel.api.errors import ApiError, error_type, queue_closed_error, queue_full_error
 from mlxcel.api.model_names import check_worker
 from mlxcel.api.openai import speech_formats
 from mlxcel.api.openai.fields import settle_unused, strict_mode
 from mlxcel.api.side_workers import check_queue, worker_queue
 from mlxcel.api.state import AppState
 from mlxcel.config.limits import echo
-from mlxcel.workers.queue import QueueClosed
+from mlxcel.workers.queue import QueueClosed, QueueFull
 from mlxcel.workers.speech import MAX_SPEED, MIN_SPEED, SPEECH, Speech, SpeechError
 
 log = logging.getLogger("mlxcel.api")
@@ -96,12 +96,12 @@ def parse(body: dict[str, Any]) -> SpeechRequest:
         raise _bad("'input' is required: the text to speak, a non-empty string", "input")
     if len(text) > MAX_INPUT_CHARS:
         raise _bad(f"'input' is {len(text)} characters long; at most {MAX_INPUT_CHARS} are accepted", "input")
-    fmt = body.get("response_format") or "mp3"
+    fmt = "mp3" if body.get("response_format") is None else body["response_format"]
     served = speech_formats.served()
     if fmt not in served:
         what = "is not served by this server" if fmt in speech_formats.FORMATS else "is not a response format"
         raise _bad(f"response_format {echo(repr(fmt))} {what}; use one of {', '.join(served)}", "response_format")
-    stream_format = body.get("stream_format") or "audio"
+    stream_format = "audio" if body.get("stream_format") is None else body["stream_format"]
     if stream_format not in ("audio", "sse"):
         raise _bad(f"stream_format {echo(repr(stream_format))} is not supported; use audio or sse", "stream_format")
     if body.get("instructions"):
@@ -124,8 +124,14 @@ async def speech(request: Request, app_state: AppState) -> Response:
     except SpeechError as e:
         raise _bad(str(e), e.param) from None
     queue = worker_queue(app_state, SPEECH)
-    check_queue(queue)  # a full queue: 503 before the response starts
-    pieces = _pieces(queue, worker, req)
+    check_queue(queue)
+    job, chunks = _start(queue, worker, req)
+    await asyncio.sleep(0)  # the job takes its place in the queue now: a full one is a 503 before the body starts
+    if job.done() and isinstance(e := job.exception(), QueueFull):
+        raise queue_full_error(e)
+    if job.done() and isinstance(e, QueueClosed):
+        raise queue_closed_error(e)
+    pieces = _pieces(job, chunks)
     if req.sse:
         return Stream(_sse(pieces, req.fmt, worker.sample_rate), media_type="text/event-stream",
                       headers={**headers, **SSE_HEADERS})
@@ -133,15 +139,20 @@ async def speech(request: Request, app_state: AppState) -> Response:
                   headers=headers)
 
 
-async def _pieces(queue, worker, req: SpeechRequest) -> AsyncIterator[np.ndarray | Speech]:
-    """Each chunk's audio as the worker decodes it, then the worker's Speech accounting; a client
-    that goes away takes the job out of the queue, or stops the worker at its next chunk."""
+def _start(queue, worker, req: SpeechRequest) -> tuple[asyncio.Future, asyncio.Queue]:
+    """The job, queued on the worker: each chunk's audio arrives in `chunks` as it is decoded, then None."""
     loop, chunks = asyncio.get_running_loop(), asyncio.Queue()
     stop = threading.Event()
     job = asyncio.ensure_future(queue.run(lambda: worker.start(
         req.text, req.voice, req.speed, on_audio=lambda a: loop.call_soon_threadsafe(chunks.put_nowait, a),
         cancelled=stop.is_set).result(), stop.set))
     job.add_done_callback(lambda _: chunks.put_nowait(None))
+    return job, chunks
+
+
+async def _pieces(job: asyncio.Future, chunks: asyncio.Queue) -> AsyncIterator[np.ndarray | Speech]:
+    """Each chunk's audio, then the worker's Speech accounting; a client that goes away takes the
+    job out of the queue, or stops the worker at its next chunk."""
     try:
         while (audio := await chunks.get()) is not None:
             yield audio

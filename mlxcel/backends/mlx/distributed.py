@@ -102,8 +102,10 @@ def connect(spec: GroupSpec, device: str = "cpu") -> MLXCollective:
                               name="mlxcel-dist-join", daemon=True)
     waiter.start()
     waiter.join(spec.timeout_s)
-    if "MLX_HOSTFILE" in written:  # read once, at init
+    if "MLX_HOSTFILE" in written:  # read once, at init: neither the file nor the variables outlive it
         Path(written["MLX_HOSTFILE"]).unlink(missing_ok=True)
+    for name in written:
+        os.environ.pop(name, None)
     if not joined:
         raise GroupFailed(f"the distributed group did not form within {spec.timeout_s:g} s (rank {spec.rank} of "
                           f"{spec.world} over {backend}): start every rank, and check the hostfile's addresses")

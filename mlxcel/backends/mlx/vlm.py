@@ -46,8 +46,8 @@ from mlxcel.models.registry import DOCS_PAGE, UnsupportedModelType
 from mlxcel.models.rope_overrides import config_overrides
 from mlxcel.models.vision_mlx import MLX_VLM_MODULES
 
-# image features kept by content hash (a few hundred KB each for real towers)
-FEATURE_CACHE_ENTRIES = 64
+# image features kept by content hash, by bytes: a large image on a large model is ~100 MB of them
+FEATURE_CACHE_BYTES = 256 << 20
 
 
 def image_key(inputs: dict[str, np.ndarray]) -> str:
@@ -61,10 +61,11 @@ def image_key(inputs: dict[str, np.ndarray]) -> str:
 
 
 class ImageFeatureCache:
-    """Vision-tower outputs by image key, least recently used out first."""
+    """Vision-tower outputs by image key within `capacity` bytes, least recently used out first
+    (the newest entry stays even when it alone is larger)."""
 
-    def __init__(self, capacity: int = FEATURE_CACHE_ENTRIES) -> None:
-        self.capacity = capacity
+    def __init__(self, capacity: int = FEATURE_CACHE_BYTES) -> None:
+        self.capacity, self.nbytes = capacity, 0
         self._items: OrderedDict[str, mx.array] = OrderedDict()
         self.hits = self.misses = 0
 
@@ -78,10 +79,11 @@ class ImageFeatureCache:
         return feats
 
     def put(self, key: str, feats: mx.array) -> None:
+        old = self._items.pop(key, None)
+        self.nbytes += feats.nbytes - (old.nbytes if old is not None else 0)
         self._items[key] = feats
-        self._items.move_to_end(key)
-        while len(self._items) > self.capacity:
-            self._items.popitem(last=False)
+        while self.nbytes > self.capacity and len(self._items) > 1:
+            self.nbytes -= self._items.popitem(last=False)[1].nbytes
 
 
 @dataclass
