@@ -269,7 +269,8 @@ def serve(settings: ServerSettings, path: Path | None, plan=None, startup: Start
 
     log.info("listening on %s%s; loading the model (/health answers 503 until it is ready)", where,
              " (SO_REUSEPORT)" if settings.server.reuse_port and sock is not None else "")
-    threading.Thread(target=load, name="mlxcel-load", daemon=True).start()
+    loader = threading.Thread(target=load, name="mlxcel-load", daemon=True)
+    loader.start()
     from mlxcel.api.side_workers import close_worker_queues
     from mlxcel.cli.shutdown import DrainingServer
 
@@ -281,6 +282,10 @@ def serve(settings: ServerSettings, path: Path | None, plan=None, startup: Start
                             end_all)
     server.run(sockets=[sock] if sock is not None else None)
     host.close()
+    if loader.is_alive():  # stopped mid-load: the interpreter's exit would abort inside the framework's loader
+        log.info("exiting before the model finished loading")
+        logging.shutdown()
+        os._exit(0)
 
 
 def serve_router(settings: ServerSettings) -> None:

@@ -98,5 +98,5 @@ def test_a_draft_of_an_unsupported_type_is_refused_before_its_load(tmp_path):
 
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "mistral_unknown"}))
     with pytest.raises(StartupRefusal, match=r"--spec-draft-model .*'mistral_unknown' is not supported \(nearest "
-                                             r"supported: mistral\).*docs/models.md"):
+                                             r"supported: mistral[,)].*docs/models.md"):
         check_draft(parse("--backend", "mlx"), fixture_path(DEFAULT_MODEL), tmp_path, Choice("mlx", "cpu", "requested"))
