@@ -129,7 +129,8 @@ class SpeechWorker:
     def check(self, voice: str, speed: float) -> None:
         """Refusals that need no synthesis, made before a response (or a stream) starts."""
         if voice not in self.voices:
-            raise SpeechError(f"voice {echo(repr(voice))} is not served by {self.id}; its voices: {', '.join(self.voices)}",
+            raise SpeechError(f"voice {echo(repr(voice))} is not served by {self.id}; its voices: "
+                              f"{', '.join(self.voices)}",
                               "voice")
         if not MIN_SPEED <= speed <= MAX_SPEED:
             raise SpeechError(f"speed {speed} is outside {MIN_SPEED}..{MAX_SPEED}", "speed")
