@@ -36,7 +36,7 @@ SCHEMA = {
     "required": ["name", "age", "role", "email", "tags", "address", "active"],
     "additionalProperties": False,
 }
-N_DOCS, BATCH = 50, 10
+N_DOCS, BATCH = 30, 10
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +68,7 @@ async def generate(model, prompt, grammar, seed, max_tokens=300):
     return "".join(parts), last
 
 
-def test_fifty_sampled_documents_parse_and_validate(model):
+def test_thirty_sampled_documents_parse_and_validate(model):
     grammar = model.grammars.compile("json_schema", SCHEMA)
     assert model.grammars.compile("json_schema", SCHEMA) is grammar  # compiled once, cached
     prompt = chat_prompt(model, "Describe one user of our web app as a JSON object.")
