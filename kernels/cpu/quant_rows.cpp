@@ -133,29 +133,22 @@ void decode_row(const Operands& o, int64_t r, float* out) {
 }
 
 #if defined(MLXCEL_QUANT_VECTOR)
-// One weight row against M activation rows; two sums in flight per activation row.
-template <int M>
-void row4(const Operands& o, int64_t r, const float* xs, float* out) {
-  const uint8_t* row = o.w + r * o.row_bytes;
-  const int64_t base = r * (o.k / o.group);
-  V a0[M], a1[M];
-  for (int i = 0; i < M; ++i) a0[i] = a1[i] = vzero();
-  for (int64_t g = 0; g < o.k / o.group; ++g) {
-    const V sv = vset(param(o, o.scales, base + g)), zv = vset(param(o, o.biases, base + g));
-    for (int64_t j = g * o.group; j < (g + 1) * o.group; j += 2 * L) {
-      const auto q = widen_bytes(row + j / 2);
-      const V lo = vfma(to_float(low_nibbles(q)), sv, zv), hi = vfma(to_float(high_nibbles(q)), sv, zv);
-      for (int i = 0; i < M; ++i) {
-        a0[i] = vfma(lo, vload(xs + i * o.k + j), a0[i]);
-        a1[i] = vfma(hi, vload(xs + i * o.k + j + L), a1[i]);
-      }
-    }
+// Columns j..j+2L of a row as two scaled weight vectors: 4 bits keep them in L bytes, 8 bits in 2L.
+template <int Bits>
+inline void weights(const uint8_t* row, int64_t j, V sv, V zv, V& w0, V& w1) {
+  if constexpr (Bits == 4) {
+    const auto q = widen_bytes(row + j / 2);
+    w0 = vfma(to_float(low_nibbles(q)), sv, zv);
+    w1 = vfma(to_float(high_nibbles(q)), sv, zv);
+  } else {
+    w0 = vfma(to_float(widen_bytes(row + j)), sv, zv);
+    w1 = vfma(to_float(widen_bytes(row + j + L)), sv, zv);
   }
-  for (int i = 0; i < M; ++i) out[i] = vsum(vadd(a0[i], a1[i]));
 }
 
-template <int M>
-void row8(const Operands& o, int64_t r, const float* xs, float* out) {
+// One weight row against M activation rows; two sums in flight per activation row.
+template <int Bits, int M>
+void row_bits(const Operands& o, int64_t r, const float* xs, float* out) {
   const uint8_t* row = o.w + r * o.row_bytes;
   const int64_t base = r * (o.k / o.group);
   V a0[M], a1[M];
@@ -163,7 +156,8 @@ void row8(const Operands& o, int64_t r, const float* xs, float* out) {
   for (int64_t g = 0; g < o.k / o.group; ++g) {
     const V sv = vset(param(o, o.scales, base + g)), zv = vset(param(o, o.biases, base + g));
     for (int64_t j = g * o.group; j < (g + 1) * o.group; j += 2 * L) {
-      const V w0 = vfma(to_float(widen_bytes(row + j)), sv, zv), w1 = vfma(to_float(widen_bytes(row + j + L)), sv, zv);
+      V w0, w1;
+      weights<Bits>(row, j, sv, zv, w0, w1);
       for (int i = 0; i < M; ++i) {
         a0[i] = vfma(w0, vload(xs + i * o.k + j), a0[i]);
         a1[i] = vfma(w1, vload(xs + i * o.k + j + L), a1[i]);
@@ -207,8 +201,8 @@ using RowFn = void (*)(const Operands&, int64_t, const float*, float*, float*);
 template <int M>
 void one_row(const Operands& o, int64_t r, const float* xs, float* out, float* scratch) {
 #if defined(MLXCEL_QUANT_VECTOR)
-  if (o.bits == 4) return row4<M>(o, r, xs, out);
-  if (o.bits == 8) return row8<M>(o, r, xs, out);
+  if (o.bits == 4) return row_bits<4, M>(o, r, xs, out);
+  if (o.bits == 8) return row_bits<8, M>(o, r, xs, out);
 #endif
   decode_row(o, r, scratch);
   row_dense<M>(scratch, o.k, xs, out);

@@ -11,14 +11,8 @@
 # script says so and checks the same group on the CPU (gloo) instead, plus NCCL's own init on the
 # one GPU. DIST_CHECK_DEVICE=cpu rehearses the whole check on a CPU machine.
 set -uo pipefail
-cd "$(dirname "$0")/../.."
-START=$(date +%s)
-PY=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-export MLXCEL_MODELS_DIR=${MLXCEL_MODELS_DIR:-$PWD/models}
-MODEL=HuggingFaceTB/SmolLM2-135M-Instruct
+source "$(dirname "$0")/check_env.sh"
 DEVICE=${DIST_CHECK_DEVICE:-cuda}
-step() { echo; echo "== $* ($(( $(date +%s) - START ))s)"; }
 
 check() {
   step "environment"

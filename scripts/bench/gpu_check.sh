@@ -13,14 +13,8 @@
 # the same command serves the real weights. GPU_CHECK_DEVICE=cpu rehearses the whole check on a
 # CPU machine.
 set -uo pipefail
-cd "$(dirname "$0")/../.."
-START=$(date +%s)
-PY=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-export MLXCEL_MODELS_DIR=${MLXCEL_MODELS_DIR:-$PWD/models}
-MODEL=HuggingFaceTB/SmolLM2-135M-Instruct
+source "$(dirname "$0")/check_env.sh"
 DEVICE=${GPU_CHECK_DEVICE:-cuda}
-step() { echo; echo "== $* ($(( $(date +%s) - START ))s)"; }
 
 check() {
   step "environment"
